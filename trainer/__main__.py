@@ -1,0 +1,63 @@
+"""``python -m trainer``: parse, validate, then train on the chosen backend."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from trainer.checkpoint import CheckpointError
+from trainer.cli import fail, parse
+from trainer.config import ConfigError
+from trainer.data import DataError
+from trainer.model import build_model, count_parameters
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        request = parse(argv)
+    except ConfigError as err:
+        fail(str(err), 2)
+    cfg = request.config
+    if request.dry_run:
+        params = count_parameters(build_model(cfg.model, cfg.num_classes))
+        print(f"config ok: {cfg.model} with {cfg.num_classes} classes has {params:,} parameters")
+        return 0
+
+    # Imported here so --help, --dry-run and config errors never wait for torch.distributed.
+    from trainer.distributed import init_dist
+    from trainer.run import train
+    from trainer.signals import StopRequest
+
+    stop = StopRequest().install()
+    try:
+        dist = init_dist(cfg.backend)
+    except (RuntimeError, ValueError) as err:
+        fail(f"backend={cfg.backend}: cannot start ({err})", 2)
+    logging.basicConfig(level=logging.WARNING if dist.rank else logging.INFO,
+                        format=f"[rank {dist.rank}] %(levelname)s %(message)s")
+    try:
+        result = train(cfg, dist, stop)
+    except (ConfigError, DataError) as err:
+        fail(str(err), 2)
+    except CheckpointError as err:
+        fail(str(err), 1)
+    finally:
+        dist.shutdown()
+    if dist.is_root:
+        if result.stopped_by == "already_complete":
+            print(f"nothing to do: the checkpoint in {cfg.output_dir} is at step {result.step}, "
+                  f"the end of this run; use a new --output-dir or more --epochs/--max-steps")
+        else:
+            print(
+                f"done: step {result.step} (started at {result.start_step}, stopped by "
+                f"{result.stopped_by}), {dist.size} worker(s), "
+                f"{result.images_per_sec:.1f} images/sec per worker, "
+                f"{result.images_per_sec_total:.1f} images/sec total; outputs in "
+                f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

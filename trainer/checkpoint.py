@@ -1,0 +1,94 @@
+"""Atomic checkpoints: written by rank 0, found again after a crash, never half-visible.
+
+A checkpoint is written to a hidden temporary file in the same folder, flushed and fsync'd, then
+renamed over its final name (``os.replace`` is atomic on POSIX file systems, NFS included), and
+the folder itself is fsync'd so the rename survives a power loss. A crash at any point leaves
+the previous checkpoint as the newest valid one. Only the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA = 1
+_NAME = re.compile(r"^step-(\d{9,})\.pt$")
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written; the message names the path."""
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:09d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint, newest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append((int(match.group(1)), entry))
+    return sorted(found, reverse=True)
+
+
+def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write ``state`` for ``step`` atomically, then prune to the newest ``keep`` checkpoints."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(directory, step)
+    temporary = directory / f".{final.name}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb") as handle:
+            torch.save({"schema": SCHEMA, **state}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, final)
+        _fsync_directory(directory)
+    except BaseException as err:
+        temporary.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise CheckpointError(f"cannot write checkpoint {final}: {err.strerror}") from None
+        raise
+    for _, old in list_checkpoints(directory)[keep:]:
+        old.unlink(missing_ok=True)
+    # Temporary files of writers that were killed mid-write are never loaded; tidy them up.
+    for stale in directory.glob(".step-*.tmp"):
+        if stale != temporary:
+            stale.unlink(missing_ok=True)
+    return final
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load one checkpoint onto the CPU. ``weights_only`` refuses pickled code, so a file on a
+    shared file system cannot run anything when it is read."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("schema") != SCHEMA:
+        raise ValueError(f"not a schema-{SCHEMA} checkpoint")
+    return state
+
+
+def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads; unreadable ones are skipped with a warning."""
+    for _, path in list_checkpoints(directory):
+        try:
+            return path, load(path)
+        except Exception as err:  # noqa: BLE001 - any unreadable file means "try the previous"
+            log.warning("skipping unreadable checkpoint %s: %s", path, err)
+    return None
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

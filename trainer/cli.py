@@ -1,0 +1,131 @@
+"""Command line -> ``TrainConfig``. Flags override ``--config FILE.yaml``, which overrides the
+defaults in ``trainer.config``. Errors are one line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+import yaml
+
+from trainer.config import (
+    AMP_MODES,
+    BACKENDS,
+    DATA_SOURCES,
+    DEVICES,
+    FIELD_NAMES,
+    LR_DECAYS,
+    LR_SCALINGS,
+    MODELS,
+    OPTIMIZERS,
+    SWITCHES,
+    ConfigError,
+    TrainConfig,
+)
+
+# Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
+HELP: dict[str, str] = {
+    "model": f"network: {', '.join(MODELS)}",
+    "num_classes": "classifier outputs",
+    "data": f"input: {', '.join(DATA_SOURCES)}",
+    "data_dir": "dataset root with train/<class>/ (and val/<class>/) for --data folder",
+    "image_size": "training crop in pixels",
+    "batch_size": "images per worker per step (the global batch multiplies by workers)",
+    "synthetic_size": "images in one synthetic epoch (all workers together)",
+    "synthetic_pool": "distinct random images kept on the device for synthetic data",
+    "loader_workers": "DataLoader processes per worker for image folders (forkserver)",
+    "epochs": "epochs to train",
+    "max_steps": "stop when the global optimizer step reaches N (steps before a resume count)",
+    "run_steps": "stop this invocation after N more steps (checkpoint, exit 0, resume later)",
+    "lr": "single-worker learning rate, scaled by --lr-scaling",
+    "optimizer": f"{', '.join(OPTIMIZERS)}",
+    "momentum": "momentum for sgd and lars",
+    "weight_decay": "L2 penalty (never applied to BN and bias parameters)",
+    "lars_trust_coefficient": "LARS trust coefficient (eta)",
+    "lr_scaling": f"scale lr with workers: {', '.join(LR_SCALINGS)}",
+    "warmup_epochs": "linear warmup from --lr to the scaled rate (Goyal et al. 2017)",
+    "lr_decay": f"after warmup: {', '.join(LR_DECAYS)}",
+    "lr_step_epochs": "epochs where step decay multiplies the rate, comma-separated",
+    "lr_step_factor": "step decay multiplier",
+    "lr_poly_power": "poly decay exponent",
+    "label_smoothing": "label smoothing for the cross-entropy loss",
+    "backend": f"distributed engine: {', '.join(BACKENDS)}",
+    "fp16_allreduce": "compress gradients to fp16 on the wire",
+    "adasum": "Horovod Adasum instead of averaging gradients",
+    "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",
+    "device": f"{', '.join(DEVICES)}",
+    "amp": f"mixed precision: {', '.join(AMP_MODES)} (auto: bf16 on GPU, off on CPU)",
+    "channels_last": f"NHWC memory format: {', '.join(SWITCHES)} (auto: on for GPU)",
+    "compile": "torch.compile the model",
+    "output_dir": "folder for checkpoints/, metrics.jsonl and tensorboard/",
+    "checkpoint_every": "also checkpoint every N steps (0: only at epoch ends and on exit)",
+    "keep_checkpoints": "checkpoints to keep",
+    "log_every": "log metrics every N steps",
+    "seed": "random seed (same on every worker)",
+}
+_BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, exit code 2 (argparse's code), no usage block.
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m trainer",
+        description="Data-parallel image-classification training (Horovod, DDP or one process).",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", type=Path, help="YAML file of settings; flags override it")
+    parser.add_argument("--dry-run", action="store_true", default=False,
+                        help="validate the config, build the model, print its size and exit")
+    for name in FIELD_NAMES:
+        flag = "--" + name.replace("_", "-")
+        if name in _BOOLEAN:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=HELP[name])
+        else:
+            parser.add_argument(flag, metavar=name.upper(), help=HELP[name])
+    return parser
+
+
+@dataclass(frozen=True)
+class Request:
+    config: TrainConfig
+    dry_run: bool
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"config={path}: cannot read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config={path}: not valid YAML{where}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config={path}: must be a mapping of settings, got {type(loaded).__name__}")
+    return loaded
+
+
+def parse(argv: Sequence[str] | None = None) -> Request:
+    """Parse flags and the optional YAML file; raises ConfigError, exits 2 on unknown flags."""
+    namespace = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    if "config" in namespace:
+        values.update(_read_yaml(namespace["config"]))
+    values.update({k: v for k, v in namespace.items() if k in FIELD_NAMES})
+    return Request(TrainConfig.from_mapping(values), bool(namespace.get("dry_run")))
+
+
+def fail(message: str, code: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)

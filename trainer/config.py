@@ -1,0 +1,228 @@
+"""The trainer's settings: one frozen dataclass, validated once, before anything runs.
+
+Every default lives here. A YAML file (``--config``) and the command line both end up in
+``TrainConfig.from_mapping``; a bad value raises ``ConfigError`` with one line naming the setting,
+the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
+DATA_SOURCES = ("synthetic", "folder")
+OPTIMIZERS = ("sgd", "adamw", "lars")
+BACKENDS = ("horovod", "ddp", "local")
+LR_SCALINGS = ("linear", "sqrt", "none")
+LR_DECAYS = ("step", "cosine", "poly")
+AMP_MODES = ("auto", "off", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+SWITCHES = ("auto", "on", "off")
+
+
+class ConfigError(ValueError):
+    """A setting has an invalid value; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # What to train.
+    model: str = "resnet50"
+    num_classes: int = 1000
+    # Data. ``batch_size`` is per worker; the global batch is batch_size x workers x accumulation.
+    data: str = "synthetic"
+    data_dir: str | None = None
+    image_size: int = 224
+    batch_size: int = 32
+    synthetic_size: int = 12_800
+    synthetic_pool: int = 256
+    loader_workers: int = 4
+    # How long.
+    epochs: int = 90
+    max_steps: int | None = None
+    run_steps: int | None = None
+    # Optimization. ``lr`` is the single-worker rate; it is scaled by the number of workers.
+    lr: float = 0.1
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    lars_trust_coefficient: float = 0.001
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 5.0
+    lr_decay: str = "step"
+    lr_step_epochs: tuple[int, ...] = (30, 60, 80)
+    lr_step_factor: float = 0.1
+    lr_poly_power: float = 2.0
+    label_smoothing: float = 0.0
+    # Distribution.
+    backend: str = "horovod"
+    fp16_allreduce: bool = False
+    adasum: bool = False
+    accumulation_steps: int = 1
+    # Precision and speed.
+    device: str = "auto"
+    amp: str = "auto"
+    channels_last: str = "auto"
+    compile: bool = False
+    # Output.
+    output_dir: str = "runs/default"
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Build from YAML-style keys (snake_case or the CLI's kebab-case), rejecting unknown ones."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = str(raw_key).replace("-", "_")
+            if key not in known:
+                raise ConfigError(
+                    f"unknown setting {raw_key!r}: valid settings are {', '.join(sorted(known))}"
+                )
+            kwargs[key] = _coerce(key, value, known[key].type)
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["lr_step_epochs"] = list(self.lr_step_epochs)
+        return out
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        _choice("model", self.model, MODELS)
+        _int_range("num_classes", self.num_classes, 2, 1_000_000)
+        _choice("data", self.data, DATA_SOURCES)
+        if self.data == "folder" and not self.data_dir:
+            raise ConfigError("data_dir=None: --data folder needs --data-dir DIR (with train/)")
+        _int_range("image_size", self.image_size, 16, 1024)
+        _int_range("batch_size", self.batch_size, 1, 65_536)
+        _int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)
+        _int_range("synthetic_pool", self.synthetic_pool, 1, 65_536)
+        _int_range("loader_workers", self.loader_workers, 0, 256)
+        _int_range("epochs", self.epochs, 1, 100_000)
+        if self.max_steps is not None:
+            _int_range("max_steps", self.max_steps, 1, 10**12)
+        if self.run_steps is not None:
+            _int_range("run_steps", self.run_steps, 1, 10**12)
+        _float_range("lr", self.lr, 0.0, 1000.0, low_open=True)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _float_range("momentum", self.momentum, 0.0, 1.0, high_open=True)
+        _float_range("weight_decay", self.weight_decay, 0.0, 1.0)
+        _float_range("lars_trust_coefficient", self.lars_trust_coefficient, 0.0, 1.0, low_open=True)
+        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _float_range("warmup_epochs", self.warmup_epochs, 0.0, float(self.epochs))
+        _choice("lr_decay", self.lr_decay, LR_DECAYS)
+        if list(self.lr_step_epochs) != sorted(set(self.lr_step_epochs)) or any(
+            e < 1 for e in self.lr_step_epochs
+        ):
+            raise ConfigError(
+                f"lr_step_epochs={list(self.lr_step_epochs)}: must be increasing epochs >= 1"
+            )
+        _float_range("lr_step_factor", self.lr_step_factor, 0.0, 1.0, low_open=True)
+        _float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
+        _float_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        _choice("backend", self.backend, BACKENDS)
+        if self.adasum and self.backend != "horovod":
+            raise ConfigError(
+                f"adasum=true with backend={self.backend}: Adasum needs --backend horovod"
+            )
+        if self.fp16_allreduce and self.backend == "local":
+            raise ConfigError(
+                "fp16_allreduce=true with backend=local: compression needs horovod or ddp"
+            )
+        _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
+        _choice("device", self.device, DEVICES)
+        _choice("amp", self.amp, AMP_MODES)
+        _choice("channels_last", self.channels_last, SWITCHES)
+        if not self.output_dir:
+            raise ConfigError("output_dir='': give a folder for checkpoints and metrics")
+        _int_range("checkpoint_every", self.checkpoint_every, 0, 10**12)
+        _int_range("keep_checkpoints", self.keep_checkpoints, 1, 1000)
+        _int_range("log_every", self.log_every, 1, 10**9)
+        _int_range("seed", self.seed, 0, 2**32 - 1)
+
+
+# ---------------------------------------------------------------------- helpers
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: must be one of {', '.join(choices)}")
+
+
+def _int_range(name: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value!r}: must be an integer in {low}..{high}")
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={value}: must be in {low}..{high}")
+
+
+def _float_range(
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigError(f"{name}={value!r}: must be a number in {interval}")
+    too_low = value <= low if low_open else value < low
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        raise ConfigError(f"{name}={value:g}: must be in {interval}")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Turn YAML or command-line values into the field's type; raise ConfigError if impossible."""
+    kind = str(annotation)
+    if value is None:
+        if "None" in kind:
+            return None
+        raise ConfigError(f"{key}=null: a value is required")
+    try:
+        if kind.startswith("tuple"):
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(int(str(v).strip()) for v in items if str(v).strip())
+        if kind == "bool":
+            return _to_bool(key, value)
+        if kind.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value) if kind.startswith("str") else value
+    except (TypeError, ValueError):
+        expected = "integers, comma-separated" if kind.startswith("tuple") else kind
+        raise ConfigError(f"{key}={value!r}: expected {expected}") from None
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+DEFAULTS = TrainConfig()

@@ -1,0 +1,261 @@
+"""The one place that knows how workers talk to each other.
+
+``Dist`` is the interface the trainer uses; ``HorovodDist`` (the default engine), ``TorchDist``
+(torch.distributed DDP) and ``LocalDist`` (one process) implement it. This is the only module
+that imports Horovod, so the rest of the trainer runs wherever torch does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from trainer.config import TrainConfig
+
+
+def _to_cpu(value: Any) -> Any:
+    """Copy tensors in a nested state dict to the CPU before pickling them to other ranks,
+    so a receiving rank never materialises them on rank 0's GPU."""
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class Dist:
+    """One process, no communication: the base that the multi-worker backends extend."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.size = 1
+        self.local_rank = 0
+        self.local_size = 1
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def gpu_collectives(self) -> bool:
+        """Whether gradients are reduced by NCCL (a plain sum, which LR scaling must count)."""
+        return False
+
+    # ---------------------------------------------------------------- model and optimizer
+    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+        return model
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
+    ) -> torch.optim.Optimizer:
+        return optimizer
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """Context for a micro-batch whose gradients are accumulated, not yet reduced."""
+        return contextlib.nullcontext()
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+    ) -> None:
+        scaler.step(optimizer)
+        scaler.update()
+
+    def broadcast_training_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, resuming: bool
+    ) -> None:
+        """Make every rank start from rank 0's parameters, buffers and optimizer state."""
+        self.broadcast_parameters(model)
+        if resuming:
+            # Pickled rather than hvd.broadcast_optimizer_state: that helper runs a dummy
+            # optimizer step on ranks with empty state, which moves parameters under weight
+            # decay, and it works per option tensor rather than on the whole state.
+            state = self.broadcast_object(
+                _to_cpu(optimizer.state_dict()) if self.is_root else None
+            )
+            if not self.is_root:
+                optimizer.load_state_dict(state)
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        return None
+
+    # ---------------------------------------------------------------- collectives
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when any rank passes True (used to stop all ranks together)."""
+        return flag
+
+    def barrier(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+
+LocalDist = Dist
+
+
+class HorovodDist(Dist):
+    name = "horovod"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import horovod.torch as hvd
+
+        hvd.init()
+        self._hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+
+    @property
+    def gpu_collectives(self) -> bool:
+        return torch.cuda.is_available() and bool(self._hvd.nccl_built())
+
+    def wrap_optimizer(
+        self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
+    ) -> torch.optim.Optimizer:
+        hvd = self._hvd
+        # Horovod: compression halves the bytes on the wire; Adasum combines gradients so that
+        # larger batches need less LR tuning; backward_passes_per_step accumulates locally and
+        # reduces once per optimizer step.
+        return hvd.DistributedOptimizer(
+            optimizer,
+            named_parameters=model.named_parameters(),
+            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            op=hvd.Adasum if cfg.adasum else hvd.Average,
+            backward_passes_per_step=cfg.accumulation_steps,
+        )
+
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+    ) -> None:
+        if not scaler.is_enabled():
+            optimizer.step()
+            return
+        # Horovod: gradients must be reduced before the scaler unscales them, and step() must
+        # not reduce them a second time.
+        optimizer.synchronize()  # type: ignore[attr-defined]
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+            scaler.step(optimizer)
+        scaler.update()
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return self._hvd.broadcast_object(obj, root_rank=0)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return self._hvd.allgather_object(obj)
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._hvd.allreduce(tensor, op=self._hvd.Sum)
+
+    def any_rank(self, flag: bool) -> bool:
+        total = self._hvd.allreduce(torch.tensor([int(flag)]), op=self._hvd.Sum)
+        return bool(total.item() > 0)
+
+    def barrier(self) -> None:
+        self._hvd.barrier()
+
+    def shutdown(self) -> None:
+        self._hvd.shutdown()
+
+
+class TorchDist(Dist):
+    """torch.distributed with DDP; started by torchrun (or any launcher that sets RANK etc.)."""
+
+    name = "ddp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch.distributed as td
+
+        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"backend=ddp: {', '.join(missing)} not set; start the trainer with torchrun"
+            )
+        self._td = td
+        self._cuda = torch.cuda.is_available()
+        if self._cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        td.init_process_group(backend="nccl" if self._cuda else "gloo")
+        self.rank, self.size = td.get_rank(), td.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.size)))
+
+    @property
+    def gpu_collectives(self) -> bool:
+        return self._cuda
+
+    def _device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
+
+    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(
+            model, device_ids=[self.local_rank] if self._cuda else None
+        )
+        if cfg.fp16_allreduce:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return ddp
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        return model.no_sync()  # type: ignore[operator]
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        for tensor in model.state_dict().values():
+            self._td.broadcast(tensor, src=0)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        self._td.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self._td.all_gather_object(out, obj)
+        return out
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor.clone()
+        self._td.all_reduce(result, op=self._td.ReduceOp.SUM)
+        return result
+
+    def any_rank(self, flag: bool) -> bool:
+        return bool(self.allreduce_sum(torch.tensor([int(flag)], device=self._device())).item() > 0)
+
+    def barrier(self) -> None:
+        self._td.barrier()
+
+    def shutdown(self) -> None:
+        self._td.destroy_process_group()
+
+
+def init_dist(backend: str) -> Dist:
+    """Start the named backend (``trainer.config.BACKENDS``)."""
+    if backend == "horovod":
+        return HorovodDist()
+    if backend == "ddp":
+        return TorchDist()
+    return LocalDist()

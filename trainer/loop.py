@@ -1,0 +1,135 @@
+"""One optimizer step, one epoch, one evaluation. No globals, no argparse, no ``.cuda()``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from trainer.distributed import Dist
+
+
+@dataclass
+class StepParts:
+    """Everything a training step touches."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    criterion: nn.Module
+    dist: Dist
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    accumulation_steps: int = 1
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+
+@dataclass
+class WindowMeter:
+    """Sums over a logging window, kept on the device so steps never wait for the host."""
+
+    device: torch.device
+    sums: torch.Tensor = field(init=False)
+    images: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+
+    def add(self, loss_sum: torch.Tensor, correct: torch.Tensor, count: int) -> None:
+        self.sums[0] += loss_sum.double()
+        self.sums[1] += correct.double()
+        self.sums[2] += count
+        self.images += count
+
+    def reduce(self, dist: Dist) -> dict[str, float]:
+        """Average over every rank's samples (a collective: every rank must call it)."""
+        rate = self.images / max(time.monotonic() - self.started, 1e-9)
+        packed = torch.cat([self.sums, torch.tensor([rate], dtype=torch.float64, device=self.device)])
+        loss_sum, correct, count, total_rate = dist.allreduce_sum(packed).tolist()
+        self.sums.zero_()
+        self.images = 0
+        self.started = time.monotonic()
+        return {
+            "loss": loss_sum / max(count, 1),
+            "accuracy": correct / max(count, 1),
+            "images_per_sec": total_rate / dist.size,
+            "images_per_sec_total": total_rate,
+        }
+
+
+def train_step(
+    parts: StepParts, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Forward/backward over ``accumulation_steps`` micro-batches, then one optimizer step.
+
+    Returns the summed loss, correct predictions and sample count (device tensors, no sync).
+    """
+    loss_sum = torch.zeros((), device=parts.device)
+    correct = torch.zeros((), device=parts.device, dtype=torch.long)
+    count = 0
+    last = len(micro_batches) - 1
+    for i, (images, labels) in enumerate(micro_batches):
+        # DDP: reduce gradients only on the last micro-batch (Horovod counts backward passes).
+        sync = contextlib.nullcontext() if i == last else parts.dist.no_sync(parts.model)
+        with sync:
+            with parts.autocast():
+                logits = parts.model(images)
+                loss = parts.criterion(logits, labels)
+            parts.scaler.scale(loss / len(micro_batches)).backward()
+        loss_sum += loss.detach().float() * labels.shape[0]
+        correct += (logits.detach().argmax(dim=1) == labels).sum()
+        count += labels.shape[0]
+    parts.dist.optimizer_step(parts.optimizer, parts.scaler)
+    parts.optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
+    parts.scheduler.step()
+    return loss_sum, correct, count
+
+
+def train_one_epoch(
+    parts: StepParts,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    meter: WindowMeter,
+    after_step: Callable[[], bool],
+) -> None:
+    """Train until the batches run out or ``after_step`` returns False.
+
+    A trailing group smaller than ``accumulation_steps`` is dropped so that every optimizer
+    step sees the same number of samples on every rank.
+    """
+    parts.model.train()
+    iterator = iter(batches)
+    while True:
+        group = list(islice(iterator, parts.accumulation_steps))
+        if len(group) < parts.accumulation_steps:
+            return
+        meter.add(*train_step(parts, group))
+        if not after_step():
+            return
+
+
+@torch.no_grad()
+def evaluate(parts: StepParts, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Loss and top-1 accuracy over every rank's validation shard."""
+    parts.model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=parts.device)
+    for images, labels in batches:
+        with parts.autocast():
+            logits = parts.model(images)
+            loss = parts.criterion(logits, labels)
+        sums[0] += loss.double() * labels.shape[0]
+        sums[1] += (logits.argmax(dim=1) == labels).sum().double()
+        sums[2] += labels.shape[0]
+    loss_sum, correct, count = parts.dist.allreduce_sum(sums).tolist()
+    parts.model.train()
+    return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}

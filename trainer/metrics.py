@@ -1,0 +1,78 @@
+"""Rank 0's record of the run: ``metrics.jsonl``, TensorBoard events and the progress display."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class MetricsWriter:
+    """Appends one JSON object per logged step or epoch and mirrors scalars to TensorBoard.
+
+    Appending keeps the history of earlier, resumed invocations in the same file.
+    """
+
+    def __init__(self, output_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / "metrics.jsonl"
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self.tensorboard_dir = output_dir / "tensorboard"
+        self._tb = SummaryWriter(str(self.tensorboard_dir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, sort_keys=True) + "\n")
+        self._file.flush()
+        prefix = "val" if record.get("kind") == "eval" else "train"
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self._file.close()
+        self._tb.close()
+
+
+class Progress:
+    """A tqdm bar on a terminal; plain lines when output goes to a pipe or a log (horovodrun
+    prefixes and line-buffers each worker's output, so carriage-return bars would garble it)."""
+
+    def __init__(self, start_step: int, total_steps: int, stream: TextIO = sys.stderr) -> None:
+        self.total = total_steps
+        self.stream = stream
+        self.started = time.monotonic()
+        self.start_step = start_step
+        self._bar = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", file=stream,
+                             dynamic_ncols=True)
+
+    def update(self, step: int, record: dict[str, Any] | None) -> None:
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+            if record:
+                self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.4g}",
+                                      img_s=f"{record['images_per_sec']:.0f}")
+            return
+        if record is None:
+            return
+        done = step - self.start_step
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / done * (self.total - step) if done else 0.0
+        print(
+            f"step {step}/{self.total} epoch {record['epoch']} loss {record['loss']:.4f} "
+            f"acc {record['accuracy']:.3f} lr {record['lr']:.4g} "
+            f"{record['images_per_sec']:.1f} img/s eta {eta:.0f}s",
+            file=self.stream,
+            flush=True,
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,288 @@
+"""The training run: set up from a config, resume if a checkpoint exists, train, report.
+
+Everything here runs on every rank; only rank 0 reads and writes files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import checkpoint
+from trainer.config import ConfigError, TrainConfig
+from trainer.data import build_loaders
+from trainer.distributed import Dist
+from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
+from trainer.metrics import MetricsWriter, Progress
+from trainer.model import build_model
+from trainer.optim import build_lr_scheduler, build_optimizer, build_schedule, lr_scale_factor
+from trainer.signals import StopRequest
+
+log = logging.getLogger(__name__)
+
+# Settings that change what a checkpoint's tensors mean: resuming across them is refused.
+_CHECKPOINT_IDENTITY = ("model", "num_classes", "optimizer")
+
+
+@dataclass
+class RunResult:
+    step: int
+    epoch: int
+    start_step: int
+    stopped_by: str
+    last_metrics: dict[str, float]
+    images_per_sec: float
+    images_per_sec_total: float
+    model: nn.Module
+
+
+def select_device(cfg: TrainConfig, dist: Dist) -> torch.device:
+    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        # One worker per core share: oversubscribed threads make CPU allreduce crawl.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_size))
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("device='cuda': no CUDA device is visible; use --device auto or cpu")
+    torch.cuda.set_device(dist.local_rank)
+    return torch.device("cuda", dist.local_rank)
+
+
+def resolve_precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
+    """(autocast dtype or None, channels_last): bf16 and NHWC by default on GPUs only."""
+    amp = cfg.amp
+    if amp == "auto":
+        amp = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
+    dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    channels_last = cfg.channels_last == "on" or (
+        cfg.channels_last == "auto" and device.type == "cuda"
+    )
+    return dtype, channels_last
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class _Run:
+    """The state of one invocation; split into methods so each phase reads on its own."""
+
+    def __init__(self, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
+        self.cfg, self.dist, self.stop = cfg, dist, stop
+        self.output_dir = Path(cfg.output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.device = select_device(cfg, dist)
+        amp_dtype, channels_last = resolve_precision(cfg, self.device)
+
+        # The same seed on every rank gives the same initial weights; rank 0's are broadcast
+        # anyway, so a rank with a different seed can never silently diverge.
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed + dist.rank)
+        self.loaders = build_loaders(cfg, dist.rank, dist.size, self.device, channels_last)
+        self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
+        if self.steps_per_epoch == 0:
+            raise ConfigError(
+                f"accumulation_steps={cfg.accumulation_steps}: more than the "
+                f"{self.loaders.batches_per_epoch} batches per epoch; lower it"
+            )
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+
+        model = build_model(cfg.model, cfg.num_classes).to(self.device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = model
+        optimizer = build_optimizer(cfg, model)
+        optimizer = dist.wrap_optimizer(optimizer, model, cfg)
+        scale = lr_scale_factor(dist.size, dist.local_size, cfg.adasum, dist.gpu_collectives)
+        self.schedule = build_schedule(cfg, self.steps_per_epoch, self.total_steps, scale)
+        scheduler = build_lr_scheduler(optimizer, self.schedule)
+        scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
+        train_model = dist.wrap_model(model, cfg)
+        if cfg.compile:
+            train_model = torch.compile(train_model)
+        self.parts = StepParts(
+            model=train_model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+            dist=dist,
+            device=self.device,
+            amp_dtype=amp_dtype,
+            accumulation_steps=cfg.accumulation_steps,
+        )
+        self.step = self.epoch = self.step_in_epoch = 0
+        self.last_saved_step = -1
+        self.writer: MetricsWriter | None = None
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> None:
+        """Rank 0 loads the newest valid checkpoint; its position and state reach every rank."""
+        found: dict[str, Any] | None = None
+        error = None
+        if self.dist.is_root:
+            latest = checkpoint.load_latest(self.checkpoint_dir)
+            if latest is not None:
+                path, state = latest
+                error = self._check_compatible(path, state["config"])
+                if error is None:
+                    self.model.load_state_dict(state["model"])
+                    self.parts.optimizer.load_state_dict(state["optimizer"])
+                    found = {k: state[k] for k in
+                             ("step", "epoch", "step_in_epoch", "scheduler", "scaler", "rng",
+                              "world_size")}
+                    found["path"] = str(path)
+        found, error = self.dist.broadcast_object((found, error))
+        if error:
+            raise ConfigError(error)
+        self.dist.broadcast_training_state(self.model, self.parts.optimizer, found is not None)
+        if found is None:
+            return
+        self.parts.scheduler.load_state_dict(found["scheduler"])
+        self.parts.scaler.load_state_dict(found["scaler"])
+        self.step, self.epoch, self.step_in_epoch = (
+            found["step"], found["epoch"], found["step_in_epoch"]
+        )
+        if found["world_size"] == self.dist.size:
+            _set_rng_state(found["rng"][self.dist.rank])
+        else:
+            log.warning("checkpoint from %d workers resumed on %d: data order and LR scaling "
+                        "change from here", found["world_size"], self.dist.size)
+        self.last_saved_step = self.step
+        if self.dist.is_root:
+            print(f"resumed from {found['path']} at step {self.step} (epoch {self.epoch})",
+                  flush=True)
+
+    def _check_compatible(self, path: Path, saved: dict[str, Any]) -> str | None:
+        for key in _CHECKPOINT_IDENTITY:
+            if saved.get(key) != getattr(self.cfg, key):
+                return (f"{key}={getattr(self.cfg, key)!r}: checkpoint {path} was trained with "
+                        f"{key}={saved.get(key)!r}; use the same setting or another --output-dir")
+        return None
+
+    # ------------------------------------------------------------------ checkpoints and logs
+    def save_checkpoint(self) -> None:
+        """A collective: gathers every rank's RNG state; rank 0 writes; a failure stops all."""
+        rng = self.dist.allgather_object(_rng_state())
+        error = None
+        if self.dist.is_root:
+            state = {
+                "config": self.cfg.to_dict(),
+                "step": self.step,
+                "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch,
+                "world_size": self.dist.size,
+                "model": self.model.state_dict(),
+                "optimizer": self.parts.optimizer.state_dict(),
+                "scheduler": self.parts.scheduler.state_dict(),
+                "scaler": self.parts.scaler.state_dict(),
+                "rng": rng,
+            }
+            try:
+                checkpoint.save(self.checkpoint_dir, self.step, state, self.cfg.keep_checkpoints)
+            except checkpoint.CheckpointError as err:
+                error = str(err)
+        error = self.dist.broadcast_object(error)
+        if error:
+            raise checkpoint.CheckpointError(error)
+        self.last_saved_step = self.step
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(record)
+
+    # ------------------------------------------------------------------ training
+    def train(self) -> RunResult:
+        cfg, dist = self.cfg, self.dist
+        start_step = self.step
+        if dist.is_root:
+            self.writer = MetricsWriter(self.output_dir)
+        progress = Progress(start_step, self.total_steps) if dist.is_root else None
+        meter = WindowMeter(self.device)
+        last: dict[str, float] = {}
+        stopped_by: str | None = None if self.step < self.total_steps else "already_complete"
+        run_images = 0
+        started = time.monotonic()
+
+        def after_step() -> bool:
+            nonlocal last, stopped_by, run_images
+            self.step += 1
+            self.step_in_epoch += 1
+            run_images += cfg.batch_size * cfg.accumulation_steps
+            signalled = dist.any_rank(self.stop.requested)
+            reasons = [
+                ("signal", signalled),
+                ("max_steps", self.step >= self.total_steps and cfg.max_steps == self.total_steps),
+                ("epochs", self.step >= self.total_steps),
+                ("run_steps", cfg.run_steps is not None and self.step - start_step >= cfg.run_steps),
+            ]
+            final = next((name for name, hit in reasons if hit), None)
+            record = None
+            if self.step % cfg.log_every == 0 or final or self.step_in_epoch == self.steps_per_epoch:
+                last = meter.reduce(dist)
+                record = {"kind": "train", "step": self.step, "epoch": self.epoch,
+                          "lr": self.parts.optimizer.param_groups[0]["lr"], **last}
+                self.log(record)
+            if progress is not None:
+                progress.update(self.step, record)
+            if final:
+                stopped_by = final
+                return False
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+            return True
+
+        try:
+            while self.step < self.total_steps and stopped_by is None:
+                self.loaders.train.set_epoch(self.epoch, self.step_in_epoch * cfg.accumulation_steps)
+                train_one_epoch(self.parts, self.loaders.train, meter, after_step)
+                if self.step_in_epoch >= self.steps_per_epoch:
+                    if self.loaders.val is not None:
+                        self.loaders.val.set_epoch(self.epoch)
+                        self.log({"kind": "eval", "step": self.step, "epoch": self.epoch,
+                                  **evaluate(self.parts, self.loaders.val)})
+                    self.epoch += 1
+                    self.step_in_epoch = 0
+                    self.save_checkpoint()
+            if self.last_saved_step != self.step:
+                self.save_checkpoint()
+        finally:
+            if progress is not None:
+                progress.close()
+            if self.writer is not None:
+                self.writer.close()
+
+        elapsed = max(time.monotonic() - started, 1e-9)
+        total_rate = float(dist.allreduce_sum(torch.tensor([run_images / elapsed],
+                                                           dtype=torch.float64,
+                                                           device=self.device)).item())
+        return RunResult(step=self.step, epoch=self.epoch, start_step=start_step,
+                         stopped_by=stopped_by or "epochs", last_metrics=last,
+                         images_per_sec=total_rate / dist.size,
+                         images_per_sec_total=total_rate, model=self.model)
+
+
+def train(cfg: TrainConfig, dist: Dist, stop: StopRequest | None = None) -> RunResult:
+    """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present."""
+    run = _Run(cfg, dist, stop or StopRequest())
+    run.resume()
+    return run.train()
