@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         dist = init_dist(cfg.backend)
     except (RuntimeError, ValueError) as err:
         fail(f"backend={cfg.backend}: cannot start ({err})", 2)
-    logging.basicConfig(level=logging.WARNING if dist.rank else logging.INFO,
-                        format=f"[rank {dist.rank}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING if dist.rank else logging.INFO,
+        format=f"[rank {dist.rank}] %(levelname)s %(message)s",
+    )
     try:
         result = train(cfg, dist, stop)
     except (ConfigError, DataError) as err:
@@ -45,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.shutdown()
     if dist.is_root:
         if result.stopped_by == "already_complete":
-            print(f"nothing to do: the checkpoint in {cfg.output_dir} is at step {result.step}, "
-                  f"the end of this run; use a new --output-dir or more --epochs/--max-steps")
+            print(
+                f"nothing to do: the checkpoint in {cfg.output_dir} is at step {result.step}, "
+                f"the end of this run; use a new --output-dir or more --epochs/--max-steps"
+            )
         else:
             print(
                 f"done: step {result.step} (started at {result.start_step}, stopped by "

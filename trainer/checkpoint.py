@@ -81,7 +81,7 @@ def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     for _, path in list_checkpoints(directory):
         try:
             return path, load(path)
-        except Exception as err:  # noqa: BLE001 - any unreadable file means "try the previous"
+        except Exception as err:
             log.warning("skipping unreadable checkpoint %s: %s", path, err)
     return None
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import yaml
 
@@ -83,8 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--config", type=Path, help="YAML file of settings; flags override it")
-    parser.add_argument("--dry-run", action="store_true", default=False,
-                        help="validate the config, build the model, print its size and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=False,
+        help="validate the config, build the model, print its size and exit",
+    )
     for name in FIELD_NAMES:
         flag = "--" + name.replace("_", "-")
         if name in _BOOLEAN:
@@ -112,7 +117,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ConfigError(f"config={path}: must be a mapping of settings, got {type(loaded).__name__}")
+        raise ConfigError(
+            f"config={path}: must be a mapping of settings, got {type(loaded).__name__}"
+        )
     return loaded
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
 DATA_SOURCES = ("synthetic", "folder")
@@ -80,7 +81,7 @@ class TrainConfig:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Build from YAML-style keys (snake_case or the CLI's kebab-case), rejecting unknown ones."""
+        """Build from YAML keys (snake_case or CLI kebab-case), rejecting unknown ones."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for raw_key, value in values.items():

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -77,9 +78,7 @@ class Dist:
             # Pickled rather than hvd.broadcast_optimizer_state: that helper runs a dummy
             # optimizer step on ranks with empty state, which moves parameters under weight
             # decay, and it works per option tensor rather than on the whole state.
-            state = self.broadcast_object(
-                _to_cpu(optimizer.state_dict()) if self.is_root else None
-            )
+            state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self.is_root else None)
             if not self.is_root:
                 optimizer.load_state_dict(state)
 
@@ -187,7 +186,9 @@ class TorchDist(Dist):
         super().__init__()
         import torch.distributed as td
 
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+        missing = [
+            k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+        ]
         if missing:
             raise RuntimeError(
                 f"backend=ddp: {', '.join(missing)} not set; start the trainer with torchrun"
@@ -206,14 +207,14 @@ class TorchDist(Dist):
         return self._cuda
 
     def _device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
+        )
 
     def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(
-            model, device_ids=[self.local_rank] if self._cuda else None
-        )
+        ddp = DistributedDataParallel(model, device_ids=[self.local_rank] if self._cuda else None)
         if cfg.fp16_allreduce:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -55,7 +56,9 @@ class WindowMeter:
     def reduce(self, dist: Dist) -> dict[str, float]:
         """Average over every rank's samples (a collective: every rank must call it)."""
         rate = self.images / max(time.monotonic() - self.started, 1e-9)
-        packed = torch.cat([self.sums, torch.tensor([rate], dtype=torch.float64, device=self.device)])
+        packed = torch.cat(
+            [self.sums, torch.tensor([rate], dtype=torch.float64, device=self.device)]
+        )
         loss_sum, correct, count, total_rate = dist.allreduce_sum(packed).tolist()
         self.sums.zero_()
         self.images = 0
@@ -119,7 +122,9 @@ def train_one_epoch(
 
 
 @torch.no_grad()
-def evaluate(parts: StepParts, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+def evaluate(
+    parts: StepParts, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, float]:
     """Loss and top-1 accuracy over every rank's validation shard."""
     parts.model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=parts.device)

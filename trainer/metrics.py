@@ -50,15 +50,19 @@ class Progress:
         if stream.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", file=stream,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, initial=start_step, unit="step", file=stream, dynamic_ncols=True
+            )
 
     def update(self, step: int, record: dict[str, Any] | None) -> None:
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
             if record:
-                self._bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.4g}",
-                                      img_s=f"{record['images_per_sec']:.0f}")
+                self._bar.set_postfix(
+                    loss=f"{record['loss']:.4f}",
+                    lr=f"{record['lr']:.4g}",
+                    img_s=f"{record['images_per_sec']:.0f}",
+                )
             return
         if record is None:
             return

@@ -9,7 +9,7 @@ Imports torch only: no I/O and no distributed code.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -124,7 +125,9 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
-            is_norm = isinstance(module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm)
+            is_norm = isinstance(
+                module, nn.modules.batchnorm._NormBase | nn.GroupNorm | nn.LayerNorm
+            )
             (no_decay if is_norm or name == "bias" else decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay, "lars_adapt": True},
@@ -175,9 +178,7 @@ class LARS(torch.optim.Optimizer):
                     g_norm = torch.linalg.vector_norm(update)
                     trust = torch.where(
                         (w_norm > 0) & (g_norm > 0),
-                        group["trust_coefficient"]
-                        * w_norm
-                        / (g_norm + wd * w_norm + group["eps"]),
+                        group["trust_coefficient"] * w_norm / (g_norm + wd * w_norm + group["eps"]),
                         torch.ones_like(w_norm),
                     )
                     update = (update + wd * p) * trust

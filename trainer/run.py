@@ -147,9 +147,18 @@ class _Run:
                 if error is None:
                     self.model.load_state_dict(state["model"])
                     self.parts.optimizer.load_state_dict(state["optimizer"])
-                    found = {k: state[k] for k in
-                             ("step", "epoch", "step_in_epoch", "scheduler", "scaler", "rng",
-                              "world_size")}
+                    found = {
+                        k: state[k]
+                        for k in (
+                            "step",
+                            "epoch",
+                            "step_in_epoch",
+                            "scheduler",
+                            "scaler",
+                            "rng",
+                            "world_size",
+                        )
+                    }
                     found["path"] = str(path)
         found, error = self.dist.broadcast_object((found, error))
         if error:
@@ -160,23 +169,32 @@ class _Run:
         self.parts.scheduler.load_state_dict(found["scheduler"])
         self.parts.scaler.load_state_dict(found["scaler"])
         self.step, self.epoch, self.step_in_epoch = (
-            found["step"], found["epoch"], found["step_in_epoch"]
+            found["step"],
+            found["epoch"],
+            found["step_in_epoch"],
         )
         if found["world_size"] == self.dist.size:
             _set_rng_state(found["rng"][self.dist.rank])
         else:
-            log.warning("checkpoint from %d workers resumed on %d: data order and LR scaling "
-                        "change from here", found["world_size"], self.dist.size)
+            log.warning(
+                "checkpoint from %d workers resumed on %d: data order and LR scaling "
+                "change from here",
+                found["world_size"],
+                self.dist.size,
+            )
         self.last_saved_step = self.step
         if self.dist.is_root:
-            print(f"resumed from {found['path']} at step {self.step} (epoch {self.epoch})",
-                  flush=True)
+            print(
+                f"resumed from {found['path']} at step {self.step} (epoch {self.epoch})", flush=True
+            )
 
     def _check_compatible(self, path: Path, saved: dict[str, Any]) -> str | None:
         for key in _CHECKPOINT_IDENTITY:
             if saved.get(key) != getattr(self.cfg, key):
-                return (f"{key}={getattr(self.cfg, key)!r}: checkpoint {path} was trained with "
-                        f"{key}={saved.get(key)!r}; use the same setting or another --output-dir")
+                return (
+                    f"{key}={getattr(self.cfg, key)!r}: checkpoint {path} was trained with "
+                    f"{key}={saved.get(key)!r}; use the same setting or another --output-dir"
+                )
         return None
 
     # ------------------------------------------------------------------ checkpoints and logs
@@ -233,14 +251,26 @@ class _Run:
                 ("signal", signalled),
                 ("max_steps", self.step >= self.total_steps and cfg.max_steps == self.total_steps),
                 ("epochs", self.step >= self.total_steps),
-                ("run_steps", cfg.run_steps is not None and self.step - start_step >= cfg.run_steps),
+                (
+                    "run_steps",
+                    cfg.run_steps is not None and self.step - start_step >= cfg.run_steps,
+                ),
             ]
             final = next((name for name, hit in reasons if hit), None)
             record = None
-            if self.step % cfg.log_every == 0 or final or self.step_in_epoch == self.steps_per_epoch:
+            if (
+                self.step % cfg.log_every == 0
+                or final
+                or self.step_in_epoch == self.steps_per_epoch
+            ):
                 last = meter.reduce(dist)
-                record = {"kind": "train", "step": self.step, "epoch": self.epoch,
-                          "lr": self.parts.optimizer.param_groups[0]["lr"], **last}
+                record = {
+                    "kind": "train",
+                    "step": self.step,
+                    "epoch": self.epoch,
+                    "lr": self.parts.optimizer.param_groups[0]["lr"],
+                    **last,
+                }
                 self.log(record)
             if progress is not None:
                 progress.update(self.step, record)
@@ -253,13 +283,21 @@ class _Run:
 
         try:
             while self.step < self.total_steps and stopped_by is None:
-                self.loaders.train.set_epoch(self.epoch, self.step_in_epoch * cfg.accumulation_steps)
+                self.loaders.train.set_epoch(
+                    self.epoch, self.step_in_epoch * cfg.accumulation_steps
+                )
                 train_one_epoch(self.parts, self.loaders.train, meter, after_step)
                 if self.step_in_epoch >= self.steps_per_epoch:
                     if self.loaders.val is not None:
                         self.loaders.val.set_epoch(self.epoch)
-                        self.log({"kind": "eval", "step": self.step, "epoch": self.epoch,
-                                  **evaluate(self.parts, self.loaders.val)})
+                        self.log(
+                            {
+                                "kind": "eval",
+                                "step": self.step,
+                                "epoch": self.epoch,
+                                **evaluate(self.parts, self.loaders.val),
+                            }
+                        )
                     self.epoch += 1
                     self.step_in_epoch = 0
                     self.save_checkpoint()
@@ -272,13 +310,21 @@ class _Run:
                 self.writer.close()
 
         elapsed = max(time.monotonic() - started, 1e-9)
-        total_rate = float(dist.allreduce_sum(torch.tensor([run_images / elapsed],
-                                                           dtype=torch.float64,
-                                                           device=self.device)).item())
-        return RunResult(step=self.step, epoch=self.epoch, start_step=start_step,
-                         stopped_by=stopped_by or "epochs", last_metrics=last,
-                         images_per_sec=total_rate / dist.size,
-                         images_per_sec_total=total_rate, model=self.model)
+        total_rate = float(
+            dist.allreduce_sum(
+                torch.tensor([run_images / elapsed], dtype=torch.float64, device=self.device)
+            ).item()
+        )
+        return RunResult(
+            step=self.step,
+            epoch=self.epoch,
+            start_step=start_step,
+            stopped_by=stopped_by or "epochs",
+            last_metrics=last,
+            images_per_sec=total_rate / dist.size,
+            images_per_sec_total=total_rate,
+            model=self.model,
+        )
 
 
 def train(cfg: TrainConfig, dist: Dist, stop: StopRequest | None = None) -> RunResult:

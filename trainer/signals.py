@@ -27,5 +27,7 @@ class StopRequest:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("%s received: stopping after this step and saving a checkpoint",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s received: stopping after this step and saving a checkpoint",
+            signal.Signals(signum).name,
+        )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -33,8 +34,9 @@ class Loaders:
 class DeviceLoader:
     """A DataLoader over a ``ShardSampler`` that hands out batches on the device."""
 
-    def __init__(self, loader: DataLoader, sampler: ShardSampler, device: torch.device,
-                 channels_last: bool) -> None:
+    def __init__(
+        self, loader: DataLoader, sampler: ShardSampler, device: torch.device, channels_last: bool
+    ) -> None:
         self.loader, self.sampler, self.device = loader, sampler, device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
 
@@ -50,10 +52,18 @@ class DeviceLoader:
             yield images, labels.to(self.device, non_blocking=True)
 
 
-def _folder_loader(dataset: ImageFolderDataset, cfg: TrainConfig, rank: int, world: int,
-                   device: torch.device, channels_last: bool, shuffle: bool) -> DeviceLoader:
-    sampler = ShardSampler(len(dataset), world, rank, cfg.batch_size, shuffle=shuffle,
-                           seed=cfg.seed)
+def _folder_loader(
+    dataset: ImageFolderDataset,
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    channels_last: bool,
+    shuffle: bool,
+) -> DeviceLoader:
+    sampler = ShardSampler(
+        len(dataset), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed
+    )
     if sampler.batches_per_epoch == 0:
         raise DataError(
             f"{len(dataset)} images in {dataset.samples[0][0].rsplit('/', 2)[0]} give no full "
@@ -75,8 +85,9 @@ def _folder_loader(dataset: ImageFolderDataset, cfg: TrainConfig, rank: int, wor
     return DeviceLoader(loader, sampler, device, channels_last)
 
 
-def build_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device,
-                  channels_last: bool) -> Loaders:
+def build_loaders(
+    cfg: TrainConfig, rank: int, world: int, device: torch.device, channels_last: bool
+) -> Loaders:
     """Loaders for this rank's shard. Raises ``DataError`` for unusable data."""
     if cfg.data == "synthetic":
         sampler = ShardSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
@@ -85,11 +96,20 @@ def build_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                 f"synthetic_size={cfg.synthetic_size}: gives no full batch of {cfg.batch_size} "
                 f"per worker for {world} workers: raise it to at least {cfg.batch_size * world}"
             )
-        common = dict(image_size=cfg.image_size, num_classes=cfg.num_classes, device=device,
-                      channels_last=channels_last)
+        common = dict(
+            image_size=cfg.image_size,
+            num_classes=cfg.num_classes,
+            device=device,
+            channels_last=channels_last,
+        )
         train = SyntheticLoader(sampler, pool=cfg.synthetic_pool, seed=cfg.seed, **common)
-        val_sampler = ShardSampler(max(cfg.synthetic_pool, cfg.batch_size * world), world, rank,
-                                   cfg.batch_size, shuffle=False)
+        val_sampler = ShardSampler(
+            max(cfg.synthetic_pool, cfg.batch_size * world),
+            world,
+            rank,
+            cfg.batch_size,
+            shuffle=False,
+        )
         val = SyntheticLoader(val_sampler, pool=cfg.synthetic_pool, seed=cfg.seed + 1, **common)
         return Loaders(train, val, sampler.batches_per_epoch)
 

@@ -4,7 +4,7 @@ sampler's indices, so data order, sharding and resumption behave as with real da
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

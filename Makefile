@@ -1,0 +1,22 @@
+# The two commands of the README. Each sets up .venv itself (scripts/setup_env.sh) when it is
+# missing or older than its inputs.
+VENV := .venv
+SETUP_STAMP := $(VENV)/.setup-complete
+
+.PHONY: demo test lint setup
+
+$(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh
+	bash scripts/setup_env.sh
+	touch $@
+
+setup: $(SETUP_STAMP)
+
+demo: $(SETUP_STAMP)
+	bash scripts/demo.sh
+
+lint: $(SETUP_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(VENV)/bin/pytest

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create or update .venv with the pinned dependencies and a Horovod built for the pinned torch.
+# Idempotent: the Makefile reruns it when pyproject.toml or these scripts change. The Horovod
+# wheel (minutes to build) is cached outside the checkout, so fresh clones reuse it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+  echo "error: PYTHON=$python is $("$python" --version 2>&1); this project needs Python 3.11" >&2
+  exit 2
+}
+cache_dir=${DT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distributed-training}
+venv=.venv
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+# torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
+"${pip[@]}" install --quiet "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
+"${pip[@]}" install --quiet --no-build-isolation --editable ".[dev]"
+
+scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels"
+if ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
+  torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
+  "${pip[@]}" install --quiet --no-deps --force-reinstall \
+    "$cache_dir"/wheels/horovod-0.28.1-torch"$torch_version"-cp311-cpu/horovod-*.whl
+fi
+"$venv/bin/horovodrun" --check-build | grep -q '\[X\] PyTorch' || {
+  echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
+  exit 1
+}
+echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"
