@@ -8,6 +8,7 @@ the previous checkpoint as the newest valid one. Only the newest ``keep`` are ke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -43,10 +44,10 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for ``step`` atomically, then prune to the newest ``keep`` checkpoints."""
-    directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, step)
     temporary = directory / f".{final.name}.{os.getpid()}.tmp"
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as handle:
             torch.save({"schema": SCHEMA, **state}, handle)
             handle.flush()
@@ -54,7 +55,8 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         os.replace(temporary, final)
         _fsync_directory(directory)
     except BaseException as err:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
         if isinstance(err, OSError):
             raise CheckpointError(f"cannot write checkpoint {final}: {err.strerror}") from None
         raise

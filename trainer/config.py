@@ -209,9 +209,12 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
                 raise ValueError
             return float(value)
         return str(value) if kind.startswith("str") else value
+    except ConfigError:
+        raise
     except (TypeError, ValueError):
-        expected = "integers, comma-separated" if kind.startswith("tuple") else kind
-        raise ConfigError(f"{key}={value!r}: expected {expected}") from None
+        expected = {"tuple": "integers, comma-separated", "int": "an integer", "float": "a number"}
+        expected_text = next((v for k, v in expected.items() if kind.startswith(k)), kind)
+        raise ConfigError(f"{key}={value!r}: expected {expected_text}") from None
 
 
 def _to_bool(key: str, value: Any) -> bool:

@@ -1,0 +1,76 @@
+import os
+
+import pytest
+import torch
+
+from trainer import checkpoint
+
+
+def state(value):
+    return {"model": {"w": torch.full((4,), float(value))}, "step": value}
+
+
+def test_round_trip_and_newest_first(tmp_path):
+    for step in (10, 20, 30):
+        checkpoint.save(tmp_path, step, state(step), keep=5)
+    path, loaded = checkpoint.load_latest(tmp_path)
+    assert path.name == "step-000000030.pt"
+    assert loaded["step"] == 30 and loaded["schema"] == checkpoint.SCHEMA
+    assert torch.equal(loaded["model"]["w"], torch.full((4,), 30.0))
+
+
+def test_keeps_only_the_newest_k(tmp_path):
+    for step in range(1, 6):
+        checkpoint.save(tmp_path, step, state(step), keep=2)
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [5, 4]
+
+
+def test_crash_mid_write_leaves_the_previous_checkpoint_valid(tmp_path, monkeypatch):
+    checkpoint.save(tmp_path, 1, state(1), keep=3)
+    real_save = torch.save
+
+    def dying_save(obj, handle):
+        real_save(obj, handle)
+        handle.truncate(100)  # half the bytes reached the disk, then the process died
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 2, state(2), keep=3)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt"]
+    path, loaded = checkpoint.load_latest(tmp_path)
+    assert loaded["step"] == 1
+
+
+def test_truncated_newest_is_skipped_for_the_previous(tmp_path, caplog):
+    checkpoint.save(tmp_path, 1, state(1), keep=3)
+    newest = checkpoint.save(tmp_path, 2, state(2), keep=3)
+    newest.write_bytes(newest.read_bytes()[:200])
+    path, loaded = checkpoint.load_latest(tmp_path)
+    assert loaded["step"] == 1
+    assert "skipping unreadable checkpoint" in caplog.text
+
+
+def test_leftover_temporary_files_are_ignored_and_tidied(tmp_path):
+    (tmp_path / ".step-000000009.pt.123.tmp").write_bytes(b"partial")
+    assert checkpoint.load_latest(tmp_path) is None
+    checkpoint.save(tmp_path, 1, state(1), keep=3)
+    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt"]
+
+
+def test_unwritable_folder_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(checkpoint.CheckpointError, match="cannot write checkpoint"):
+        checkpoint.save(blocker / "sub", 1, state(1), keep=1)
+
+
+class Payload:
+    """Stands in for an object whose unpickling would run code."""
+
+
+def test_checkpoints_never_unpickle_code(tmp_path):
+    path = tmp_path / "step-000000001.pt"
+    torch.save({"schema": checkpoint.SCHEMA, "payload": Payload()}, path)
+    assert checkpoint.load_latest(tmp_path) is None

@@ -1,0 +1,85 @@
+import pytest
+
+from trainer.config import DEFAULTS, FIELD_NAMES, ConfigError, TrainConfig
+
+
+def test_defaults_are_valid_and_round_trip():
+    assert TrainConfig.from_mapping(DEFAULTS.to_dict()) == DEFAULTS
+
+
+def test_kebab_case_keys_and_string_values_are_coerced():
+    cfg = TrainConfig.from_mapping(
+        {"batch-size": "64", "lr": "0.2", "adasum": "true", "lr-step-epochs": "10,20"}
+    )
+    assert (cfg.batch_size, cfg.lr, cfg.adasum, cfg.lr_step_epochs) == (64, 0.2, True, (10, 20))
+
+
+INVALID = [
+    ({"model": "resnet9"}, "model='resnet9'", "resnet50"),
+    ({"num_classes": 1}, "num_classes=1", "2.."),
+    ({"data": "tfrecord"}, "data='tfrecord'", "synthetic"),
+    ({"data": "folder"}, "data_dir=None", "--data-dir"),
+    ({"image_size": 8}, "image_size=8", "16..1024"),
+    ({"batch_size": 0}, "batch_size=0", "1..65536"),
+    ({"batch_size": "x"}, "batch_size='x'", "an integer"),
+    ({"batch_size": 2.5}, "batch_size=2.5", "int"),
+    ({"epochs": True}, "epochs=True", "int"),
+    ({"max_steps": 0}, "max_steps=0", "1.."),
+    ({"run_steps": -1}, "run_steps=-1", "1.."),
+    ({"lr": 0}, "lr=0", "(0, 1000]"),
+    ({"lr": "fast"}, "lr='fast'", "a number"),
+    ({"optimizer": "rmsprop"}, "optimizer='rmsprop'", "lars"),
+    ({"momentum": 1.0}, "momentum=1", "[0, 1)"),
+    ({"weight_decay": -0.1}, "weight_decay=-0.1", "[0, 1]"),
+    ({"lr_scaling": "cubic"}, "lr_scaling='cubic'", "linear"),
+    ({"warmup_epochs": 100}, "warmup_epochs=100", "[0, 90]"),
+    ({"lr_decay": "exp"}, "lr_decay='exp'", "cosine"),
+    ({"lr_step_epochs": "60,30"}, "lr_step_epochs=[60, 30]", "increasing"),
+    ({"lr_step_epochs": "a,b"}, "lr_step_epochs='a,b'", "integers"),
+    ({"label_smoothing": 1.0}, "label_smoothing=1", "[0, 1)"),
+    ({"backend": "mpi"}, "backend='mpi'", "horovod"),
+    ({"backend": "ddp", "adasum": True}, "adasum=true with backend=ddp", "horovod"),
+    ({"backend": "local", "fp16_allreduce": True}, "fp16_allreduce=true", "horovod or ddp"),
+    ({"accumulation_steps": 0}, "accumulation_steps=0", "1..1024"),
+    ({"device": "tpu"}, "device='tpu'", "cuda"),
+    ({"amp": "fp8"}, "amp='fp8'", "bf16"),
+    ({"channels_last": "maybe"}, "channels_last='maybe'", "auto"),
+    ({"adasum": "perhaps"}, "adasum='perhaps'", "true or false"),
+    ({"output_dir": ""}, "output_dir=''", "folder"),
+    ({"keep_checkpoints": 0}, "keep_checkpoints=0", "1..1000"),
+    ({"log_every": 0}, "log_every=0", "1.."),
+    ({"seed": -1}, "seed=-1", "0.."),
+    ({"epochs": None}, "epochs=null", "required"),
+    ({"batchsize": 32}, "unknown setting 'batchsize'", "batch_size"),
+]
+
+
+@pytest.mark.parametrize(("values", "names", "fix"), INVALID)
+def test_every_invalid_value_names_setting_value_and_fix(values, names, fix):
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig.from_mapping(values)
+    message = str(caught.value)
+    assert names in message
+    assert fix in message
+    assert "\n" not in message
+
+
+def test_every_setting_has_an_invalid_case_or_is_free_text():
+    covered = {key.replace("-", "_") for values, _, _ in INVALID for key in values}
+    free_text = {
+        "data_dir",
+        "synthetic_size",
+        "synthetic_pool",
+        "loader_workers",
+        "compile",
+        "lars_trust_coefficient",
+        "lr_step_factor",
+        "lr_poly_power",
+        "checkpoint_every",
+    }
+    assert set(FIELD_NAMES) - covered <= free_text
+
+
+def test_direct_construction_validates_too():
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        DEFAULTS.replace(batch_size=0)
