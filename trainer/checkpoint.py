@@ -84,7 +84,8 @@ def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
         try:
             return path, load(path)
         except Exception as err:
-            log.warning("skipping unreadable checkpoint %s: %s", path, err)
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            log.warning("skipping unreadable checkpoint %s: %s", path, reason)
     return None
 
 

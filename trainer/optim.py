@@ -102,17 +102,13 @@ def build_lr_scheduler(
     for group in optimizer.param_groups:
         group["lr"] = schedule.peak_lr
         group["initial_lr"] = schedule.peak_lr
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, _ScheduleFraction(schedule))
 
+    # A plain function, not a callable object: LambdaLR saves callable objects' __dict__ into
+    # its state_dict, which weights-only checkpoint loading rightly refuses to unpickle.
+    def fraction_of_peak(step: int) -> float:
+        return schedule.lr_at(step) / schedule.peak_lr
 
-class _ScheduleFraction:
-    # A class, not a lambda: LambdaLR's state_dict stores callables' __dict__, and the schedule
-    # is rebuilt from the config on resume anyway.
-    def __init__(self, schedule: LRSchedule) -> None:
-        self._schedule = schedule
-
-    def __call__(self, step: int) -> float:
-        return self._schedule.lr_at(step) / self._schedule.peak_lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fraction_of_peak)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

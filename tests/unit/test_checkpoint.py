@@ -39,7 +39,7 @@ def test_crash_mid_write_leaves_the_previous_checkpoint_valid(tmp_path, monkeypa
         checkpoint.save(tmp_path, 2, state(2), keep=3)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt"]
-    path, loaded = checkpoint.load_latest(tmp_path)
+    _, loaded = checkpoint.load_latest(tmp_path)
     assert loaded["step"] == 1
 
 
@@ -47,7 +47,7 @@ def test_truncated_newest_is_skipped_for_the_previous(tmp_path, caplog):
     checkpoint.save(tmp_path, 1, state(1), keep=3)
     newest = checkpoint.save(tmp_path, 2, state(2), keep=3)
     newest.write_bytes(newest.read_bytes()[:200])
-    path, loaded = checkpoint.load_latest(tmp_path)
+    _, loaded = checkpoint.load_latest(tmp_path)
     assert loaded["step"] == 1
     assert "skipping unreadable checkpoint" in caplog.text
 

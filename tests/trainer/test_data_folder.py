@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from trainer.config import DEFAULTS
+from trainer.data import DataError, build_loaders
+from trainer.data.folder import ImageFolderDataset
+from trainer.data.transforms import random_resized_crop_box
+
+
+def folder_config(root, **extra):
+    values = dict(
+        data="folder",
+        data_dir=str(root),
+        image_size=32,
+        batch_size=4,
+        num_classes=3,
+        loader_workers=0,
+    )
+    return DEFAULTS.replace(**{**values, **extra})
+
+
+def test_loader_yields_normalized_batches_from_jpeg_and_png(image_folder):
+    loaders = build_loaders(folder_config(image_folder), 0, 1, torch.device("cpu"), False)
+    images, labels = next(iter(loaders.train))
+    assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
+    assert -3.0 < float(images.mean()) < 3.0
+    assert set(labels.tolist()) <= {0, 1, 2}
+    assert loaders.batches_per_epoch == 18 // 4
+    assert loaders.val is not None
+
+
+def test_two_ranks_read_disjoint_files(image_folder):
+    seen = []
+    for rank in (0, 1):
+        loaders = build_loaders(folder_config(image_folder), rank, 2, torch.device("cpu"), False)
+        seen.append({index for index, _ in loaders.train.sampler})
+    assert not seen[0] & seen[1]
+
+
+def test_augmentation_depends_only_on_seed_epoch_and_index(image_folder):
+    dataset = ImageFolderDataset(image_folder / "train", 32, train=True, seed=3)
+    assert torch.equal(dataset[(5, 1)][0], dataset[(5, 1)][0])
+    assert not torch.equal(dataset[(5, 1)][0], dataset[(5, 2)][0])
+
+
+def test_forkserver_workers_give_the_same_batches(image_folder):
+    device = torch.device("cpu")
+    inline = build_loaders(folder_config(image_folder), 0, 1, device, False).train
+    workers = build_loaders(folder_config(image_folder, loader_workers=2), 0, 1, device, False)
+    assert workers.train.loader.multiprocessing_context.get_start_method() == "forkserver"
+    for (a, la), (b, lb) in zip(inline, workers.train, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_crop_box_stays_inside_the_image():
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        left, top, right, bottom = random_resized_crop_box(50, 30, generator)
+        assert 0 <= left < right <= 50 and 0 <= top < bottom <= 30
+
+
+def test_unusable_folders_are_named(tmp_path, image_folder):
+    with pytest.raises(DataError, match="does not exist"):
+        build_loaders(folder_config(tmp_path / "missing"), 0, 1, torch.device("cpu"), False)
+    (tmp_path / "empty" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"no \.jpg/\.jpeg/\.png images"):
+        build_loaders(folder_config(tmp_path / "empty"), 0, 1, torch.device("cpu"), False)
+    with pytest.raises(DataError, match="set --num-classes 3"):
+        build_loaders(folder_config(image_folder, num_classes=2), 0, 1, torch.device("cpu"), False)
+
+
+def test_corrupt_image_names_the_file(image_folder):
+    victim = sorted((image_folder / "train" / "class0").iterdir())[0]
+    victim.write_bytes(b"not an image")
+    dataset = ImageFolderDataset(image_folder / "train", 32, train=True, seed=0)
+    index = next(i for i, (path, _) in enumerate(dataset.samples) if path == str(victim))
+    with pytest.raises(DataError, match=victim.name):
+        dataset[(index, 0)]

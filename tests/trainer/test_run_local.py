@@ -1,0 +1,99 @@
+"""End-to-end runs of the trainer in one process (the local backend)."""
+
+import json
+
+import pytest
+import torch
+
+from trainer import checkpoint
+from trainer.config import DEFAULTS, ConfigError
+from trainer.distributed import LocalDist
+from trainer.run import train
+from trainer.signals import StopRequest
+
+
+def tiny_config(output_dir, **extra):
+    values = dict(
+        model="tiny",
+        num_classes=5,
+        image_size=16,
+        batch_size=8,
+        synthetic_size=64,
+        synthetic_pool=32,
+        epochs=3,
+        warmup_epochs=1,
+        lr=0.05,
+        backend="local",
+        log_every=3,
+        output_dir=str(output_dir),
+    )
+    return DEFAULTS.replace(**{**values, **extra})
+
+
+def final_weights(output_dir):
+    _, state = checkpoint.load_latest(output_dir / "checkpoints")
+    return state["model"]
+
+
+def test_two_step_run_writes_metrics_tensorboard_and_checkpoint(tmp_path):
+    result = train(tiny_config(tmp_path, max_steps=2, log_every=5), LocalDist())
+    assert (result.step, result.stopped_by) == (2, "max_steps")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    assert last["step"] == 2  # the last step is logged even off the log_every grid
+    assert {"step", "epoch", "loss", "lr", "images_per_sec"} <= set(last)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [2]
+    assert result.images_per_sec > 0
+
+
+def test_rerun_resumes_and_counts_earlier_steps(tmp_path):
+    train(tiny_config(tmp_path, max_steps=2), LocalDist())
+    result = train(tiny_config(tmp_path, max_steps=5), LocalDist())
+    assert (result.start_step, result.step) == (2, 5)
+    again = train(tiny_config(tmp_path, max_steps=5), LocalDist())
+    assert again.stopped_by == "already_complete" and again.step == 5
+
+
+def test_interrupted_mid_epoch_then_resumed_equals_uninterrupted(tmp_path):
+    # 8 steps per epoch; stop at step 11 (mid-epoch 1), then finish all 3 epochs.
+    train(tiny_config(tmp_path / "full", label_smoothing=0.1), LocalDist())
+    first = train(tiny_config(tmp_path / "split", label_smoothing=0.1, run_steps=11), LocalDist())
+    assert (first.step, first.stopped_by) == (11, "run_steps")
+    second = train(tiny_config(tmp_path / "split", label_smoothing=0.1), LocalDist())
+    assert (second.start_step, second.step) == (11, 24)
+    full, split = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    for name, tensor in full.items():
+        assert torch.allclose(tensor.float(), split[name].float(), atol=1e-6), name
+
+
+def test_stop_request_checkpoints_at_the_current_step(tmp_path):
+    stop = StopRequest()
+    stop.requested = True  # as the SIGTERM handler would
+    result = train(tiny_config(tmp_path), LocalDist(), stop)
+    assert (result.step, result.stopped_by) == (1, "signal")
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [1]
+
+
+def test_resume_with_another_model_is_refused(tmp_path):
+    train(tiny_config(tmp_path, max_steps=1), LocalDist())
+    with pytest.raises(ConfigError, match=r"model='resnet18'.*another --output-dir"):
+        train(tiny_config(tmp_path, max_steps=2, model="resnet18"), LocalDist())
+
+
+def test_folder_data_with_accumulation_and_lars(tmp_path, image_folder):
+    cfg = tiny_config(
+        tmp_path / "out",
+        data="folder",
+        data_dir=str(image_folder),
+        num_classes=3,
+        batch_size=2,
+        accumulation_steps=2,
+        optimizer="lars",
+        loader_workers=0,
+        epochs=1,
+    )
+    result = train(cfg, LocalDist())
+    assert result.step == 18 // 2 // 2
+    records = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert any(json.loads(r)["kind"] == "eval" for r in records)
