@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 
 
 def _to_cpu(value: Any) -> Any:
@@ -120,6 +120,14 @@ class HorovodDist(Dist):
         self._hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self._object_ops = 0
+
+    def _object_op_name(self) -> str:
+        # Horovod matches collectives across ranks by name, and its object helpers default to
+        # the object's type name: None on one rank and a dict on another would never match and
+        # hang. Every rank makes the same calls in the same order, so a counter names them.
+        self._object_ops += 1
+        return f"trainer.object.{self._object_ops}"
 
     @property
     def gpu_collectives(self) -> bool:
@@ -129,6 +137,13 @@ class HorovodDist(Dist):
         self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
     ) -> torch.optim.Optimizer:
         hvd = self._hvd
+        if cfg.adasum and not hvd.mpi_built():
+            # Horovod: Adasum's reduction is implemented over MPI only (on CPU and across GPU
+            # nodes); a Gloo-only build fails at the first allreduce, so refuse up front.
+            raise ConfigError(
+                "adasum=true: this Horovod build has no MPI, which Adasum needs; rebuild "
+                "Horovod with MPI (HOROVOD_WITH_MPI=1) or drop --adasum"
+            )
         # Horovod: compression halves the bytes on the wire; Adasum combines gradients so that
         # larger batches need less LR tuning; backward_passes_per_step accumulates locally and
         # reduces once per optimizer step.
@@ -158,10 +173,10 @@ class HorovodDist(Dist):
         self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def broadcast_object(self, obj: Any) -> Any:
-        return self._hvd.broadcast_object(obj, root_rank=0)
+        return self._hvd.broadcast_object(obj, root_rank=0, name=self._object_op_name())
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return self._hvd.allgather_object(obj)
+        return self._hvd.allgather_object(obj, name=self._object_op_name())
 
     def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._hvd.allreduce(tensor, op=self._hvd.Sum)

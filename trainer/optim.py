@@ -141,7 +141,9 @@ class LARS(torch.optim.Optimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float,
+        # Defaults for every argument: Horovod's DistributedOptimizer re-creates the optimizer
+        # from its param groups (which carry the real values) with no other arguments.
+        lr: float = 0.1,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         trust_coefficient: float = 0.001,

@@ -1,0 +1,69 @@
+"""Launchers for real two-process runs on 127.0.0.1 (Horovod over Gloo, torch.distributed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+
+
+def horovodrun(*python_args: str) -> list[str]:
+    """Two Horovod workers each running ``python *python_args``."""
+    return [
+        str(BIN / "horovodrun"),
+        "--gloo",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        sys.executable,
+        *python_args,
+    ]
+
+
+def torchrun(*python_args: str) -> list[str]:
+    """Two torch.distributed workers each running ``python *python_args``."""
+    # --standalone: a local c10d rendezvous on a free port, so parallel CI jobs never collide.
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *python_args,
+    ]
+
+
+def small_config(output_dir: Path, **extra) -> dict:
+    values = dict(
+        model="tiny",
+        num_classes=5,
+        image_size=16,
+        batch_size=8,
+        synthetic_size=128,
+        synthetic_pool=64,
+        epochs=2,
+        warmup_epochs=1,
+        lr=0.05,
+        log_every=2,
+        output_dir=str(output_dir),
+    )
+    return {**values, **extra}
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO

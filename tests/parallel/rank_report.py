@@ -1,0 +1,37 @@
+"""Run under horovodrun or torchrun: train, then write what this rank ended with.
+
+Usage: rank_report.py REPORT_DIR CONFIG_JSON. Each rank writes rank-<N>.json with its world size,
+a digest of its parameters and the averaged metrics it holds, so a test can compare ranks.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from trainer.config import TrainConfig
+from trainer.distributed import init_dist
+from trainer.run import train
+
+
+def main() -> None:
+    report_dir, config = Path(sys.argv[1]), TrainConfig.from_mapping(json.loads(sys.argv[2]))
+    dist = init_dist(config.backend)
+    result = train(config, dist)
+    digest = hashlib.sha256()
+    for name, param in sorted(result.model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+    report = {
+        "rank": dist.rank,
+        "size": dist.size,
+        "step": result.step,
+        "params_sha256": digest.hexdigest(),
+        "metrics": result.last_metrics,
+    }
+    (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

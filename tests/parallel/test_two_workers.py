@@ -1,0 +1,135 @@
+"""Two real workers on 127.0.0.1: Horovod (horovodrun --gloo) and DDP (torchrun)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+import torch
+
+from tests.parallel.conftest import horovodrun, read_metrics, small_config, torchrun
+from trainer import checkpoint
+
+LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
+
+
+def run(command, cwd, timeout=300):
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend, tmp_path, repo):
+    config = small_config(tmp_path / "out", backend=backend, fp16_allreduce=backend == "ddp")
+    script = str(repo / "tests" / "parallel" / "rank_report.py")
+    run(LAUNCHERS[backend](script, str(tmp_path), json.dumps(config)), repo)
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["size"] for r in reports] == [2, 2]
+    assert reports[0]["step"] == reports[1]["step"] == 2 * (128 // 2 // 8)
+    assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
+    assert reports[0]["metrics"] == reports[1]["metrics"]
+    assert reports[0]["metrics"]["loss"] > 0
+    # Rank 0 logged exactly what every rank computed.
+    logged = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "train"]
+    assert logged[-1]["loss"] == reports[0]["metrics"]["loss"]
+
+
+def test_horovod_compression_accumulation_and_lars(tmp_path, repo):
+    config = small_config(
+        tmp_path / "out",
+        backend="horovod",
+        fp16_allreduce=True,
+        accumulation_steps=2,
+        optimizer="lars",
+        epochs=1,
+    )
+    script = str(repo / "tests" / "parallel" / "rank_report.py")
+    run(horovodrun(script, str(tmp_path), json.dumps(config)), repo)
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert reports[0]["step"] == 128 // 2 // 8 // 2
+    assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
+
+
+def test_adasum_without_mpi_is_a_clear_error_on_every_rank(tmp_path, repo):
+    config = small_config(tmp_path / "out", backend="horovod", adasum=True, epochs=1)
+    result = subprocess.run(
+        horovodrun(*trainer_args(config)), cwd=repo, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert result.stderr.count("error: adasum=true: this Horovod build has no MPI") == 2
+    # horovodrun prints its own traceback when a worker fails; the workers print one line each.
+    worker_lines = [line for line in result.stderr.splitlines() if line.startswith("[")]
+    assert not [line for line in worker_lines if "Traceback" in line]
+    assert read_metrics(tmp_path / "out") == []
+
+
+def trainer_args(config: dict) -> list[str]:
+    args = ["-m", "trainer"]
+    for key, value in config.items():
+        flag = key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            args += [f"--{flag}", str(value)]
+    return args
+
+
+def worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
+    return [
+        p
+        for p in launcher.children(recursive=True)
+        if "trainer" in " ".join(p.cmdline()) and "python" in p.name()
+    ]
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo):
+    # ResNet-18 at 32 px keeps steps slow enough (~0.1 s) for the signal to land mid-run.
+    common = dict(
+        model="resnet18",
+        image_size=32,
+        batch_size=8,
+        synthetic_size=320,
+        epochs=3,
+        log_every=1,
+        backend="horovod",
+    )
+    total = 3 * (320 // 2 // 8)
+    run(horovodrun(*trainer_args(small_config(tmp_path / "full", **common))), repo)
+
+    interrupted = small_config(tmp_path / "split", **common)
+    # Output goes to a file: an unread pipe fills up and blocks the workers.
+    log_path = tmp_path / "interrupted.log"
+    with open(log_path, "w") as log_file:
+        launcher = subprocess.Popen(
+            horovodrun(*trainer_args(interrupted)),
+            cwd=repo,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    while not any(r["step"] >= 5 for r in read_metrics(tmp_path / "split")):
+        assert launcher.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run never reached step 5"
+        time.sleep(0.05)
+    workers = worker_processes(psutil.Process(launcher.pid))
+    assert len(workers) == 2
+    workers[-1].send_signal(signal.SIGTERM)  # one worker only: the stop must reach both
+    launcher.wait(timeout=60)
+    output = log_path.read_text()
+    assert launcher.returncode == 0, output[-3000:]
+    stopped_at = checkpoint.list_checkpoints(tmp_path / "split" / "checkpoints")[0][0]
+    assert 5 <= stopped_at < total, "the signal must land before the run would have ended"
+    assert "stopped by signal" in output
+
+    resumed = run(horovodrun(*trainer_args(interrupted)), repo)
+    assert f"at step {stopped_at}" in resumed.stdout
+    _, full = checkpoint.load_latest(tmp_path / "full" / "checkpoints")
+    _, split = checkpoint.load_latest(tmp_path / "split" / "checkpoints")
+    assert full["step"] == split["step"] == total
+    for name, tensor in full["model"].items():
+        assert torch.allclose(tensor.double(), split["model"][name].double(), atol=1e-6), name
