@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=trainer/presets/demo.yaml
 
+# What `pulumi up` on the dev stack would create, evaluated offline (no Azure account needed).
+.venv/bin/python -m infra.plan --stack dev
+echo
+
 # Validate first: a bad setting is one line here rather than one traceback per worker.
 .venv/bin/python -m trainer --config "$preset" --dry-run
 .venv/bin/horovodrun --gloo -np 2 -H localhost:2 \

@@ -29,4 +29,12 @@ fi
   echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
   exit 1
 }
+# `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
+if ! command -v cloud-init >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo); fi
+  "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null || {
+    echo "error: cloud-init is missing and apt-get could not install it" >&2
+    exit 1
+  }
+fi
 echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"

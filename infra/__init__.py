@@ -1,0 +1,1 @@
+"""The Azure environment for distributed training, as Pulumi ComponentResources."""

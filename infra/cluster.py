@@ -1,0 +1,245 @@
+"""The GPU cluster: a Batch account (Entra auth only) and an InfiniBand pool.
+
+The pool: an HPC image with its node agent, containers pulled from the registry by managed
+identity, the NFS share mounted on every node, inter-node communication for multi-instance
+(MPI/NCCL) tasks, simplified node communication with no public IPs, fixed size or an autoscale
+formula that drops to zero when idle, and a start task that fails any node missing a GPU or an
+InfiniBand link, so a job never lands on a broken node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi_azure_native import authorization, batch
+
+from infra.config import StackSettings
+from infra.identity import BATCH_DATA_CONTRIBUTOR, BATCH_JOB_SUBMITTER, assign_role
+from infra.naming import Placement
+from infra.nfs import NfsServer
+from infra.sizes import GpuSize
+
+POOL_ID = "ib-gpu"
+NFS_RELATIVE_MOUNT = "shared"
+
+
+def node_check_command(gpus: int) -> str:
+    """The start task: every GPU visible and every InfiniBand port active, or the node fails."""
+    script = (
+        "set -eu; "
+        f'n=$(nvidia-smi -L | wc -l); [ "$n" -eq {gpus} ] || '
+        f'{{ echo "expected {gpus} GPUs, found $n" >&2; exit 1; }}; '
+        "ports=$(cat /sys/class/infiniband/*/ports/*/state 2>/dev/null | grep -c ACTIVE || true); "
+        "[ \"$ports\" -ge 1 ] || { echo 'no active InfiniBand port' >&2; exit 1; }; "
+        'echo "node ok: $n GPUs, $ports active IB ports"'
+    )
+    return f"/bin/bash -c '{script}'"
+
+
+def autoscale_formula(dedicated: int, spot: int, idle_minutes: int) -> str:
+    """Start the whole pool when any task is queued or running; go to zero after
+    ``idle_minutes`` without one. A multi-instance job needs all its nodes at once, so the
+    formula switches between 0 and the full size rather than following the task count."""
+    return "\n".join(
+        [
+            f"$window = TimeInterval_Minute * {idle_minutes};",
+            "$now = max(0, $PendingTasks.GetSample(1));",
+            "$recent = $PendingTasks.GetSamplePercent($window) < 50 ? $now : "
+            "max($PendingTasks.GetSample($window));",
+            "$busy = max($now, $recent) > 0;",
+            f"$TargetDedicatedNodes = $busy ? {dedicated} : 0;",
+            f"$TargetLowPriorityNodes = $busy ? {spot} : 0;",
+            "$NodeDeallocationOption = taskcompletion;",
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class GpuClusterArgs:
+    placement: Placement
+    account_name: str
+    size: GpuSize
+    node_count: int
+    spot_nodes: int
+    scale_mode: str
+    idle_minutes: int
+    subnet_id: pulumi.Input[str]
+    node_identity_id: pulumi.Input[str]
+    storage_account_id: pulumi.Input[str]
+    registry_server: pulumi.Input[str]
+    nfs_source: pulumi.Input[str]
+    nfs_mount_options: str
+    deployer_object_id: pulumi.Input[str]
+    subscription_id: pulumi.Input[str]
+
+    @classmethod
+    def from_settings(
+        cls,
+        placement: Placement,
+        s: StackSettings,
+        account_name: str,
+        subnet_id: pulumi.Input[str],
+        node_identity_id: pulumi.Input[str],
+        storage_account_id: pulumi.Input[str],
+        registry_server: pulumi.Input[str],
+        nfs: NfsServer,
+        client: pulumi.Output[Any],
+    ) -> GpuClusterArgs:
+        """``client`` is ``authorization.get_client_config_output()``: the deployer."""
+        return cls(
+            placement=placement,
+            account_name=account_name,
+            size=s.gpu,
+            node_count=s.node_count,
+            spot_nodes=s.spot_nodes,
+            scale_mode=s.scale_mode,
+            idle_minutes=s.idle_minutes,
+            subnet_id=subnet_id,
+            node_identity_id=node_identity_id,
+            storage_account_id=storage_account_id,
+            registry_server=registry_server,
+            nfs_source=nfs.source,
+            nfs_mount_options=nfs.mount_options,
+            deployer_object_id=client.object_id,
+            subscription_id=client.subscription_id,
+        )
+
+
+class GpuCluster(pulumi.ComponentResource):
+    account_endpoint: pulumi.Output[str]
+    pool_id: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpucluster:infra:GpuCluster", name, None, opts)
+        identity_ref = batch.ComputeNodeIdentityReferenceArgs(resource_id=args.node_identity_id)
+        account = batch.BatchAccount(
+            f"{name}-batch",
+            account_name=args.account_name,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            pool_allocation_mode=batch.PoolAllocationMode.BATCH_SERVICE,
+            allowed_authentication_modes=[batch.AuthenticationMode.AAD],
+            identity=batch.BatchAccountIdentityArgs(
+                type=batch.ResourceIdentityType.USER_ASSIGNED,
+                user_assigned_identities=[args.node_identity_id],
+            ),
+            auto_storage=batch.AutoStorageBasePropertiesArgs(
+                storage_account_id=args.storage_account_id,
+                authentication_mode=batch.AutoStorageAuthenticationMode.BATCH_ACCOUNT_MANAGED_IDENTITY,
+                node_identity_reference=identity_ref,
+            ),
+            public_network_access=batch.PublicNetworkAccessType.ENABLED,
+            tags=args.placement.tag_map(),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+        if args.scale_mode == "fixed":
+            scale = batch.ScaleSettingsArgs(
+                fixed_scale=batch.FixedScaleSettingsArgs(
+                    target_dedicated_nodes=args.node_count,
+                    target_low_priority_nodes=args.spot_nodes,
+                    resize_timeout="PT30M",
+                    node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
+                )
+            )
+        else:
+            scale = batch.ScaleSettingsArgs(
+                auto_scale=batch.AutoScaleSettingsArgs(
+                    formula=autoscale_formula(args.node_count, args.spot_nodes, args.idle_minutes),
+                    evaluation_interval="PT5M",
+                )
+            )
+        image = args.size.image
+        pool = batch.Pool(
+            f"{name}-pool",
+            pool_name=POOL_ID,
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            display_name=f"{args.size.name} x {args.node_count + args.spot_nodes}",
+            vm_size=args.size.name,
+            deployment_configuration=batch.DeploymentConfigurationArgs(
+                virtual_machine_configuration=batch.VirtualMachineConfigurationArgs(
+                    image_reference=batch.ImageReferenceArgs(
+                        publisher=image.publisher,
+                        offer=image.offer,
+                        sku=image.sku,
+                        version="latest",
+                    ),
+                    node_agent_sku_id=image.node_agent_sku_id,
+                    container_configuration=batch.ContainerConfigurationArgs(
+                        type=batch.ContainerType.DOCKER_COMPATIBLE,
+                        container_registries=[
+                            batch.ContainerRegistryArgs(
+                                registry_server=args.registry_server,
+                                identity_reference=identity_ref,
+                            )
+                        ],
+                    ),
+                )
+            ),
+            identity=batch.BatchPoolIdentityArgs(
+                type=batch.PoolIdentityType.USER_ASSIGNED,
+                user_assigned_identities=[args.node_identity_id],
+            ),
+            # Multi-instance tasks (one rank group per node) need the nodes to talk directly.
+            inter_node_communication=batch.InterNodeCommunicationState.ENABLED,
+            task_slots_per_node=1,
+            task_scheduling_policy=batch.TaskSchedulingPolicyArgs(
+                node_fill_type=batch.ComputeNodeFillType.SPREAD
+            ),
+            network_configuration=batch.NetworkConfigurationArgs(
+                subnet_id=args.subnet_id,
+                public_ip_address_configuration=batch.PublicIPAddressConfigurationArgs(
+                    provision=batch.IPAddressProvisioningType.NO_PUBLIC_IP_ADDRESSES
+                ),
+                enable_accelerated_networking=True,
+            ),
+            target_node_communication_mode=batch.NodeCommunicationMode.SIMPLIFIED,
+            mount_configuration=[
+                batch.MountConfigurationArgs(
+                    nfs_mount_configuration=batch.NFSMountConfigurationArgs(
+                        source=args.nfs_source,
+                        relative_mount_path=NFS_RELATIVE_MOUNT,
+                        mount_options=args.nfs_mount_options,
+                    )
+                )
+            ],
+            scale_settings=scale,
+            start_task=batch.StartTaskArgs(
+                command_line=node_check_command(args.size.gpus),
+                user_identity=batch.UserIdentityArgs(
+                    auto_user=batch.AutoUserSpecificationArgs(
+                        elevation_level=batch.ElevationLevel.ADMIN, scope=batch.AutoUserScope.POOL
+                    )
+                ),
+                wait_for_success=True,
+                max_task_retry_count=1,
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+        # The deploying principal submits and manages jobs through the data plane.
+        user = authorization.PrincipalType.USER
+        self.deployer_roles = [
+            assign_role(
+                f"{name}-deployer-{label}",
+                role=role,
+                principal_id=args.deployer_object_id,
+                scope=account.id,
+                subscription_id=args.subscription_id,
+                principal_type=user,
+                parent=self,
+            )
+            for label, role in (
+                ("submitter", BATCH_JOB_SUBMITTER),
+                ("data", BATCH_DATA_CONTRIBUTOR),
+            )
+        ]
+        self.account_id = account.id
+        self.account_endpoint = account.account_endpoint
+        self.pool_id = pool.name
+        self.register_outputs({"account_endpoint": self.account_endpoint, "pool_id": self.pool_id})

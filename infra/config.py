@@ -1,0 +1,217 @@
+"""The stack's settings: frozen dataclasses built and validated by a pure ``from_mapping``.
+
+Defaults are read from the ``config:`` schema in Pulumi.yaml (their one home): the Pulumi CLI
+applies them itself, but mocks and the offline plan do not, so ``load_schema()`` merges them
+here too. Every bad value raises ``ConfigError`` naming the key, the value and the fix, before
+any resource is declared.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.sizes import RETIRED, SUPPORTED, GpuSize
+
+PROJECT = "gpu-cluster"
+PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
+SCALE_MODES = ("fixed", "autoscale")
+NFS_MODES = ("vm", "azurefiles")
+_TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{40,}( .*)?$"
+)
+_SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
+
+
+class ConfigError(ValueError):
+    """A stack setting is invalid; the message is one line for the user."""
+
+
+def load_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:
+    """The ``config:`` schema of Pulumi.yaml keyed by short name (``vmSize``)."""
+    project = yaml.safe_load(path.read_text(encoding="utf-8"))
+    prefix = f"{project['name']}:"
+    return {key.removeprefix(prefix): spec for key, spec in project["config"].items()}
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    stack: str
+    team: str
+    cost_center: str
+    location: str
+    vnet_cidr: str
+    compute_subnet_cidr: str
+    storage_subnet_cidr: str
+    vm_size: str
+    node_count: int
+    spot_nodes: int
+    scale_mode: str
+    idle_minutes: int
+    nfs_mode: str
+    nfs_vm_size: str
+    nfs_disk_count: int
+    nfs_disk_size_gb: int
+    nfs_share_quota_gb: int
+    ssh_public_key: str
+    registry_allowed_ips: tuple[str, ...]
+    log_retention_days: int
+
+    @property
+    def gpu(self) -> GpuSize:
+        return SUPPORTED[self.vm_size]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.node_count + self.spot_nodes
+
+    @classmethod
+    def from_mapping(
+        cls, stack: str, values: Mapping[str, Any], schema: Mapping[str, Mapping[str, Any]]
+    ) -> StackSettings:
+        """Merge ``values`` (camelCase keys, short or ``gpu-cluster:``-prefixed) over the schema
+        defaults, check types against the schema, then the cross-field rules."""
+        merged: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = str(raw_key).removeprefix(f"{PROJECT}:")
+            if key not in schema:
+                raise ConfigError(
+                    f"{key}: unknown setting; valid settings are {', '.join(sorted(schema))}"
+                )
+            merged[key] = value
+        kwargs: dict[str, Any] = {}
+        for key, spec in schema.items():
+            if key not in merged and "default" not in spec:
+                raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
+            value = merged.get(key, spec.get("default"))
+            kwargs[_snake(key)] = _typed(key, value, spec)
+        kwargs["registry_allowed_ips"] = tuple(kwargs["registry_allowed_ips"])
+        return cls(stack=stack, **kwargs)
+
+    def __post_init__(self) -> None:
+        if not _TEAM.match(self.team):
+            raise ConfigError(
+                f"team={self.team!r}: use 2-12 lowercase letters and digits, starting with a "
+                "letter (it becomes part of storage account names)"
+            )
+        if self.vm_size in RETIRED:
+            raise ConfigError(
+                f"vmSize={self.vm_size}: {RETIRED[self.vm_size]}; use one of {', '.join(SUPPORTED)}"
+            )
+        if self.vm_size not in SUPPORTED:
+            raise ConfigError(
+                f"vmSize={self.vm_size}: not an InfiniBand GPU size we support; "
+                f"use one of {', '.join(SUPPORTED)}"
+            )
+        if self.location not in self.gpu.regions:
+            raise ConfigError(
+                f"location={self.location}: {self.vm_size} is not offered there "
+                f"in our table; use one of {', '.join(sorted(self.gpu.regions))}"
+            )
+        _range("nodeCount", self.node_count, 0, 100)
+        _range("spotNodes", self.spot_nodes, 0, 100)
+        if self.max_nodes < 1:
+            raise ConfigError("nodeCount=0 with spotNodes=0: the pool needs at least one node")
+        if self.scale_mode not in SCALE_MODES:
+            raise ConfigError(f"scaleMode={self.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
+        _range("idleMinutes", self.idle_minutes, 5, 1440)
+        if self.nfs_mode not in NFS_MODES:
+            raise ConfigError(f"nfsMode={self.nfs_mode!r}: use {' or '.join(NFS_MODES)}")
+        _range("nfsDiskCount", self.nfs_disk_count, 1, 16)
+        _range("nfsDiskSizeGb", self.nfs_disk_size_gb, 32, 32767)
+        _range("nfsShareQuotaGb", self.nfs_share_quota_gb, 100, 102400)
+        _range("logRetentionDays", self.log_retention_days, 30, 730)
+        if self.nfs_mode == "vm" and not _SSH_KEY.match(self.ssh_public_key):
+            raise ConfigError(
+                f"sshPublicKey={self.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "
+                'key; run pulumi config set sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
+            )
+        self._check_network()
+
+    def _check_network(self) -> None:
+        vnet = _network("vnetCidr", self.vnet_cidr)
+        if not vnet.is_private:
+            raise ConfigError(f"vnetCidr={self.vnet_cidr}: must be private (RFC 1918)")
+        compute = _network("computeSubnetCidr", self.compute_subnet_cidr)
+        storage = _network("storageSubnetCidr", self.storage_subnet_cidr)
+        for key, subnet in (("computeSubnetCidr", compute), ("storageSubnetCidr", storage)):
+            if not subnet.subnet_of(vnet):  # type: ignore[arg-type]
+                raise ConfigError(f"{key}={subnet}: must lie inside vnetCidr={vnet}")
+        if compute.overlaps(storage):
+            raise ConfigError(
+                f"computeSubnetCidr={compute} overlaps storageSubnetCidr="
+                f"{storage}: give them separate ranges"
+            )
+        # Azure keeps 5 addresses per subnet; Batch needs one per node plus headroom for
+        # replacing nodes.
+        if compute.num_addresses - 5 < 2 * self.max_nodes:
+            raise ConfigError(
+                f"computeSubnetCidr={compute}: too small for {self.max_nodes} "
+                "nodes; use a larger range"
+            )
+        if storage.prefixlen > 28:
+            raise ConfigError(f"storageSubnetCidr={storage}: use /28 or larger")
+        for ip in self.registry_allowed_ips:
+            _network("registryAllowedIps", ip)
+
+    @property
+    def nfs_server_ip(self) -> str:
+        """The NFS server's static address: the first host Azure does not reserve."""
+        return str(ipaddress.ip_network(self.storage_subnet_cidr)[4])
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def _typed(key: str, value: Any, spec: Mapping[str, Any]) -> Any:
+    expected = _SCHEMA_TYPES[spec["type"]]
+    # `pulumi config set` stores scalars as strings; structured values arrive as JSON text.
+    if isinstance(value, str) and expected is int and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    if isinstance(value, str) and expected is bool and value in ("true", "false"):
+        return value == "true"
+    if isinstance(value, str) and expected is list and value.strip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{key}={value!r}: not a valid list") from None
+    if (isinstance(value, bool) and expected is int) or not isinstance(value, expected):
+        raise ConfigError(f"{key}={value!r}: expected {spec['type']}")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}={value!r}: expected a list of strings")
+    return value
+
+
+def _range(key: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ConfigError(f"{key}={value}: must be in {low}..{high}")
+
+
+def _network(key: str, text: str) -> ipaddress.IPv4Network:
+    try:
+        return ipaddress.IPv4Network(text, strict=True)
+    except ValueError as err:
+        raise ConfigError(f"{key}={text!r}: not an IPv4 CIDR ({err})") from None
+
+
+def load() -> StackSettings:
+    """Read the running stack's config (Pulumi merges Pulumi.yaml defaults; we merge too)."""
+    import pulumi
+
+    schema = load_schema()
+    config = pulumi.Config(PROJECT)
+    values = {}
+    for key, spec in schema.items():
+        raw = config.get_object(key) if spec["type"] == "array" else config.get(key)
+        if raw is not None:
+            values[key] = raw
+    return StackSettings.from_mapping(pulumi.get_stack(), values, schema)

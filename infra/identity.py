@@ -1,0 +1,98 @@
+"""Managed identities and least-privilege role assignments (no keys, no passwords)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import authorization, managedidentity
+
+from infra.naming import Placement, role_assignment_name
+
+# Built-in role definition GUIDs (the same in every tenant).
+ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
+ACR_PUSH = "8311e382-0749-4cb8-b61a-304f252e45ec"
+STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
+BATCH_DATA_CONTRIBUTOR = "6aaa78f1-f7de-44ca-8722-c64a23943cae"
+
+
+def assign_role(
+    name: str,
+    *,
+    role: str,
+    principal_id: pulumi.Input[str],
+    scope: pulumi.Input[str],
+    subscription_id: pulumi.Input[str],
+    principal_type: authorization.PrincipalType,
+    parent: pulumi.Resource,
+) -> authorization.RoleAssignment:
+    """Grant ``role`` at ``scope``. The assignment's GUID derives from scope, principal and role,
+    so re-running never creates duplicates and a changed scope replaces it cleanly."""
+    return authorization.RoleAssignment(
+        name,
+        principal_id=principal_id,
+        principal_type=principal_type,
+        scope=scope,
+        role_definition_id=pulumi.Output.concat(
+            "/subscriptions/",
+            subscription_id,
+            "/providers/Microsoft.Authorization/roleDefinitions/",
+            role,
+        ),
+        role_assignment_name=pulumi.Output.all(scope, principal_id).apply(
+            lambda values: role_assignment_name(values[0], values[1], role)
+        ),
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
+@dataclass(frozen=True)
+class IdentitiesArgs:
+    placement: Placement
+    subscription_id: pulumi.Input[str]
+    registry_id: pulumi.Input[str]
+    storage_account_id: pulumi.Input[str]
+
+
+class Identities(pulumi.ComponentResource):
+    """``nodes``: pulls images, reads and writes blobs, runs Batch auto-storage.
+    ``build``: pushes images."""
+
+    def __init__(
+        self, name: str, args: IdentitiesArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpucluster:infra:Identities", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.nodes = managedidentity.UserAssignedIdentity(
+            f"{name}-nodes",
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+        self.build = managedidentity.UserAssignedIdentity(
+            f"{name}-build",
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+        grants = (
+            ("nodes-acrpull", ACR_PULL, self.nodes, args.registry_id),
+            ("nodes-blob", STORAGE_BLOB_DATA_CONTRIBUTOR, self.nodes, args.storage_account_id),
+            ("build-acrpush", ACR_PUSH, self.build, args.registry_id),
+        )
+        self.assignments = [
+            assign_role(
+                f"{name}-{label}",
+                role=role,
+                principal_id=identity.principal_id,
+                scope=scope,
+                subscription_id=args.subscription_id,
+                principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
+                parent=self,
+            )
+            for label, role, identity, scope in grants
+        ]
+        self.register_outputs({"nodes_id": self.nodes.id, "build_id": self.build.id})

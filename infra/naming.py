@@ -1,0 +1,60 @@
+"""Names and tags. Every name carries team and stack so stacks never collide."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+
+from infra.config import PROJECT, StackSettings
+
+# A fixed namespace so role-assignment names are the same on every `pulumi up` (idempotent).
+_ROLE_NAMESPACE = uuid.UUID("0b9e3c2e-4a61-4d8e-9a55-6f7d2d1c5e10")
+
+
+def default_tags(settings: StackSettings) -> dict[str, str]:
+    return {
+        "project": PROJECT,
+        "team": settings.team,
+        "stack": settings.stack,
+        "cost-center": settings.cost_center,
+        "managed-by": "pulumi",
+    }
+
+
+def prefix(settings: StackSettings) -> str:
+    """``<team>-<stack>``, the stem of every resource name."""
+    stack = re.sub(r"[^a-z0-9-]", "-", settings.stack.lower()).strip("-")
+    return f"{settings.team}-{stack}"
+
+
+def global_name(settings: StackSettings, role: str, max_length: int = 24) -> str:
+    """A globally unique lowercase alphanumeric name (storage accounts, registries, Batch).
+
+    3-24 lowercase letters and digits: team + role + an 8-character hash of project/team/stack,
+    so two stacks never collide and the name never changes between runs.
+    """
+    digest = hashlib.sha256(f"{PROJECT}/{settings.team}/{settings.stack}".encode()).hexdigest()
+    stem = re.sub(r"[^a-z0-9]", "", f"{settings.team}{role}")[: max_length - 8]
+    return f"{stem}{digest[:8]}"
+
+
+def role_assignment_name(*parts: str) -> str:
+    """A deterministic GUID for a role assignment from its scope, principal and role."""
+    return str(uuid.uuid5(_ROLE_NAMESPACE, "/".join(parts)))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a component's resources go: resource group, region and tags (shared by all)."""
+
+    resource_group_name: pulumi.Input[str]
+    location: str
+    tags: Mapping[str, str]
+
+    def tag_map(self) -> dict[str, str]:
+        return dict(self.tags)

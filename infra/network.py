@@ -1,0 +1,156 @@
+"""Network: VNet, compute and storage subnets, NSGs and a NAT gateway for outbound traffic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import network
+
+from infra.naming import Placement
+
+NFS_PORTS = ["111", "2049"]
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    placement: Placement
+    vnet_cidr: str
+    compute_subnet_cidr: str
+    storage_subnet_cidr: str
+
+
+def _deny_internet_inbound() -> network.SecurityRuleArgs:
+    # Azure's default rules already drop internet traffic at priority 65500; an explicit rule
+    # keeps it denied even if someone adds a broader allow later, and makes the intent reviewable.
+    return network.SecurityRuleArgs(
+        name="deny-internet-inbound",
+        priority=4096,
+        direction=network.SecurityRuleDirection.INBOUND,
+        access=network.SecurityRuleAccess.DENY,
+        protocol=network.SecurityRuleProtocol.ASTERISK,
+        source_address_prefix="Internet",
+        source_port_range="*",
+        destination_address_prefix="*",
+        destination_port_range="*",
+    )
+
+
+class Network(pulumi.ComponentResource):
+    compute_subnet_id: pulumi.Output[str]
+    storage_subnet_id: pulumi.Output[str]
+    nat_public_ip: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpucluster:infra:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        nat_ip = network.PublicIPAddress(
+            f"{name}-nat-ip",
+            sku=network.PublicIPAddressSkuArgs(name=network.PublicIPAddressSkuName.STANDARD),
+            public_ip_allocation_method=network.IPAllocationMethod.STATIC,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+        nat = network.NatGateway(
+            f"{name}-nat",
+            sku=network.NatGatewaySkuArgs(name=network.NatGatewaySkuName.STANDARD),
+            public_ip_addresses=[network.SubResourceArgs(id=nat_ip.id)],
+            idle_timeout_in_minutes=10,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+
+        compute_nsg = network.NetworkSecurityGroup(
+            f"{name}-compute-nsg",
+            security_rules=[_deny_internet_inbound()],
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+        storage_nsg = network.NetworkSecurityGroup(
+            f"{name}-storage-nsg",
+            security_rules=[
+                network.SecurityRuleArgs(
+                    name="allow-nfs-from-compute",
+                    priority=100,
+                    direction=network.SecurityRuleDirection.INBOUND,
+                    access=network.SecurityRuleAccess.ALLOW,
+                    protocol=network.SecurityRuleProtocol.ASTERISK,  # NFS uses TCP and UDP 111
+                    source_address_prefix=args.compute_subnet_cidr,
+                    source_port_range="*",
+                    destination_address_prefix=args.storage_subnet_cidr,
+                    destination_port_ranges=NFS_PORTS,
+                ),
+                network.SecurityRuleArgs(
+                    name="deny-nfs-from-elsewhere",
+                    priority=200,
+                    direction=network.SecurityRuleDirection.INBOUND,
+                    access=network.SecurityRuleAccess.DENY,
+                    protocol=network.SecurityRuleProtocol.ASTERISK,
+                    source_address_prefix="*",
+                    source_port_range="*",
+                    destination_address_prefix="*",
+                    destination_port_ranges=NFS_PORTS,
+                ),
+                _deny_internet_inbound(),
+            ],
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=child,
+        )
+
+        vnet = network.VirtualNetwork(
+            f"{name}-vnet",
+            address_space=network.AddressSpaceArgs(address_prefixes=[args.vnet_cidr]),
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            # Subnets are separate resources; an inline list would fight them on every update.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
+        )
+        storage_endpoint = [
+            network.ServiceEndpointPropertiesFormatArgs(service="Microsoft.Storage")
+        ]
+        compute_subnet = network.Subnet(
+            f"{name}-compute",
+            resource_group_name=args.placement.resource_group_name,
+            virtual_network_name=vnet.name,
+            address_prefix=args.compute_subnet_cidr,
+            network_security_group=network.NetworkSecurityGroupArgs(id=compute_nsg.id),
+            nat_gateway=network.SubResourceArgs(id=nat.id),
+            service_endpoints=storage_endpoint,
+            default_outbound_access=False,
+            opts=child,
+        )
+        # Azure updates a VNet's subnets one at a time: chain them.
+        storage_subnet = network.Subnet(
+            f"{name}-storage",
+            resource_group_name=args.placement.resource_group_name,
+            virtual_network_name=vnet.name,
+            address_prefix=args.storage_subnet_cidr,
+            network_security_group=network.NetworkSecurityGroupArgs(id=storage_nsg.id),
+            nat_gateway=network.SubResourceArgs(id=nat.id),
+            service_endpoints=storage_endpoint,
+            default_outbound_access=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute_subnet]),
+        )
+
+        self.vnet_id = vnet.id
+        self.compute_subnet_id = compute_subnet.id
+        self.storage_subnet_id = storage_subnet.id
+        self.nat_public_ip = nat_ip.ip_address.apply(lambda ip: ip or "")
+        self.register_outputs(
+            {
+                "compute_subnet_id": self.compute_subnet_id,
+                "storage_subnet_id": self.storage_subnet_id,
+            }
+        )

@@ -1,0 +1,216 @@
+"""The shared file system every node mounts: an NFS server VM, or an Azure Files NFS 4.1 share.
+
+``vm``: a Linux VM with no public IP (SSH key only) exporting a RAID0 of premium data disks to
+the compute subnet only. The data disks are separate, protected resources: changing cloud-init
+replaces the VM, never the data. ``azurefiles``: a premium FileStorage account with an NFS share,
+reached through the VNet's service endpoint (NFS has no encryption in transit; network rules are
+its protection, so the account denies everything but the VNet).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import compute, network, storage
+
+from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
+from infra.config import StackSettings
+from infra.naming import Placement
+from infra.network import Network
+
+NFS_SHARE = "shared"
+ADMIN_USER = "nfsadmin"
+
+
+@dataclass(frozen=True)
+class NfsArgs:
+    placement: Placement
+    mode: str
+    storage_subnet_id: pulumi.Input[str]
+    compute_subnet_id: pulumi.Input[str]
+    compute_subnet_cidr: str
+    server_ip: str
+    vm_size: str
+    disk_count: int
+    disk_size_gb: int
+    share_quota_gb: int
+    ssh_public_key: str
+    files_account_name: str
+
+    @classmethod
+    def from_settings(
+        cls, placement: Placement, s: StackSettings, net: Network, files_account_name: str
+    ) -> NfsArgs:
+        return cls(
+            placement=placement,
+            mode=s.nfs_mode,
+            storage_subnet_id=net.storage_subnet_id,
+            compute_subnet_id=net.compute_subnet_id,
+            compute_subnet_cidr=s.compute_subnet_cidr,
+            server_ip=s.nfs_server_ip,
+            vm_size=s.nfs_vm_size,
+            disk_count=s.nfs_disk_count,
+            disk_size_gb=s.nfs_disk_size_gb,
+            share_quota_gb=s.nfs_share_quota_gb,
+            ssh_public_key=s.ssh_public_key,
+            files_account_name=files_account_name,
+        )
+
+
+class NfsServer(pulumi.ComponentResource):
+    source: pulumi.Output[str]
+    """What nodes mount: ``host:/path``."""
+    address: pulumi.Output[str]
+    export_path: pulumi.Output[str]
+    mount_options: str
+
+    def __init__(
+        self, name: str, args: NfsArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpucluster:infra:NfsServer", name, None, opts)
+        self.vm_id: pulumi.Output[str] | None = None
+        if args.mode == "vm":
+            self._server_vm(name, args)
+        else:
+            self._azure_files(name, args)
+        self.source = pulumi.Output.concat(self.address, ":", self.export_path)
+        self.register_outputs({"source": self.source})
+
+    def _server_vm(self, name: str, args: NfsArgs) -> None:
+        disks = [
+            compute.Disk(
+                f"{name}-data-{lun}",
+                creation_data=compute.CreationDataArgs(
+                    create_option=compute.DiskCreateOption.EMPTY
+                ),
+                disk_size_gb=args.disk_size_gb,
+                sku=compute.DiskSkuArgs(name=compute.DiskStorageAccountTypes.PREMIUM_LRS),
+                network_access_policy=compute.NetworkAccessPolicy.DENY_ALL,
+                public_network_access=compute.PublicNetworkAccess.DISABLED,
+                resource_group_name=args.placement.resource_group_name,
+                location=args.placement.location,
+                tags=args.placement.tag_map(),
+                opts=pulumi.ResourceOptions(parent=self, protect=True),
+            )
+            for lun in range(args.disk_count)
+        ]
+        nic = network.NetworkInterface(
+            f"{name}-nic",
+            ip_configurations=[
+                network.NetworkInterfaceIPConfigurationArgs(
+                    name="primary",
+                    subnet=network.SubnetArgs(id=args.storage_subnet_id),
+                    private_ip_allocation_method=network.IPAllocationMethod.STATIC,
+                    private_ip_address=args.server_ip,
+                )
+            ],
+            enable_accelerated_networking=True,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        user_data = render_nfs_cloud_init(args.disk_count, args.compute_subnet_cidr)
+        vm = compute.VirtualMachine(
+            f"{name}-vm",
+            hardware_profile=compute.HardwareProfileArgs(vm_size=args.vm_size),
+            network_profile=compute.NetworkProfileArgs(
+                network_interfaces=[compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]
+            ),
+            storage_profile=compute.StorageProfileArgs(
+                image_reference=compute.ImageReferenceArgs(
+                    publisher="Canonical", offer="ubuntu-24_04-lts", sku="server", version="latest"
+                ),
+                os_disk=compute.OSDiskArgs(
+                    create_option=compute.DiskCreateOptionTypes.FROM_IMAGE,
+                    managed_disk=compute.ManagedDiskParametersArgs(
+                        storage_account_type=compute.StorageAccountTypes.PREMIUM_LRS
+                    ),
+                    delete_option=compute.DiskDeleteOptionTypes.DELETE,
+                ),
+                data_disks=[
+                    compute.DataDiskArgs(
+                        lun=lun,
+                        create_option=compute.DiskCreateOptionTypes.ATTACH,
+                        managed_disk=compute.ManagedDiskParametersArgs(id=disk.id),
+                        caching=compute.CachingTypes.NONE,
+                        # Detach, never delete, when the VM goes.
+                        delete_option=compute.DiskDeleteOptionTypes.DETACH,
+                    )
+                    for lun, disk in enumerate(disks)
+                ],
+            ),
+            os_profile=compute.OSProfileArgs(
+                computer_name=f"{name}-nfs"[:15],
+                admin_username=ADMIN_USER,
+                custom_data=base64.b64encode(user_data.encode()).decode(),
+                linux_configuration=compute.LinuxConfigurationArgs(
+                    disable_password_authentication=True,
+                    ssh=compute.SshConfigurationArgs(
+                        public_keys=[
+                            compute.SshPublicKeyArgs(
+                                key_data=args.ssh_public_key,
+                                path=f"/home/{ADMIN_USER}/.ssh/authorized_keys",
+                            )
+                        ]
+                    ),
+                    provision_vm_agent=True,
+                ),
+            ),
+            security_profile=compute.SecurityProfileArgs(
+                encryption_at_host=False,
+                security_type=compute.SecurityTypes.TRUSTED_LAUNCH,
+                uefi_settings=compute.UefiSettingsArgs(
+                    secure_boot_enabled=True, v_tpm_enabled=True
+                ),
+            ),
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+        )
+        self.vm_id = vm.id
+        self.address = pulumi.Output.from_input(args.server_ip)
+        self.export_path = pulumi.Output.from_input(MOUNT_POINT)
+        self.mount_options = "-o vers=4.1,hard,nconnect=8,rsize=1048576,wsize=1048576"
+
+    def _azure_files(self, name: str, args: NfsArgs) -> None:
+        account = storage.StorageAccount(
+            f"{name}-files",
+            account_name=args.files_account_name,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            kind=storage.Kind.FILE_STORAGE,
+            sku=storage.SkuArgs(name=storage.SkuName.PREMIUM_ZRS),
+            # NFS 4.1 on Azure Files has no in-transit encryption; the network is the boundary.
+            enable_https_traffic_only=False,
+            minimum_tls_version=storage.MinimumTlsVersion.TLS1_2,
+            allow_blob_public_access=False,
+            allow_shared_key_access=False,
+            network_rule_set=storage.NetworkRuleSetArgs(
+                default_action=storage.DefaultAction.DENY,
+                bypass=storage.Bypass.NONE,
+                virtual_network_rules=[
+                    storage.VirtualNetworkRuleArgs(
+                        virtual_network_resource_id=args.compute_subnet_id
+                    )
+                ],
+            ),
+            tags=args.placement.tag_map(),
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )
+        storage.FileShare(
+            f"{name}-share",
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            share_name=NFS_SHARE,
+            enabled_protocols=storage.EnabledProtocols.NFS,
+            root_squash=storage.RootSquashType.ROOT_SQUASH,
+            share_quota=args.share_quota_gb,
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )
+        self.address = pulumi.Output.concat(account.name, ".file.core.windows.net")
+        self.export_path = pulumi.Output.concat("/", account.name, "/", NFS_SHARE)
+        self.mount_options = "-o vers=4,minorversion=1,sec=sys,nconnect=4"

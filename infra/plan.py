@@ -1,0 +1,202 @@
+"""``python -m infra.plan --stack dev``: what a stack declares, offline.
+
+Evaluates the Pulumi program with mocks (no credentials, no network, no Pulumi CLI) and prints
+the resources (type token, name, the properties that matter), the stack outputs and an estimated
+monthly cost. A bad stack config prints its ConfigError and exits 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import prices
+from infra.config import PROJECT, ConfigError, StackSettings, load_schema
+from infra.mocks import AzureMocks, DeclaredResource
+
+REPO = Path(__file__).resolve().parent.parent
+PROGRAM = REPO / "__main__.py"
+SHOWN_PROPERTIES = (
+    "location",
+    "vmSize",
+    "sku",
+    "kind",
+    "addressPrefix",
+    "addressSpace",
+    "privateIPAddress",
+    "diskSizeGB",
+    "shareQuota",
+    "enabledProtocols",
+    "adminUserEnabled",
+    "anonymousPullEnabled",
+    "allowSharedKeyAccess",
+    "allowBlobPublicAccess",
+    "minimumTlsVersion",
+    "publicNetworkAccess",
+    "interNodeCommunication",
+    "targetNodeCommunicationMode",
+    "taskSlotsPerNode",
+    "scaleSettings",
+    "mountConfiguration",
+    "allowedAuthenticationModes",
+    "securityRules",
+    "retentionInDays",
+)
+
+
+@dataclass
+class Plan:
+    settings: StackSettings
+    resources: list[DeclaredResource]
+    outputs: dict[str, Any]
+
+
+def read_stack_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"stack file {path.name} not found: create it with `pulumi stack init`")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        raise ConfigError(f"stack file {path.name}: not valid YAML") from None
+    values = loaded.get("config", {}) if isinstance(loaded, dict) else None
+    if not isinstance(values, dict):
+        raise ConfigError(f"stack file {path.name}: `config:` must be a mapping")
+    return values
+
+
+def _as_config_value(value: Any) -> str:
+    # pulumi.Config reads strings; structured values travel as JSON, as with the CLI.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def evaluate(stack: str, values: dict[str, Any]) -> Plan:
+    """Validate ``values``, then run the program under mocks and collect what it declares."""
+    import pulumi
+
+    settings = StackSettings.from_mapping(stack, values, load_schema())
+    mocks = AzureMocks()
+    pulumi.runtime.set_all_config(
+        {(k if ":" in k else f"{PROJECT}:{k}"): _as_config_value(v) for k, v in values.items()}
+    )
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    exported: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
+    real_export = pulumi.export
+
+    @pulumi.runtime.test
+    def run_program() -> pulumi.Output[Any]:
+        runpy.run_path(str(PROGRAM))
+        return pulumi.Output.all(**exported).apply(resolved.update)
+
+    pulumi.export = exported.__setitem__  # type: ignore[assignment]
+    try:
+        run_program()
+    finally:
+        pulumi.export = real_export
+    return Plan(settings, mocks.resources, resolved)
+
+
+def estimate_monthly_cost(settings: StackSettings, busy_hours: int) -> list[tuple[str, float]]:
+    """(item, USD per month) from the price table; autoscaled GPUs are priced for busy hours."""
+    gpu_hours = prices.HOURS_PER_MONTH if settings.scale_mode == "fixed" else busy_hours
+    gpu_price = prices.VM_PER_HOUR[settings.vm_size]
+    items = [
+        (
+            f"{settings.node_count} x {settings.vm_size}, {gpu_hours} h",
+            gpu_price * settings.node_count * gpu_hours,
+        )
+    ]
+    if settings.spot_nodes:
+        items.append(
+            (
+                f"{settings.spot_nodes} x Spot {settings.vm_size}, {gpu_hours} h",
+                gpu_price * prices.SPOT_FRACTION * settings.spot_nodes * gpu_hours,
+            )
+        )
+    if settings.nfs_mode == "vm":
+        vm_price = prices.VM_PER_HOUR.get(settings.nfs_vm_size)
+        if vm_price is not None:
+            items.append((f"NFS server {settings.nfs_vm_size}", vm_price * prices.HOURS_PER_MONTH))
+        disk_gb = settings.nfs_disk_count * settings.nfs_disk_size_gb
+        items.append(
+            (f"NFS premium disks {disk_gb} GiB", disk_gb * prices.PREMIUM_SSD_PER_GB_MONTH)
+        )
+    else:
+        items.append(
+            (
+                f"Azure Files premium NFS {settings.nfs_share_quota_gb} GiB",
+                settings.nfs_share_quota_gb * prices.PREMIUM_FILES_PER_GB_MONTH,
+            )
+        )
+    items.append(
+        (
+            "NAT gateway + public IP",
+            (prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR) * prices.HOURS_PER_MONTH,
+        )
+    )
+    items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
+    return items
+
+
+def render(plan: Plan, busy_hours: int) -> str:
+    s = plan.settings
+    lines = [
+        f"Offline plan of stack '{s.stack}' ({len(plan.resources)} resources; evaluated with "
+        "Pulumi mocks: no Azure calls, computed values are placeholders)",
+        "",
+    ]
+    for resource in plan.resources:
+        shown = {k: resource.inputs[k] for k in SHOWN_PROPERTIES if k in resource.inputs}
+        lines.append(f"+ {resource.typ}  {resource.name}")
+        if shown:
+            lines.append(f"    {json.dumps(shown, sort_keys=True)}")
+    lines += ["", "Outputs:"]
+    lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]
+    mode = (
+        "always on"
+        if s.scale_mode == "fixed"
+        else f"autoscale: GPUs priced for {busy_hours} busy h/month (--busy-hours)"
+    )
+    lines += [
+        "",
+        f"Estimated monthly cost (OFFLINE ESTIMATE: list prices, {prices.PRICES_AS_OF}, "
+        f"East US, pay-as-you-go; {mode}; storage usage and logs not included):",
+    ]
+    items = estimate_monthly_cost(s, busy_hours)
+    lines += [f"  {label:<55} ${cost:>12,.2f}" for label, cost in items]
+    lines.append(f"  {'total':<55} ${sum(c for _, c in items):>12,.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__)
+    parser.add_argument("--stack", required=True, help="stack name (reads Pulumi.<stack>.yaml)")
+    parser.add_argument("--stack-file", type=Path, help="another stack file to read")
+    parser.add_argument(
+        "--busy-hours",
+        type=int,
+        default=160,
+        help="GPU hours per month assumed for autoscaled pools (default 160)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:
+            raise ConfigError(f"--busy-hours={args.busy_hours}: must be in 0..730")
+        values = read_stack_file(args.stack_file or REPO / f"Pulumi.{args.stack}.yaml")
+        plan = evaluate(args.stack, values)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(plan, args.busy_hours))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

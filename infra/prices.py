@@ -1,0 +1,24 @@
+"""List prices for the offline cost estimate: pay-as-you-go, USD, Linux, East US, read from the
+Azure pricing pages in 2026-11. Other regions, reservations and discounts differ; the estimate
+says so. Update the table and PRICES_AS_OF together."""
+
+PRICES_AS_OF = "2026-11"
+HOURS_PER_MONTH = 730
+
+VM_PER_HOUR = {
+    "Standard_ND96isr_H100_v5": 98.32,
+    "Standard_ND96isr_H200_v5": 110.24,
+    "Standard_ND96asr_v4": 27.20,
+    "Standard_ND96amsr_A100_v4": 32.77,
+    "Standard_D8s_v5": 0.384,
+    "Standard_D16s_v5": 0.768,
+    "Standard_D32s_v5": 1.536,
+}
+# Spot prices float; this is the typical fraction of the pay-as-you-go price for GPU sizes.
+SPOT_FRACTION = 0.35
+
+PREMIUM_SSD_PER_GB_MONTH = 0.135
+PREMIUM_FILES_PER_GB_MONTH = 0.16
+NAT_GATEWAY_PER_HOUR = 0.045
+PUBLIC_IP_PER_HOUR = 0.005
+ACR_PREMIUM_PER_MONTH = 50.0

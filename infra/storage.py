@@ -1,0 +1,112 @@
+"""Storage: a Blob account for datasets, checkpoints, logs and outputs, and an Azure Files share.
+
+Identity-only access: shared keys are off, so every reader and writer uses Entra ID (managed
+identities on the nodes, `az login` for people); HTTPS and TLS 1.2 only; no anonymous blobs;
+the network denies by default and admits the VNet's subnets (service endpoints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_azure_native import storage
+
+from infra.naming import Placement
+
+CONTAINERS = ("datasets", "checkpoints", "logs", "outputs")
+FILE_SHARE = "results"
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    placement: Placement
+    account_name: str
+    subnet_ids: Sequence[pulumi.Input[str]]
+
+
+class Storage(pulumi.ComponentResource):
+    account_name: pulumi.Output[str]
+    account_id: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpucluster:infra:Storage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        account = storage.StorageAccount(
+            f"{name}-account",
+            account_name=args.account_name,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            kind=storage.Kind.STORAGE_V2,
+            sku=storage.SkuArgs(name=storage.SkuName.STANDARD_ZRS),
+            enable_https_traffic_only=True,
+            minimum_tls_version=storage.MinimumTlsVersion.TLS1_2,
+            allow_blob_public_access=False,
+            allow_shared_key_access=False,
+            default_to_o_auth_authentication=True,
+            allow_cross_tenant_replication=False,
+            encryption=storage.EncryptionArgs(
+                key_source=storage.KeySource.MICROSOFT_STORAGE,
+                require_infrastructure_encryption=True,
+            ),
+            network_rule_set=storage.NetworkRuleSetArgs(
+                # The SDK's default action is Allow: deny explicitly.
+                default_action=storage.DefaultAction.DENY,
+                bypass=storage.Bypass.AZURE_SERVICES,
+                virtual_network_rules=[
+                    storage.VirtualNetworkRuleArgs(virtual_network_resource_id=subnet_id)
+                    for subnet_id in args.subnet_ids
+                ],
+            ),
+            tags=args.placement.tag_map(),
+            # Datasets and checkpoints outlive compute: `pulumi destroy` must not take them.
+            opts=pulumi.ResourceOptions(parent=self, protect=True),
+        )
+        blob_service = storage.BlobServiceProperties(
+            f"{name}-blob-service",
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            blob_services_name="default",
+            is_versioning_enabled=True,
+            delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=7),
+            container_delete_retention_policy=storage.DeleteRetentionPolicyArgs(
+                enabled=True, days=7
+            ),
+            opts=child,
+        )
+        self.containers = [
+            storage.BlobContainer(
+                f"{name}-{container}",
+                account_name=account.name,
+                resource_group_name=args.placement.resource_group_name,
+                container_name=container,
+                public_access=storage.PublicAccess.NONE,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[blob_service]),
+            )
+            for container in CONTAINERS
+        ]
+        file_service = storage.FileServiceProperties(
+            f"{name}-file-service",
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            file_services_name="default",
+            share_delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=7),
+            opts=child,
+        )
+        storage.FileShare(
+            f"{name}-{FILE_SHARE}",
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            share_name=FILE_SHARE,
+            share_quota=1024,
+            enabled_protocols=storage.EnabledProtocols.SMB,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[file_service]),
+        )
+
+        self.account_name = account.name
+        self.account_id = account.id
+        self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)
+        self.register_outputs({"account_name": self.account_name})
