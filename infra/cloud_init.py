@@ -63,4 +63,16 @@ chmod 0775 {MOUNT_POINT}
             ["exportfs", "-ra"],
         ],
     }
-    return "#cloud-config\n" + yaml.safe_dump(document, sort_keys=False, width=100)
+    return "#cloud-config\n" + yaml.dump(document, Dumper=_BlockDumper, sort_keys=False, width=100)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings as literal blocks, so the script reads as a script on the VM."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_BlockDumper.add_representer(str, _represent_str)

@@ -27,9 +27,10 @@ def default_tags(settings: StackSettings) -> dict[str, str]:
 
 
 def prefix(settings: StackSettings) -> str:
-    """``<team>-<stack>``, the stem of every resource name."""
+    """``<team>-<stack>``, the stem of every resource name (``vision-prod``, not
+    ``vision-vision-prod``, for stacks already named ``<team>-<env>``)."""
     stack = re.sub(r"[^a-z0-9-]", "-", settings.stack.lower()).strip("-")
-    return f"{settings.team}-{stack}"
+    return stack if stack.startswith(f"{settings.team}-") else f"{settings.team}-{stack}"
 
 
 def global_name(settings: StackSettings, role: str, max_length: int = 24) -> str:

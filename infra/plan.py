@@ -11,7 +11,7 @@ import argparse
 import json
 import runpy
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,19 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
     resolved: dict[str, Any] = {}
     real_export = pulumi.export
 
+    protected: set[tuple[str, str]] = set()
+
+    def record_protection(
+        args: pulumi.ResourceTransformationArgs,
+    ) -> pulumi.ResourceTransformationResult | None:
+        # Mocks never see resource options; a stack transformation does.
+        if args.opts.protect:
+            protected.add((args.type_, args.name))
+        return None
+
     @pulumi.runtime.test
     def run_program() -> pulumi.Output[Any]:
+        pulumi.runtime.register_stack_transformation(record_protection)
         runpy.run_path(str(PROGRAM))
         return pulumi.Output.all(**exported).apply(resolved.update)
 
@@ -100,7 +111,8 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
         run_program()
     finally:
         pulumi.export = real_export
-    return Plan(settings, mocks.resources, resolved)
+    resources = [replace(r, protect=(r.typ, r.name) in protected) for r in mocks.resources]
+    return Plan(settings, resources, resolved)
 
 
 def estimate_monthly_cost(settings: StackSettings, busy_hours: int) -> list[tuple[str, float]]:
@@ -154,7 +166,8 @@ def render(plan: Plan, busy_hours: int) -> str:
     ]
     for resource in plan.resources:
         shown = {k: resource.inputs[k] for k in SHOWN_PROPERTIES if k in resource.inputs}
-        lines.append(f"+ {resource.typ}  {resource.name}")
+        marker = "  (protected)" if resource.protect else ""
+        lines.append(f"+ {resource.typ}  {resource.name}{marker}")
         if shown:
             lines.append(f"    {json.dumps(shown, sort_keys=True)}")
     lines += ["", "Outputs:"]

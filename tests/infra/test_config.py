@@ -1,0 +1,88 @@
+import pytest
+
+from infra.config import ConfigError, StackSettings
+from tests.infra.conftest import STACKS, stack_values
+
+VALID = {"team": "vision", "sshPublicKey": "ssh-ed25519 " + "A" * 68 + " me"}
+
+
+def settings(schema, **changes):
+    return StackSettings.from_mapping("dev", {**VALID, **changes}, schema)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_files_are_valid(schema, stack):
+    assert StackSettings.from_mapping(stack, stack_values(stack), schema).team
+
+
+def test_defaults_come_from_pulumi_yaml(schema):
+    s = settings(schema)
+    assert (s.vm_size, s.node_count, s.scale_mode) == (
+        schema["vmSize"]["default"],
+        schema["nodeCount"]["default"],
+        schema["scaleMode"]["default"],
+    )
+    assert s.nfs_server_ip == "10.20.16.4"
+
+
+def test_cli_style_string_values_are_typed(schema):
+    s = settings(schema, nodeCount="3", registryAllowedIps='["198.51.100.7"]')
+    assert (s.node_count, s.registry_allowed_ips) == (3, ("198.51.100.7",))
+
+
+def test_every_schema_key_has_a_description(schema):
+    assert all(spec.get("description") for spec in schema.values())
+
+
+INVALID = [
+    ({"team": "Vision Team"}, "team='Vision Team'", "lowercase"),
+    ({"vmSize": "Standard_NC24rs_v3"}, "vmSize=Standard_NC24rs_v3", "retired"),
+    ({"vmSize": "Standard_NC6s_v3"}, "vmSize=Standard_NC6s_v3", "Standard_ND96isr_H100_v5"),
+    ({"location": "brazilsouth"}, "location=brazilsouth", "eastus"),
+    ({"nodeCount": -1}, "nodeCount=-1", "0..100"),
+    ({"nodeCount": 0, "spotNodes": 0}, "nodeCount=0 with spotNodes=0", "at least one"),
+    ({"nodeCount": "two"}, "nodeCount='two'", "integer"),
+    ({"nodeCount": True}, "nodeCount=True", "integer"),
+    ({"scaleMode": "manual"}, "scaleMode='manual'", "autoscale"),
+    ({"idleMinutes": 1}, "idleMinutes=1", "5..1440"),
+    ({"nfsMode": "smb"}, "nfsMode='smb'", "azurefiles"),
+    ({"nfsDiskCount": 0}, "nfsDiskCount=0", "1..16"),
+    ({"nfsDiskSizeGb": 8}, "nfsDiskSizeGb=8", "32.."),
+    ({"logRetentionDays": 7}, "logRetentionDays=7", "30..730"),
+    ({"sshPublicKey": ""}, "sshPublicKey=''", "pulumi config set sshPublicKey"),
+    ({"vnetCidr": "8.8.0.0/16"}, "vnetCidr=8.8.0.0/16", "private"),
+    ({"vnetCidr": "10.20.0.0/33"}, "vnetCidr='10.20.0.0/33'", "IPv4 CIDR"),
+    ({"computeSubnetCidr": "10.99.0.0/20"}, "computeSubnetCidr=10.99.0.0/20", "inside vnetCidr"),
+    (
+        {"storageSubnetCidr": "10.20.8.0/24"},
+        "overlaps storageSubnetCidr=10.20.8.0/24",
+        "separate ranges",
+    ),
+    (
+        {"computeSubnetCidr": "10.20.0.0/29", "nodeCount": 4},
+        "computeSubnetCidr=10.20.0.0/29",
+        "larger range",
+    ),
+    ({"storageSubnetCidr": "10.20.16.0/30"}, "storageSubnetCidr=10.20.16.0/30", "/28"),
+    ({"registryAllowedIps": ["not-an-ip"]}, "registryAllowedIps='not-an-ip'", "CIDR"),
+    ({"registryAllowedIps": "1.2.3.4"}, "registryAllowedIps='1.2.3.4'", "array"),
+    ({"nodeSize": "big"}, "nodeSize: unknown setting", "vmSize"),
+]
+
+
+@pytest.mark.parametrize(("changes", "names", "fix"), INVALID)
+def test_every_invalid_value_names_key_value_and_fix(schema, changes, names, fix):
+    with pytest.raises(ConfigError) as caught:
+        settings(schema, **changes)
+    assert names in str(caught.value)
+    assert fix in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_team_is_required(schema):
+    with pytest.raises(ConfigError, match="team: required"):
+        StackSettings.from_mapping("dev", {}, schema)
+
+
+def test_ssh_key_is_not_needed_with_azure_files(schema):
+    assert settings(schema, nfsMode="azurefiles", sshPublicKey="").nfs_mode == "azurefiles"

@@ -1,0 +1,265 @@
+"""Whole-program tests: both stack files evaluated under mocks, then the security and
+correctness policies checked on what the program declared. ``one()`` fails when a resource is
+missing, so no check can pass on an empty recording."""
+
+import base64
+import ipaddress
+import uuid
+
+from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
+from infra.mocks import DEPLOYER_OBJECT_ID
+from tests.infra.conftest import of_type, one
+
+TAGGABLE = {
+    "azure-native:resources:ResourceGroup",
+    "azure-native:network:VirtualNetwork",
+    "azure-native:network:NetworkSecurityGroup",
+    "azure-native:network:NatGateway",
+    "azure-native:network:PublicIPAddress",
+    "azure-native:network:NetworkInterface",
+    "azure-native:storage:StorageAccount",
+    "azure-native:containerregistry:Registry",
+    "azure-native:managedidentity:UserAssignedIdentity",
+    "azure-native:compute:Disk",
+    "azure-native:compute:VirtualMachine",
+    "azure-native:batch:BatchAccount",
+    "azure-native:operationalinsights:Workspace",
+}
+
+
+def test_every_taggable_resource_carries_team_stack_cost_center_project(plan):
+    taggable = [r for r in plan.resources if r.typ in TAGGABLE]
+    assert len(taggable) >= 10
+    for resource in taggable:
+        tags = resource.inputs.get("tags", {})
+        assert tags.get("team") == plan.settings.team, resource.name
+        assert tags.get("stack") == plan.settings.stack, resource.name
+        assert tags.get("cost-center") == plan.settings.cost_center, resource.name
+        assert tags.get("project") == "gpu-cluster", resource.name
+
+
+def test_stack_outputs(plan):
+    assert set(plan.outputs) == {
+        "resource_group_name",
+        "storage_account_name",
+        "storage_containers",
+        "nfs_address",
+        "nfs_export_path",
+        "registry_login_server",
+        "batch_account_endpoint",
+        "pool_id",
+        "node_count",
+        "vm_size",
+    }
+    assert plan.outputs["storage_containers"] == ["datasets", "checkpoints", "logs", "outputs"]
+    assert plan.outputs["vm_size"] == plan.settings.vm_size
+    assert plan.outputs["node_count"] == plan.settings.node_count
+
+
+def test_only_the_nat_gateway_has_a_public_ip(plan):
+    ips = of_type(plan, "azure-native:network:PublicIPAddress")
+    assert [ip.name for ip in ips] == [f"{plan.outputs['resource_group_name'][3:]}-nat-ip"]
+    for nic in of_type(plan, "azure-native:network:NetworkInterface"):
+        assert all("publicIPAddress" not in c for c in nic.inputs["ipConfigurations"])
+
+
+def test_pool_nodes_have_no_public_ip_and_simplified_communication(plan):
+    pool = one(plan, "azure-native:batch:Pool").inputs
+    network = pool["networkConfiguration"]
+    assert network["publicIPAddressConfiguration"]["provision"] == "NoPublicIPAddresses"
+    assert pool["targetNodeCommunicationMode"] == "Simplified"
+    assert network["subnetId"].endswith("-compute")
+
+
+def test_pool_is_an_infiniband_multi_instance_pool(plan):
+    pool = one(plan, "azure-native:batch:Pool").inputs
+    s = plan.settings
+    assert pool["vmSize"] == s.vm_size
+    assert pool["interNodeCommunication"] == "Enabled"
+    assert pool["taskSlotsPerNode"] == 1
+    vm = pool["deploymentConfiguration"]["virtualMachineConfiguration"]
+    assert vm["imageReference"]["publisher"] == "microsoft-dsvm"
+    assert vm["imageReference"]["offer"] == "ubuntu-hpc"
+    assert vm["nodeAgentSkuId"] == s.gpu.image.node_agent_sku_id
+    registry = vm["containerConfiguration"]["containerRegistries"][0]
+    assert registry["registryServer"] == plan.outputs["registry_login_server"]
+    assert registry["identityReference"]["resourceId"].endswith("-nodes")
+    assert "password" not in registry and "userName" not in registry
+    assert pool["identity"]["type"] == "UserAssigned"
+    start = pool["startTask"]
+    assert start["waitForSuccess"] is True
+    assert f"-eq {s.gpu.gpus} ]" in start["commandLine"]
+    assert "/sys/class/infiniband" in start["commandLine"]
+
+
+def test_pool_mounts_the_nfs_share(plan):
+    mount = one(plan, "azure-native:batch:Pool").inputs["mountConfiguration"][0]
+    nfs = mount["nfsMountConfiguration"]
+    assert nfs["source"] == f"{plan.outputs['nfs_address']}:{plan.outputs['nfs_export_path']}"
+    assert nfs["relativeMountPath"] == "shared"
+
+
+def test_scale_settings_follow_the_stack(dev_plan, prod_plan):
+    dev = one(dev_plan, "azure-native:batch:Pool").inputs["scaleSettings"]
+    assert "$TargetDedicatedNodes = $busy ? 2 : 0;" in dev["autoScale"]["formula"]
+    assert "TimeInterval_Minute * 10" in dev["autoScale"]["formula"]
+    prod = one(prod_plan, "azure-native:batch:Pool").inputs["scaleSettings"]
+    assert prod["fixedScale"]["targetDedicatedNodes"] == 4
+    assert prod["fixedScale"]["targetLowPriorityNodes"] == 0
+
+
+def test_batch_account_uses_entra_auth_and_identity_auto_storage(plan):
+    account = one(plan, "azure-native:batch:BatchAccount").inputs
+    assert account["allowedAuthenticationModes"] == ["AAD"]
+    assert account["poolAllocationMode"] == "BatchService"
+    assert account["autoStorage"]["authenticationMode"] == "BatchAccountManagedIdentity"
+
+
+def test_data_storage_is_identity_only_encrypted_and_private(plan):
+    account = one(plan, "azure-native:storage:StorageAccount", "-account").inputs
+    assert account["enableHttpsTrafficOnly"] is True
+    assert account["minimumTlsVersion"] == "TLS1_2"
+    assert account["allowBlobPublicAccess"] is False
+    assert account["allowSharedKeyAccess"] is False
+    rules = account["networkRuleSet"]
+    assert rules["defaultAction"] == "Deny"
+    assert len(rules["virtualNetworkRules"]) == 2
+    blob = one(plan, "azure-native:storage:BlobServiceProperties").inputs
+    assert blob["isVersioningEnabled"] is True
+    assert blob["deleteRetentionPolicy"] == {"enabled": True, "days": 7}
+    containers = of_type(plan, "azure-native:storage:BlobContainer")
+    assert sorted(c.inputs["containerName"] for c in containers) == [
+        "checkpoints",
+        "datasets",
+        "logs",
+        "outputs",
+    ]
+    assert all(c.inputs["publicAccess"] == "None" for c in containers)
+
+
+def test_registry_has_admin_and_anonymous_pull_off_and_denies_by_default(plan):
+    registry = one(plan, "azure-native:containerregistry:Registry").inputs
+    assert registry["adminUserEnabled"] is False
+    assert registry["anonymousPullEnabled"] is False
+    assert registry["networkRuleSet"]["defaultAction"] == "Deny"
+    allowed = [r["iPAddressOrRange"] for r in registry["networkRuleSet"]["ipRules"]]
+    assert allowed[0] == "203.0.113.10"  # the NAT gateway: the nodes' egress address
+
+
+def test_no_nsg_rule_allows_inbound_from_the_internet(plan):
+    for nsg in of_type(plan, "azure-native:network:NetworkSecurityGroup"):
+        for rule in nsg.inputs["securityRules"]:
+            if rule["direction"] == "Inbound" and rule["access"] == "Allow":
+                source = rule["sourceAddressPrefix"]
+                assert source not in ("*", "Internet", "0.0.0.0/0"), (nsg.name, rule["name"])
+                assert ipaddress.ip_network(source).is_private
+
+
+def test_nfs_ports_are_open_to_the_compute_subnet_only(plan):
+    nsg = one(plan, "azure-native:network:NetworkSecurityGroup", "-storage-nsg").inputs
+    allows = [r for r in nsg["securityRules"] if r["access"] == "Allow"]
+    assert len(allows) == 1
+    assert allows[0]["sourceAddressPrefix"] == plan.settings.compute_subnet_cidr
+    assert sorted(allows[0]["destinationPortRanges"]) == ["111", "2049"]
+    deny = next(r for r in nsg["securityRules"] if r["name"] == "deny-nfs-from-elsewhere")
+    assert deny["priority"] > allows[0]["priority"]
+
+
+def test_subnets_have_no_default_outbound_and_use_the_nat_gateway(plan):
+    subnets = of_type(plan, "azure-native:network:Subnet")
+    assert len(subnets) == 2
+    for subnet in subnets:
+        assert subnet.inputs["defaultOutboundAccess"] is False
+        assert subnet.inputs["natGateway"]["id"].endswith("-nat")
+        assert subnet.inputs["serviceEndpoints"] == [{"service": "Microsoft.Storage"}]
+
+
+def test_nfs_vm_is_private_key_only_and_exports_to_compute_only(dev_plan):
+    vm = one(dev_plan, "azure-native:compute:VirtualMachine").inputs
+    linux = vm["osProfile"]["linuxConfiguration"]
+    assert linux["disablePasswordAuthentication"] is True
+    assert "adminPassword" not in vm["osProfile"]
+    assert linux["ssh"]["publicKeys"][0]["keyData"] == dev_plan.settings.ssh_public_key
+    user_data = base64.b64decode(vm["osProfile"]["customData"]).decode()
+    export_line = f"/data {dev_plan.settings.compute_subnet_cidr}(rw,sync,no_subtree_check"
+    assert export_line in user_data
+    nic = one(dev_plan, "azure-native:network:NetworkInterface").inputs
+    assert nic["ipConfigurations"][0]["privateIPAddress"] == "10.20.16.4"
+    assert nic["ipConfigurations"][0]["subnet"]["id"].endswith("-storage")
+
+
+def test_nfs_data_disks_are_separate_protected_and_survive_the_vm(dev_plan):
+    disks = of_type(dev_plan, "azure-native:compute:Disk")
+    assert len(disks) == dev_plan.settings.nfs_disk_count == 2
+    assert all(d.protect for d in disks)
+    assert all(d.inputs["networkAccessPolicy"] == "DenyAll" for d in disks)
+    attached = one(dev_plan, "azure-native:compute:VirtualMachine").inputs["storageProfile"]
+    assert [d["createOption"] for d in attached["dataDisks"]] == ["Attach", "Attach"]
+    assert {d["deleteOption"] for d in attached["dataDisks"]} == {"Detach"}
+
+
+def test_data_holding_resources_are_protected(plan):
+    for resource in of_type(plan, "azure-native:storage:StorageAccount"):
+        assert resource.protect, resource.name
+    compute = [
+        r
+        for r in plan.resources
+        if r.typ in ("azure-native:batch:Pool", "azure-native:compute:VirtualMachine")
+    ]
+    assert compute and not any(r.protect for r in compute)  # destroy removes compute
+
+
+def test_azure_files_mode_uses_a_premium_nfs_share_and_no_vm(prod_plan):
+    assert not of_type(prod_plan, "azure-native:compute:VirtualMachine")
+    files = one(prod_plan, "azure-native:storage:StorageAccount", "-files").inputs
+    assert files["kind"] == "FileStorage"
+    assert files["sku"]["name"].startswith("Premium_")
+    assert files["networkRuleSet"]["defaultAction"] == "Deny"
+    share = one(prod_plan, "azure-native:storage:FileShare", "-share").inputs
+    assert share["enabledProtocols"] == "NFS"
+    assert share["rootSquash"] == "RootSquash"
+    account = files["accountName"]
+    assert prod_plan.outputs["nfs_address"] == f"{account}.file.core.windows.net"
+    assert prod_plan.outputs["nfs_export_path"] == f"/{account}/shared"
+
+
+def test_least_privilege_role_assignments_with_deterministic_names(plan, dev_plan):
+    assignments = {
+        r.name.rsplit("-", 1)[-1]: r.inputs
+        for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+    }
+    assert assignments["acrpull"]["roleDefinitionId"].endswith(ACR_PULL)
+    assert assignments["acrpull"]["scope"].endswith(plan.outputs["registry_login_server"][:-11])
+    assert assignments["acrpush"]["roleDefinitionId"].endswith(ACR_PUSH)
+    assert assignments["blob"]["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
+    assert assignments["submitter"]["principalId"] == DEPLOYER_OBJECT_ID
+    assert assignments["submitter"]["principalType"] == "User"
+    for inputs in assignments.values():
+        uuid.UUID(inputs["roleAssignmentName"])
+        assert "Contributor" not in inputs["roleDefinitionId"]
+
+
+def test_role_assignment_names_are_stable_across_runs(dev_plan):
+    from infra.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    again = evaluate("dev", stack_values("dev"))
+
+    def names(plan):
+        return sorted(
+            r.inputs["roleAssignmentName"]
+            for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+        )
+
+    assert names(again) == names(dev_plan)
+    assert len(set(names(dev_plan))) == 5
+
+
+def test_diagnostics_reach_the_log_analytics_workspace(dev_plan, prod_plan):
+    dev_targets = {
+        r.name.split("-")[-2] for r in of_type(dev_plan, "azure-native:monitor:DiagnosticSetting")
+    }
+    assert dev_targets == {"batch", "blob", "vm"}
+    assert len(of_type(prod_plan, "azure-native:monitor:DiagnosticSetting")) == 2
+    workspace = one(prod_plan, "azure-native:operationalinsights:Workspace").inputs
+    assert workspace["retentionInDays"] == 90
