@@ -16,14 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.plan import REPO, evaluate, read_stack_file  # noqa: E402
+from infra.plan import REPO, evaluate, read_stack_file
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    stacks = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+    stacks = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
     started = time.perf_counter()
     evaluate(stacks[0], read_stack_file(REPO / f"Pulumi.{stacks[0]}.yaml"))
     print(f"cold first evaluation (imports included): {time.perf_counter() - started:.2f} s")
@@ -36,8 +36,10 @@ def main() -> None:
             plan = evaluate(stack, values)
             times.append(time.perf_counter() - started)
             count = len(plan.resources)
-        print(f"{stack:<16}{count:>10}{statistics.median(times):>10.3f}{min(times):>8.3f}"
-              f"{max(times):>8.3f}")
+        print(
+            f"{stack:<16}{count:>10}{statistics.median(times):>10.3f}{min(times):>8.3f}"
+            f"{max(times):>8.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -117,32 +117,28 @@ class Network(pulumi.ComponentResource):
             # Subnets are separate resources; an inline list would fight them on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
-        storage_endpoint = [
-            network.ServiceEndpointPropertiesFormatArgs(service="Microsoft.Storage")
-        ]
-        compute_subnet = network.Subnet(
-            f"{name}-compute",
-            resource_group_name=args.placement.resource_group_name,
-            virtual_network_name=vnet.name,
-            address_prefix=args.compute_subnet_cidr,
-            network_security_group=network.NetworkSecurityGroupArgs(id=compute_nsg.id),
-            nat_gateway=network.SubResourceArgs(id=nat.id),
-            service_endpoints=storage_endpoint,
-            default_outbound_access=False,
-            opts=child,
-        )
-        # Azure updates a VNet's subnets one at a time: chain them.
-        storage_subnet = network.Subnet(
-            f"{name}-storage",
-            resource_group_name=args.placement.resource_group_name,
-            virtual_network_name=vnet.name,
-            address_prefix=args.storage_subnet_cidr,
-            network_security_group=network.NetworkSecurityGroupArgs(id=storage_nsg.id),
-            nat_gateway=network.SubResourceArgs(id=nat.id),
-            service_endpoints=storage_endpoint,
-            default_outbound_access=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[compute_subnet]),
-        )
+        # Azure updates a VNet's subnets one at a time: each subnet waits for the one before.
+        subnets: list[network.Subnet] = []
+        for role, cidr, nsg in (
+            ("compute", args.compute_subnet_cidr, compute_nsg),
+            ("storage", args.storage_subnet_cidr, storage_nsg),
+        ):
+            subnets.append(
+                network.Subnet(
+                    f"{name}-{role}",
+                    resource_group_name=args.placement.resource_group_name,
+                    virtual_network_name=vnet.name,
+                    address_prefix=cidr,
+                    network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),
+                    nat_gateway=network.SubResourceArgs(id=nat.id),
+                    service_endpoints=[
+                        network.ServiceEndpointPropertiesFormatArgs(service="Microsoft.Storage")
+                    ],
+                    default_outbound_access=False,
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=subnets[-1:]),
+                )
+            )
+        compute_subnet, storage_subnet = subnets
 
         self.vnet_id = vnet.id
         self.compute_subnet_id = compute_subnet.id

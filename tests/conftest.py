@@ -28,3 +28,21 @@ def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: i
 @pytest.fixture
 def image_folder(tmp_path: Path) -> Path:
     return write_image_folder(tmp_path / "images")
+
+
+def tiny_config(output_dir: Path, **extra) -> dict:
+    """Settings for a tiny, fast synthetic run (the tiny CNN at 16 px)."""
+    values = dict(
+        model="tiny",
+        num_classes=5,
+        image_size=16,
+        batch_size=8,
+        synthetic_size=64,
+        synthetic_pool=32,
+        epochs=3,
+        warmup_epochs=1,
+        lr=0.05,
+        log_every=3,
+        output_dir=str(output_dir),
+    )
+    return {**values, **extra}

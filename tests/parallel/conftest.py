@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import tiny_config
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,20 +43,11 @@ def torchrun(*python_args: str) -> list[str]:
 
 
 def small_config(output_dir: Path, **extra) -> dict:
-    values = dict(
-        model="tiny",
-        num_classes=5,
-        image_size=16,
-        batch_size=8,
-        synthetic_size=128,
-        synthetic_pool=64,
-        epochs=2,
-        warmup_epochs=1,
-        lr=0.05,
-        log_every=2,
-        output_dir=str(output_dir),
+    """The shared tiny run with 8 steps per epoch for each of two workers."""
+    return tiny_config(
+        output_dir,
+        **{"synthetic_size": 128, "synthetic_pool": 64, "epochs": 2, "log_every": 2, **extra},
     )
-    return {**values, **extra}
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from tests.conftest import tiny_config
 from trainer.config import DEFAULTS
 from trainer.distributed import LocalDist
 from trainer.run import resolve_precision, train
@@ -30,15 +31,7 @@ def test_gpu_trains_with_bf16_and_channels_last(tmp_path):
     require_gpu()
     assert resolve_precision(DEFAULTS, torch.device("cuda")) == (torch.bfloat16, True)
     cfg = DEFAULTS.replace(
-        model="resnet18",
-        num_classes=10,
-        image_size=64,
-        batch_size=16,
-        synthetic_size=64,
-        epochs=1,
-        max_steps=3,
-        backend="local",
-        output_dir=str(tmp_path),
+        **tiny_config(tmp_path, model="resnet18", image_size=64, max_steps=3, backend="local")
     )
     result = train(cfg, LocalDist())
     assert result.step == 3

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tests.conftest import tiny_config as base_config
 from trainer import checkpoint
 from trainer.config import DEFAULTS, ConfigError
 from trainer.distributed import LocalDist
@@ -13,21 +14,7 @@ from trainer.signals import StopRequest
 
 
 def tiny_config(output_dir, **extra):
-    values = dict(
-        model="tiny",
-        num_classes=5,
-        image_size=16,
-        batch_size=8,
-        synthetic_size=64,
-        synthetic_pool=32,
-        epochs=3,
-        warmup_epochs=1,
-        lr=0.05,
-        backend="local",
-        log_every=3,
-        output_dir=str(output_dir),
-    )
-    return DEFAULTS.replace(**{**values, **extra})
+    return DEFAULTS.replace(**base_config(output_dir, **{"backend": "local", **extra}))
 
 
 def final_weights(output_dir):
