@@ -73,6 +73,7 @@ class GpuClusterArgs:
     nfs_mount_options: str
     deployer_object_id: pulumi.Input[str]
     subscription_id: pulumi.Input[str]
+    checkpointing: bool = True
 
     @classmethod
     def from_settings(
@@ -104,6 +105,7 @@ class GpuClusterArgs:
             nfs_mount_options=nfs.mount_options,
             deployer_object_id=client.object_id,
             subscription_id=client.subscription_id,
+            checkpointing=s.checkpointing,
         )
 
 
@@ -209,6 +211,10 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             ],
             scale_settings=scale,
+            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs.
+            metadata=[
+                batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower())
+            ],
             start_task=batch.StartTaskArgs(
                 command_line=node_check_command(args.size.gpus),
                 user_identity=batch.UserIdentityArgs(

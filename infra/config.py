@@ -28,6 +28,8 @@ _TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
 _SSH_KEY = re.compile(
     r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{40,}( .*)?$"
 )
+_MONTH = re.compile(r"^20\d\d-(0[1-9]|1[0-2])$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 
 
@@ -64,6 +66,11 @@ class StackSettings:
     ssh_public_key: str
     registry_allowed_ips: tuple[str, ...]
     log_retention_days: int
+    protect_data: bool
+    checkpointing: bool
+    budget: int
+    budget_start_month: str
+    budget_emails: tuple[str, ...]
 
     @property
     def gpu(self) -> GpuSize:
@@ -94,6 +101,7 @@ class StackSettings:
             value = merged.get(key, spec.get("default"))
             kwargs[_snake(key)] = _typed(key, value, spec)
         kwargs["registry_allowed_ips"] = tuple(kwargs["registry_allowed_ips"])
+        kwargs["budget_emails"] = tuple(kwargs["budget_emails"])
         return cls(stack=stack, **kwargs)
 
     def __post_init__(self) -> None:
@@ -134,7 +142,28 @@ class StackSettings:
                 f"sshPublicKey={self.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "
                 'key; run pulumi config set sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
             )
+        if self.spot_nodes and not self.checkpointing:
+            raise ConfigError(
+                f"spotNodes={self.spot_nodes} with checkpointing=false: Spot nodes "
+                "are evicted at any time; turn checkpointing on or use 0 Spot nodes"
+            )
+        self._check_budget()
         self._check_network()
+
+    def _check_budget(self) -> None:
+        _range("budget", self.budget, 0, 10_000_000)
+        if not self.budget:
+            return
+        if not _MONTH.match(self.budget_start_month):
+            raise ConfigError(
+                f"budgetStartMonth={self.budget_start_month!r}: give the first "
+                "month as YYYY-MM (for example 2026-12)"
+            )
+        if not self.budget_emails or not all(_EMAIL.match(e) for e in self.budget_emails):
+            raise ConfigError(
+                f"budgetEmails={list(self.budget_emails)}: a budget needs at least "
+                "one valid e-mail address to alert"
+            )
 
     def _check_network(self) -> None:
         vnet = _network("vnetCidr", self.vnet_cidr)

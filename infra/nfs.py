@@ -38,6 +38,7 @@ class NfsArgs:
     share_quota_gb: int
     ssh_public_key: str
     files_account_name: str
+    protect_data: bool = True
 
     @classmethod
     def from_settings(
@@ -56,6 +57,7 @@ class NfsArgs:
             share_quota_gb=s.nfs_share_quota_gb,
             ssh_public_key=s.ssh_public_key,
             files_account_name=files_account_name,
+            protect_data=s.protect_data,
         )
 
 
@@ -92,7 +94,7 @@ class NfsServer(pulumi.ComponentResource):
                 resource_group_name=args.placement.resource_group_name,
                 location=args.placement.location,
                 tags=args.placement.tag_map(),
-                opts=pulumi.ResourceOptions(parent=self, protect=True),
+                opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
             )
             for lun in range(args.disk_count)
         ]
@@ -199,7 +201,7 @@ class NfsServer(pulumi.ComponentResource):
                 ],
             ),
             tags=args.placement.tag_map(),
-            opts=pulumi.ResourceOptions(parent=self, protect=True),
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         storage.FileShare(
             f"{name}-share",
@@ -209,7 +211,7 @@ class NfsServer(pulumi.ComponentResource):
             enabled_protocols=storage.EnabledProtocols.NFS,
             root_squash=storage.RootSquashType.ROOT_SQUASH,
             share_quota=args.share_quota_gb,
-            opts=pulumi.ResourceOptions(parent=self, protect=True),
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         self.address = pulumi.Output.concat(account.name, ".file.core.windows.net")
         self.export_path = pulumi.Output.concat("/", account.name, "/", NFS_SHARE)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from infra import prices
+from infra import cost, prices
 from infra.config import PROJECT, ConfigError, StackSettings, load_schema
 from infra.mocks import AzureMocks, DeclaredResource
 
@@ -115,48 +115,6 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
     return Plan(settings, resources, resolved)
 
 
-def estimate_monthly_cost(settings: StackSettings, busy_hours: int) -> list[tuple[str, float]]:
-    """(item, USD per month) from the price table; autoscaled GPUs are priced for busy hours."""
-    gpu_hours = prices.HOURS_PER_MONTH if settings.scale_mode == "fixed" else busy_hours
-    gpu_price = prices.VM_PER_HOUR[settings.vm_size]
-    items = [
-        (
-            f"{settings.node_count} x {settings.vm_size}, {gpu_hours} h",
-            gpu_price * settings.node_count * gpu_hours,
-        )
-    ]
-    if settings.spot_nodes:
-        items.append(
-            (
-                f"{settings.spot_nodes} x Spot {settings.vm_size}, {gpu_hours} h",
-                gpu_price * prices.SPOT_FRACTION * settings.spot_nodes * gpu_hours,
-            )
-        )
-    if settings.nfs_mode == "vm":
-        vm_price = prices.VM_PER_HOUR.get(settings.nfs_vm_size)
-        if vm_price is not None:
-            items.append((f"NFS server {settings.nfs_vm_size}", vm_price * prices.HOURS_PER_MONTH))
-        disk_gb = settings.nfs_disk_count * settings.nfs_disk_size_gb
-        items.append(
-            (f"NFS premium disks {disk_gb} GiB", disk_gb * prices.PREMIUM_SSD_PER_GB_MONTH)
-        )
-    else:
-        items.append(
-            (
-                f"Azure Files premium NFS {settings.nfs_share_quota_gb} GiB",
-                settings.nfs_share_quota_gb * prices.PREMIUM_FILES_PER_GB_MONTH,
-            )
-        )
-    items.append(
-        (
-            "NAT gateway + public IP",
-            (prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR) * prices.HOURS_PER_MONTH,
-        )
-    )
-    items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
-    return items
-
-
 def render(plan: Plan, busy_hours: int) -> str:
     s = plan.settings
     lines = [
@@ -182,9 +140,11 @@ def render(plan: Plan, busy_hours: int) -> str:
         f"Estimated monthly cost (OFFLINE ESTIMATE: list prices, {prices.PRICES_AS_OF}, "
         f"East US, pay-as-you-go; {mode}; storage usage and logs not included):",
     ]
-    items = estimate_monthly_cost(s, busy_hours)
+    items = cost.monthly_cost(cost.CostInputs.from_settings(s), busy_hours)
     lines += [f"  {label:<55} ${cost:>12,.2f}" for label, cost in items]
-    lines.append(f"  {'total':<55} ${sum(c for _, c in items):>12,.2f}")
+    lines.append(f"  {'total':<55} ${cost.total(items):>12,.2f}")
+    if s.budget:
+        lines.append(f"  {'budget (gpu-cluster:budget)':<55} ${s.budget:>12,.2f}")
     return "\n".join(lines)
 
 

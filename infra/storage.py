@@ -24,6 +24,7 @@ class StorageArgs:
     placement: Placement
     account_name: str
     subnet_ids: Sequence[pulumi.Input[str]]
+    protect_data: bool = True
 
 
 class Storage(pulumi.ComponentResource):
@@ -62,8 +63,9 @@ class Storage(pulumi.ComponentResource):
                 ],
             ),
             tags=args.placement.tag_map(),
-            # Datasets and checkpoints outlive compute: `pulumi destroy` must not take them.
-            opts=pulumi.ResourceOptions(parent=self, protect=True),
+            # Datasets and checkpoints outlive compute: `pulumi destroy` leaves them unless the
+            # stack opts out (protectData: false).
+            opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         blob_service = storage.BlobServiceProperties(
             f"{name}-blob-service",

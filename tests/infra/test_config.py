@@ -67,6 +67,20 @@ INVALID = [
     ({"registryAllowedIps": ["not-an-ip"]}, "registryAllowedIps='not-an-ip'", "CIDR"),
     ({"registryAllowedIps": "1.2.3.4"}, "registryAllowedIps='1.2.3.4'", "array"),
     ({"nodeSize": "big"}, "nodeSize: unknown setting", "vmSize"),
+    (
+        {"spotNodes": 2, "checkpointing": False},
+        "spotNodes=2 with checkpointing=false",
+        "turn checkpointing on",
+    ),
+    ({"checkpointing": "maybe"}, "checkpointing='maybe'", "boolean"),
+    ({"budget": -5}, "budget=-5", "0..10000000"),
+    ({"budget": 1000, "budgetStartMonth": "12/2026"}, "budgetStartMonth='12/2026'", "YYYY-MM"),
+    ({"budget": 1000, "budgetStartMonth": "2026-12"}, "budgetEmails=[]", "e-mail"),
+    (
+        {"budget": 1000, "budgetStartMonth": "2026-12", "budgetEmails": ["nobody"]},
+        "budgetEmails=['nobody']",
+        "e-mail",
+    ),
 ]
 
 

@@ -263,3 +263,34 @@ def test_diagnostics_reach_the_log_analytics_workspace(dev_plan, prod_plan):
     assert len(of_type(prod_plan, "azure-native:monitor:DiagnosticSetting")) == 2
     workspace = one(prod_plan, "azure-native:operationalinsights:Workspace").inputs
     assert workspace["retentionInDays"] == 90
+
+
+def test_budget_alerts_the_stack_emails(plan):
+    budget = one(plan, "azure-native:consumption:Budget").inputs
+    assert budget["amount"] == plan.settings.budget
+    assert budget["timeGrain"] == "Monthly"
+    assert budget["timePeriod"]["startDate"] == f"{plan.settings.budget_start_month}-01"
+    assert budget["scope"].endswith(plan.outputs["resource_group_name"])
+    for notification in budget["notifications"].values():
+        assert notification["contactEmails"] == list(plan.settings.budget_emails)
+    assert {n["thresholdType"] for n in budget["notifications"].values()} == {
+        "Actual",
+        "Forecasted",
+    }
+
+
+def test_pool_declares_checkpointing_for_the_spot_policy(plan):
+    metadata = one(plan, "azure-native:batch:Pool").inputs["metadata"]
+    assert metadata == [{"name": "checkpointing", "value": "true"}]
+
+
+def test_opting_out_of_data_protection_unprotects_data(dev_plan):
+    from infra.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:protectData": False})
+    data = of_type(plan, "azure-native:storage:StorageAccount") + of_type(
+        plan, "azure-native:compute:Disk"
+    )
+    assert data and not any(r.protect for r in data)
+    assert all(r.protect for r in of_type(dev_plan, "azure-native:compute:Disk"))

@@ -1,0 +1,89 @@
+"""The offline monthly cost estimate, shared by the plan and the budget policy.
+
+It works on ``CostInputs``, which the plan builds from stack settings and the policy pack builds
+from the declared resources, so both apply exactly the same arithmetic to the same price table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra import prices
+from infra.config import StackSettings
+
+DEFAULT_BUSY_HOURS = 160
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    gpu_size: str
+    dedicated_nodes: int
+    spot_nodes: int
+    always_on: bool
+    nfs_vm_size: str | None = None
+    nfs_disk_gb: int = 0
+    files_share_gb: int = 0
+
+    @classmethod
+    def from_settings(cls, s: StackSettings) -> CostInputs:
+        vm_mode = s.nfs_mode == "vm"
+        return cls(
+            gpu_size=s.vm_size,
+            dedicated_nodes=s.node_count,
+            spot_nodes=s.spot_nodes,
+            always_on=s.scale_mode == "fixed",
+            nfs_vm_size=s.nfs_vm_size if vm_mode else None,
+            nfs_disk_gb=s.nfs_disk_count * s.nfs_disk_size_gb if vm_mode else 0,
+            files_share_gb=0 if vm_mode else s.nfs_share_quota_gb,
+        )
+
+
+def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tuple[str, float]]:
+    """(item, USD per month). Autoscaled GPUs are priced for ``busy_hours``; sizes missing from
+    the price table are listed at 0 with a note rather than guessed."""
+    hours = prices.HOURS_PER_MONTH if c.always_on else busy_hours
+    gpu = prices.VM_PER_HOUR.get(c.gpu_size)
+    items = []
+    if gpu is None:
+        items.append((f"{c.gpu_size}: not in the price table", 0.0))
+    else:
+        items.append(
+            (f"{c.dedicated_nodes} x {c.gpu_size}, {hours} h", gpu * c.dedicated_nodes * hours)
+        )
+        if c.spot_nodes:
+            items.append(
+                (
+                    f"{c.spot_nodes} x Spot {c.gpu_size}, {hours} h",
+                    gpu * prices.SPOT_FRACTION * c.spot_nodes * hours,
+                )
+            )
+    if c.nfs_vm_size is not None:
+        vm = prices.VM_PER_HOUR.get(c.nfs_vm_size)
+        items.append(
+            (
+                f"NFS server {c.nfs_vm_size}" + ("" if vm else ": not in the price table"),
+                (vm or 0.0) * prices.HOURS_PER_MONTH,
+            )
+        )
+    if c.nfs_disk_gb:
+        items.append(
+            (
+                f"NFS premium disks {c.nfs_disk_gb} GiB",
+                c.nfs_disk_gb * prices.PREMIUM_SSD_PER_GB_MONTH,
+            )
+        )
+    if c.files_share_gb:
+        items.append(
+            (
+                f"Azure Files premium NFS {c.files_share_gb} GiB",
+                c.files_share_gb * prices.PREMIUM_FILES_PER_GB_MONTH,
+            )
+        )
+    network_hourly = prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR
+    items.append(("NAT gateway + public IP", network_hourly * prices.HOURS_PER_MONTH))
+    items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
+    return items
+
+
+def total(items: list[tuple[str, float]]) -> float:
+    return sum(cost for _, cost in items)

@@ -1,0 +1,114 @@
+"""The whole environment for one stack: components in dependency order, then its outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from pulumi_azure_native import authorization, resources
+
+from infra import naming
+from infra.budget import BudgetArgs, CostBudget
+from infra.cluster import GpuCluster, GpuClusterArgs
+from infra.config import StackSettings
+from infra.identity import Identities, IdentitiesArgs
+from infra.monitoring import Monitoring, MonitoringArgs
+from infra.network import Network, NetworkArgs
+from infra.nfs import NfsArgs, NfsServer
+from infra.registry import Registry, RegistryArgs
+from infra.storage import CONTAINERS, Storage, StorageArgs
+
+
+def declare(s: StackSettings) -> dict[str, Any]:
+    """Declare every resource of the stack and return the stack outputs (snake_case nouns)."""
+    stem, client = naming.prefix(s), authorization.get_client_config_output()
+    rg = resources.ResourceGroup(
+        stem, resource_group_name=f"rg-{stem}", location=s.location, tags=naming.default_tags(s)
+    )
+    at = naming.Placement(rg.name, s.location, naming.default_tags(s))
+
+    net = Network(
+        stem,
+        NetworkArgs(
+            placement=at,
+            vnet_cidr=s.vnet_cidr,
+            compute_subnet_cidr=s.compute_subnet_cidr,
+            storage_subnet_cidr=s.storage_subnet_cidr,
+        ),
+    )
+    store = Storage(
+        stem,
+        StorageArgs(
+            placement=at,
+            account_name=naming.global_name(s, "data"),
+            subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
+            protect_data=s.protect_data,
+        ),
+    )
+    registry = Registry(
+        stem,
+        RegistryArgs(
+            placement=at,
+            registry_name=naming.global_name(s, "acr", 50),
+            # The nodes reach the registry from the NAT gateway's address.
+            allowed_ips=[net.nat_public_ip, *s.registry_allowed_ips],
+        ),
+    )
+    ids = Identities(
+        stem,
+        IdentitiesArgs(
+            placement=at,
+            subscription_id=client.subscription_id,
+            registry_id=registry.registry_id,
+            storage_account_id=store.account_id,
+        ),
+    )
+    nfs = NfsServer(stem, NfsArgs.from_settings(at, s, net, naming.global_name(s, "nfs")))
+    cluster = GpuCluster(
+        stem,
+        GpuClusterArgs.from_settings(
+            at,
+            s,
+            account_name=naming.global_name(s, "batch"),
+            subnet_id=net.compute_subnet_id,
+            node_identity_id=ids.nodes.id,
+            storage_account_id=store.account_id,
+            registry_server=registry.login_server,
+            nfs=nfs,
+            client=client,
+        ),
+        # Nodes pull images and write blobs as soon as they boot: grant the roles first.
+        opts=pulumi.ResourceOptions(depends_on=ids.assignments),
+    )
+    if s.budget:
+        CostBudget(
+            stem,
+            BudgetArgs(
+                resource_group_id=rg.id,
+                amount=s.budget,
+                start_month=s.budget_start_month,
+                emails=s.budget_emails,
+            ),
+        )
+    Monitoring(
+        stem,
+        MonitoringArgs(
+            placement=at,
+            retention_days=s.log_retention_days,
+            batch_account_id=cluster.account_id,
+            storage_account_id=store.account_id,
+            nfs_vm_id=nfs.vm_id,
+        ),
+    )
+    return {
+        "resource_group_name": rg.name,
+        "storage_account_name": store.account_name,
+        "storage_containers": list(CONTAINERS),
+        "nfs_address": nfs.address,
+        "nfs_export_path": nfs.export_path,
+        "registry_login_server": registry.login_server,
+        "batch_account_endpoint": cluster.account_endpoint,
+        "pool_id": cluster.pool_id,
+        "node_count": s.node_count,
+        "vm_size": s.vm_size,
+    }
