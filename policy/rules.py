@@ -1,0 +1,278 @@
+"""The guardrails every gpu-cluster stack must pass (mandatory).
+
+Each rule reads the camelCase inputs Pulumi hands to policies. They apply to any program in the
+organisation, not just ours, so they check what a resource says rather than how we build it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    Policy,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from infra import cost
+from infra.sizes import SUPPORTED
+
+POOL = "azure-native:batch:Pool"
+STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
+REQUIRED_TAGS = ("project", "team", "stack", "cost-center")
+TAGGABLE = frozenset(
+    {
+        "azure-native:resources:ResourceGroup",
+        "azure-native:network:VirtualNetwork",
+        "azure-native:network:NetworkSecurityGroup",
+        "azure-native:network:NatGateway",
+        "azure-native:network:PublicIPAddress",
+        "azure-native:network:NetworkInterface",
+        STORAGE_ACCOUNT,
+        "azure-native:containerregistry:Registry",
+        "azure-native:managedidentity:UserAssignedIdentity",
+        "azure-native:compute:Disk",
+        "azure-native:compute:VirtualMachine",
+        "azure-native:batch:BatchAccount",
+        "azure-native:operationalinsights:Workspace",
+    }
+)
+_OPEN_SOURCES = {"*", "internet", "any", "0.0.0.0/0", "::/0"}
+
+Validate = Callable[[ResourceValidationArgs, ReportViolation], None]
+
+
+def _for(resource_type: str | frozenset[str]) -> Callable[[Validate], Validate]:
+    """Run the decorated check only for the given type(s)."""
+    types = {resource_type} if isinstance(resource_type, str) else set(resource_type)
+
+    def wrap(check: Validate) -> Validate:
+        def validate(args: ResourceValidationArgs, report: ReportViolation) -> None:
+            if args.resource_type in types:
+                check(args, report)
+
+        validate.__doc__ = check.__doc__
+        return validate
+
+    return wrap
+
+
+def _mandatory(name: str, validate: Validate) -> ResourceValidationPolicy:
+    return ResourceValidationPolicy(
+        name=name,
+        description=(validate.__doc__ or "").strip(),
+        validate=validate,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    )
+
+
+# ---------------------------------------------------------------- resource rules
+@_for(POOL)
+def _pool_without_public_ips(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Batch pool nodes get no public IP and use simplified node communication."""
+    network = args.props.get("networkConfiguration") or {}
+    provision = (network.get("publicIPAddressConfiguration") or {}).get("provision")
+    if provision != "NoPublicIPAddresses":
+        report(
+            f"pool nodes get public IPs (provision={provision!r}); set NoPublicIPAddresses", None
+        )
+    if args.props.get("targetNodeCommunicationMode") != "Simplified":
+        report("pool must use simplified node communication (no inbound management ports)", None)
+
+
+@_for("azure-native:network:NetworkInterface")
+def _nic_without_public_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Network interfaces (the NFS server's included) carry no public IP."""
+    for config in args.props.get("ipConfigurations") or []:
+        if config.get("publicIPAddress"):
+            report(f"ip configuration {config.get('name')!r} has a public IP", None)
+
+
+@_for(STORAGE_ACCOUNT)
+def _storage_secure(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Storage: HTTPS only, TLS 1.2, shared keys off, no public blobs, network default deny."""
+    props = args.props
+    # NFS 4.1 on Azure Files cannot use HTTPS; its network rules are its protection.
+    if props.get("kind") != "FileStorage" and props.get("enableHttpsTrafficOnly") is not True:
+        report("enableHttpsTrafficOnly must be true", None)
+    if props.get("minimumTlsVersion") != "TLS1_2":
+        report(f"minimumTlsVersion={props.get('minimumTlsVersion')!r}: require TLS1_2", None)
+    if props.get("allowSharedKeyAccess") is not False:
+        report("allowSharedKeyAccess must be false: use Entra ID and managed identities", None)
+    if props.get("allowBlobPublicAccess") is not False:
+        report("allowBlobPublicAccess must be false", None)
+    if (props.get("networkRuleSet") or {}).get("defaultAction") != "Deny":
+        report("networkRuleSet.defaultAction must be Deny (the SDK default is Allow)", None)
+
+
+@_for("azure-native:containerregistry:Registry")
+def _registry_admin_off(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Container registry: admin user and anonymous pull off (pull and push by identity)."""
+    if args.props.get("adminUserEnabled"):
+        report("adminUserEnabled must be false: grant AcrPull/AcrPush to identities", None)
+    if args.props.get("anonymousPullEnabled"):
+        report("anonymousPullEnabled must be false", None)
+
+
+def _open_to_internet(rule: Mapping[str, Any]) -> bool:
+    sources = [rule.get("sourceAddressPrefix"), *(rule.get("sourceAddressPrefixes") or [])]
+    for source in filter(None, sources):
+        text = str(source).lower()
+        if text in _OPEN_SOURCES:
+            return True
+        try:
+            if not ipaddress.ip_network(text, strict=False).is_private:
+                return True
+        except ValueError:
+            continue  # service tags such as VirtualNetwork or AzureLoadBalancer
+    return False
+
+
+@_for(frozenset({"azure-native:network:NetworkSecurityGroup", "azure-native:network:SecurityRule"}))
+def _nsg_no_internet_inbound(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """No NSG rule allows inbound traffic from the internet."""
+    rules = args.props.get("securityRules")
+    for rule in rules if rules is not None else [args.props]:
+        if (
+            rule.get("direction") == "Inbound"
+            and rule.get("access") == "Allow"
+            and _open_to_internet(rule)
+        ):
+            report(f"rule {rule.get('name')!r} allows inbound traffic from the internet", None)
+
+
+@_for(POOL)
+def _pool_infiniband(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Pools use an InfiniBand GPU size with inter-node communication enabled."""
+    size = args.props.get("vmSize")
+    if size not in SUPPORTED:
+        report(
+            f"vmSize={size!r} is not an InfiniBand GPU size; use one of {', '.join(SUPPORTED)}",
+            None,
+        )
+    if args.props.get("interNodeCommunication") != "Enabled":
+        report("interNodeCommunication must be Enabled for multi-node training", None)
+
+
+@_for(TAGGABLE)
+def _required_tags(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Every taggable resource carries project, team, stack and cost-center tags."""
+    tags = args.props.get("tags") or {}
+    missing = [t for t in REQUIRED_TAGS if not tags.get(t)]
+    if missing:
+        report(f"missing tags: {', '.join(missing)}", None)
+
+
+def _spot_nodes(pool: Mapping[str, Any]) -> int:
+    scale = pool.get("scaleSettings") or {}
+    fixed = scale.get("fixedScale") or {}
+    if fixed:
+        return int(fixed.get("targetLowPriorityNodes") or 0)
+    return _formula_count(
+        (scale.get("autoScale") or {}).get("formula", ""), "TargetLowPriorityNodes"
+    )
+
+
+def _formula_count(formula: str, variable: str) -> int:
+    """The largest node count an autoscale formula assigns to ``$variable``."""
+    statement = re.search(rf"\${variable}\s*=([^;]*);", formula)
+    return (
+        max((int(n) for n in re.findall(r"\d+", statement.group(1))), default=0) if statement else 0
+    )
+
+
+@_for(POOL)
+def _spot_needs_checkpointing(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Spot (low-priority) nodes only for pools whose jobs checkpoint."""
+    if _spot_nodes(args.props) == 0:
+        return
+    metadata = {m.get("name"): m.get("value") for m in args.props.get("metadata") or []}
+    if metadata.get("checkpointing") != "true":
+        report(
+            "Spot nodes are evicted without warning: set checkpointing (pool metadata "
+            "checkpointing=true) or use dedicated nodes",
+            None,
+        )
+
+
+# ---------------------------------------------------------------- stack rule
+def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
+    """What the estimate needs, read from the declared resources; None without a pool."""
+    pools = [r.props for r in resources if r.resource_type == POOL]
+    if not pools:
+        return None
+    pool = pools[0]
+    scale = pool.get("scaleSettings") or {}
+    fixed = scale.get("fixedScale")
+    formula = (scale.get("autoScale") or {}).get("formula", "")
+    dedicated = (
+        int(fixed.get("targetDedicatedNodes") or 0)
+        if fixed
+        else _formula_count(formula, "TargetDedicatedNodes")
+    )
+    vms = [r.props for r in resources if r.resource_type == "azure-native:compute:VirtualMachine"]
+    disks = [r.props for r in resources if r.resource_type == "azure-native:compute:Disk"]
+    shares = [
+        r.props
+        for r in resources
+        if r.resource_type == "azure-native:storage:FileShare"
+        and r.props.get("enabledProtocols") == "NFS"
+    ]
+    return cost.CostInputs(
+        gpu_size=pool.get("vmSize", ""),
+        dedicated_nodes=dedicated,
+        spot_nodes=_spot_nodes(pool),
+        always_on=bool(fixed),
+        nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
+        nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
+        files_share_gb=sum(int(s.get("shareQuota") or 0) for s in shares),
+    )
+
+
+def _cost_within_budget(args: StackValidationArgs, report: ReportViolation) -> None:
+    """The estimated monthly cost stays within the stack's consumption budget."""
+    budgets = [
+        r.props for r in args.resources if r.resource_type == "azure-native:consumption:Budget"
+    ]
+    inputs = cost_inputs(list(args.resources))
+    if inputs is None:
+        return
+    if not budgets:
+        report("the stack has no budget: set gpu-cluster:budget (USD per month)", None)
+        return
+    amount = float(budgets[0].get("amount") or 0)
+    estimate = cost.total(cost.monthly_cost(inputs))
+    if estimate > amount:
+        report(
+            f"estimated ${estimate:,.0f}/month exceeds the budget of ${amount:,.0f}; "
+            "raise gpu-cluster:budget or shrink the pool",
+            None,
+        )
+
+
+RESOURCE_RULES: dict[str, Validate] = {
+    "no-public-ip-on-pool-nodes": _pool_without_public_ips,
+    "no-public-ip-on-nics": _nic_without_public_ip,
+    "storage-secure-access": _storage_secure,
+    "registry-admin-user-off": _registry_admin_off,
+    "nsg-no-internet-inbound": _nsg_no_internet_inbound,
+    "pool-infiniband-size": _pool_infiniband,
+    "required-tags": _required_tags,
+    "spot-needs-checkpointing": _spot_needs_checkpointing,
+}
+ALL_POLICIES: list[Policy] = [
+    *(_mandatory(name, check) for name, check in RESOURCE_RULES.items()),
+    StackValidationPolicy(
+        name="cost-within-budget",
+        description=(_cost_within_budget.__doc__ or "").strip(),
+        validate=_cost_within_budget,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+]

@@ -1,0 +1,295 @@
+"""Every policy with a compliant and a violating resource, called directly (PolicyPack() would
+start a server and block), then both stacks' full plans checked against every policy."""
+
+import copy
+
+import pytest
+from pulumi_policy import (
+    PolicyCustomTimeouts,
+    PolicyResource,
+    PolicyResourceOptions,
+    ResourceValidationArgs,
+    StackValidationArgs,
+)
+
+from policy.rules import ALL_POLICIES, TAGGABLE
+
+OPTS = PolicyResourceOptions(
+    protect=False,
+    ignore_changes=[],
+    delete_before_replace=None,
+    aliases=[],
+    custom_timeouts=PolicyCustomTimeouts(0, 0, 0),
+    additional_secret_outputs=[],
+    parent=None,
+)
+POLICIES = {p.name: p for p in ALL_POLICIES}
+TAGS = {"project": "gpu-cluster", "team": "vision", "stack": "vision-prod", "cost-center": "cc"}
+
+
+def check(policy_name, resource_type, props):
+    violations = []
+    args = ResourceValidationArgs(
+        resource_type=resource_type,
+        props=props,
+        urn=f"urn:{resource_type}",
+        name="r",
+        opts=OPTS,
+        provider=None,
+    )
+    POLICIES[policy_name].validate(args, lambda message, urn=None: violations.append(message))
+    return violations
+
+
+def check_stack(resources):
+    violations = []
+    policy_resources = [
+        PolicyResource(
+            resource_type=typ,
+            props=props,
+            urn=f"urn:{i}",
+            name=f"r{i}",
+            opts=OPTS,
+            provider=None,
+            parent=None,
+            dependencies=[],
+            property_dependencies={},
+        )
+        for i, (typ, props) in enumerate(resources)
+    ]
+    POLICIES["cost-within-budget"].validate(
+        StackValidationArgs(resources=policy_resources),
+        lambda message, urn=None: violations.append(message),
+    )
+    return violations
+
+
+POOL = {
+    "vmSize": "Standard_ND96isr_H100_v5",
+    "interNodeCommunication": "Enabled",
+    "targetNodeCommunicationMode": "Simplified",
+    "networkConfiguration": {"publicIPAddressConfiguration": {"provision": "NoPublicIPAddresses"}},
+    "scaleSettings": {"fixedScale": {"targetDedicatedNodes": 2, "targetLowPriorityNodes": 0}},
+    "metadata": [{"name": "checkpointing", "value": "true"}],
+}
+STORAGE = {
+    "kind": "StorageV2",
+    "enableHttpsTrafficOnly": True,
+    "minimumTlsVersion": "TLS1_2",
+    "allowSharedKeyAccess": False,
+    "allowBlobPublicAccess": False,
+    "networkRuleSet": {"defaultAction": "Deny"},
+    "tags": TAGS,
+}
+INBOUND = {
+    "name": "r",
+    "direction": "Inbound",
+    "access": "Allow",
+    "protocol": "*",
+    "sourceAddressPrefix": "10.20.0.0/20",
+    "destinationPortRange": "2049",
+}
+
+
+def changed(base, path, value):
+    out = copy.deepcopy(base)
+    target = out
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return out
+
+
+CASES = [
+    (
+        "no-public-ip-on-pool-nodes",
+        "azure-native:batch:Pool",
+        POOL,
+        changed(
+            POOL,
+            ["networkConfiguration", "publicIPAddressConfiguration", "provision"],
+            "BatchManaged",
+        ),
+        "public IPs",
+    ),
+    (
+        "no-public-ip-on-pool-nodes",
+        "azure-native:batch:Pool",
+        POOL,
+        changed(POOL, ["targetNodeCommunicationMode"], "Classic"),
+        "simplified",
+    ),
+    (
+        "no-public-ip-on-nics",
+        "azure-native:network:NetworkInterface",
+        {"ipConfigurations": [{"name": "primary", "privateIPAddress": "10.20.16.4"}]},
+        {"ipConfigurations": [{"name": "primary", "publicIPAddress": {"id": "/pip"}}]},
+        "public IP",
+    ),
+    (
+        "storage-secure-access",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["enableHttpsTrafficOnly"], False),
+        "enableHttpsTrafficOnly",
+    ),
+    (
+        "storage-secure-access",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["minimumTlsVersion"], "TLS1_0"),
+        "TLS1_2",
+    ),
+    (
+        "storage-secure-access",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["allowSharedKeyAccess"], True),
+        "allowSharedKeyAccess",
+    ),
+    (
+        "storage-secure-access",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["allowBlobPublicAccess"], True),
+        "allowBlobPublicAccess",
+    ),
+    (
+        "storage-secure-access",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["networkRuleSet", "defaultAction"], "Allow"),
+        "Deny",
+    ),
+    (
+        "registry-admin-user-off",
+        "azure-native:containerregistry:Registry",
+        {"adminUserEnabled": False, "anonymousPullEnabled": False},
+        {"adminUserEnabled": True},
+        "adminUserEnabled",
+    ),
+    (
+        "registry-admin-user-off",
+        "azure-native:containerregistry:Registry",
+        {},
+        {"anonymousPullEnabled": True},
+        "anonymousPullEnabled",
+    ),
+    (
+        "nsg-no-internet-inbound",
+        "azure-native:network:NetworkSecurityGroup",
+        {"securityRules": [INBOUND]},
+        {"securityRules": [changed(INBOUND, ["sourceAddressPrefix"], "Internet")]},
+        "internet",
+    ),
+    (
+        "nsg-no-internet-inbound",
+        "azure-native:network:SecurityRule",
+        INBOUND,
+        changed(INBOUND, ["sourceAddressPrefix"], "52.160.0.0/16"),
+        "internet",
+    ),
+    (
+        "nsg-no-internet-inbound",
+        "azure-native:network:NetworkSecurityGroup",
+        {"securityRules": [changed(INBOUND, ["access"], "Deny") | {"sourceAddressPrefix": "*"}]},
+        {"securityRules": [changed(INBOUND, ["sourceAddressPrefix"], "*")]},
+        "internet",
+    ),
+    (
+        "pool-infiniband-size",
+        "azure-native:batch:Pool",
+        POOL,
+        changed(POOL, ["vmSize"], "Standard_NC6s_v3"),
+        "InfiniBand",
+    ),
+    (
+        "pool-infiniband-size",
+        "azure-native:batch:Pool",
+        POOL,
+        changed(POOL, ["interNodeCommunication"], "Disabled"),
+        "interNodeCommunication",
+    ),
+    (
+        "required-tags",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["tags"], {"team": "vision"}),
+        "project, stack, cost-center",
+    ),
+    (
+        "spot-needs-checkpointing",
+        "azure-native:batch:Pool",
+        changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
+        changed(
+            changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
+            ["metadata"],
+            [],
+        ),
+        "Spot",
+    ),
+    (
+        "spot-needs-checkpointing",
+        "azure-native:batch:Pool",
+        POOL,
+        changed(
+            changed(
+                POOL,
+                ["scaleSettings"],
+                {
+                    "autoScale": {
+                        "formula": "$TargetDedicatedNodes = $busy ? 2 : 0;\n"
+                        "$TargetLowPriorityNodes = $busy ? 3 : 0;"
+                    }
+                },
+            ),
+            ["metadata"],
+            [{"name": "checkpointing", "value": "false"}],
+        ),
+        "Spot",
+    ),
+]
+
+
+@pytest.mark.parametrize(("policy", "typ", "good", "bad", "message"), CASES)
+def test_policy_passes_compliant_and_reports_violating(policy, typ, good, bad, message):
+    assert check(policy, typ, good) == []
+    violations = check(policy, typ, bad)
+    assert violations and message in " ".join(violations)
+
+
+def test_nfs_file_storage_is_exempt_from_https_only():
+    files = changed(STORAGE, ["enableHttpsTrafficOnly"], False) | {"kind": "FileStorage"}
+    assert check("storage-secure-access", "azure-native:storage:StorageAccount", files) == []
+
+
+def test_every_resource_policy_has_a_case():
+    tested = {case[0] for case in CASES}
+    assert tested == {p.name for p in ALL_POLICIES} - {"cost-within-budget"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "vision-prod"])
+def test_both_stacks_pass_every_policy(stack):
+    from infra.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    plan = evaluate(stack, stack_values(stack))
+    for resource in plan.resources:
+        for name in POLICIES:
+            if name != "cost-within-budget":
+                assert check(name, resource.typ, resource.inputs) == [], (name, resource.name)
+    taggable = [r for r in plan.resources if r.typ in TAGGABLE]
+    assert len(taggable) >= 10
+    assert check_stack([(r.typ, r.inputs) for r in plan.resources]) == []
+
+
+def test_cost_over_budget_or_without_budget_is_a_violation():
+    from infra.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    plan = evaluate("vision-prod", stack_values("vision-prod"))
+    resources = [(r.typ, r.inputs) for r in plan.resources]
+    tight = [(t, p | {"amount": 1000} if t.endswith(":Budget") else p) for t, p in resources]
+    assert any("exceeds the budget of $1,000" in v for v in check_stack(tight))
+    unbudgeted = [(t, p) for t, p in resources if not t.endswith(":Budget")]
+    assert any("no budget" in v for v in check_stack(unbudgeted))
