@@ -1,0 +1,38 @@
+"""The config reference in README.md, generated from the typed schema in Pulumi.yaml.
+
+python -m infra.docs            # print the table
+python -m infra.docs --write    # rewrite it in README.md between the markers
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from infra.config import load_schema
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def config_reference() -> str:
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    for key, spec in load_schema().items():
+        default = "required" if "default" not in spec else f"`{json.dumps(spec['default'])}`"
+        description = " ".join(str(spec["description"]).split())
+        lines.append(f"| `{key}` | {spec['type']} | {default} | {description} |")
+    return "\n".join(lines)
+
+
+def with_reference(readme: str) -> str:
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{config_reference()}\n{END}{tail}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        README.write_text(with_reference(README.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        print(config_reference())

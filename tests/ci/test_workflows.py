@@ -1,0 +1,75 @@
+"""The GitHub workflows: actionlint clean, no long-lived secrets, and the changed-stack logic."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.stacks import all_stacks, changed_stacks
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+
+
+def test_actionlint_is_clean():
+    assert len(WORKFLOWS) == 3
+    actionlint = Path(sys.executable).parent / "actionlint"
+    result = subprocess.run(
+        [str(actionlint), *map(str, WORKFLOWS)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
+def test_no_long_lived_secrets(workflow):
+    text = workflow.read_text()
+    # Only the per-run GITHUB_TOKEN; Azure is OIDC (client/tenant ids are not secrets).
+    assert set(re.findall(r"secrets\.([A-Z_]+)", text)) <= {"GITHUB_TOKEN"}
+    assert "PULUMI_CONFIG_PASSPHRASE" not in text and "AZURE_STORAGE_KEY" not in text
+
+
+def test_tests_run_the_readme_command():
+    steps = yaml.safe_load((REPO / ".github/workflows/test.yml").read_text())["jobs"]["test"]
+    assert {"run": "make test"} in steps["steps"]
+
+
+def test_deploy_waits_for_environment_approval_and_applies_policies():
+    deploy = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
+    up = deploy["jobs"]["up"]
+    assert up["environment"] == "production"
+    pulumi = next(s for s in up["steps"] if s.get("uses", "").startswith("pulumi/actions"))
+    assert pulumi["with"]["command"] == "up"
+    assert pulumi["with"]["policyPacks"] == "policy"
+
+
+def test_preview_comments_on_the_pull_request_with_policies():
+    preview = yaml.safe_load((REPO / ".github/workflows/preview.yml").read_text())
+    step = next(
+        s
+        for s in preview["jobs"]["preview"]["steps"]
+        if s.get("uses", "").startswith("pulumi/actions")
+    )
+    assert step["with"]["command"] == "preview"
+    assert step["with"]["comment-on-pr"] is True
+    assert step["with"]["policyPacks"] == "policy"
+    assert step["with"]["cloud-url"].startswith("azblob://")
+
+
+def test_changed_stacks():
+    stacks = ["dev", "vision-prod"]
+    assert changed_stacks(["Pulumi.dev.yaml"], stacks) == ["dev"]
+    assert changed_stacks(["infra/network.py", "README.md"], stacks) == stacks
+    assert changed_stacks(["trainer/loop.py", "README.md"], stacks) == []
+    assert changed_stacks(["Pulumi.gone.yaml"], stacks) == []
+    assert all_stacks(REPO) == ["dev", "vision-prod"]
+
+
+def test_readme_config_reference_matches_the_schema():
+    from infra.docs import README, with_reference
+
+    readme = README.read_text(encoding="utf-8")
+    assert with_reference(readme) == readme, "run: python -m infra.docs --write"
+    assert "| `vmSize` | string |" in readme
