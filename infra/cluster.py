@@ -74,6 +74,7 @@ class GpuClusterArgs:
     deployer_object_id: pulumi.Input[str]
     subscription_id: pulumi.Input[str]
     checkpointing: bool = True
+    submitter_type: str = "User"
 
     @classmethod
     def from_settings(
@@ -103,7 +104,8 @@ class GpuClusterArgs:
             registry_server=registry_server,
             nfs_source=nfs.source,
             nfs_mount_options=nfs.mount_options,
-            deployer_object_id=client.object_id,
+            deployer_object_id=s.job_submitter_object_id or client.object_id,
+            submitter_type=s.job_submitter_type,
             subscription_id=client.subscription_id,
             checkpointing=s.checkpointing,
         )
@@ -228,8 +230,8 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-        # The deploying principal submits and manages jobs through the data plane.
-        user = authorization.PrincipalType.USER
+        # The job submitters (the team's group, or whoever deploys) use the data plane.
+        submitter = authorization.PrincipalType(args.submitter_type)
         self.deployer_roles = [
             assign_role(
                 f"{name}-deployer-{label}",
@@ -237,7 +239,7 @@ class GpuCluster(pulumi.ComponentResource):
                 principal_id=args.deployer_object_id,
                 scope=account.id,
                 subscription_id=args.subscription_id,
-                principal_type=user,
+                principal_type=submitter,
                 parent=self,
             )
             for label, role in (

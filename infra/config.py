@@ -24,12 +24,14 @@ PROJECT = "gpu-cluster"
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
+PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 _TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
 _SSH_KEY = re.compile(
     r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)) [A-Za-z0-9+/=]{40,}( .*)?$"
 )
 _MONTH = re.compile(r"^20\d\d-(0[1-9]|1[0-2])$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$")
+_GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 
 
@@ -71,6 +73,8 @@ class StackSettings:
     budget: int
     budget_start_month: str
     budget_emails: tuple[str, ...]
+    job_submitter_object_id: str
+    job_submitter_type: str
 
     @property
     def gpu(self) -> GpuSize:
@@ -146,6 +150,15 @@ class StackSettings:
             raise ConfigError(
                 f"spotNodes={self.spot_nodes} with checkpointing=false: Spot nodes "
                 "are evicted at any time; turn checkpointing on or use 0 Spot nodes"
+            )
+        if self.job_submitter_type not in PRINCIPAL_TYPES:
+            raise ConfigError(
+                f"jobSubmitterType={self.job_submitter_type!r}: use {', '.join(PRINCIPAL_TYPES)}"
+            )
+        if self.job_submitter_object_id and not _GUID.match(self.job_submitter_object_id):
+            raise ConfigError(
+                f"jobSubmitterObjectId={self.job_submitter_object_id!r}: an Entra "
+                "object id is a GUID (az ad group show -g <name> --query id)"
             )
         self._check_budget()
         self._check_network()

@@ -72,6 +72,8 @@ INVALID = [
         "spotNodes=2 with checkpointing=false",
         "turn checkpointing on",
     ),
+    ({"jobSubmitterType": "Robot"}, "jobSubmitterType='Robot'", "ServicePrincipal"),
+    ({"jobSubmitterObjectId": "vision-team"}, "jobSubmitterObjectId='vision-team'", "GUID"),
     ({"checkpointing": "maybe"}, "checkpointing='maybe'", "boolean"),
     ({"budget": -5}, "budget=-5", "0..10000000"),
     ({"budget": 1000, "budgetStartMonth": "12/2026"}, "budgetStartMonth='12/2026'", "YYYY-MM"),

@@ -294,3 +294,25 @@ def test_opting_out_of_data_protection_unprotects_data(dev_plan):
     )
     assert data and not any(r.protect for r in data)
     assert all(r.protect for r in of_type(dev_plan, "azure-native:compute:Disk"))
+
+
+def test_job_submitter_can_be_the_team_group(dev_plan):
+    from infra.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    group = "33333333-3333-3333-3333-333333333333"
+    plan = evaluate(
+        "dev",
+        {
+            **stack_values("dev"),
+            "gpu-cluster:jobSubmitterObjectId": group,
+            "gpu-cluster:jobSubmitterType": "Group",
+        },
+    )
+    submitters = [
+        r.inputs
+        for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+        if "-deployer-" in r.name
+    ]
+    assert len(submitters) == 2
+    assert all((s["principalId"], s["principalType"]) == (group, "Group") for s in submitters)
