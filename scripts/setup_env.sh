@@ -32,7 +32,10 @@ fi
 # `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
 if ! command -v cloud-init >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo); fi
-  "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null || {
+  "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null 2>&1 || {
+    # Stale package lists on a fresh machine: refresh once and retry.
+    "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null
+  } || {
     echo "error: cloud-init is missing and apt-get could not install it" >&2
     exit 1
   }
