@@ -12,6 +12,27 @@ import pulumi
 
 from infra.config import PROJECT, StackSettings
 
+# The tags every taggable resource carries (checked by the tests and the policy pack), and the
+# resource types this program declares that accept tags.
+REQUIRED_TAGS = ("project", "team", "stack", "cost-center")
+TAGGABLE = frozenset(
+    {
+        "azure-native:resources:ResourceGroup",
+        "azure-native:network:VirtualNetwork",
+        "azure-native:network:NetworkSecurityGroup",
+        "azure-native:network:NatGateway",
+        "azure-native:network:PublicIPAddress",
+        "azure-native:network:NetworkInterface",
+        "azure-native:storage:StorageAccount",
+        "azure-native:containerregistry:Registry",
+        "azure-native:managedidentity:UserAssignedIdentity",
+        "azure-native:compute:Disk",
+        "azure-native:compute:VirtualMachine",
+        "azure-native:batch:BatchAccount",
+        "azure-native:operationalinsights:Workspace",
+    }
+)
+
 # A fixed namespace so role-assignment names are the same on every `pulumi up` (idempotent).
 _ROLE_NAMESPACE = uuid.UUID("0b9e3c2e-4a61-4d8e-9a55-6f7d2d1c5e10")
 

@@ -22,28 +22,11 @@ from pulumi_policy import (
 )
 
 from infra import cost
+from infra.naming import REQUIRED_TAGS, TAGGABLE
 from infra.sizes import SUPPORTED
 
 POOL = "azure-native:batch:Pool"
 STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
-REQUIRED_TAGS = ("project", "team", "stack", "cost-center")
-TAGGABLE = frozenset(
-    {
-        "azure-native:resources:ResourceGroup",
-        "azure-native:network:VirtualNetwork",
-        "azure-native:network:NetworkSecurityGroup",
-        "azure-native:network:NatGateway",
-        "azure-native:network:PublicIPAddress",
-        "azure-native:network:NetworkInterface",
-        STORAGE_ACCOUNT,
-        "azure-native:containerregistry:Registry",
-        "azure-native:managedidentity:UserAssignedIdentity",
-        "azure-native:compute:Disk",
-        "azure-native:compute:VirtualMachine",
-        "azure-native:batch:BatchAccount",
-        "azure-native:operationalinsights:Workspace",
-    }
-)
 _OPEN_SOURCES = {"*", "internet", "any", "0.0.0.0/0", "::/0"}
 
 Validate = Callable[[ResourceValidationArgs, ReportViolation], None]

@@ -8,23 +8,8 @@ import uuid
 
 from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
 from infra.mocks import DEPLOYER_OBJECT_ID
+from infra.naming import REQUIRED_TAGS, TAGGABLE
 from tests.infra.conftest import of_type, one
-
-TAGGABLE = {
-    "azure-native:resources:ResourceGroup",
-    "azure-native:network:VirtualNetwork",
-    "azure-native:network:NetworkSecurityGroup",
-    "azure-native:network:NatGateway",
-    "azure-native:network:PublicIPAddress",
-    "azure-native:network:NetworkInterface",
-    "azure-native:storage:StorageAccount",
-    "azure-native:containerregistry:Registry",
-    "azure-native:managedidentity:UserAssignedIdentity",
-    "azure-native:compute:Disk",
-    "azure-native:compute:VirtualMachine",
-    "azure-native:batch:BatchAccount",
-    "azure-native:operationalinsights:Workspace",
-}
 
 
 def test_every_taggable_resource_carries_team_stack_cost_center_project(plan):
@@ -32,6 +17,7 @@ def test_every_taggable_resource_carries_team_stack_cost_center_project(plan):
     assert len(taggable) >= 10
     for resource in taggable:
         tags = resource.inputs.get("tags", {})
+        assert set(REQUIRED_TAGS) <= set(tags), resource.name
         assert tags.get("team") == plan.settings.team, resource.name
         assert tags.get("stack") == plan.settings.stack, resource.name
         assert tags.get("cost-center") == plan.settings.cost_center, resource.name

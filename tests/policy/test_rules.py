@@ -12,7 +12,8 @@ from pulumi_policy import (
     StackValidationArgs,
 )
 
-from policy.rules import ALL_POLICIES, TAGGABLE
+from infra.naming import TAGGABLE
+from policy.rules import ALL_POLICIES
 
 OPTS = PolicyResourceOptions(
     protect=False,
