@@ -76,3 +76,8 @@ def test_corrupt_image_names_the_file(image_folder):
     index = next(i for i, (path, _) in enumerate(dataset.samples) if path == str(victim))
     with pytest.raises(DataError, match=victim.name):
         dataset[(index, 0)]
+
+
+def test_too_few_images_for_the_batch_names_the_folder(image_folder):
+    with pytest.raises(DataError, match=r"18 images in .*train give no full batch of 16"):
+        build_loaders(folder_config(image_folder, batch_size=16), 0, 2, torch.device("cpu"), False)

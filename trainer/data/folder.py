@@ -41,6 +41,7 @@ class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
     seeded by (seed, epoch, index) so every sample sees the same crop wherever it is decoded."""
 
     def __init__(self, root: Path, image_size: int, *, train: bool, seed: int) -> None:
+        self.root = root
         self.classes, self.samples = scan_image_folder(root)
         self.image_size = image_size
         self.train = train

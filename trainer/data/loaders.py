@@ -66,7 +66,7 @@ def _folder_loader(
     )
     if sampler.batches_per_epoch == 0:
         raise DataError(
-            f"{len(dataset)} images in {dataset.samples[0][0].rsplit('/', 2)[0]} give no full "
+            f"{len(dataset)} images in {dataset.root} give no full "
             f"batch of {cfg.batch_size} per worker for {world} workers: lower --batch-size"
         )
     workers = cfg.loader_workers
