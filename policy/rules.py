@@ -153,14 +153,14 @@ def _required_tags(args: ResourceValidationArgs, report: ReportViolation) -> Non
         report(f"missing tags: {', '.join(missing)}", None)
 
 
-def _spot_nodes(pool: Mapping[str, Any]) -> int:
+def _pool_nodes(pool: Mapping[str, Any], kind: str) -> int:
+    """A pool's ``Dedicated`` or ``LowPriority`` (Spot) node count, fixed or the most its
+    autoscale formula asks for."""
     scale = pool.get("scaleSettings") or {}
     fixed = scale.get("fixedScale") or {}
     if fixed:
-        return int(fixed.get("targetLowPriorityNodes") or 0)
-    return _formula_count(
-        (scale.get("autoScale") or {}).get("formula", ""), "TargetLowPriorityNodes"
-    )
+        return int(fixed.get(f"target{kind}Nodes") or 0)
+    return _formula_count((scale.get("autoScale") or {}).get("formula", ""), f"Target{kind}Nodes")
 
 
 def _formula_count(formula: str, variable: str) -> int:
@@ -174,7 +174,7 @@ def _formula_count(formula: str, variable: str) -> int:
 @_for(POOL)
 def _spot_needs_checkpointing(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Spot (low-priority) nodes only for pools whose jobs checkpoint."""
-    if _spot_nodes(args.props) == 0:
+    if _pool_nodes(args.props, "LowPriority") == 0:
         return
     metadata = {m.get("name"): m.get("value") for m in args.props.get("metadata") or []}
     if metadata.get("checkpointing") != "true":
@@ -192,14 +192,6 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
     if not pools:
         return None
     pool = pools[0]
-    scale = pool.get("scaleSettings") or {}
-    fixed = scale.get("fixedScale")
-    formula = (scale.get("autoScale") or {}).get("formula", "")
-    dedicated = (
-        int(fixed.get("targetDedicatedNodes") or 0)
-        if fixed
-        else _formula_count(formula, "TargetDedicatedNodes")
-    )
     vms = [r.props for r in resources if r.resource_type == "azure-native:compute:VirtualMachine"]
     disks = [r.props for r in resources if r.resource_type == "azure-native:compute:Disk"]
     shares = [
@@ -210,9 +202,9 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
     ]
     return cost.CostInputs(
         gpu_size=pool.get("vmSize", ""),
-        dedicated_nodes=dedicated,
-        spot_nodes=_spot_nodes(pool),
-        always_on=bool(fixed),
+        dedicated_nodes=_pool_nodes(pool, "Dedicated"),
+        spot_nodes=_pool_nodes(pool, "LowPriority"),
+        always_on=bool((pool.get("scaleSettings") or {}).get("fixedScale")),
         nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
         nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
         files_share_gb=sum(int(s.get("shareQuota") or 0) for s in shares),
