@@ -9,7 +9,8 @@ import uuid
 from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
 from infra.mocks import DEPLOYER_OBJECT_ID
 from infra.naming import REQUIRED_TAGS, TAGGABLE
-from tests.infra.conftest import of_type, one
+from infra.plan import evaluate
+from tests.infra.conftest import of_type, one, stack_values
 
 
 def test_every_taggable_resource_carries_team_stack_cost_center_project(plan):
@@ -226,9 +227,6 @@ def test_least_privilege_role_assignments_with_deterministic_names(plan, dev_pla
 
 
 def test_role_assignment_names_are_stable_across_runs(dev_plan):
-    from infra.plan import evaluate
-    from tests.infra.conftest import stack_values
-
     again = evaluate("dev", stack_values("dev"))
 
     def names(plan):
@@ -271,9 +269,6 @@ def test_pool_declares_checkpointing_for_the_spot_policy(plan):
 
 
 def test_opting_out_of_data_protection_unprotects_data(dev_plan):
-    from infra.plan import evaluate
-    from tests.infra.conftest import stack_values
-
     plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:protectData": False})
     data = of_type(plan, "azure-native:storage:StorageAccount") + of_type(
         plan, "azure-native:compute:Disk"
@@ -283,9 +278,6 @@ def test_opting_out_of_data_protection_unprotects_data(dev_plan):
 
 
 def test_job_submitter_can_be_the_team_group(dev_plan):
-    from infra.plan import evaluate
-    from tests.infra.conftest import stack_values
-
     group = "33333333-3333-3333-3333-333333333333"
     plan = evaluate(
         "dev",
