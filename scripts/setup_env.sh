@@ -25,7 +25,9 @@ if ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
   "${pip[@]}" install --quiet --no-deps --force-reinstall \
     "$cache_dir"/wheels/horovod-0.28.1-torch"$torch_version"-cp311-cpu/horovod-*.whl
 fi
-"$venv/bin/horovodrun" --check-build | grep -q '\[X\] PyTorch' || {
+# Capture first: `grep -q` exits at the first match and would break horovodrun's pipe.
+build_info=$("$venv/bin/horovodrun" --check-build)
+grep -qF '[X] PyTorch' <<<"$build_info" || {
   echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
   exit 1
 }
