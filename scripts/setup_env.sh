@@ -17,7 +17,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 # torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
 "${pip[@]}" install --quiet "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
-"${pip[@]}" install --quiet --no-build-isolation --editable ".[dev]"
+"${pip[@]}" install --quiet --no-build-isolation --editable ".[infra,dev]"
 
 scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels"
 if ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
@@ -31,6 +31,14 @@ grep -qF '[X] PyTorch' <<<"$build_info" || {
   echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
   exit 1
 }
+# Azurite, the Blob storage emulator the data-path tests run against on 127.0.0.1 (npm).
+azurite_version=3.37.0
+if [ "$("$venv/azurite/node_modules/.bin/azurite-blob" --version 2>/dev/null)" != "$azurite_version" ]; then
+  npm install --silent --no-audit --no-fund --prefix "$venv/azurite" "azurite@$azurite_version" || {
+    echo "error: npm could not install azurite@$azurite_version (needs Node.js and npm)" >&2
+    exit 1
+  }
+fi
 # `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
 if ! command -v cloud-init >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo); fi
