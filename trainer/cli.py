@@ -15,6 +15,7 @@ import yaml
 from trainer.config import (
     AMP_MODES,
     BACKENDS,
+    CACHE_MODES,
     DATA_SOURCES,
     DEVICES,
     FIELD_NAMES,
@@ -32,12 +33,15 @@ HELP: dict[str, str] = {
     "model": f"network: {', '.join(MODELS)}",
     "num_classes": "classifier outputs",
     "data": f"input: {', '.join(DATA_SOURCES)}",
-    "data_dir": "dataset root with train/<class>/ (and val/<class>/) for --data folder",
+    "data_dir": "--data folder: root with train/<class>/ (and val/); --data shards: the "
+    "folder with manifest.json (python -m trainer.data prepare)",
     "image_size": "training crop in pixels",
     "batch_size": "images per worker per step (the global batch multiplies by workers)",
     "synthetic_size": "images in one synthetic epoch (all workers together)",
     "synthetic_pool": "distinct random images kept on the device for synthetic data",
-    "loader_workers": "DataLoader processes per worker for image folders (forkserver)",
+    "loader_workers": "DataLoader processes per worker for folders and shards (forkserver)",
+    "cache": f"keep the dataset in RAM after the first read: {', '.join(CACHE_MODES)}",
+    "shuffle_buffer": "samples in the shuffle buffer over each rank's shards (--data shards)",
     "epochs": "epochs to train",
     "max_steps": "stop when the global optimizer step reaches N (steps before a resume count)",
     "run_steps": "stop this invocation after N more steps (checkpoint, exit 0, resume later)",
@@ -70,14 +74,14 @@ HELP: dict[str, str] = {
 _BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, exit code 2 (argparse's code), no usage block.
         self.exit(2, f"error: {message} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="python -m trainer",
         description="Data-parallel image-classification training (Horovod, DDP or one process).",
         argument_default=argparse.SUPPRESS,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
-DATA_SOURCES = ("synthetic", "folder")
+DATA_SOURCES = ("synthetic", "folder", "shards")
+CACHE_MODES = ("none", "bytes", "decoded")
 OPTIMIZERS = ("sgd", "adamw", "lars")
 BACKENDS = ("horovod", "ddp", "local")
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -41,6 +42,8 @@ class TrainConfig:
     synthetic_size: int = 12_800
     synthetic_pool: int = 256
     loader_workers: int = 4
+    cache: str = "none"
+    shuffle_buffer: int = 1000
     # How long.
     epochs: int = 90
     max_steps: int | None = None
@@ -108,6 +111,16 @@ class TrainConfig:
         _choice("data", self.data, DATA_SOURCES)
         if self.data == "folder" and not self.data_dir:
             raise ConfigError("data_dir=None: --data folder needs --data-dir DIR (with train/)")
+        if self.data == "shards" and not self.data_dir:
+            raise ConfigError(
+                "data_dir=None: --data shards needs --data-dir DIR (with manifest.json)"
+            )
+        _choice("cache", self.cache, CACHE_MODES)
+        if self.cache != "none" and self.data == "synthetic":
+            raise ConfigError(
+                f"cache={self.cache}: synthetic data is already in memory; use --cache none"
+            )
+        _int_range("shuffle_buffer", self.shuffle_buffer, 1, 10_000_000)
         _int_range("image_size", self.image_size, 16, 1024)
         _int_range("batch_size", self.batch_size, 1, 65_536)
         _int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)

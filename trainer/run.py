@@ -95,7 +95,9 @@ class _Run:
         # anyway, so a rank with a different seed can never silently diverge.
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed + dist.rank)
-        self.loaders = build_loaders(cfg, dist.rank, dist.size, self.device, channels_last)
+        self.loaders = build_loaders(
+            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size
+        )
         self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
         if self.steps_per_epoch == 0:
             raise ConfigError(

@@ -3,7 +3,8 @@ import torch
 
 from trainer.config import DEFAULTS
 from trainer.data import DataError, build_loaders
-from trainer.data.folder import ImageFolderDataset
+from trainer.data.dataset import ImageDataset
+from trainer.data.folder import FolderSource
 from trainer.data.transforms import random_resized_crop_box
 
 
@@ -38,7 +39,7 @@ def test_two_ranks_read_disjoint_files(image_folder):
 
 
 def test_augmentation_depends_only_on_seed_epoch_and_index(image_folder):
-    dataset = ImageFolderDataset(image_folder / "train", 32, train=True, seed=3)
+    dataset = ImageDataset(FolderSource(image_folder / "train"), 32, train=True, seed=3)
     assert torch.equal(dataset[(5, 1)][0], dataset[(5, 1)][0])
     assert not torch.equal(dataset[(5, 1)][0], dataset[(5, 2)][0])
 
@@ -72,8 +73,9 @@ def test_unusable_folders_are_named(tmp_path, image_folder):
 def test_corrupt_image_names_the_file(image_folder):
     victim = sorted((image_folder / "train" / "class0").iterdir())[0]
     victim.write_bytes(b"not an image")
-    dataset = ImageFolderDataset(image_folder / "train", 32, train=True, seed=0)
-    index = next(i for i, (path, _) in enumerate(dataset.samples) if path == str(victim))
+    source = FolderSource(image_folder / "train")
+    dataset = ImageDataset(source, 32, train=True, seed=0)
+    index = next(i for i, (path, _) in enumerate(source.samples) if path == str(victim))
     with pytest.raises(DataError, match=victim.name):
         dataset[(index, 0)]
 

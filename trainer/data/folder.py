@@ -1,15 +1,9 @@
-"""An image-folder dataset: ``<root>/<class>/*.{jpg,jpeg,png}``, decoded with Pillow."""
+"""Image folders: ``<root>/<class>/*.{jpg,jpeg,png}``, one file per sample."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import torch
-from PIL import Image
-from torch.utils.data import Dataset
-
-from trainer.data.transforms import eval_transform, train_transform
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -36,29 +30,25 @@ def scan_image_folder(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-class ImageFolderDataset(Dataset[tuple[torch.Tensor, int]]):
-    """Indexed by ``(index, epoch)`` pairs from ``ShardSampler``; augmentation randomness is
-    seeded by (seed, epoch, index) so every sample sees the same crop wherever it is decoded."""
+class FolderSource:
+    """Encoded samples of an image folder, read one file at a time."""
 
-    def __init__(self, root: Path, image_size: int, *, train: bool, seed: int) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
         self.classes, self.samples = scan_image_folder(root)
-        self.image_size = image_size
-        self.train = train
-        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        index, epoch = key
-        path, label = self.samples[index]
-        try:
-            with Image.open(path) as raw:
-                image = raw.convert("RGB")
-        except OSError as err:
-            raise DataError(f"cannot decode image {path}: {err}") from None
-        if not self.train:
-            return eval_transform(image, self.image_size), label
-        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF)
-        return train_transform(image, self.image_size, generator), label
+    def label(self, index: int) -> int:
+        return self.samples[index][1]
+
+    def describe(self, index: int) -> str:
+        return self.samples[index][0]
+
+    def encoded_size(self, index: int) -> int:
+        return os.path.getsize(self.samples[index][0])
+
+    def read(self, index: int) -> bytes:
+        with open(self.samples[index][0], "rb") as file:
+            return file.read()

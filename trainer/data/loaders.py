@@ -1,4 +1,5 @@
-"""``build_loaders``: the train and validation batches for one rank, on its device."""
+"""``build_loaders``: the train and validation batches for one rank, on its device, from
+synthetic tensors, an image folder or prepared shards, optionally through a memory cache."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.config import TrainConfig
-from trainer.data.folder import DataError, ImageFolderDataset
-from trainer.data.sampler import ShardSampler
+from trainer.data.cache import MemoryCache, Source
+from trainer.data.dataset import ImageDataset
+from trainer.data.folder import DataError, FolderSource
+from trainer.data.manifest import Manifest
+from trainer.data.sampler import ShardSampler, StreamSampler
+from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
 
 
@@ -52,22 +57,18 @@ class DeviceLoader:
             yield images, labels.to(self.device, non_blocking=True)
 
 
-def _folder_loader(
-    dataset: ImageFolderDataset,
+def _file_loader(
+    dataset: ImageDataset,
+    sampler: ShardSampler,
+    where: Path,
     cfg: TrainConfig,
-    rank: int,
-    world: int,
     device: torch.device,
     channels_last: bool,
-    shuffle: bool,
 ) -> DeviceLoader:
-    sampler = ShardSampler(
-        len(dataset), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed
-    )
     if sampler.batches_per_epoch == 0:
         raise DataError(
-            f"{len(dataset)} images in {dataset.root} give no full "
-            f"batch of {cfg.batch_size} per worker for {world} workers: lower --batch-size"
+            f"{len(dataset)} images in {where} give no full batch of {cfg.batch_size} per "
+            f"worker for {sampler.num_replicas} workers: lower --batch-size"
         )
     workers = cfg.loader_workers
     loader = DataLoader(
@@ -85,10 +86,47 @@ def _folder_loader(
     return DeviceLoader(loader, sampler, device, channels_last)
 
 
+def _sources(cfg: TrainConfig, root: Path) -> tuple[list[str], Source, Source | None, Path]:
+    """(classes, train source, val source or None, where train lives) for folder or shards."""
+    if cfg.data == "shards":
+        train = ShardSource(root, "train")
+        has_val = "val" in Manifest.load(root).splits
+        return train.classes, train, ShardSource(root, "val") if has_val else None, root
+    train = FolderSource(root / "train")
+    val = None
+    if (root / "val").is_dir():
+        val = FolderSource(root / "val")
+        if val.classes != train.classes:
+            raise DataError(f"{root / 'val'}: class folders differ from {root / 'train'}")
+    return train.classes, train, val, root / "train"
+
+
+def _sampler(
+    cfg: TrainConfig, source: Source, rank: int, world: int, *, shuffle: bool
+) -> ShardSampler:
+    if isinstance(source, ShardSource):
+        return StreamSampler(
+            source.shard_samples,
+            world,
+            rank,
+            cfg.batch_size,
+            shuffle=shuffle,
+            seed=cfg.seed,
+            buffer=cfg.shuffle_buffer,
+        )
+    return ShardSampler(len(source), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed)
+
+
 def build_loaders(
-    cfg: TrainConfig, rank: int, world: int, device: torch.device, channels_last: bool
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    channels_last: bool,
+    ranks_per_node: int = 1,
 ) -> Loaders:
-    """Loaders for this rank's shard. Raises ``DataError`` for unusable data."""
+    """Loaders for this rank's share. Raises ``DataError`` for unusable data; a memory cache
+    is sized for ``ranks_per_node`` copies (one per rank on the node)."""
     if cfg.data == "synthetic":
         sampler = ShardSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
         if sampler.batches_per_epoch == 0:
@@ -114,17 +152,24 @@ def build_loaders(
         return Loaders(train, val, sampler.batches_per_epoch)
 
     root = Path(cfg.data_dir or "")
-    train_set = ImageFolderDataset(root / "train", cfg.image_size, train=True, seed=cfg.seed)
-    if len(train_set.classes) > cfg.num_classes:
+    classes, train_source, val_source, where = _sources(cfg, root)
+    if len(classes) > cfg.num_classes:
         raise DataError(
-            f"num_classes={cfg.num_classes}: {root / 'train'} has {len(train_set.classes)} "
-            f"classes; set --num-classes {len(train_set.classes)}"
+            f"num_classes={cfg.num_classes}: {where} has {len(classes)} "
+            f"classes; set --num-classes {len(classes)}"
         )
-    train = _folder_loader(train_set, cfg, rank, world, device, channels_last, shuffle=True)
-    val = None
-    if (root / "val").is_dir():
-        val_set = ImageFolderDataset(root / "val", cfg.image_size, train=False, seed=cfg.seed)
-        if val_set.classes != train_set.classes:
-            raise DataError(f"{root / 'val'}: class folders differ from {root / 'train'}")
-        val = _folder_loader(val_set, cfg, rank, world, device, channels_last, shuffle=False)
-    return Loaders(train, val, train.sampler.batches_per_epoch)
+    loaders: list[DeviceLoader | None] = []
+    for source, train in ((train_source, True), (val_source, False)):
+        if source is None:
+            loaders.append(None)
+            continue
+        sampler = _sampler(cfg, source, rank, world, shuffle=train)
+        if cfg.cache != "none":
+            source = MemoryCache(
+                source, cfg.cache, cfg.image_size, cfg.loader_workers, ranks_per_node
+            )
+        dataset = ImageDataset(source, cfg.image_size, train=train, seed=cfg.seed)
+        loaders.append(_file_loader(dataset, sampler, where, cfg, device, channels_last))
+    train_loader, val_loader = loaders
+    assert train_loader is not None
+    return Loaders(train_loader, val_loader, train_loader.sampler.batches_per_epoch)

@@ -66,3 +66,67 @@ class ShardSampler(Sampler[tuple[int, int]]):
 
     def __len__(self) -> int:
         return (self.batches_per_epoch - self.skip_batches) * self.batch_size
+
+
+class StreamSampler(ShardSampler):
+    """Shard-friendly order: each rank reads its own run of shards, shuffled by a buffer.
+
+    Per epoch the shard order is reshuffled (seeded by seed and epoch) and the concatenated
+    samples are cut into one contiguous block per rank, so a rank reads about 1/world of the
+    shards, mostly sequentially. Within its block a shuffle buffer of ``buffer`` samples mixes
+    the order (WebDataset's recipe). It works on indices only, so the order is known without
+    reading anything and a resume skips ``skip_batches`` batches exactly.
+    """
+
+    def __init__(
+        self,
+        shard_samples: list[int],
+        num_replicas: int,
+        rank: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        buffer: int = 1000,
+    ) -> None:
+        super().__init__(
+            sum(shard_samples), num_replicas, rank, batch_size, shuffle=shuffle, seed=seed
+        )
+        self.shard_starts = [sum(shard_samples[:i]) for i in range(len(shard_samples))]
+        self.shard_samples = shard_samples
+        self.buffer = buffer
+
+    def rank_indices(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        shards = list(range(len(self.shard_samples)))
+        if self.shuffle:
+            shards = torch.randperm(len(shards), generator=generator).tolist()
+        stream = [
+            index
+            for shard in shards
+            for index in range(
+                self.shard_starts[shard], self.shard_starts[shard] + self.shard_samples[shard]
+            )
+        ]
+        block = stream[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
+        if self.shuffle and self.buffer > 1:
+            block = _buffer_shuffle(block, self.buffer, generator)
+        start = self.skip_batches * self.batch_size
+        return block[start : self.batches_per_epoch * self.batch_size]
+
+
+def _buffer_shuffle(items: list[int], size: int, generator: torch.Generator) -> list[int]:
+    """Stream ``items`` through a buffer of ``size``, emitting a random buffered item each time."""
+    picks = torch.randint(0, 1 << 30, (len(items),), generator=generator).tolist()
+    buffer: list[int] = []
+    out: list[int] = []
+    for item, pick in zip(items, picks, strict=True):
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        slot = pick % size
+        out.append(buffer[slot])
+        buffer[slot] = item
+    order = torch.randperm(len(buffer), generator=generator).tolist()
+    out.extend(buffer[i] for i in order)
+    return out

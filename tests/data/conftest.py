@@ -1,0 +1,93 @@
+"""Fixtures for the data path: a generated dataset with real JPEGs, and Azurite on 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_image_folder
+from trainer.data.prepare import prepare
+
+AZURITE = Path(__file__).resolve().parents[2] / ".venv/azurite/node_modules/.bin/azurite-blob"
+# Azurite's fixed development account and key, published in its documentation; they only
+# open the local emulator, never a real storage account.
+DEV_ACCOUNT = "devstoreaccount1"
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory) -> str:
+    """A connection string to a fresh Azurite Blob service for this test session."""
+    assert AZURITE.exists(), f"{AZURITE} is missing: run `make setup`"
+    port = _free_port()
+    location = tmp_path_factory.mktemp("azurite")
+    process = subprocess.Popen(
+        [
+            str(AZURITE),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(location),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"azurite did not start on 127.0.0.1:{port}")
+            time.sleep(0.2)
+    yield (
+        f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{DEV_ACCOUNT};"
+    )
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture
+def container(azurite, request):
+    from azure.storage.blob import ContainerClient
+
+    name = "t" + str(abs(hash(request.node.nodeid)))[:12]
+    client = ContainerClient.from_connection_string(azurite, name)
+    client.create_container()
+    yield client
+    client.delete_container()
+
+
+def make_dataset(root: Path, classes: int = 3, per_class: int = 12, size: int = 48) -> Path:
+    return write_image_folder(root, classes=classes, per_class=per_class, size=size)
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return make_dataset(tmp_path / "src")
+
+
+@pytest.fixture
+def shards(tmp_path, dataset) -> Path:
+    """The generated dataset prepared into small shards (several per split)."""
+    out = tmp_path / "shards"
+    prepare(dataset, out, shard_mb=0.03, processes=2, log=lambda _: None)
+    return out

@@ -1,0 +1,74 @@
+"""``python -m trainer.data prepare|upload|stage``: build, ship and stage sharded datasets.
+
+Bad input and failed transfers end with one line naming the file, blob or setting and exit
+code 2; prepare checks every image before it writes a shard.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from trainer.cli import OneLineParser, fail
+from trainer.data.folder import DataError
+from trainer.data.prepare import DEFAULT_SHARD_MB, prepare
+from trainer.data.transfer import container_client, stage, upload
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="python -m trainer.data", allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", help="image folder -> tar shards + manifest.json")
+    prep.add_argument("src", type=Path, help="dataset root with train/<class>/ and val/")
+    prep.add_argument("out", type=Path, help="output folder (empty, or an earlier prepare's)")
+    prep.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="shard size")
+    prep.add_argument("--processes", type=_positive_int, default=None, help="default: all cores")
+    prep.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
+    for name, helptext in (("upload", "shards -> Blob"), ("stage", "Blob -> local/NFS folder")):
+        sub = commands.add_parser(name, help=helptext)
+        if name == "upload":
+            sub.add_argument("folder", type=Path, help="prepared folder with manifest.json")
+        else:
+            sub.add_argument("--dest", type=Path, required=True, help="folder to stage into")
+        sub.add_argument("--account-url", required=True, help="https://<account>.blob.core...")
+        sub.add_argument("--container", default="datasets", help="blob container")
+        sub.add_argument("--prefix", required=True, help="dataset folder in the container")
+        sub.add_argument("--parallel", type=_positive_int, default=8, help="shards at a time")
+    for sub in commands.choices.values():
+        sub.error = parser.error  # type: ignore[method-assign]  # one line for subcommands too
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "prepare":
+            prepare(
+                args.src,
+                args.out,
+                shard_mb=args.shard_mb,
+                processes=args.processes,
+                strict=args.strict,
+            )
+        elif args.command == "upload":
+            container = container_client(args.account_url, args.container)
+            upload(args.folder, container, args.prefix, parallel=args.parallel)
+        else:
+            container = container_client(args.account_url, args.container)
+            stage(container, args.prefix, args.dest, parallel=args.parallel)
+    except DataError as err:
+        fail(str(err), 2)
+    except KeyboardInterrupt:
+        fail("interrupted; rerun the same command to resume", 130)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Samples -> training tensors: decode (or take from the cache) and augment."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from trainer.data.cache import MemoryCache, Source, load_image
+from trainer.data.transforms import eval_transform, train_transform
+
+
+class ImageDataset(Dataset[tuple[torch.Tensor, int]]):
+    """Indexed by ``(index, epoch)`` pairs from the samplers; augmentation randomness is seeded
+    by (seed, epoch, index) so every sample sees the same crop wherever it is decoded."""
+
+    def __init__(
+        self, source: Source | MemoryCache, image_size: int, *, train: bool, seed: int
+    ) -> None:
+        self.source = source
+        self.image_size = image_size
+        self.train = train
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, epoch = key
+        image = load_image(self.source, index)
+        label = self.source.label(index)
+        if not self.train:
+            return eval_transform(image, self.image_size), label
+        generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF)
+        return train_transform(image, self.image_size, generator), label

@@ -1,0 +1,126 @@
+"""The shard manifest: which shards a prepared dataset has, their sizes, sample counts and
+SHA-256, and the class index. Every reader verifies data against it; nothing trains on a shard
+the manifest does not vouch for."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trainer.data.folder import DataError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "distributed-training-shards/1"
+SPLITS = ("train", "val")
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str
+    bytes: int
+    samples: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SplitEntry:
+    samples: int
+    shards: tuple[ShardEntry, ...]
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    classes: tuple[str, ...]
+    splits: dict[str, SplitEntry] = field(default_factory=dict)
+
+    @property
+    def shards(self) -> tuple[ShardEntry, ...]:
+        return tuple(shard for split in self.splits.values() for shard in split.shards)
+
+    def to_json(self) -> str:
+        """Canonical text (sorted keys, no timestamps): the same dataset gives the same bytes."""
+        body = {
+            "format": FORMAT,
+            "classes": list(self.classes),
+            "splits": {name: asdict(split) for name, split in self.splits.items()},
+        }
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Manifest:
+        try:
+            body = json.loads(text)
+            if body.get("format") != FORMAT:
+                raise DataError(
+                    f"{source}: format {body.get('format')!r} is not {FORMAT!r}; "
+                    f"rerun `python -m trainer.data prepare`"
+                )
+            splits = {
+                name: SplitEntry(
+                    samples=int(split["samples"]),
+                    shards=tuple(ShardEntry(**shard) for shard in split["shards"]),
+                    skipped=tuple(split.get("skipped", ())),
+                )
+                for name, split in body["splits"].items()
+            }
+            return cls(classes=tuple(body["classes"]), splits=splits)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DataError(f"{source}: not a valid shard manifest ({err})") from None
+
+    @classmethod
+    def load(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST_NAME
+        if not path.is_file():
+            raise DataError(
+                f"{path} does not exist: prepare the dataset with "
+                f"`python -m trainer.data prepare SRC_DIR {folder}`"
+            )
+        return cls.from_json(path.read_text(), str(path))
+
+    def split(self, name: str, folder: Path) -> SplitEntry:
+        entry = self.splits.get(name)
+        if entry is None or not entry.shards:
+            raise DataError(f"{folder / MANIFEST_NAME} has no {name} shards")
+        return entry
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_is_valid(path: Path, shard: ShardEntry) -> bool:
+    """True when ``path`` holds exactly the bytes the manifest lists (size first: cheap)."""
+    try:
+        if path.stat().st_size != shard.bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    return sha256_file(path) == shard.sha256
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename: readers see the old file or the new one, never a part."""
+    temp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    with open(temp, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+
+
+def remove_partials(folder: Path) -> int:
+    """Delete temp files an interrupted writer left behind; returns how many."""
+    removed = 0
+    for leftover in folder.glob(".*.partial-*"):
+        leftover.unlink(missing_ok=True)
+        removed += 1
+    return removed

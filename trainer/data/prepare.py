@@ -1,0 +1,264 @@
+"""``prepare``: an ImageNet-layout folder becomes tar shards plus a manifest.
+
+Many small files starve GPUs on network file systems; shards of tens of MB read at full
+bandwidth. Shards are tar files with WebDataset member names (``<key>.jpg``/``<key>.png`` and
+``<key>.cls``), so WebDataset and ``tar tf`` read them too. The output is a pure function of the
+input: samples sorted, tar headers without times or owners, a manifest without timestamps; the
+same dataset gives byte-identical shards on any machine, however many processes write them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tarfile
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from PIL import Image
+
+from trainer.data.folder import IMAGE_SUFFIXES, DataError, scan_image_folder
+from trainer.data.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    SplitEntry,
+    remove_partials,
+    sha256_file,
+    write_atomic,
+)
+
+DEFAULT_SHARD_MB = 64
+# Labels files for a flat val/ folder: ImageNet's Kaggle CSV, or "<file> <class>" lines.
+VAL_LABEL_FILES = ("LOC_val_solution.csv", "labels.txt")
+_TAR_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class Sample:
+    path: str
+    label: int
+    size: int
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    manifest: Manifest
+    skipped: int
+
+
+def _tar_bytes(size: int) -> int:
+    """Bytes a member of ``size`` takes in a tar: header plus data padded to 512."""
+    return _TAR_BLOCK + -(-size // _TAR_BLOCK) * _TAR_BLOCK
+
+
+def _val_labels(val: Path, classes: list[str]) -> list[tuple[str, int]]:
+    index = {name: label for label, name in enumerate(classes)}
+    for name in VAL_LABEL_FILES:
+        labels_file = val / name
+        if not labels_file.is_file():
+            continue
+        pairs: list[tuple[str, str]] = []
+        with open(labels_file, newline="") as file:
+            if name.endswith(".csv"):
+                for row in csv.DictReader(file):
+                    # ImageId,PredictionString: "n01751748 x0 y0 x1 y1 ..." -> first token.
+                    pairs.append((row["ImageId"], row["PredictionString"].split()[0]))
+            else:
+                for line in file:
+                    if line.strip():
+                        stem, label = line.replace(",", " ").split()[:2]
+                        pairs.append((stem, label))
+        files = {
+            Path(entry.name).stem: entry.path
+            for entry in os.scandir(val)
+            if entry.name.lower().endswith(IMAGE_SUFFIXES)
+        }
+        samples = []
+        for stem, label in sorted(pairs):
+            stem = Path(stem).stem
+            if label not in index:
+                raise DataError(f"{labels_file}: class {label!r} for {stem} is not in train/")
+            if stem not in files:
+                raise DataError(f"{labels_file}: lists {stem}, which is not an image in {val}")
+            samples.append((files[stem], index[label]))
+        return samples
+    raise DataError(
+        f"{val}: has neither class folders nor a labels file ({', '.join(VAL_LABEL_FILES)})"
+    )
+
+
+def scan_dataset(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """Classes from train/ and the (path, label) samples of each split, in a stable order."""
+    classes, train = scan_image_folder(src / "train")
+    splits = {"train": train}
+    val = src / "val"
+    if val.is_dir():
+        if any(entry.is_dir() for entry in os.scandir(val)):
+            val_classes, val_samples = scan_image_folder(val)
+            unknown = sorted(set(val_classes) - set(classes))
+            if unknown:
+                raise DataError(f"{val}: class folder {unknown[0]!r} is not in {src / 'train'}")
+            remap = {i: classes.index(name) for i, name in enumerate(val_classes)}
+            splits["val"] = [(path, remap[label]) for path, label in val_samples]
+        else:
+            splits["val"] = _val_labels(val, classes)
+    return classes, splits
+
+
+def check_image(path: str) -> str | None:
+    """None if the image decodes completely, else the reason (a decode reads every byte)."""
+    try:
+        with Image.open(path) as image:
+            image.draft("RGB", (64, 64))  # JPEG: decode at reduced scale, still reads it all
+            image.load()
+        return None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        return str(err) or type(err).__name__
+
+
+def _check_many(paths: list[str]) -> list[str | None]:
+    return [check_image(path) for path in paths]
+
+
+def plan_shards(samples: list[Sample], target_bytes: int) -> list[list[int]]:
+    """Consecutive sample indices per shard, each shard at most ``target_bytes`` of tar (a
+    single larger sample gets a shard of its own)."""
+    shards: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for index, sample in enumerate(samples):
+        need = _tar_bytes(sample.size) + _tar_bytes(len(str(sample.label)))
+        if current and size + need > target_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(index)
+        size += need
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def write_shard(path: Path, members: list[tuple[int, str, int]]) -> ShardEntry:
+    """Write (key, image path, label) members to ``path`` atomically; return its entry."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, image_path, label in members:
+            suffix = Path(image_path).suffix.lower()
+            extension = "png" if suffix == ".png" else "jpg"
+            data = Path(image_path).read_bytes()
+            tar.addfile(_member(f"{key:09d}.{extension}", len(data)), io.BytesIO(data))
+            label_bytes = str(label).encode()
+            tar.addfile(_member(f"{key:09d}.cls", len(label_bytes)), io.BytesIO(label_bytes))
+    write_atomic(path, buffer.getvalue())
+    return ShardEntry(path.name, path.stat().st_size, len(members), sha256_file(path))
+
+
+def _write_shard_job(job: tuple[str, list[tuple[int, str, int]]]) -> ShardEntry:
+    return write_shard(Path(job[0]), job[1])
+
+
+def _check_output_folder(out: Path, src: Path) -> None:
+    if out.resolve().is_relative_to(src.resolve()):
+        raise DataError(f"output folder {out} is inside the source {src}: pick a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output folder {out} is a file: pick a folder")
+    if out.is_dir():
+        foreign = [
+            entry.name
+            for entry in os.scandir(out)
+            if entry.name != MANIFEST_NAME
+            and not entry.name.endswith(".tar")
+            and ".partial-" not in entry.name
+        ]
+        if foreign:
+            raise DataError(
+                f"output folder {out} holds {foreign[0]!r}, which prepare did not write: "
+                f"pick an empty folder"
+            )
+
+
+def prepare(
+    src: Path,
+    out: Path,
+    *,
+    shard_mb: float = DEFAULT_SHARD_MB,
+    processes: int | None = None,
+    strict: bool = False,
+    log: Callable[[str], None] = print,
+) -> PrepareResult:
+    """Shard ``src`` (train/<class>/..., optional val/) into ``out``. Unreadable images are
+    skipped, counted and listed in the manifest, or with ``strict`` stop the run naming the file.
+    All checks run before the first shard is written."""
+    if shard_mb <= 0:
+        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    _check_output_folder(out, src)
+    classes, found = scan_dataset(src)
+    processes = processes or os.cpu_count() or 1
+    context = get_context("forkserver")
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        splits: dict[str, list[Sample]] = {}
+        skipped: dict[str, list[str]] = {}
+        for split, pairs in found.items():
+            paths = [path for path, _ in pairs]
+            step = max(1, len(paths) // (processes * 8))
+            chunks = [paths[i : i + step] for i in range(0, len(paths), step)]
+            problems = [reason for chunk in pool.map(_check_many, chunks) for reason in chunk]
+            kept, bad = [], []
+            for (path, label), problem in zip(pairs, problems, strict=True):
+                relative = os.path.relpath(path, src)
+                if problem is None:
+                    kept.append(Sample(path, label, os.path.getsize(path)))
+                elif strict:
+                    raise DataError(f"cannot decode image {relative}: {problem} (--strict)")
+                else:
+                    bad.append(relative)
+            if not kept:
+                raise DataError(f"{src / split}: no readable images")
+            splits[split], skipped[split] = kept, bad
+
+        out.mkdir(parents=True, exist_ok=True)
+        remove_partials(out)
+        jobs = []
+        layout: dict[str, list[str]] = {}
+        for split, samples in splits.items():
+            plan = plan_shards(samples, int(shard_mb * 1024 * 1024))
+            layout[split] = [f"{split}-{n:06d}.tar" for n in range(len(plan))]
+            for name, indices in zip(layout[split], plan, strict=True):
+                members = [(i, samples[i].path, samples[i].label) for i in indices]
+                jobs.append((str(out / name), members))
+        entries = {entry.name: entry for entry in pool.map(_write_shard_job, jobs)}
+
+    manifest = Manifest(
+        classes=tuple(classes),
+        splits={
+            split: SplitEntry(
+                samples=len(samples),
+                shards=tuple(entries[name] for name in layout[split]),
+                skipped=tuple(skipped[split]),
+            )
+            for split, samples in splits.items()
+        },
+    )
+    write_atomic(out / MANIFEST_NAME, manifest.to_json().encode())
+    # Shards of an earlier prepare that this manifest no longer lists.
+    for stale in set(os.listdir(out)) - set(entries) - {MANIFEST_NAME}:
+        (out / stale).unlink()
+    total_skipped = sum(len(bad) for bad in skipped.values())
+    for split, entry in manifest.splits.items():
+        log(f"{split}: {entry.samples} images in {len(entry.shards)} shards")
+    if total_skipped:
+        log(f"skipped {total_skipped} unreadable image(s), listed in {out / MANIFEST_NAME}")
+    return PrepareResult(manifest, total_skipped)

@@ -1,0 +1,232 @@
+"""``upload`` (local shards -> Blob) and ``stage`` (Blob -> NFS or a node's local NVMe).
+
+Both authenticate with ``DefaultAzureCredential`` (a managed identity on the nodes, the Azure
+CLI login on a laptop); there are no keys or SAS tokens in config. Every shard is checked
+against the manifest's SHA-256: before it is uploaded, and while it is downloaded. A download
+goes to a hidden temp name and is renamed only when its checksum matches, so no partial shard
+is ever visible; a rerun skips shards that are already verified, which makes an interrupted
+transfer resumable. The manifest travels last: its presence means the shard set is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.data.folder import DataError
+from trainer.data.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    remove_partials,
+    shard_is_valid,
+    write_atomic,
+)
+
+if TYPE_CHECKING:
+    from azure.storage.blob import ContainerClient
+
+DOWNLOAD_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    copied: int
+    skipped: int
+    bytes_copied: int
+
+
+def container_client(account_url: str, container: str) -> ContainerClient:
+    """A container client authenticated with Entra ID (managed identity, CLI login, ...)."""
+    from azure.identity import DefaultAzureCredential
+    from azure.storage.blob import ContainerClient
+
+    if not account_url.startswith("https://"):
+        raise DataError(
+            f"account_url={account_url}: use the https:// blob endpoint of the storage account"
+        )
+    return ContainerClient(account_url, container, credential=DefaultAzureCredential())
+
+
+def _blob_name(prefix: str, name: str) -> str:
+    return f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
+
+
+def _azure_errors(where: str):
+    """Turn the SDK's exceptions into one-line DataErrors naming what failed."""
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+        ServiceRequestError,
+    )
+
+    class _Context:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, kind, err, _tb) -> bool:
+            if err is None or isinstance(err, DataError):
+                return False
+            if isinstance(err, ResourceNotFoundError):
+                raise DataError(f"{where}: not found ({err.reason}); upload the dataset first")
+            if isinstance(err, ClientAuthenticationError):
+                raise DataError(
+                    f"{where}: cannot authenticate ({str(err).splitlines()[0]}); log in with "
+                    f"`az login` or give the node an identity with Storage Blob Data Reader"
+                )
+            if isinstance(err, HttpResponseError | ServiceRequestError):
+                raise DataError(f"{where}: {str(err).splitlines()[0]}")
+            return False
+
+    return _Context()
+
+
+def upload(
+    folder: Path,
+    container: ContainerClient,
+    prefix: str,
+    *,
+    parallel: int = 8,
+    log: Callable[[str], None] = print,
+) -> TransferResult:
+    """Upload a prepared dataset; blobs whose size and recorded SHA-256 match are skipped."""
+    manifest = Manifest.load(folder)
+    with ThreadPoolExecutor(parallel) as pool:
+        valid = list(pool.map(lambda s: shard_is_valid(folder / s.name, s), manifest.shards))
+    for shard, ok in zip(manifest.shards, valid, strict=True):
+        if not ok:
+            raise DataError(
+                f"shard {folder / shard.name} does not match {MANIFEST_NAME} (size or SHA-256): "
+                f"rerun `python -m trainer.data prepare`"
+            )
+    where = f"{container.url}/{prefix}"
+    with _azure_errors(where):
+        existing = {
+            blob.name: blob
+            for blob in container.list_blobs(name_starts_with=prefix, include=["metadata"])
+        }
+
+    def send(shard: ShardEntry) -> int:
+        name = _blob_name(prefix, shard.name)
+        blob = existing.get(name)
+        if (
+            blob
+            and blob.size == shard.bytes
+            and (blob.metadata or {}).get("sha256") == shard.sha256
+        ):
+            return 0
+        with _azure_errors(f"{container.url}/{name}"), open(folder / shard.name, "rb") as file:
+            # A block blob becomes visible only when all its blocks commit: never partial.
+            container.upload_blob(
+                name,
+                file,
+                length=shard.bytes,
+                overwrite=True,
+                metadata={"sha256": shard.sha256},
+                validate_content=True,
+                max_concurrency=4,
+            )
+        return shard.bytes
+
+    with ThreadPoolExecutor(parallel) as pool:
+        sent = list(pool.map(send, manifest.shards))
+    with _azure_errors(where):
+        container.upload_blob(
+            _blob_name(prefix, MANIFEST_NAME), manifest.to_json().encode(), overwrite=True
+        )
+    result = TransferResult(sum(1 for s in sent if s), sum(1 for s in sent if not s), sum(sent))
+    log(
+        f"uploaded {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
+        f"{result.skipped} already there, to {where}"
+    )
+    return result
+
+
+def _download(container: ContainerClient, name: str, target: Path, shard: ShardEntry) -> None:
+    """Download ``name`` to ``target`` through a temp file; rename only when the SHA-256 matches;
+    one retry, then a clear failure."""
+    got = ""
+    for _ in range(DOWNLOAD_ATTEMPTS):
+        temp = target.with_name(f".{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+        digest = hashlib.sha256()
+        try:
+            with _azure_errors(f"{container.url}/{name}"), open(temp, "wb") as file:
+                for chunk in container.download_blob(name, max_concurrency=4).chunks():
+                    digest.update(chunk)
+                    file.write(chunk)
+                file.flush()
+                os.fsync(file.fileno())
+            got = digest.hexdigest()
+            if got == shard.sha256 and temp.stat().st_size == shard.bytes:
+                os.replace(temp, target)
+                return
+        finally:
+            temp.unlink(missing_ok=True)
+    raise DataError(
+        f"shard {name}: SHA-256 {got[:12]}... after {DOWNLOAD_ATTEMPTS} downloads does not match "
+        f"the manifest's {shard.sha256[:12]}...: re-upload the dataset"
+    )
+
+
+def stage(
+    container: ContainerClient,
+    prefix: str,
+    dest: Path,
+    *,
+    parallel: int = 8,
+    log: Callable[[str], None] = print,
+) -> TransferResult:
+    """Copy a dataset from Blob to ``dest``, verified; resumable; the manifest lands last."""
+    manifest_blob = _blob_name(prefix, MANIFEST_NAME)
+    with _azure_errors(f"{container.url}/{manifest_blob}"):
+        text = container.download_blob(manifest_blob).readall().decode()
+    manifest = Manifest.from_json(text, f"{container.url}/{manifest_blob}")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        probe = dest / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise DataError(f"dest={dest}: cannot write there ({err.strerror})") from None
+    local_manifest = dest / MANIFEST_NAME
+    if local_manifest.exists() and local_manifest.read_text() != text:
+        local_manifest.unlink()  # a different dataset is arriving: no longer complete
+    remove_partials(dest)
+
+    def fetch(shard: ShardEntry) -> int:
+        target = dest / shard.name
+        if shard_is_valid(target, shard):
+            return 0
+        _download(container, _blob_name(prefix, shard.name), target, shard)
+        return shard.bytes
+
+    with ThreadPoolExecutor(parallel) as pool:
+        fetched = list(pool.map(fetch, manifest.shards))
+    listed = {shard.name for shard in manifest.shards}
+    for stale in dest.glob("*.tar"):
+        if stale.name not in listed:
+            stale.unlink()
+    write_atomic(local_manifest, text.encode())
+    result = TransferResult(
+        sum(1 for f in fetched if f), sum(1 for f in fetched if not f), sum(fetched)
+    )
+    log(
+        f"staged {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
+        f"{result.skipped} already verified, into {dest}"
+    )
+    return result
+
+
+def stage_command(account_url: str, container: str, prefix: str, dest: str) -> str:
+    """The command line that stages a dataset, e.g. as a Batch job preparation task."""
+    args = ["python", "-m", "trainer.data", "stage", "--account-url", account_url]
+    args += ["--container", container, "--prefix", prefix, "--dest", dest]
+    return shlex.join(args)
