@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import time
@@ -61,7 +62,7 @@ def azurite(tmp_path_factory) -> str:
         f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
         f"BlobEndpoint=http://127.0.0.1:{port}/{DEV_ACCOUNT};"
     )
-    process.terminate()
+    process.kill()  # its data is a temp folder: nothing to flush
     process.wait(timeout=30)
 
 
@@ -85,9 +86,16 @@ def dataset(tmp_path) -> Path:
     return make_dataset(tmp_path / "src")
 
 
-@pytest.fixture
-def shards(tmp_path, dataset) -> Path:
-    """The generated dataset prepared into small shards (several per split)."""
-    out = tmp_path / "shards"
-    prepare(dataset, out, shard_mb=0.03, processes=2, log=lambda _: None)
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    out = root / "shards"
+    prepare(make_dataset(root / "src"), out, shard_mb=0.03, processes=2, log=lambda _: None)
     return out
+
+
+@pytest.fixture
+def shards(tmp_path, prepared) -> Path:
+    """The generated dataset (``dataset``) prepared into small shards, several per split: a
+    private copy of one session-wide preparation, so tests may damage it."""
+    return Path(shutil.copytree(prepared, tmp_path / "shards"))

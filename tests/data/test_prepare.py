@@ -95,7 +95,7 @@ def test_bad_folders_are_named(tmp_path, dataset):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
-    with pytest.raises(DataError, match="holds 'notes.txt', which prepare did not write"):
+    with pytest.raises(DataError, match=r"holds 'notes\.txt', which prepare did not write"):
         prepare(dataset, busy, **QUIET)
     with pytest.raises(DataError, match="inside the source"):
         prepare(dataset, dataset / "out", **QUIET)

@@ -83,3 +83,24 @@ def test_corrupt_image_names_the_file(image_folder):
 def test_too_few_images_for_the_batch_names_the_folder(image_folder):
     with pytest.raises(DataError, match=r"18 images in .*train give no full batch of 16"):
         build_loaders(folder_config(image_folder, batch_size=16), 0, 2, torch.device("cpu"), False)
+
+
+def test_samples_stay_uint8_until_the_device_normalizes_them(image_folder):
+    from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
+
+    dataset = ImageDataset(FolderSource(image_folder / "train"), 32, train=True, seed=0)
+    image, _ = dataset[(0, 0)]
+    assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
+    batch = normalize(image.unsqueeze(0))
+    expected = (image[0].float() / 255 - IMAGENET_MEAN[0]) / IMAGENET_STD[0]
+    assert torch.allclose(batch[0, 0], expected, atol=1e-5)
+
+
+def test_eval_transform_resizes_the_short_side_then_center_crops():
+    from trainer.data.transforms import eval_transform
+
+    pixels = torch.zeros(100, 200, 3, dtype=torch.uint8)
+    pixels[:, 100:] = 255  # right half white
+    out = eval_transform(pixels, 56)  # short side -> 64, then a 56 center crop of 64x128
+    assert out.shape == (3, 56, 56)
+    assert out[:, :, :20].max() == 0 and out[:, :, -20:].min() == 255

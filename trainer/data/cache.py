@@ -21,6 +21,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.folder import DataError
+from trainer.data.transforms import pil_to_pixels, resize, short_side_shape
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ def decode(data: bytes, where: str) -> Image.Image:
 
 
 def cached_shape(width: int, height: int, image_size: int) -> tuple[int, int]:
-    """(height, width) after scaling the short side down to ``image_size * 256 / 224``."""
+    """(height, width) after scaling the short side down to ``image_size * 256 / 224``
+    (never up: small images are kept as they are)."""
     short = round(image_size * 256 / 224)
-    scale = min(1.0, short / min(width, height))
-    return max(1, round(height * scale)), max(1, round(width * scale))
+    if min(width, height) <= short:
+        return height, width
+    return short_side_shape(width, height, short)
 
 
 class _Header(Dataset[tuple[int, int]]):
@@ -71,11 +74,11 @@ class _Decode(Dataset[torch.Tensor]):
         return len(self.source)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        image = decode(self.source.read(index), self.source.describe(index))
+        pixels = pil_to_pixels(decode(self.source.read(index), self.source.describe(index)))
         height, width = (int(v) for v in self.shapes[index])
-        if (width, height) != image.size:
-            image = image.resize((width, height), Image.Resampling.BILINEAR)
-        return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).flatten()
+        if (height, width) != pixels.shape[:2]:
+            pixels = resize(pixels, height, width).permute(1, 2, 0)
+        return pixels.flatten()
 
 
 class _Read(Dataset[torch.Tensor]):
@@ -162,17 +165,18 @@ class MemoryCache:
             raise TypeError("a decoded cache holds pixels, not encoded bytes")
         return self._slice(index).numpy().tobytes()
 
-    def image(self, index: int) -> Image.Image:
+    def pixels(self, index: int) -> torch.Tensor:
         if self.shapes is None:
-            return decode(self.read(index), self.describe(index))
+            return pil_to_pixels(decode(self.read(index), self.describe(index)))
         height, width = (int(v) for v in self.shapes[index])
-        return Image.fromarray(self._slice(index).numpy().reshape(height, width, 3))
+        return self._slice(index).view(height, width, 3)  # a view: transforms never write to it
 
 
-def load_image(source: Source | MemoryCache, index: int) -> Image.Image:
+def load_pixels(source: Source | MemoryCache, index: int) -> torch.Tensor:
+    """The (height, width, 3) uint8 pixels of one sample."""
     if isinstance(source, MemoryCache):
-        return source.image(index)
-    return decode(source.read(index), source.describe(index))
+        return source.pixels(index)
+    return pil_to_pixels(decode(source.read(index), source.describe(index)))
 
 
-__all__ = ["MemoryCache", "Source", "cached_shape", "decode", "load_image"]
+__all__ = ["MemoryCache", "Source", "cached_shape", "decode", "load_pixels"]

@@ -1,11 +1,11 @@
-"""Samples -> training tensors: decode (or take from the cache) and augment."""
+"""Samples -> uint8 training tensors: decode (or take from the cache) and augment."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.data import Dataset
 
-from trainer.data.cache import MemoryCache, Source, load_image
+from trainer.data.cache import MemoryCache, Source, load_pixels
 from trainer.data.transforms import eval_transform, train_transform
 
 
@@ -26,9 +26,9 @@ class ImageDataset(Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, epoch = key
-        image = load_image(self.source, index)
+        pixels = load_pixels(self.source, index)
         label = self.source.label(index)
         if not self.train:
-            return eval_transform(image, self.image_size), label
+            return eval_transform(pixels, self.image_size), label
         generator = torch.Generator().manual_seed(hash((self.seed, epoch, index)) & 0x7FFF_FFFF)
-        return train_transform(image, self.image_size, generator), label
+        return train_transform(pixels, self.image_size, generator), label

@@ -19,6 +19,7 @@ from trainer.data.manifest import Manifest
 from trainer.data.sampler import ShardSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
+from trainer.data.transforms import normalize
 
 
 class Loader(Protocol):
@@ -37,7 +38,7 @@ class Loaders:
 
 
 class DeviceLoader:
-    """A DataLoader over a ``ShardSampler`` that hands out batches on the device."""
+    """A DataLoader over a ``ShardSampler`` that hands out normalized batches on the device."""
 
     def __init__(
         self, loader: DataLoader, sampler: ShardSampler, device: torch.device, channels_last: bool
@@ -53,8 +54,9 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for images, labels in self.loader:
-            images = images.to(self.device, non_blocking=True, memory_format=self.memory_format)
-            yield images, labels.to(self.device, non_blocking=True)
+            # uint8 travels to the device; normalizing there is one fused pass per batch.
+            images = normalize(images.to(self.device, non_blocking=True))
+            yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
 
 
 def _file_loader(

@@ -1,7 +1,10 @@
-"""ImageNet augmentations with Pillow and torch (torchvision does not import on the pinned torch).
+"""ImageNet augmentations on uint8 tensors (torchvision does not import on the pinned torch).
 
 The same recipe as torchvision's reference scripts: RandomResizedCrop(scale 0.08-1, ratio 3/4-4/3)
-+ horizontal flip + normalize for training, resize to size*256/224 + center crop for validation.
++ horizontal flip for training, resize to size*256/224 + center crop for validation, with
+antialiased bilinear resizing. Samples stay uint8 until they reach the device, where
+``normalize`` converts whole batches: a quarter of the bytes through the loader and the
+host-to-device copy, and no per-image float arithmetic on the loader's cores.
 Randomness comes from an explicit generator so a sample's augmentation is a function of
 (seed, epoch, index): identical across loader worker counts and across a resume.
 """
@@ -10,7 +13,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -51,26 +56,46 @@ def random_resized_crop_box(
     return left, top, left + w, top + h
 
 
-def to_normalized_tensor(image: Image.Image) -> torch.Tensor:
-    data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-    tensor = data.view(image.height, image.width, 3).permute(2, 0, 1).float().div_(255.0)
-    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-    return tensor.sub_(mean).div_(std)
+def pil_to_pixels(image: Image.Image) -> torch.Tensor:
+    """An RGB Pillow image as a (height, width, 3) uint8 tensor."""
+    return torch.from_numpy(np.array(image, dtype=np.uint8, copy=True))
 
 
-def train_transform(image: Image.Image, size: int, generator: torch.Generator) -> torch.Tensor:
-    box = random_resized_crop_box(image.width, image.height, generator)
-    image = image.resize((size, size), Image.Resampling.BILINEAR, box=box)
+def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(h, w, 3) uint8 -> (3, height, width) uint8, antialiased bilinear (torch's uint8 path)."""
+    batch = pixels.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    out = F.interpolate(batch, size=(height, width), mode="bilinear", antialias=True)
+    return out[0]
+
+
+def short_side_shape(width: int, height: int, short: int) -> tuple[int, int]:
+    """(height, width) with the short side scaled to ``short``, never below ``short``."""
+    scale = short / min(width, height)
+    return max(short, round(height * scale)), max(short, round(width * scale))
+
+
+def train_transform(pixels: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    height, width = pixels.shape[:2]
+    left, top, right, bottom = random_resized_crop_box(width, height, generator)
+    out = resize(pixels[top:bottom, left:right], size, size)
     if torch.rand((), generator=generator).item() < 0.5:
-        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return to_normalized_tensor(image)
+        out = out.flip(-1)
+    return out.contiguous()
 
 
-def eval_transform(image: Image.Image, size: int) -> torch.Tensor:
-    resize_to = round(size * 256 / 224)
-    scale = resize_to / min(image.width, image.height)
-    width, height = max(size, round(image.width * scale)), max(size, round(image.height * scale))
-    image = image.resize((width, height), Image.Resampling.BILINEAR)
-    left, top = (width - size) // 2, (height - size) // 2
-    return to_normalized_tensor(image.crop((left, top, left + size, top + size)))
+def eval_transform(pixels: torch.Tensor, size: int) -> torch.Tensor:
+    height, width = pixels.shape[:2]
+    new_height, new_width = short_side_shape(width, height, round(size * 256 / 224))
+    if (new_height, new_width) != (height, width):
+        out = resize(pixels, new_height, new_width)
+    else:
+        out = pixels.permute(2, 0, 1)
+    top, left = (new_height - size) // 2, (new_width - size) // 2
+    return out[:, top : top + size, left : left + size].contiguous()
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> float normalized with the ImageNet mean and std, on their device."""
+    mean = torch.tensor(IMAGENET_MEAN, device=images.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=images.device).view(1, 3, 1, 1) * 255
+    return (images.float() - mean) / std
