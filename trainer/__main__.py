@@ -10,6 +10,7 @@ from trainer.cli import fail, parse
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.model import build_model, count_parameters
+from trainer.preflight import PreflightError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         result = train(cfg, dist, stop)
     except (ConfigError, DataError) as err:
         fail(str(err), 2)
-    except CheckpointError as err:
+    except (CheckpointError, PreflightError) as err:
         fail(str(err), 1)
     finally:
         dist.shutdown()

@@ -70,6 +70,8 @@ HELP: dict[str, str] = {
     "keep_checkpoints": "checkpoints to keep",
     "log_every": "log metrics every N steps",
     "seed": "random seed (same on every worker)",
+    "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
+    "0 skips (python -m trainer.launch sets it from the VM size)",
 }
 _BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
 

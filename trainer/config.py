@@ -77,6 +77,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 10
     seed: int = 42
+    # Stop before training when the allreduce bus bandwidth (GB/s) is below this; 0: skip.
+    preflight_min_busbw: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -148,6 +150,7 @@ class TrainConfig:
         _float_range("lr_step_factor", self.lr_step_factor, 0.0, 1.0, low_open=True)
         _float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
         _float_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        _float_range("preflight_min_busbw", self.preflight_min_busbw, 0.0, 100_000.0)
         _choice("backend", self.backend, BACKENDS)
         if self.adasum and self.backend != "horovod":
             raise ConfigError(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint
+from trainer import checkpoint, preflight
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import build_loaders
 from trainer.distributed import Dist
@@ -90,6 +90,10 @@ class _Run:
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.device = select_device(cfg, dist)
         amp_dtype, channels_last = resolve_precision(cfg, self.device)
+        comm_device = self.device if dist.gpu_collectives else torch.device("cpu")
+        bandwidth = preflight.check(dist, comm_device, cfg.preflight_min_busbw)
+        if bandwidth and dist.is_root:
+            log.info("preflight: allreduce bus bandwidth %.2f GB/s", bandwidth.busbw_gbps)
 
         # The same seed on every rank gives the same initial weights; rank 0's are broadcast
         # anyway, so a rank with a different seed can never silently diverge.
