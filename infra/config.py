@@ -24,6 +24,8 @@ PROJECT = "gpu-cluster"
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
+IMAGE_BUILDERS = ("acr", "docker")
+REPO = PROJECT_FILE.parent
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 _TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
 _SSH_KEY = re.compile(
@@ -31,6 +33,10 @@ _SSH_KEY = re.compile(
 )
 _MONTH = re.compile(r"^20\d\d-(0[1-9]|1[0-2])$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_GIT_URL = re.compile(r"^https://[^\s#]+\.git$")
+_IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
+_PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 
@@ -75,6 +81,13 @@ class StackSettings:
     budget_emails: tuple[str, ...]
     job_submitter_object_id: str
     job_submitter_type: str
+    image_builder: str
+    image_source_repo: str
+    image_base: str
+    image_base_digest: str
+    submit_job: bool
+    trainer_config: str
+    dataset_prefix: str
 
     @property
     def gpu(self) -> GpuSize:
@@ -162,6 +175,55 @@ class StackSettings:
             )
         self._check_budget()
         self._check_network()
+        self._check_image()
+        self.trainer_settings()  # a bad trainer config stops the plan before any resource
+
+    def _check_image(self) -> None:
+        if self.image_builder not in IMAGE_BUILDERS:
+            raise ConfigError(
+                f"imageBuilder={self.image_builder!r}: use {' or '.join(IMAGE_BUILDERS)}"
+            )
+        if self.image_builder == "acr" and not _GIT_URL.match(self.image_source_repo):
+            raise ConfigError(
+                f"imageSourceRepo={self.image_source_repo!r}: the acr builder clones this "
+                "repository; give its https://.../<name>.git URL (or use imageBuilder docker)"
+            )
+        if not _IMAGE_REF.match(self.image_base):
+            raise ConfigError(
+                f"imageBase={self.image_base!r}: give <registry>/<repository>:<tag>, "
+                "for example nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"
+            )
+        if self.image_base_digest and not _DIGEST.match(self.image_base_digest):
+            raise ConfigError(
+                f"imageBaseDigest={self.image_base_digest!r}: give sha256:<64 hex digits> "
+                "(docker buildx imagetools inspect <imageBase>) or leave it empty"
+            )
+        if self.dataset_prefix and not _PREFIX.match(self.dataset_prefix):
+            raise ConfigError(
+                f"datasetPrefix={self.dataset_prefix!r}: use letters, digits, '.', '_', '-' "
+                "and '/' (the folder you uploaded with python -m trainer.data upload)"
+            )
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The trainer YAML, validated by the trainer itself; the keys the job sets removed."""
+        from trainer.config import ConfigError as TrainerConfigError
+        from trainer.config import TrainConfig
+
+        path = REPO / self.trainer_config
+        try:
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"trainerConfig={self.trainer_config}: cannot read ({err})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"trainerConfig={self.trainer_config}: must be a mapping")
+        try:
+            TrainConfig.from_mapping(values)
+        except TrainerConfigError as err:
+            raise ConfigError(f"trainerConfig={self.trainer_config}: {err}") from None
+        job_owned = {"output_dir", "backend"}
+        if self.dataset_prefix:
+            job_owned |= {"data", "data_dir"}
+        return {key: value for key, value in values.items() if key not in job_owned}
 
     def _check_budget(self) -> None:
         _range("budget", self.budget, 0, 10_000_000)

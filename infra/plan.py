@@ -11,7 +11,7 @@ import argparse
 import json
 import runpy
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class Plan:
     settings: StackSettings
     resources: list[DeclaredResource]
     outputs: dict[str, Any]
+    # Explicit depends_on per resource name (mocks see only data dependencies, in inputs).
+    depends_on: dict[str, list[str]] = field(default_factory=dict)
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
@@ -91,6 +93,7 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
     real_export = pulumi.export
 
     protected: set[tuple[str, str]] = set()
+    depends_on: dict[str, list[str]] = {}
 
     def record_protection(
         args: pulumi.ResourceTransformationArgs,
@@ -98,6 +101,9 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
         # Mocks never see resource options; a stack transformation does.
         if args.opts.protect:
             protected.add((args.type_, args.name))
+        dependencies = args.opts.depends_on
+        if isinstance(dependencies, list) and dependencies:
+            depends_on[args.name] = [getattr(d, "_name", "?") for d in dependencies]
         return None
 
     @pulumi.runtime.test
@@ -112,7 +118,7 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
     finally:
         pulumi.export = real_export
     resources = [replace(r, protect=(r.typ, r.name) in protected) for r in mocks.resources]
-    return Plan(settings, resources, resolved)
+    return Plan(settings, resources, resolved, depends_on)
 
 
 def render(plan: Plan, busy_hours: int) -> str:

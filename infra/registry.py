@@ -57,4 +57,5 @@ class Registry(pulumi.ComponentResource):
         )
         self.login_server = registry.login_server
         self.registry_id = registry.id
+        self.registry_name = registry.name
         self.register_outputs({"login_server": self.login_server})

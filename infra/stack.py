@@ -12,11 +12,14 @@ from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.config import StackSettings
 from infra.identity import Identities, IdentitiesArgs
+from infra.image import TrainerImage, TrainerImageArgs, content_tag, source_commit
+from infra.job import TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
 from infra.storage import CONTAINERS, Storage, StorageArgs
+from trainer.cli import to_flags
 
 
 def declare(s: StackSettings) -> dict[str, Any]:
@@ -100,7 +103,51 @@ def declare(s: StackSettings) -> dict[str, Any]:
             nfs_vm_id=nfs.vm_id,
         ),
     )
+    image = TrainerImage(
+        stem,
+        TrainerImageArgs(
+            builder=s.image_builder,
+            registry_name=registry.registry_name,
+            login_server=registry.login_server,
+            resource_group_name=rg.name,
+            base_image=s.image_base,
+            base_digest=s.image_base_digest,
+            source_repo=s.image_source_repo,
+            tag=content_tag(),
+            commit=_commit_to_build(s),
+        ),
+    )
+    outputs: dict[str, Any] = {"image_ref": image.ref, "image_digest": image.digest}
+    if s.submit_job:
+        job = TrainingJob(
+            f"{stem}-job",
+            TrainingJobArgs(
+                stack=s.stack,
+                endpoint=cluster.account_endpoint,
+                account_id=cluster.account_id,
+                pool_id=cluster.pool_id,
+                node_count=s.max_nodes,
+                vm_size=s.vm_size,
+                image_ref=image.ref,
+                registry_server=registry.login_server,
+                node_identity_id=ids.nodes.id,
+                node_identity_client_id=ids.nodes.client_id,
+                blob_endpoint=store.blob_endpoint,
+                trainer_args=tuple(to_flags(s.trainer_settings())),
+                dataset_prefix=s.dataset_prefix,
+            ),
+            # Data-plane calls need the deployer's Batch roles to exist first.
+            opts=pulumi.ResourceOptions(depends_on=[cluster]),
+        )
+        outputs.update(
+            job_id=job.job_id,
+            job_state=job.state,
+            job_portal_url=job.portal_url,
+            job_log_url=job.log_url,
+            job_checkpoint_path=job.checkpoint_path,
+        )
     return {
+        **outputs,
         "resource_group_name": rg.name,
         "storage_account_name": store.account_name,
         "storage_containers": list(CONTAINERS),
@@ -112,3 +159,16 @@ def declare(s: StackSettings) -> dict[str, Any]:
         "node_count": s.node_count,
         "vm_size": s.vm_size,
     }
+
+
+def _commit_to_build(s: StackSettings) -> str:
+    """The commit an ACR Task builds; uncommitted image inputs would not be in it: warn."""
+    if s.image_builder != "acr":
+        return ""
+    commit, dirty = source_commit()
+    if dirty:
+        pulumi.log.warn(
+            f"the acr builder builds commit {commit[:12]}, but the image inputs have uncommitted "
+            "changes: commit and push them, or use imageBuilder docker"
+        )
+    return commit

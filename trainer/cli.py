@@ -142,3 +142,19 @@ def parse(argv: Sequence[str] | None = None) -> Request:
 def fail(message: str, code: int) -> NoReturn:
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def to_flags(values: dict[str, Any]) -> list[str]:
+    """Settings -> the flags that reproduce them (the inverse of ``parse``), for job commands."""
+    flags: list[str] = []
+    for name, value in values.items():
+        if name not in FIELD_NAMES:
+            raise ConfigError(f"unknown setting {name!r}")
+        flag = "--" + name.replace("_", "-")
+        if name in _BOOLEAN:
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list | tuple):
+            flags += [flag, ",".join(str(v) for v in value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags

@@ -5,7 +5,7 @@ import pytest
 
 from trainer.data.folder import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest, sha256_file
-from trainer.data.transfer import container_client, stage, stage_command, upload
+from trainer.data.transfer import container_client, stage, stage_args, upload
 
 QUIET = {"log": lambda _: None}
 HERE = __file__.rsplit("/", 1)[0]
@@ -124,9 +124,19 @@ def test_only_https_endpoints_with_entra_credentials(monkeypatch):
     assert type(client.credential).__name__ == "DefaultAzureCredential"
 
 
-def test_stage_command_is_a_quoted_command_line():
-    command = stage_command("https://a.blob.core.windows.net", "datasets", "in 1k", "/mnt/d")
-    assert command == (
-        "python -m trainer.data stage --account-url https://a.blob.core.windows.net "
-        "--container datasets --prefix 'in 1k' --dest /mnt/d"
-    )
+def test_stage_args_name_every_setting():
+    args = stage_args("https://a.blob.core.windows.net", "datasets", "in 1k", "/mnt/d")
+    assert args == [
+        "python",
+        "-m",
+        "trainer.data",
+        "stage",
+        "--account-url",
+        "https://a.blob.core.windows.net",
+        "--container",
+        "datasets",
+        "--prefix",
+        "in 1k",
+        "--dest",
+        "/mnt/d",
+    ]

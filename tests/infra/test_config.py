@@ -3,7 +3,11 @@ import pytest
 from infra.config import ConfigError, StackSettings
 from tests.infra.conftest import STACKS, stack_values
 
-VALID = {"team": "vision", "sshPublicKey": "ssh-ed25519 " + "A" * 68 + " me"}
+VALID = {
+    "team": "vision",
+    "sshPublicKey": "ssh-ed25519 " + "A" * 68 + " me",
+    "imageSourceRepo": "https://github.com/example-org/distributed-training.git",
+}
 
 
 def settings(schema, **changes):
@@ -75,6 +79,17 @@ INVALID = [
     ({"jobSubmitterType": "Robot"}, "jobSubmitterType='Robot'", "ServicePrincipal"),
     ({"jobSubmitterObjectId": "vision-team"}, "jobSubmitterObjectId='vision-team'", "GUID"),
     ({"checkpointing": "maybe"}, "checkpointing='maybe'", "boolean"),
+    ({"imageBuilder": "kaniko"}, "imageBuilder='kaniko'", "acr or docker"),
+    ({"imageSourceRepo": "git@github.com:o/r"}, "imageSourceRepo='git@github.com:o/r'", ".git URL"),
+    ({"imageBase": "cuda"}, "imageBase='cuda'", "<registry>/<repository>:<tag>"),
+    ({"imageBaseDigest": "sha256:abc"}, "imageBaseDigest='sha256:abc'", "64 hex"),
+    ({"datasetPrefix": "../etc"}, "datasetPrefix='../etc'", "python -m trainer.data upload"),
+    ({"trainerConfig": "missing.yaml"}, "trainerConfig=missing.yaml: cannot read", "No such"),
+    (
+        {"trainerConfig": "trainer/presets/../../Pulumi.dev.yaml"},
+        "trainerConfig=trainer/presets/../../Pulumi.dev.yaml: unknown setting",
+        "valid settings",
+    ),
     ({"budget": -5}, "budget=-5", "0..10000000"),
     ({"budget": 1000, "budgetStartMonth": "12/2026"}, "budgetStartMonth='12/2026'", "YYYY-MM"),
     ({"budget": 1000, "budgetStartMonth": "2026-12"}, "budgetEmails=[]", "e-mail"),

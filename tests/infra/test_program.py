@@ -37,6 +37,13 @@ def test_stack_outputs(plan):
         "pool_id",
         "node_count",
         "vm_size",
+        "image_ref",
+        "image_digest",
+        "job_id",
+        "job_state",
+        "job_portal_url",
+        "job_log_url",
+        "job_checkpoint_path",
     }
     assert plan.outputs["storage_containers"] == ["datasets", "checkpoints", "logs", "outputs"]
     assert plan.outputs["vm_size"] == plan.settings.vm_size

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -225,8 +224,7 @@ def stage(
     return result
 
 
-def stage_command(account_url: str, container: str, prefix: str, dest: str) -> str:
-    """The command line that stages a dataset, e.g. as a Batch job preparation task."""
+def stage_args(account_url: str, container: str, prefix: str, dest: str) -> list[str]:
+    """The command that stages a dataset, e.g. as a Batch job preparation task."""
     args = ["python", "-m", "trainer.data", "stage", "--account-url", account_url]
-    args += ["--container", container, "--prefix", prefix, "--dest", dest]
-    return shlex.join(args)
+    return [*args, "--container", container, "--prefix", prefix, "--dest", dest]
