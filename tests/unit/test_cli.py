@@ -90,3 +90,20 @@ def test_bad_data_dir_fails_before_any_output(tmp_path):
     assert f"data folder {tmp_path / 'nope' / 'train'} does not exist" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_to_flags_reproduces_the_settings_it_was_given():
+    from trainer.cli import parse, to_flags
+    from trainer.config import TrainConfig
+
+    values = {
+        "model": "resnet18",
+        "batch_size": 64,
+        "fp16_allreduce": True,
+        "compile": False,
+        "lr_step_epochs": [30, 60],
+        "lr": 0.2,
+        "max_steps": None,
+    }
+    assert parse(to_flags(values)).config == TrainConfig.from_mapping(values)
+    assert to_flags({"adasum": False}) == ["--no-adasum"]

@@ -23,6 +23,7 @@ INVALID = [
     ({"cache": "disk", "data": "folder", "data_dir": "d"}, "cache='disk'", "decoded"),
     ({"cache": "bytes"}, "cache=bytes", "synthetic data is already in memory"),
     ({"shuffle_buffer": 0}, "shuffle_buffer=0", "1.."),
+    ({"preflight_min_busbw": -1}, "preflight_min_busbw=-1", "[0, 100000]"),
     ({"image_size": 8}, "image_size=8", "16..1024"),
     ({"batch_size": 0}, "batch_size=0", "1..65536"),
     ({"batch_size": "x"}, "batch_size='x'", "an integer"),
