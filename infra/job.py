@@ -26,8 +26,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
 
 from infra.cluster import NFS_RELATIVE_MOUNT
+from trainer.jobs import TASK_ID
 
-TASK_ID = "train"
 MAX_TASK_RETRIES = 3
 CONTAINER_RUN_OPTIONS = (
     "--network host --ipc host --gpus all --shm-size 64g "

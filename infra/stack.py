@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pulumi
@@ -10,7 +11,7 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
-from infra.config import StackSettings
+from infra.config import ConfigError, StackSettings
 from infra.identity import Identities, IdentitiesArgs
 from infra.image import TrainerImage, TrainerImageArgs, content_tag, source_commit
 from infra.job import TrainingJob, TrainingJobArgs
@@ -165,7 +166,13 @@ def _commit_to_build(s: StackSettings) -> str:
     """The commit an ACR Task builds; uncommitted image inputs would not be in it: warn."""
     if s.image_builder != "acr":
         return ""
-    commit, dirty = source_commit()
+    try:
+        commit, dirty = source_commit()
+    except (OSError, subprocess.CalledProcessError):
+        raise ConfigError(
+            "imageBuilder=acr: builds a git commit, but this folder is not a git checkout; "
+            "run from a clone or use imageBuilder docker"
+        ) from None
     if dirty:
         pulumi.log.warn(
             f"the acr builder builds commit {commit[:12]}, but the image inputs have uncommitted "

@@ -43,3 +43,14 @@ def test_missing_stack_file_is_a_clear_error():
     result = plan("--stack", "nosuchteam")
     assert result.returncode == 2
     assert "Pulumi.nosuchteam.yaml not found" in result.stderr
+
+
+def test_acr_builder_outside_a_git_checkout_is_one_line_and_exit_2(monkeypatch):
+    monkeypatch.setenv("GIT_DIR", "/nonexistent")  # git finds no repository
+    result = plan("--stack", "dev")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "error: imageBuilder=acr: builds a git commit, but this folder is not a git checkout; "
+        "run from a clone or use imageBuilder docker\n"
+    )
+    assert result.stdout == ""

@@ -1,0 +1,107 @@
+"""``python -m trainer.jobs`` against an autospec of the real BatchClient."""
+
+import io
+import json
+import os
+import stat
+from unittest.mock import create_autospec
+
+import pytest
+from azure.batch import BatchClient
+from azure.batch import models as m
+from azure.batch.models._patch import BatchFileProperties
+from azure.core.exceptions import ResourceNotFoundError
+
+from trainer import jobs
+
+OUTPUTS = {
+    "job_id": "dev-892e482eaf",
+    "batch_account_endpoint": "platformbatch.eastus.batch.azure.com",
+    "job_log_url": "https://platformdata.blob.core.windows.net/logs/dev-892e482eaf/",
+    "job_checkpoint_path": "shared/runs/dev/7335cd45683b",
+}
+
+
+@pytest.fixture
+def client():
+    return create_autospec(BatchClient, instance=True)
+
+
+def _props(size):
+    return BatchFileProperties(last_modified=None, content_length=size)
+
+
+def test_status_shows_job_task_retries_and_locations(client):
+    client.get_job.return_value = m.BatchJob(state="active")
+    client.get_task.return_value = m.BatchTask(
+        state="running", execution_info=m.BatchTaskExecutionInfo(retry_count=1, requeue_count=0)
+    )
+    out = io.StringIO()
+    assert jobs.status(client, OUTPUTS, out) == 0
+    text = out.getvalue()
+    assert "job         dev-892e482eaf: active" in text
+    assert "task        train: running" in text and "retries 1, exit code -" in text
+    assert "checkpoints shared/runs/dev/7335cd45683b" in text
+    client.get_task.assert_called_once_with("dev-892e482eaf", "train")
+
+
+def test_logs_follow_new_bytes_until_the_task_completes(client):
+    states = iter(["active", "running", "running", "completed", "completed"])
+    client.get_task.side_effect = lambda job, task: m.BatchTask(state=next(states))
+    sizes = iter([ResourceNotFoundError("not yet"), _props(6), _props(6), _props(11), _props(11)])
+
+    def properties(job, task, name):
+        value = next(sizes)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    client.get_task_file_properties.side_effect = properties
+    client.download_task_file.side_effect = [iter([b"hello\n"]), iter([b"done\n"])]
+    out = io.StringIO()
+    assert jobs.logs(client, OUTPUTS, out, poll_seconds=0) == 0
+    assert out.getvalue() == "waiting for task train to start (state: active)\nhello\ndone\n"
+    ranges = [c.kwargs["ocp_range"] for c in client.download_task_file.call_args_list]
+    assert ranges == ["bytes=0-5", "bytes=6-10"]
+
+
+def test_cancel_terminates_and_says_where_checkpoints_are(client):
+    out = io.StringIO()
+    assert jobs.cancel(client, OUTPUTS, out) == 0
+    client.begin_terminate_job.assert_called_once_with("dev-892e482eaf")
+    assert "checkpoints stay in shared/runs/dev/7335cd45683b" in out.getvalue()
+
+
+def test_outputs_come_from_the_pulumi_cli(tmp_path, monkeypatch):
+    fake = tmp_path / "pulumi"
+    fake.write_text(f"#!/bin/sh\necho '{json.dumps(OUTPUTS)}'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert jobs.read_outputs("dev", None)["job_id"] == "dev-892e482eaf"
+
+
+def test_missing_outputs_and_cli_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(jobs.JobsError, match="pulumi CLI is not on PATH"):
+        jobs.read_outputs("dev", None)
+    no_job = tmp_path / "outputs.json"
+    no_job.write_text(json.dumps({"batch_account_endpoint": "x"}))
+    with pytest.raises(SystemExit) as exit_info:
+        jobs.main(["status", "--stack", "dev", "--outputs-file", str(no_job)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stack=dev: has no job_id output" in err
+
+
+def test_main_wires_the_stack_outputs_to_the_client(tmp_path, client, capsys):
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    endpoints = []
+
+    def factory(endpoint):
+        endpoints.append(endpoint)
+        return client
+
+    assert jobs.main(["cancel", "--stack", "dev", "--outputs-file", str(outputs)], factory) == 0
+    assert endpoints == ["platformbatch.eastus.batch.azure.com"]
+    assert "terminated" in capsys.readouterr().out
