@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from infra.sizes import RETIRED, SUPPORTED, GpuSize
+from trainer.config import one_line
 
 PROJECT = "gpu-cluster"
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
@@ -43,6 +44,9 @@ _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
 
 class ConfigError(ValueError):
     """A stack setting is invalid; the message is one line for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 def load_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:
@@ -108,7 +112,7 @@ class StackSettings:
             key = str(raw_key).removeprefix(f"{PROJECT}:")
             if key not in schema:
                 raise ConfigError(
-                    f"{key}: unknown setting; valid settings are {', '.join(sorted(schema))}"
+                    f"unknown setting {key!r}; valid settings are {', '.join(sorted(schema))}"
                 )
             merged[key] = value
         kwargs: dict[str, Any] = {}

@@ -1,7 +1,12 @@
-"""Shared helpers: small image folders written with Pillow, and trainer configs for tests."""
+"""Shared helpers: small image folders written with Pillow, trainer configs, prepared shard
+datasets, and Azurite (the Blob emulator) on 127.0.0.1 for the data and fault tests."""
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +51,93 @@ def tiny_config(output_dir: Path, **extra) -> dict:
         output_dir=str(output_dir),
     )
     return {**values, **extra}
+
+
+AZURITE = Path(__file__).resolve().parents[1] / ".venv/azurite/node_modules/.bin/azurite-blob"
+# Azurite's fixed development account and key, published in its documentation; they only
+# open the local emulator, never a real storage account.
+DEV_ACCOUNT = "devstoreaccount1"
+DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory) -> str:
+    """A connection string to a fresh Azurite Blob service for this test session."""
+    assert AZURITE.exists(), f"{AZURITE} is missing: run `make setup`"
+    port = _free_port()
+    location = tmp_path_factory.mktemp("azurite")
+    process = subprocess.Popen(
+        [
+            str(AZURITE),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(port),
+            "--location",
+            str(location),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--loose",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"azurite did not start on 127.0.0.1:{port}")
+            time.sleep(0.2)
+    yield (
+        f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{DEV_ACCOUNT};"
+    )
+    process.kill()  # its data is a temp folder: nothing to flush
+    process.wait(timeout=30)
+
+
+@pytest.fixture
+def container(azurite, request):
+    from azure.storage.blob import ContainerClient
+
+    name = "t" + str(abs(hash(request.node.nodeid)))[:12]
+    client = ContainerClient.from_connection_string(azurite, name)
+    client.create_container()
+    yield client
+    client.delete_container()
+
+
+def make_dataset(root: Path, classes: int = 3, per_class: int = 12, size: int = 48) -> Path:
+    return write_image_folder(root, classes=classes, per_class=per_class, size=size)
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return make_dataset(tmp_path / "src")
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("prepared")
+    out = root / "shards"
+    from trainer.data.prepare import prepare
+
+    prepare(make_dataset(root / "src"), out, shard_mb=0.03, processes=2, log=lambda _: None)
+    return out
+
+
+@pytest.fixture
+def shards(tmp_path, prepared) -> Path:
+    """The generated dataset (``dataset``) prepared into small shards, several per split: a
+    private copy of one session-wide preparation, so tests may damage it."""
+    return Path(shutil.copytree(prepared, tmp_path / "shards"))

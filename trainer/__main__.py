@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # Imported here so --help, --dry-run and config errors never wait for torch.distributed.
-    from trainer.distributed import init_dist
+    from trainer.distributed import init_dist, peer_failure_errors
     from trainer.run import train
     from trainer.signals import StopRequest
 
@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 2)
     except (CheckpointError, PreflightError) as err:
         fail(str(err), 1)
+    except peer_failure_errors():
+        fail(
+            f"rank {dist.rank}: another worker stopped (its log says why); stopping too; "
+            f"rerun to resume from the newest checkpoint in {cfg.output_dir}",
+            1,
+        )
     finally:
         dist.shutdown()
     if dist.is_root:

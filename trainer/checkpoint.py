@@ -4,11 +4,17 @@ A checkpoint is written to a hidden temporary file in the same folder, flushed a
 renamed over its final name (``os.replace`` is atomic on POSIX file systems, NFS included), and
 the folder itself is fsync'd so the rename survives a power loss. A crash at any point leaves
 the previous checkpoint as the newest valid one. Only the newest ``keep`` are kept.
+
+Each checkpoint has a ``.sha256`` file beside it, written before the checkpoint's rename. A
+checkpoint whose bytes no longer match (a flipped bit on a shared file system, a truncated
+copy) is skipped with a warning and the previous one is used: torch's zip reader does not
+notice most flipped bytes itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -30,6 +36,18 @@ def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step-{step:09d}.pt"
 
 
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, newest first."""
     if not directory.is_dir():
@@ -46,25 +64,38 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for ``step`` atomically, then prune to the newest ``keep`` checkpoints."""
     final = checkpoint_path(directory, step)
     temporary = directory / f".{final.name}.{os.getpid()}.tmp"
+    temporary_sum = directory / f".{final.name}.sha256.{os.getpid()}.tmp"
+    previous = list_checkpoints(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as handle:
             torch.save({"schema": SCHEMA, **state}, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        with open(temporary_sum, "w") as handle:
+            handle.write(_sha256(temporary) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary_sum, checksum_path(final))
         os.replace(temporary, final)
         _fsync_directory(directory)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        for leftover in (temporary, temporary_sum):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
         if isinstance(err, OSError):
-            raise CheckpointError(f"cannot write checkpoint {final}: {err.strerror}") from None
+            kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
+            raise CheckpointError(
+                f"cannot write checkpoint {final}: {err.strerror}; the previous checkpoint "
+                f"{kept}; free space or fix permissions, or use another --output-dir"
+            ) from None
         raise
     for _, old in list_checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)
+        checksum_path(old).unlink(missing_ok=True)
     # Temporary files of writers that were killed mid-write are never loaded; tidy them up.
     for stale in directory.glob(".step-*.tmp"):
-        if stale != temporary:
+        if stale not in (temporary, temporary_sum):
             stale.unlink(missing_ok=True)
     return final
 
@@ -72,6 +103,12 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
 def load(path: Path) -> dict[str, Any]:
     """Load one checkpoint onto the CPU. ``weights_only`` refuses pickled code, so a file on a
     shared file system cannot run anything when it is read."""
+    try:
+        expected = checksum_path(path).read_text().strip()
+    except OSError:
+        raise ValueError("its .sha256 file is missing") from None
+    if _sha256(path) != expected:
+        raise ValueError("checksum mismatch (the file changed after it was written)")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("schema") != SCHEMA:
         raise ValueError(f"not a schema-{SCHEMA} checkpoint")

@@ -26,6 +26,7 @@ from trainer.config import (
     SWITCHES,
     ConfigError,
     TrainConfig,
+    one_line,
 )
 
 # Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
@@ -79,7 +80,7 @@ _BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, exit code 2 (argparse's code), no usage block.
-        self.exit(2, f"error: {message} (see --help)\n")
+        self.exit(2, f"error: {one_line(message)} (see --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +141,7 @@ def parse(argv: Sequence[str] | None = None) -> Request:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

@@ -25,8 +25,17 @@ DEVICES = ("auto", "cpu", "cuda")
 SWITCHES = ("auto", "on", "off")
 
 
+def one_line(text: str) -> str:
+    """``text`` with newlines and other control characters escaped: errors stay one line even
+    when they quote what the user typed."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class ConfigError(ValueError):
     """A setting has an invalid value; the message is one line meant for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)

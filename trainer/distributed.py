@@ -321,3 +321,12 @@ def gloo_worker_env(
         "HOROVOD_CROSS_SIZE": str(len(hosts)),
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def peer_failure_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions a worker sees when another worker died (Horovod shuts down collectives)."""
+    try:
+        from horovod.common.exceptions import HorovodInternalError
+    except ImportError:
+        return ()
+    return (HorovodInternalError,)

@@ -83,7 +83,7 @@ def test_bytes_cache_gives_identical_batches_and_decoded_cache_close_ones(shards
 
 
 def test_decoded_cache_holds_downscaled_pixels_in_shared_memory(tmp_path):
-    from tests.data.conftest import make_dataset
+    from tests.conftest import make_dataset
 
     src = make_dataset(tmp_path / "big", per_class=2, size=120)
     cache = MemoryCache(FolderSource(src / "train"), "decoded", 32, workers=0)

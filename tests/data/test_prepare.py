@@ -5,7 +5,7 @@ import tarfile
 
 import pytest
 
-from tests.data.conftest import make_dataset
+from tests.conftest import make_dataset
 from trainer.data.folder import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest, sha256_file
 from trainer.data.prepare import prepare

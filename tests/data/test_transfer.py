@@ -1,6 +1,3 @@
-import subprocess
-import sys
-
 import pytest
 
 from trainer.data.folder import DataError
@@ -8,7 +5,6 @@ from trainer.data.manifest import MANIFEST_NAME, Manifest, sha256_file
 from trainer.data.transfer import container_client, stage, stage_args, upload
 
 QUIET = {"log": lambda _: None}
-HERE = __file__.rsplit("/", 1)[0]
 
 
 def _checksums(folder):
@@ -32,35 +28,6 @@ def test_upload_then_stage_round_trip_with_identical_checksums(tmp_path, shards,
     assert upload(shards, container, "imagenet-mini", **QUIET).copied == 0
     again = stage(container, "imagenet-mini", tmp_path / "nfs", **QUIET)
     assert (again.copied, again.skipped) == (0, len(manifest.shards))
-
-
-def test_interrupted_stage_completes_on_rerun_without_partial_shards(
-    tmp_path, shards, azurite, container
-):
-    upload(shards, container, "ds", **QUIET)
-    dest = tmp_path / "local-nvme"
-    killed = subprocess.run(
-        [
-            sys.executable,
-            f"{HERE}/stage_until_killed.py",
-            azurite,
-            container.container_name,
-            "ds",
-            str(dest),
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert killed.returncode == -9, killed.stderr
-    visible = sorted(p.name for p in dest.iterdir() if not p.name.startswith("."))
-    assert len(visible) == 2 and MANIFEST_NAME not in visible  # two renamed, third was partial
-    assert any(".partial-" in p.name for p in dest.iterdir())
-
-    result = stage(container, "ds", dest, **QUIET)
-    assert result.skipped == 2
-    assert _checksums(dest) == _checksums(shards)  # no leftovers, all checksums match
 
 
 class CorruptFirstDownloads:

@@ -70,7 +70,7 @@ INVALID = [
     ({"storageSubnetCidr": "10.20.16.0/30"}, "storageSubnetCidr=10.20.16.0/30", "/28"),
     ({"registryAllowedIps": ["not-an-ip"]}, "registryAllowedIps='not-an-ip'", "CIDR"),
     ({"registryAllowedIps": "1.2.3.4"}, "registryAllowedIps='1.2.3.4'", "array"),
-    ({"nodeSize": "big"}, "nodeSize: unknown setting", "vmSize"),
+    ({"nodeSize": "big"}, "unknown setting 'nodeSize'", "vmSize"),
     (
         {"spotNodes": 2, "checkpointing": False},
         "spotNodes=2 with checkpointing=false",
@@ -87,7 +87,7 @@ INVALID = [
     ({"trainerConfig": "missing.yaml"}, "trainerConfig=missing.yaml: cannot read", "No such"),
     (
         {"trainerConfig": "trainer/presets/../../Pulumi.dev.yaml"},
-        "trainerConfig=trainer/presets/../../Pulumi.dev.yaml: unknown setting",
+        "trainerConfig=trainer/presets/../../Pulumi.dev.yaml: unknown setting 'config'",
         "valid settings",
     ),
     ({"budget": -5}, "budget=-5", "0..10000000"),

@@ -1,3 +1,4 @@
+import hashlib
 import os
 
 import pytest
@@ -23,6 +24,7 @@ def test_keeps_only_the_newest_k(tmp_path):
     for step in range(1, 6):
         checkpoint.save(tmp_path, step, state(step), keep=2)
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [5, 4]
+    assert len(os.listdir(tmp_path)) == 4  # pruned checkpoints take their .sha256 along
 
 
 def test_crash_mid_write_leaves_the_previous_checkpoint_valid(tmp_path, monkeypatch):
@@ -38,7 +40,7 @@ def test_crash_mid_write_leaves_the_previous_checkpoint_valid(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(tmp_path, 2, state(2), keep=3)
     monkeypatch.undo()
-    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt", "step-000000001.pt.sha256"]
     _, loaded = checkpoint.load_latest(tmp_path)
     assert loaded["step"] == 1
 
@@ -56,7 +58,7 @@ def test_leftover_temporary_files_are_ignored_and_tidied(tmp_path):
     (tmp_path / ".step-000000009.pt.123.tmp").write_bytes(b"partial")
     assert checkpoint.load_latest(tmp_path) is None
     checkpoint.save(tmp_path, 1, state(1), keep=3)
-    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt"]
+    assert sorted(os.listdir(tmp_path)) == ["step-000000001.pt", "step-000000001.pt.sha256"]
 
 
 def test_unwritable_folder_is_a_clear_error(tmp_path):
@@ -73,4 +75,8 @@ class Payload:
 def test_checkpoints_never_unpickle_code(tmp_path):
     path = tmp_path / "step-000000001.pt"
     torch.save({"schema": checkpoint.SCHEMA, "payload": Payload()}, path)
+    # A correct checksum: the refusal must come from weights_only, not from the checksum.
+    checkpoint.checksum_path(path).write_text(hashlib.sha256(path.read_bytes()).hexdigest())
     assert checkpoint.load_latest(tmp_path) is None
+    with pytest.raises(Exception, match="Weights only load failed"):
+        checkpoint.load(path)

@@ -1,0 +1,84 @@
+"""Workers killed or stopped in a 2-worker Horovod run on 127.0.0.1: nothing hangs, the rerun
+resumes from the last checkpoint and ends with the weights of an uninterrupted run."""
+
+import signal
+import subprocess
+import time
+
+import psutil
+import torch
+
+from tests.parallel.conftest import horovodrun, read_metrics, small_config
+from tests.parallel.test_two_workers import run, trainer_args, worker_processes
+from trainer import checkpoint
+
+# ResNet-18 at 32 px: steps slow enough (~0.1 s) to land a signal mid-epoch.
+COMMON = dict(
+    model="resnet18",
+    image_size=32,
+    batch_size=8,
+    synthetic_size=320,
+    epochs=3,
+    log_every=1,
+    backend="horovod",
+    checkpoint_every=4,
+)
+TOTAL = 3 * (320 // 2 // 8)
+
+
+def _start(config, tmp_path, repo, name):
+    log_path = tmp_path / f"{name}.log"
+    with open(log_path, "w") as log_file:  # a file: an unread pipe would block the workers
+        launcher = subprocess.Popen(
+            horovodrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    return launcher, log_path
+
+
+def _wait_for_step(launcher, log_path, output, step):
+    deadline = time.monotonic() + 120
+    while not any(r["step"] >= step for r in read_metrics(output)):
+        assert launcher.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"the run never reached step {step}"
+        time.sleep(0.05)
+
+
+def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(tmp_path, repo):
+    full = small_config(tmp_path / "full", **COMMON)
+    run(horovodrun(*trainer_args(full)), repo)
+
+    config = small_config(tmp_path / "killed", **COMMON)
+    launcher, log_path = _start(config, tmp_path, repo, "killed")
+    _wait_for_step(launcher, log_path, tmp_path / "killed", 10)
+    workers = worker_processes(psutil.Process(launcher.pid))
+    assert len(workers) == 2
+    last_logged = max(r["step"] for r in read_metrics(tmp_path / "killed"))
+    workers[-1].kill()
+    launcher.wait(timeout=60)  # no hang: the surviving worker must not wait forever
+    assert launcher.returncode != 0
+    for worker in workers:
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+    saved = checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")[0][0]
+    assert last_logged - saved <= COMMON["checkpoint_every"]  # lost at most one interval
+    resumed = run(horovodrun(*trainer_args(config)), repo)
+    assert f"at step {saved}" in resumed.stdout
+    _, expected = checkpoint.load_latest(tmp_path / "full" / "checkpoints")
+    _, got = checkpoint.load_latest(tmp_path / "killed" / "checkpoints")
+    assert expected["step"] == got["step"] == TOTAL
+    for name, tensor in expected["model"].items():
+        assert torch.allclose(tensor.double(), got["model"][name].double(), atol=1e-6), name
+
+
+def test_sigterm_to_all_workers_checkpoints_and_exits_0_within_30s(tmp_path, repo):
+    config = small_config(tmp_path / "run", **{**COMMON, "checkpoint_every": 0})
+    launcher, log_path = _start(config, tmp_path, repo, "run")
+    _wait_for_step(launcher, log_path, tmp_path / "run", 5)
+    for worker in worker_processes(psutil.Process(launcher.pid)):
+        worker.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=30)
+    output = log_path.read_text()
+    assert launcher.returncode == 0, output[-3000:]
+    assert output.count("stopped by signal") >= 1
+    stopped = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
+    assert 5 <= stopped < TOTAL  # written at the stop, not at an epoch end
