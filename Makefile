@@ -3,7 +3,7 @@
 VENV := .venv
 SETUP_STAMP := $(VENV)/.setup-complete
 
-.PHONY: demo test lint setup
+.PHONY: demo test lint setup bench
 
 $(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh
 	bash scripts/setup_env.sh
@@ -20,3 +20,7 @@ lint: $(SETUP_STAMP)
 
 test: lint
 	$(VENV)/bin/pytest
+
+# Benchmarks print figures and save bench/results/*.json and *.png (about 10 minutes here).
+bench: $(SETUP_STAMP)
+	$(VENV)/bin/python -m bench.run_all

@@ -2,7 +2,7 @@
 prepared shards, and the two memory caches, on the same generated dataset (a benchmark: prints,
 asserts nothing).
 
-    .venv/bin/python bench/data_path.py [--images 600] [--image-size 224]
+    .venv/bin/python -m bench.data_path [--images 600] [--image-size 224]
 
 The dataset is ImageNet-like: 500x375 JPEGs (quality 90) of smooth random scenes. Every mode
 runs one training epoch (RandomResizedCrop + flip + normalize) through the same dataset class
@@ -12,8 +12,6 @@ in this process; the caches are filled first and their fill time is reported apa
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,8 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench.common import save
 from trainer.data.cache import MemoryCache
 from trainer.data.dataset import ImageDataset
 from trainer.data.folder import FolderSource
@@ -84,7 +81,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, default=600)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     results = run(args.images, args.image_size)
     print(
@@ -99,8 +95,7 @@ def main() -> None:
             f"cache={mode}: {results[f'cache_{mode}_mb']:.1f} MB in RAM, "
             f"filled in {results[f'cache_{mode}_fill_s']:.2f} s"
         )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    save("data_path", results)
 
 
 if __name__ == "__main__":

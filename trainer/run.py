@@ -46,8 +46,10 @@ class RunResult:
 
 def select_device(cfg: TrainConfig, dist: Dist) -> torch.device:
     if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
-        # One worker per core share: oversubscribed threads make CPU allreduce crawl.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_size))
+        # One worker per core share: oversubscribed threads make CPU allreduce crawl. An
+        # explicit OMP_NUM_THREADS wins (benchmarks pin one thread per worker).
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_size))
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("device='cuda': no CUDA device is visible; use --device auto or cpu")

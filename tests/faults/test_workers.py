@@ -8,22 +8,18 @@ import time
 import psutil
 import torch
 
-from tests.parallel.conftest import horovodrun, read_metrics, small_config
+from tests.parallel.conftest import (
+    SIGNAL_RUN,
+    SIGNAL_RUN_STEPS,
+    horovodrun,
+    read_metrics,
+    small_config,
+)
 from tests.parallel.test_two_workers import run, trainer_args, worker_processes
 from trainer import checkpoint
 
-# ResNet-18 at 32 px: steps slow enough (~0.1 s) to land a signal mid-epoch.
-COMMON = dict(
-    model="resnet18",
-    image_size=32,
-    batch_size=8,
-    synthetic_size=320,
-    epochs=3,
-    log_every=1,
-    backend="horovod",
-    checkpoint_every=4,
-)
-TOTAL = 3 * (320 // 2 // 8)
+COMMON = {**SIGNAL_RUN, "checkpoint_every": 4}
+TOTAL = SIGNAL_RUN_STEPS
 
 
 def _start(config, tmp_path, repo, name):

@@ -11,7 +11,14 @@ import psutil
 import pytest
 import torch
 
-from tests.parallel.conftest import horovodrun, read_metrics, small_config, torchrun
+from tests.parallel.conftest import (
+    SIGNAL_RUN,
+    SIGNAL_RUN_STEPS,
+    horovodrun,
+    read_metrics,
+    small_config,
+    torchrun,
+)
 from trainer import checkpoint
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
@@ -88,17 +95,7 @@ def worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
 
 
 def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo):
-    # ResNet-18 at 32 px keeps steps slow enough (~0.1 s) for the signal to land mid-run.
-    common = dict(
-        model="resnet18",
-        image_size=32,
-        batch_size=8,
-        synthetic_size=320,
-        epochs=3,
-        log_every=1,
-        backend="horovod",
-    )
-    total = 3 * (320 // 2 // 8)
+    common, total = SIGNAL_RUN, SIGNAL_RUN_STEPS
     run(horovodrun(*trainer_args(small_config(tmp_path / "full", **common))), repo)
 
     interrupted = small_config(tmp_path / "split", **common)

@@ -1,0 +1,92 @@
+"""Shared benchmark plumbing: machine facts, result files, and trainer runs measured from their
+own metrics windows (the first window, with warm-up, is left out)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+BIN = Path(sys.executable).parent
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    try:
+        import horovod
+
+        info["horovod"] = horovod.__version__
+    except ImportError:
+        info["horovod"] = None
+    return info
+
+
+def save(name: str, results: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **results}, indent=2) + "\n")
+    return path
+
+
+def steady_rate(metrics_file: Path, key: str = "images_per_sec_total") -> float:
+    """Median images/sec over the logged training windows after the first."""
+    windows = [
+        json.loads(line)
+        for line in metrics_file.read_text().splitlines()
+        if line.strip() and json.loads(line).get("kind") == "train"
+    ]
+    rates = [w[key] for w in windows[1:]] or [w[key] for w in windows]
+    return statistics.median(rates)
+
+
+def run_trainer(launcher: list[str], flags: list[str], env: dict[str, str] | None = None) -> float:
+    """Run ``launcher -m trainer flags`` in a temp output folder; steady images/sec."""
+    with tempfile.TemporaryDirectory() as temp:
+        command = [*launcher, "-m", "trainer", *flags, "--output-dir", temp]
+        log = Path(temp) / "launcher.log"
+        with open(log, "w") as out:  # a file, never an unread pipe: workers would block
+            result = subprocess.run(
+                command,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                timeout=900,
+            )
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
+        return steady_rate(Path(temp) / "metrics.jsonl")
+
+
+def horovodrun(workers: int) -> list[str]:
+    hosts = f"localhost:{workers}"
+    return [str(BIN / "horovodrun"), "--gloo", "-np", str(workers), "-H", hosts, sys.executable]
+
+
+def torchrun(workers: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(workers),
+    ]

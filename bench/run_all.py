@@ -1,0 +1,33 @@
+"""``make bench``: every benchmark in turn, results to bench/results/*.json, then the plots.
+Figures are printed side by side within each benchmark (these machines are noisy)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.common import REPO
+
+BENCHMARKS = (
+    ("bench.overhead", []),
+    ("bench.scaling", []),
+    ("bench.data_path", []),
+    ("bench.checkpoint_io", []),
+    ("bench.program_eval", []),
+    ("bench.gpu", []),
+    ("bench.plots", []),
+)
+
+
+def main() -> int:
+    for module, args in BENCHMARKS:
+        print(f"\n== {module}", flush=True)
+        result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO)
+        if result.returncode != 0:
+            print(f"{module} failed with exit code {result.returncode}", file=sys.stderr)
+            return result.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Scaling: the same model and per-worker batch on 1 and N workers, Horovod and DDP side by side
+(images/sec and scaling efficiency = throughput_N / (N x throughput_1)), plus what Horovod's fp16
+gradient compression and tensor fusion change. A benchmark: prints and saves, asserts nothing.
+
+    .venv/bin/python -m bench.scaling [--workers 2] [--steps 48]
+
+Each worker gets one thread (OMP_NUM_THREADS=1) so N workers use N cores, as N GPUs would.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.common import horovodrun, run_trainer, save, torchrun
+
+MODEL = [
+    "--model",
+    "resnet18",
+    "--num-classes",
+    "100",
+    "--image-size",
+    "64",
+    "--batch-size",
+    "32",
+    "--synthetic-pool",
+    "64",
+    "--warmup-epochs",
+    "0",
+    "--log-every",
+    "4",
+    "--checkpoint-every",
+    "0",
+    "--keep-checkpoints",
+    "1",
+]
+
+
+def measure(workers: int, steps: int) -> dict:
+    flags = [*MODEL, "--max-steps", str(steps), "--synthetic-size", str(32 * steps * workers)]
+    one_thread = {"OMP_NUM_THREADS": "1"}
+    rows = {}
+    for engine, launcher, extra, env in (
+        ("horovod", horovodrun, ["--backend", "horovod"], {}),
+        ("ddp", torchrun, ["--backend", "ddp"], {}),
+        ("horovod fp16", horovodrun, ["--backend", "horovod", "--fp16-allreduce"], {}),
+        (
+            "horovod no fusion",
+            horovodrun,
+            ["--backend", "horovod"],
+            {"HOROVOD_FUSION_THRESHOLD": "0"},
+        ),
+    ):
+        base = {**one_thread, **env}
+        single = run_trainer(launcher(1), [*flags[:-1], str(32 * steps), *extra], base)
+        multi = run_trainer(launcher(workers), [*flags, *extra], base)
+        rows[engine] = {
+            "images_per_sec_1": single,
+            f"images_per_sec_{workers}": multi,
+            "efficiency": multi / (workers * single),
+        }
+        print(
+            f"{engine:<20}{single:>10.1f}{multi:>12.1f}{rows[engine]['efficiency']:>12.3f}",
+            flush=True,
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=48)
+    args = parser.parse_args()
+    print(f"ResNet-18, 64 px, 32 images per worker, {args.steps} steps, Gloo on 127.0.0.1")
+    print(f"{'engine':<20}{'1 worker':>10}{f'{args.workers} workers':>12}{'efficiency':>12}")
+    rows = measure(args.workers, args.steps)
+    path = save("scaling", {"workers": args.workers, "steps": args.steps, "results": rows})
+    print(f"saved {path.relative_to(path.parents[2])}")
+
+
+if __name__ == "__main__":
+    main()
