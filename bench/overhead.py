@@ -1,26 +1,30 @@
 """Overhead: the trainer's step throughput against a bare PyTorch loop with the same model,
-synthetic data, optimizer and loss in one process (ratio = trainer / bare). Runs alternate
-(bare, trainer, bare, trainer, ...) so machine noise hits both alike. A benchmark: prints and
-saves, asserts nothing.
+synthetic data, optimizer and loss in one process (ratio = trainer / bare, the median of
+per-round ratios). The two run back to back in each round, and which goes first alternates, so
+a machine that speeds up or slows down favours neither. A benchmark: prints and saves, asserts
+nothing.
 
-    .venv/bin/python -m bench.overhead [--rounds 3] [--steps 40]
+    .venv/bin/python -m bench.overhead [--rounds 4] [--steps 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 from torch import nn
 
-from bench.common import run_trainer, save
+from bench.common import REPO, run_trainer, save
 from trainer.model import build_model
 
 MODEL, CLASSES, SIZE, BATCH, POOL = "resnet18", 100, 64, 32, 64
 WINDOW = 4  # steps per measured window, as the trainer's --log-every
+THREADS = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
 
 
 def bare_loop(steps: int) -> float:
@@ -45,6 +49,19 @@ def bare_loop(steps: int) -> float:
             rates.append(WINDOW * BATCH / (now - started))
             started = now
     return statistics.median(rates[1:])
+
+
+def bare_run(steps: int) -> float:
+    """The bare loop in its own process with the trainer's environment (threads included)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.overhead", "--bare-loop", str(steps)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**os.environ, **THREADS},
+    )
+    return float(result.stdout.strip())
 
 
 def trainer_run(steps: int) -> float:
@@ -76,18 +93,27 @@ def trainer_run(steps: int) -> float:
         "--channels-last",
         "off",
     ]
-    return run_trainer([sys.executable], flags, {"OMP_NUM_THREADS": str(torch.get_num_threads())})
+    return run_trainer([sys.executable], flags, THREADS)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--bare-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_loop:  # the child process of bare_run
+        print(bare_loop(args.bare_loop))
+        return
     bare, trainer = [], []
-    for _ in range(args.rounds):
-        bare.append(bare_loop(args.steps))
-        trainer.append(trainer_run(args.steps))
+    for round_ in range(args.rounds):
+        # Alternate which goes first, so a machine that slows down over time favours neither.
+        if round_ % 2:
+            trainer.append(trainer_run(args.steps))
+            bare.append(bare_run(args.steps))
+        else:
+            bare.append(bare_run(args.steps))
+            trainer.append(trainer_run(args.steps))
         print(f"bare {bare[-1]:.1f} img/s, trainer {trainer[-1]:.1f} img/s", flush=True)
     # Per-round ratios: each pair ran back to back, so drifts in machine speed cancel.
     ratio = statistics.median(t / b for t, b in zip(trainer, bare, strict=True))
