@@ -21,7 +21,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.folder import DataError
-from trainer.data.transforms import pil_to_pixels, resize, short_side_shape
+from trainer.data.transforms import eval_resize, pil_to_pixels, resize, short_side_shape
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def decode(data: bytes, where: str) -> Image.Image:
 def cached_shape(width: int, height: int, image_size: int) -> tuple[int, int]:
     """(height, width) after scaling the short side down to ``image_size * 256 / 224``
     (never up: small images are kept as they are)."""
-    short = round(image_size * 256 / 224)
+    short = eval_resize(image_size)
     if min(width, height) <= short:
         return height, width
     return short_side_shape(width, height, short)

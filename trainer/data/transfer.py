@@ -10,10 +10,11 @@ transfer resumable. The manifest travels last: its presence means the shard set 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,8 @@ def _blob_name(prefix: str, name: str) -> str:
     return f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
 
 
-def _azure_errors(where: str):
+@contextlib.contextmanager
+def _azure_errors(where: str) -> Iterator[None]:
     """Turn the SDK's exceptions into one-line DataErrors naming what failed."""
     from azure.core.exceptions import (
         ClientAuthenticationError,
@@ -67,25 +69,17 @@ def _azure_errors(where: str):
         ServiceRequestError,
     )
 
-    class _Context:
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, kind, err, _tb) -> bool:
-            if err is None or isinstance(err, DataError):
-                return False
-            if isinstance(err, ResourceNotFoundError):
-                raise DataError(f"{where}: not found ({err.reason}); upload the dataset first")
-            if isinstance(err, ClientAuthenticationError):
-                raise DataError(
-                    f"{where}: cannot authenticate ({str(err).splitlines()[0]}); log in with "
-                    f"`az login` or give the node an identity with Storage Blob Data Reader"
-                )
-            if isinstance(err, HttpResponseError | ServiceRequestError):
-                raise DataError(f"{where}: {str(err).splitlines()[0]}")
-            return False
-
-    return _Context()
+    try:
+        yield
+    except ResourceNotFoundError as err:
+        raise DataError(f"{where}: not found ({err.reason}); upload the dataset first") from None
+    except ClientAuthenticationError as err:
+        raise DataError(
+            f"{where}: cannot authenticate ({str(err).splitlines()[0]}); log in with "
+            f"`az login` or give the node an identity with Storage Blob Data Reader"
+        ) from None
+    except (HttpResponseError, ServiceRequestError) as err:
+        raise DataError(f"{where}: {str(err).splitlines()[0]}") from None
 
 
 def upload(

@@ -68,6 +68,11 @@ def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return out[0]
 
 
+def eval_resize(size: int) -> int:
+    """The short side validation images are resized to before the center crop (256 for 224)."""
+    return round(size * 256 / 224)
+
+
 def short_side_shape(width: int, height: int, short: int) -> tuple[int, int]:
     """(height, width) with the short side scaled to ``short``, never below ``short``."""
     scale = short / min(width, height)
@@ -85,7 +90,7 @@ def train_transform(pixels: torch.Tensor, size: int, generator: torch.Generator)
 
 def eval_transform(pixels: torch.Tensor, size: int) -> torch.Tensor:
     height, width = pixels.shape[:2]
-    new_height, new_width = short_side_shape(width, height, round(size * 256 / 224))
+    new_height, new_width = short_side_shape(width, height, eval_resize(size))
     if (new_height, new_width) != (height, width):
         out = resize(pixels, new_height, new_width)
     else:
