@@ -10,8 +10,11 @@ Each worker gets one thread (OMP_NUM_THREADS=1) so N workers use N cores, as N G
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
 
-from bench.common import horovodrun, run_trainer, save, torchrun
+from bench.common import REPO, horovodrun, run_trainer, save, torchrun
 
 MODEL = [
     "--model",
@@ -65,6 +68,24 @@ def measure(workers: int, steps: int) -> dict:
     return rows
 
 
+def allreduce_ms(workers: int) -> dict[str, float]:
+    """Milliseconds per allreduce of ResNet-18's gradients, per engine (explains the gap)."""
+    out = {}
+    for engine, launcher in (("horovod", horovodrun), ("ddp", torchrun)):
+        result = subprocess.run(
+            [*launcher(workers), "-m", "bench.allreduce_probe", engine],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        # horovodrun prefixes worker lines ("[0]<stdout>:147.3"): take the trailing number.
+        numbers = re.findall(r"([0-9.]+)\s*$", result.stdout, re.M)
+        out[engine] = float(numbers[-1])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
@@ -73,7 +94,15 @@ def main() -> None:
     print(f"ResNet-18, 64 px, 32 images per worker, {args.steps} steps, Gloo on 127.0.0.1")
     print(f"{'engine':<20}{'1 worker':>10}{f'{args.workers} workers':>12}{'efficiency':>12}")
     rows = measure(args.workers, args.steps)
-    path = save("scaling", {"workers": args.workers, "steps": args.steps, "results": rows})
+    probe = allreduce_ms(args.workers)
+    print(
+        "allreduce of 47 MB of gradients: "
+        + ", ".join(f"{engine} {ms:.0f} ms" for engine, ms in probe.items())
+    )
+    path = save(
+        "scaling",
+        {"workers": args.workers, "steps": args.steps, "results": rows, "allreduce_47mb_ms": probe},
+    )
     print(f"saved {path.relative_to(path.parents[2])}")
 
 

@@ -1,0 +1,46 @@
+"""Run under horovodrun or torchrun: time an allreduce of a ResNet-18-sized gradient (47 MB)
+and print the median milliseconds on rank 0. Used by bench.scaling to explain its figures."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+GRADIENT_BYTES = 11_689_512 * 4  # ResNet-18's parameters in fp32 (with 1000 classes)
+
+
+def main() -> None:
+    engine = sys.argv[1]
+    torch.set_num_threads(1)
+    tensor = torch.ones(GRADIENT_BYTES // 4)
+    if engine == "horovod":
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank = hvd.rank()
+
+        def allreduce(name: str) -> None:
+            hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    else:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+
+        def allreduce(name: str) -> None:
+            dist.all_reduce(tensor)
+
+    times = []
+    for i in range(6):
+        started = time.perf_counter()
+        allreduce(f"probe.{i}")
+        times.append(time.perf_counter() - started)
+    if rank == 0:
+        print(f"{statistics.median(times[1:]) * 1e3:.1f}")
+
+
+if __name__ == "__main__":
+    main()
