@@ -234,7 +234,14 @@ class TrainingJobProvider(ResourceProvider):
         return CreateResult(spec.job_id, {**props, **_outputs(spec, state)})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        changed = [key for key in news if key not in OUTPUT_KEYS and olds.get(key) != news.get(key)]
+        # ``__provider`` is this class serialized: editing provider code must not resubmit jobs.
+        changed = [
+            key
+            for key in news
+            if key not in OUTPUT_KEYS
+            and not key.startswith("__")
+            and olds.get(key) != news.get(key)
+        ]
         return DiffResult(
             changes=bool(changed), replaces=changed, delete_before_replace=bool(changed)
         )

@@ -179,6 +179,10 @@ def test_any_input_change_replaces_the_job_delete_first():
     olds = {**_props(), "state": "active", "job_id": SPEC.job_id}
     same = provider.diff(SPEC.job_id, olds, _props())
     assert same.changes is False
+    new_provider_code = {**_props(), "__provider": "a different serialization"}
+    assert (
+        provider.diff(SPEC.job_id, {**olds, "__provider": "x"}, new_provider_code).changes is False
+    )
     changed = provider.diff(SPEC.job_id, olds, {**_props(), "node_count": 8})
     assert changed.changes is True and changed.replaces == ["node_count"]
     assert changed.delete_before_replace is True
