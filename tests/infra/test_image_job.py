@@ -149,3 +149,31 @@ def test_dataset_prefix_switches_the_job_to_staged_shards():
     assert job.inputs["dataset_prefix"] == "imagenet"
     assert "--data" not in job.inputs["trainer_args"]  # the job sets data and data_dir
     assert json.dumps(job.inputs["trainer_args"]).count("--backend") == 0
+
+
+def test_acr_token_exchange_posts_the_entra_token_and_returns_the_refresh_token(monkeypatch):
+    import io
+    import urllib.parse
+
+    import azure.identity
+
+    class FakeCredential:
+        def get_token(self, scope):
+            assert scope == "https://management.azure.com/.default"
+            return type("Token", (), {"token": "entra-access-token"})()
+
+    sent = {}
+
+    def fake_urlopen(request, timeout):
+        sent["url"], sent["form"] = request.full_url, urllib.parse.parse_qs(request.data.decode())
+        return io.BytesIO(json.dumps({"refresh_token": "acr-refresh-token"}).encode())
+
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
+    monkeypatch.setattr(image_module.urllib.request, "urlopen", fake_urlopen)
+    assert image_module.exchange_acr_token("team.azurecr.io") == "acr-refresh-token"
+    assert sent["url"] == "https://team.azurecr.io/oauth2/exchange"
+    assert sent["form"] == {
+        "grant_type": ["access_token"],
+        "service": ["team.azurecr.io"],
+        "access_token": ["entra-access-token"],
+    }
