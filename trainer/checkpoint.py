@@ -14,7 +14,6 @@ notice most flipped bytes itself.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.files import remove_partials, sha256_file, write_atomic
 
 SCHEMA = 1
 _NAME = re.compile(r"^step-(\d{9,})\.pt$")
@@ -40,14 +41,6 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint, newest first."""
     if not directory.is_dir():
@@ -64,7 +57,6 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for ``step`` atomically, then prune to the newest ``keep`` checkpoints."""
     final = checkpoint_path(directory, step)
     temporary = directory / f".{final.name}.{os.getpid()}.tmp"
-    temporary_sum = directory / f".{final.name}.sha256.{os.getpid()}.tmp"
     previous = list_checkpoints(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -72,17 +64,12 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
             torch.save({"schema": SCHEMA, **state}, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        with open(temporary_sum, "w") as handle:
-            handle.write(_sha256(temporary) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary_sum, checksum_path(final))
+        write_atomic(checksum_path(final), (sha256_file(temporary) + "\n").encode())
         os.replace(temporary, final)
         _fsync_directory(directory)
     except BaseException as err:
-        for leftover in (temporary, temporary_sum):
-            with contextlib.suppress(OSError):
-                leftover.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
         if isinstance(err, OSError):
             kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
             raise CheckpointError(
@@ -95,8 +82,9 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         checksum_path(old).unlink(missing_ok=True)
     # Temporary files of writers that were killed mid-write are never loaded; tidy them up.
     for stale in directory.glob(".step-*.tmp"):
-        if stale not in (temporary, temporary_sum):
+        if stale != temporary:
             stale.unlink(missing_ok=True)
+    remove_partials(directory)
     return final
 
 
@@ -107,7 +95,7 @@ def load(path: Path) -> dict[str, Any]:
         expected = checksum_path(path).read_text().strip()
     except OSError:
         raise ValueError("its .sha256 file is missing") from None
-    if _sha256(path) != expected:
+    if sha256_file(path) != expected:
         raise ValueError("checksum mismatch (the file changed after it was written)")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("schema") != SCHEMA:

@@ -7,8 +7,9 @@ import pytest
 
 from tests.conftest import make_dataset
 from trainer.data.folder import DataError
-from trainer.data.manifest import MANIFEST_NAME, Manifest, sha256_file
+from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.prepare import prepare
+from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 

@@ -1,8 +1,9 @@
 import pytest
 
 from trainer.data.folder import DataError
-from trainer.data.manifest import MANIFEST_NAME, Manifest, sha256_file
+from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.transfer import container_client, stage, stage_args, upload
+from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 

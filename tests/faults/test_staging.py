@@ -4,8 +4,9 @@ every checksum matches (Azurite on 127.0.0.1)."""
 import subprocess
 import sys
 
-from trainer.data.manifest import MANIFEST_NAME, sha256_file
+from trainer.data.manifest import MANIFEST_NAME
 from trainer.data.transfer import stage, upload
+from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 HERE = __file__.rsplit("/", 1)[0]

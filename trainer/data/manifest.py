@@ -4,18 +4,16 @@ the manifest does not vouch for."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainer.data.folder import DataError
+from trainer.files import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "distributed-training-shards/1"
 SPLITS = ("train", "val")
-_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -89,14 +87,6 @@ class Manifest:
         return entry
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def shard_is_valid(path: Path, shard: ShardEntry) -> bool:
     """True when ``path`` holds exactly the bytes the manifest lists (size first: cheap)."""
     try:
@@ -105,22 +95,3 @@ def shard_is_valid(path: Path, shard: ShardEntry) -> bool:
     except FileNotFoundError:
         return False
     return sha256_file(path) == shard.sha256
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file, fsync, rename: readers see the old file or the new one, never a part."""
-    temp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    with open(temp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-
-
-def remove_partials(folder: Path) -> int:
-    """Delete temp files an interrupted writer left behind; returns how many."""
-    removed = 0
-    for leftover in folder.glob(".*.partial-*"):
-        leftover.unlink(missing_ok=True)
-        removed += 1
-    return removed

@@ -27,10 +27,8 @@ from trainer.data.manifest import (
     Manifest,
     ShardEntry,
     SplitEntry,
-    remove_partials,
-    sha256_file,
-    write_atomic,
 )
+from trainer.files import remove_partials, sha256_file, write_atomic
 
 DEFAULT_SHARD_MB = 64
 # Labels files for a flat val/ folder: ImageNet's Kaggle CSV, or "<file> <class>" lines.

@@ -25,10 +25,9 @@ from trainer.data.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
-    remove_partials,
     shard_is_valid,
-    write_atomic,
 )
+from trainer.files import remove_partials, write_atomic
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
