@@ -11,6 +11,7 @@ from tests.conftest import tiny_config
 from tests.faults.conftest import file_size_limit, fill, read_only
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, checksum_path
+from trainer.cli import to_flags
 
 
 def _state(value: float) -> dict:
@@ -59,9 +60,7 @@ def test_no_usable_checkpoint_at_all_means_a_fresh_start(tmp_path):
     (output / "checkpoints").mkdir(parents=True)
     (output / "checkpoints" / "step-000000004.pt").write_bytes(b"garbage")
     config = tiny_config(output, epochs=1)
-    args = [sys.executable, "-m", "trainer", "--backend", "local"]
-    for key, value in config.items():
-        args += ["--" + key.replace("_", "-"), str(value)]
+    args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(config)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "started at 0" in result.stdout
@@ -105,9 +104,7 @@ def test_read_only_checkpoint_folder_is_a_clear_error(two_checkpoints):
 def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(small_disk):
     output = small_disk / "run"
     config = tiny_config(output, epochs=2, checkpoint_every=3)
-    args = [sys.executable, "-m", "trainer", "--backend", "local"]
-    for key, value in config.items():
-        args += ["--" + key.replace("_", "-"), str(value)]
+    args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(config)]
     first = subprocess.run([*args, "--run-steps", "3"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     before = checkpoint.list_checkpoints(output / "checkpoints")

@@ -20,6 +20,7 @@ from tests.parallel.conftest import (
     torchrun,
 )
 from trainer import checkpoint
+from trainer.cli import to_flags
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
 
@@ -76,14 +77,7 @@ def test_adasum_without_mpi_is_a_clear_error_on_every_rank(tmp_path, repo):
 
 
 def trainer_args(config: dict) -> list[str]:
-    args = ["-m", "trainer"]
-    for key, value in config.items():
-        flag = key.replace("_", "-")
-        if isinstance(value, bool):
-            args.append(f"--{flag}" if value else f"--no-{flag}")
-        else:
-            args += [f"--{flag}", str(value)]
-    return args
+    return ["-m", "trainer", *to_flags(config)]
 
 
 def worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
