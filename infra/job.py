@@ -26,7 +26,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
 
 from infra.cluster import NFS_RELATIVE_MOUNT
-from trainer.jobs import TASK_ID
+from trainer.jobs import TASK_ID, state_text
 
 MAX_TASK_RETRIES = 3
 CONTAINER_RUN_OPTIONS = (
@@ -230,7 +230,7 @@ class TrainingJobProvider(ResourceProvider):
             # No job without its task: it would hold the pool and never finish.
             client.begin_delete_job(spec.job_id).result()
             raise
-        state = _state(client.get_job(spec.job_id).state)
+        state = state_text(client.get_job(spec.job_id).state)
         return CreateResult(spec.job_id, {**props, **_outputs(spec, state)})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
@@ -251,7 +251,7 @@ class TrainingJobProvider(ResourceProvider):
 
         spec = JobSpec.from_props(props)
         try:
-            state = _state(_client(spec.endpoint).get_job(id_).state)
+            state = state_text(_client(spec.endpoint).get_job(id_).state)
         except ResourceNotFoundError:
             return ReadResult(None, {})  # deleted outside Pulumi: gone from the stack too
         return ReadResult(id_, {**props, "state": state})
@@ -262,16 +262,11 @@ class TrainingJobProvider(ResourceProvider):
         client = _client(JobSpec.from_props(props).endpoint)
         try:
             job = client.get_job(id_)
-            if _state(job.state) not in ("completed", "terminating", "deleting"):
+            if state_text(job.state) not in ("completed", "terminating", "deleting"):
                 client.begin_terminate_job(id_).result()
             client.begin_delete_job(id_).result()
         except ResourceNotFoundError:
             return
-
-
-def _state(value: Any) -> str:
-    """A job state as Batch spells it (``active``), from the SDK's enum or a plain string."""
-    return str(getattr(value, "value", value))
 
 
 def _outputs(spec: JobSpec, state: str) -> dict[str, str]:

@@ -62,8 +62,9 @@ def batch_client(endpoint: str):
     return BatchClient(endpoint=f"https://{endpoint}", credential=DefaultAzureCredential())
 
 
-def _value(enum_or_text: Any) -> str:
-    return str(getattr(enum_or_text, "value", enum_or_text))
+def state_text(value: Any) -> str:
+    """A Batch state as Batch spells it (``active``), from the SDK's enum or a plain string."""
+    return str(getattr(value, "value", value))
 
 
 def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
@@ -72,8 +73,8 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
     task = client.get_task(job_id, TASK_ID)
     info = task.execution_info
     lines = [
-        f"job         {job_id}: {_value(job.state)}",
-        f"task        {TASK_ID}: {_value(task.state)}",
+        f"job         {job_id}: {state_text(job.state)}",
+        f"task        {TASK_ID}: {state_text(task.state)}",
     ]
     if info is not None:
         lines.append(
@@ -110,7 +111,7 @@ def logs(
     offset = 0
     waiting_said = False
     while True:
-        state = _value(client.get_task(job_id, TASK_ID).state)
+        state = state_text(client.get_task(job_id, TASK_ID).state)
         try:
             size = client.get_task_file_properties(job_id, TASK_ID, file_name).content_length
         except ResourceNotFoundError:

@@ -91,9 +91,10 @@ def _file_loader(
 def _sources(cfg: TrainConfig, root: Path) -> tuple[list[str], Source, Source | None, Path]:
     """(classes, train source, val source or None, where train lives) for folder or shards."""
     if cfg.data == "shards":
-        train = ShardSource(root, "train")
-        has_val = "val" in Manifest.load(root).splits
-        return train.classes, train, ShardSource(root, "val") if has_val else None, root
+        manifest = Manifest.load(root)
+        train = ShardSource(root, "train", manifest)
+        val = ShardSource(root, "val", manifest) if "val" in manifest.splits else None
+        return train.classes, train, val, root
     train = FolderSource(root / "train")
     val = None
     if (root / "val").is_dir():

@@ -20,9 +20,9 @@ from trainer.data.manifest import MANIFEST_NAME, Manifest
 
 
 class ShardSource:
-    def __init__(self, folder: Path, split: str) -> None:
+    def __init__(self, folder: Path, split: str, manifest: Manifest | None = None) -> None:
         self.folder = folder
-        manifest = Manifest.load(folder)
+        manifest = manifest or Manifest.load(folder)
         self.classes = list(manifest.classes)
         entry = manifest.split(split, folder)
         self.shard_names = [shard.name for shard in entry.shards]

@@ -41,6 +41,12 @@ class TransferResult:
     skipped: int
     bytes_copied: int
 
+    @classmethod
+    def of(cls, copied_bytes: list[int]) -> TransferResult:
+        """From the bytes each shard's transfer copied (0: already there and verified)."""
+        copied = sum(1 for size in copied_bytes if size)
+        return cls(copied, len(copied_bytes) - copied, sum(copied_bytes))
+
 
 def container_client(account_url: str, container: str) -> ContainerClient:
     """A container client authenticated with Entra ID (managed identity, CLI login, ...)."""
@@ -134,7 +140,7 @@ def upload(
         container.upload_blob(
             _blob_name(prefix, MANIFEST_NAME), manifest.to_json().encode(), overwrite=True
         )
-    result = TransferResult(sum(1 for s in sent if s), sum(1 for s in sent if not s), sum(sent))
+    result = TransferResult.of(sent)
     log(
         f"uploaded {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
         f"{result.skipped} already there, to {where}"
@@ -207,9 +213,7 @@ def stage(
         if stale.name not in listed:
             stale.unlink()
     write_atomic(local_manifest, text.encode())
-    result = TransferResult(
-        sum(1 for f in fetched if f), sum(1 for f in fetched if not f), sum(fetched)
-    )
+    result = TransferResult.of(fetched)
     log(
         f"staged {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
         f"{result.skipped} already verified, into {dest}"
