@@ -117,6 +117,13 @@ def container(azurite, request):
     client.delete_container()
 
 
+def checksums(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file in ``folder`` (hidden temp files included), by name."""
+    from trainer.files import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
+
+
 def make_dataset(root: Path, classes: int = 3, per_class: int = 12, size: int = 48) -> Path:
     return write_image_folder(root, classes=classes, per_class=per_class, size=size)
 

@@ -1,15 +1,11 @@
 import pytest
 
+from tests.conftest import checksums
 from trainer.data.folder import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.transfer import container_client, stage, stage_args, upload
-from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
-
-
-def _checksums(folder):
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
 
 
 def test_upload_then_stage_round_trip_with_identical_checksums(tmp_path, shards, container):
@@ -23,7 +19,7 @@ def test_upload_then_stage_round_trip_with_identical_checksums(tmp_path, shards,
 
     got = stage(container, "imagenet-mini", tmp_path / "nfs", parallel=4, **QUIET)
     assert got.copied == len(manifest.shards)
-    assert _checksums(tmp_path / "nfs") == _checksums(shards)
+    assert checksums(tmp_path / "nfs") == checksums(shards)
 
     # Reruns are resumable no-ops: everything verified is skipped.
     assert upload(shards, container, "imagenet-mini", **QUIET).copied == 0
@@ -57,7 +53,7 @@ def test_checksum_mismatch_is_downloaded_again(tmp_path, shards, container):
     upload(shards, container, "ds", **QUIET)
     flaky = CorruptFirstDownloads(container, bad=1)
     stage(flaky, "ds", tmp_path / "dest", **QUIET)
-    assert _checksums(tmp_path / "dest") == _checksums(shards)
+    assert checksums(tmp_path / "dest") == checksums(shards)
     assert set(flaky.calls.values()) >= {2}
 
 

@@ -4,16 +4,12 @@ every checksum matches (Azurite on 127.0.0.1)."""
 import subprocess
 import sys
 
+from tests.conftest import checksums
 from trainer.data.manifest import MANIFEST_NAME
 from trainer.data.transfer import stage, upload
-from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 HERE = __file__.rsplit("/", 1)[0]
-
-
-def _checksums(folder):
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
 
 
 def test_interrupted_stage_completes_on_rerun_without_partial_shards(
@@ -42,4 +38,4 @@ def test_interrupted_stage_completes_on_rerun_without_partial_shards(
 
     result = stage(container, "ds", dest, **QUIET)
     assert result.skipped == 2
-    assert _checksums(dest) == _checksums(shards)  # no leftovers, all checksums match
+    assert checksums(dest) == checksums(shards)  # no leftovers, all checksums match
