@@ -9,12 +9,16 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import consumption
 
+from infra.config import current_month
+
+BUDGET_START_PROPERTY = "timePeriod.startDate"
+
 
 @dataclass(frozen=True)
 class BudgetArgs:
     resource_group_id: pulumi.Input[str]
     amount: int
-    start_month: str
+    start_month: str  # YYYY-MM; "" starts the budget in the month it is created
     emails: Sequence[str]
 
 
@@ -30,12 +34,16 @@ class CostBudget(pulumi.ComponentResource):
             amount=args.amount,
             category=consumption.CategoryType.COST,
             time_grain=consumption.TimeGrainType.MONTHLY,
-            time_period=consumption.BudgetTimePeriodArgs(start_date=f"{args.start_month}-01"),
+            time_period=consumption.BudgetTimePeriodArgs(
+                start_date=f"{args.start_month or current_month()}-01"
+            ),
             notifications={
                 "actual-80": _alert(80, consumption.ThresholdType.ACTUAL, args.emails),
                 "forecast-100": _alert(100, consumption.ThresholdType.FORECASTED, args.emails),
             },
-            opts=pulumi.ResourceOptions(parent=self),
+            # The start is fixed when the budget is created: Azure refuses one before the current
+            # period, so a later `pulumi up` (a later month) must not try to move it.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=[BUDGET_START_PROPERTY]),
         )
         self.register_outputs({"budget_id": self.budget.id})
 

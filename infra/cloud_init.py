@@ -12,6 +12,11 @@ import yaml
 
 MOUNT_POINT = "/data"
 LABEL = "nfsdata"
+# Where the training jobs write (checkpoints, metrics, logs). Tasks run as Batch's non-admin
+# auto-user, whose uid the server cannot know, and the export squashes root: so the folder is
+# world-writable with the sticky bit (like /tmp: everyone creates, only owners delete).
+RUNS_DIR = "runs"
+RUNS_MODE = "1777"
 
 
 def render_nfs_cloud_init(disk_count: int, export_cidr: str) -> str:
@@ -39,6 +44,8 @@ grep -q "LABEL={LABEL}" /etc/fstab || \\
   echo "LABEL={LABEL} {MOUNT_POINT} ext4 defaults,noatime,nofail 0 2" >> /etc/fstab
 mount -a
 chmod 0775 {MOUNT_POINT}
+mkdir -p {MOUNT_POINT}/{RUNS_DIR}
+chmod {RUNS_MODE} {MOUNT_POINT}/{RUNS_DIR}
 """
     document = {
         "package_update": True,

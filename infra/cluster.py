@@ -9,33 +9,71 @@ InfiniBand link, so a job never lands on a broken node.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 from pulumi_azure_native import authorization, batch
 
+from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.config import StackSettings
-from infra.identity import BATCH_DATA_CONTRIBUTOR, BATCH_JOB_SUBMITTER, assign_role
+from infra.identity import BATCH_JOB_SUBMITTER, assign_role, deployer_principal_type
 from infra.naming import Placement
 from infra.nfs import NfsServer
 from infra.sizes import GpuSize
+from infra.toolchain import CUDA, MIN_DRIVER
 
 POOL_ID = "ib-gpu"
 NFS_RELATIVE_MOUNT = "shared"
 
 
-def node_check_command(gpus: int) -> str:
-    """The start task: every GPU visible and every InfiniBand port active, or the node fails."""
-    script = (
-        "set -eu; "
-        f'n=$(nvidia-smi -L | wc -l); [ "$n" -eq {gpus} ] || '
-        f'{{ echo "expected {gpus} GPUs, found $n" >&2; exit 1; }}; '
-        "ports=$(cat /sys/class/infiniband/*/ports/*/state 2>/dev/null | grep -c ACTIVE || true); "
-        "[ \"$ports\" -ge 1 ] || { echo 'no active InfiniBand port' >&2; exit 1; }; "
-        'echo "node ok: $n GPUs, $ports active IB ports"'
-    )
-    return f"/bin/bash -c '{script}'"
+def node_check_command(gpus: int, ib_ports: int) -> str:
+    """The start task: every GPU visible on a new enough driver and the size's InfiniBand ports
+    active, or the node fails and never receives a task; then the shared runs folder exists.
+
+    Only ports whose link layer is InfiniBand count: the accelerated-networking NIC (mlx5_an0)
+    shows up in /sys/class/infiniband too, with an ACTIVE Ethernet port. ``sed -n 1p`` rather
+    than ``head -n 1``: head exits early, and under pipefail the writer's SIGPIPE fails the node.
+    """
+    script = f"""set -euo pipefail
+n=$(nvidia-smi -L | grep -c '^GPU ' || true)
+fail() {{ echo "start task: $*" >&2; exit 1; }}
+[ "$n" -eq {gpus} ] || fail "expected {gpus} GPUs, nvidia-smi lists $n"
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed -n 1p)
+oldest=$(printf '%s\\n' {MIN_DRIVER} "$driver" | sort -V | sed -n 1p)
+[ "$oldest" = {MIN_DRIVER} ] ||
+  fail "NVIDIA driver $driver is older than {MIN_DRIVER}, which the image's CUDA {CUDA} needs;" \\
+    "use a newer pool image"
+ib=0
+for port in /sys/class/infiniband/*/ports/*; do
+  [ "$(cat "$port/link_layer" 2>/dev/null)" = InfiniBand ] || continue
+  case "$(cat "$port/state" 2>/dev/null)" in *ACTIVE*) ib=$((ib + 1)) ;; esac
+done
+[ "$ib" -ge {ib_ports} ] || fail "expected {ib_ports} active InfiniBand ports, found $ib"
+{_RUNS_FOLDER}
+echo "node ok: $n GPUs, driver $driver, $ib active InfiniBand ports"
+"""
+    return in_bash(script)
+
+
+# The jobs' shared runs folder, for the non-admin task user (see infra/cloud_init.py). The pool's
+# file systems are mounted when a node joins the pool, before its start task runs
+# (articles/batch/virtual-file-mount.md). On the NFS VM cloud-init made the folder; an Azure
+# Files share starts empty and root-owned, and this task runs as the node's admin (root; the
+# share does not squash it). Not fatal: the launcher checks the folder is writable before any
+# worker starts and names the fix.
+_RUNS_FOLDER = f"""runs="$AZ_BATCH_NODE_MOUNTS_DIR/{NFS_RELATIVE_MOUNT}/{RUNS_DIR}"
+if [ ! -d "$runs" ] || [ "$(stat -c %a "$runs")" != {RUNS_MODE} ]; then
+  mkdir -p "$runs" && chmod {RUNS_MODE} "$runs" ||
+    echo "start task: cannot make $runs mode {RUNS_MODE}" >&2
+fi"""
+
+
+def in_bash(script: str) -> str:
+    """A Batch command line for ``script``: Batch runs command lines without a shell, so bash
+    gets the script as one argument, quoted so any quote inside survives."""
+    return f"/bin/bash -c {shlex.quote(script)}"
 
 
 def autoscale_formula(dedicated: int, spot: int, idle_minutes: int) -> str:
@@ -72,9 +110,11 @@ class GpuClusterArgs:
     nfs_source: pulumi.Input[str]
     nfs_mount_options: str
     deployer_object_id: pulumi.Input[str]
+    deployer_type: str
     subscription_id: pulumi.Input[str]
     checkpointing: bool = True
-    submitter_type: str = "User"
+    team_object_id: str = ""
+    team_type: str = "Group"
 
     @classmethod
     def from_settings(
@@ -104,8 +144,10 @@ class GpuClusterArgs:
             registry_server=registry_server,
             nfs_source=nfs.source,
             nfs_mount_options=nfs.mount_options,
-            deployer_object_id=s.job_submitter_object_id or client.object_id,
-            submitter_type=s.job_submitter_type,
+            deployer_object_id=client.object_id,
+            deployer_type=deployer_principal_type(),
+            team_object_id=s.job_submitter_object_id,
+            team_type=s.job_submitter_type,
             subscription_id=client.subscription_id,
             checkpointing=s.checkpointing,
         )
@@ -218,7 +260,7 @@ class GpuCluster(pulumi.ComponentResource):
                 batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower())
             ],
             start_task=batch.StartTaskArgs(
-                command_line=node_check_command(args.size.gpus),
+                command_line=node_check_command(args.size.gpus, args.size.ib_ports),
                 user_identity=batch.UserIdentityArgs(
                     auto_user=batch.AutoUserSpecificationArgs(
                         elevation_level=batch.ElevationLevel.ADMIN, scope=batch.AutoUserScope.POOL
@@ -230,22 +272,29 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-        # The job submitters (the team's group, or whoever deploys) use the data plane.
-        submitter = authorization.PrincipalType(args.submitter_type)
-        self.deployer_roles = [
+        # Job Submitter, nothing more: it creates, updates, terminates and deletes jobs and reads
+        # task files, but cannot resize or delete pools (Batch Data Contributor could).
+        # Whoever runs `pulumi up` submits the job (TrainingJob), so the deployer always gets
+        # it, with its real principal type: the same stack is deployed by people (User) and by
+        # CI (ServicePrincipal). The team's principal is granted separately.
+        submitters: list[tuple[str, pulumi.Input[str], authorization.PrincipalType]] = [
+            ("deployer", args.deployer_object_id, authorization.PrincipalType(args.deployer_type))
+        ]
+        if args.team_object_id:
+            submitters.append(
+                ("team", args.team_object_id, authorization.PrincipalType(args.team_type))
+            )
+        self.submitter_roles = [
             assign_role(
-                f"{name}-deployer-{label}",
-                role=role,
-                principal_id=args.deployer_object_id,
+                f"{name}-{label}-submitter",
+                role=BATCH_JOB_SUBMITTER,
+                principal_id=principal,
                 scope=account.id,
                 subscription_id=args.subscription_id,
-                principal_type=submitter,
+                principal_type=principal_type,
                 parent=self,
             )
-            for label, role in (
-                ("submitter", BATCH_JOB_SUBMITTER),
-                ("data", BATCH_DATA_CONTRIBUTOR),
-            )
+            for label, principal, principal_type in submitters
         ]
         self.account_id = account.id
         self.account_endpoint = account.account_endpoint

@@ -13,12 +13,14 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from infra.sizes import RETIRED, SUPPORTED, GpuSize
+from infra.toolchain import CUDA, cuda_of_base
 from trainer.config import one_line
 
 PROJECT = "gpu-cluster"
@@ -26,6 +28,8 @@ PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
+# Read only as secret Outputs (``secret_setting``), never into StackSettings as plain text.
+SECRET_SETTINGS = ("imageSourceToken",)
 REPO = PROJECT_FILE.parent
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 _TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
@@ -76,6 +80,7 @@ class StackSettings:
     nfs_disk_size_gb: int
     nfs_share_quota_gb: int
     ssh_public_key: str
+    storage_allowed_ips: tuple[str, ...]
     registry_allowed_ips: tuple[str, ...]
     log_retention_days: int
     protect_data: bool
@@ -117,11 +122,15 @@ class StackSettings:
             merged[key] = value
         kwargs: dict[str, Any] = {}
         for key, spec in schema.items():
+            if key in SECRET_SETTINGS:
+                _check_encrypted(key, merged.get(key))
+                continue
             if key not in merged and "default" not in spec:
                 raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
             value = merged.get(key, spec.get("default"))
             kwargs[_snake(key)] = _typed(key, value, spec)
         kwargs["registry_allowed_ips"] = tuple(kwargs["registry_allowed_ips"])
+        kwargs["storage_allowed_ips"] = tuple(kwargs["storage_allowed_ips"])
         kwargs["budget_emails"] = tuple(kwargs["budget_emails"])
         return cls(stack=stack, **kwargs)
 
@@ -195,7 +204,13 @@ class StackSettings:
         if not _IMAGE_REF.match(self.image_base):
             raise ConfigError(
                 f"imageBase={self.image_base!r}: give <registry>/<repository>:<tag>, "
-                "for example nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04"
+                "for example nvidia/cuda:13.0.1-devel-ubuntu22.04"
+            )
+        cuda = cuda_of_base(self.image_base)
+        if cuda is not None and cuda != CUDA:
+            raise ConfigError(
+                f"imageBase={self.image_base}: CUDA {cuda}, but torch's wheel is built for CUDA "
+                f"{CUDA}; use a {CUDA}.x base such as nvidia/cuda:13.0.1-devel-ubuntu22.04"
             )
         if self.image_base_digest and not _DIGEST.match(self.image_base_digest):
             raise ConfigError(
@@ -233,10 +248,19 @@ class StackSettings:
         _range("budget", self.budget, 0, 10_000_000)
         if not self.budget:
             return
-        if not _MONTH.match(self.budget_start_month):
+        if self.budget_start_month and not _MONTH.match(self.budget_start_month):
             raise ConfigError(
                 f"budgetStartMonth={self.budget_start_month!r}: give the first "
-                "month as YYYY-MM (for example 2026-12)"
+                "month as YYYY-MM, or leave it empty to start in the month it is created"
+            )
+        # Azure refuses a budget whose period starts before the current one. The start only
+        # matters when the budget is created (later changes are ignored, infra/budget.py).
+        this_month = current_month()
+        if self.budget_start_month and self.budget_start_month < this_month:
+            raise ConfigError(
+                f"budgetStartMonth={self.budget_start_month}: before the current month "
+                f"{this_month}, which Azure refuses for a new budget; leave it empty (the budget "
+                "starts in the month it is created and keeps that start)"
             )
         if not self.budget_emails or not all(_EMAIL.match(e) for e in self.budget_emails):
             raise ConfigError(
@@ -269,6 +293,8 @@ class StackSettings:
             raise ConfigError(f"storageSubnetCidr={storage}: use /28 or larger")
         for ip in self.registry_allowed_ips:
             _network("registryAllowedIps", ip)
+        for ip in self.storage_allowed_ips:
+            _storage_ip_rule(ip)
 
     @property
     def nfs_server_ip(self) -> str:
@@ -299,9 +325,47 @@ def _typed(key: str, value: Any, spec: Mapping[str, Any]) -> Any:
     return value
 
 
+def _check_encrypted(key: str, value: Any) -> None:
+    """A secret setting is empty or encrypted: ``{secure: ...}`` in a stack file (as the offline
+    plan reads it, or its JSON text as mocks pass it); never plain text in a tracked file."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = {}  # not JSON: plain text
+    if value in (None, "") or (isinstance(value, dict) and set(value) == {"secure"}):
+        return
+    raise ConfigError(
+        f"{key}: stored in plain text in the stack file; remove it and run "
+        f"`pulumi config set --secret {key} <value>` so it is encrypted"
+    )
+
+
 def _range(key: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{key}={value}: must be in {low}..{high}")
+
+
+def _storage_ip_rule(text: str) -> None:
+    """Storage IP network rules take public IPv4 addresses or ranges of /30 and larger: "/31 or
+    /32 are not supported ... use individual IP address rules", and private ranges are not
+    allowed (articles/storage/common/storage-network-security-ip-address-range.md)."""
+    network = _network("storageAllowedIps", text)
+    if "/" in text and network.prefixlen > 30:
+        raise ConfigError(
+            f"storageAllowedIps={text!r}: Azure storage takes /30 or larger ranges; give the "
+            f"address alone ({network.network_address})"
+        )
+    if not network.is_global:
+        raise ConfigError(
+            f"storageAllowedIps={text!r}: not a public address; storage IP rules admit public "
+            "addresses only (the VNet's subnets are already allowed)"
+        )
+
+
+def current_month() -> str:
+    """This month (UTC) as YYYY-MM: a new budget's first period."""
+    return datetime.now(UTC).strftime("%Y-%m")
 
 
 def _network(key: str, text: str) -> ipaddress.IPv4Network:
@@ -319,7 +383,20 @@ def load() -> StackSettings:
     config = pulumi.Config(PROJECT)
     values = {}
     for key, spec in schema.items():
+        if key in SECRET_SETTINGS and pulumi.runtime.is_config_secret(f"{PROJECT}:{key}"):
+            values[key] = {"secure": "(encrypted)"}  # checked as stored, read by secret_setting
+            continue
         raw = config.get_object(key) if spec["type"] == "array" else config.get(key)
         if raw is not None:
             values[key] = raw
     return StackSettings.from_mapping(pulumi.get_stack(), values, schema)
+
+
+def secret_setting(key: str):
+    """A ``SECRET_SETTINGS`` value as a secret ``Output[str]`` (``Config.get_secret``), or None
+    when unset: it never exists as plain text in the program, the state or the plan."""
+    import pulumi
+
+    if key not in SECRET_SETTINGS:
+        raise ValueError(f"{key} is not a secret setting")
+    return pulumi.Config(PROJECT).get_secret(key)

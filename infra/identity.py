@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
@@ -14,7 +18,32 @@ ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 ACR_PUSH = "8311e382-0749-4cb8-b61a-304f252e45ec"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
-BATCH_DATA_CONTRIBUTOR = "6aaa78f1-f7de-44ca-8722-c64a23943cae"
+
+
+def deployer_principal_type(env: Mapping[str, str] | None = None) -> str:
+    """The kind of principal running `pulumi up`, which ARM requires on its role assignments
+    (a wrong one fails with UnmatchedPrincipalType; azure-native sends "User" when none is
+    given). azure-native authenticates as a service principal or managed identity when
+    ARM_CLIENT_ID or ARM_USE_MSI is set (CI with OIDC); otherwise it uses the Azure CLI's
+    login, whose own account record says whether that is a user or a service principal."""
+    env = os.environ if env is None else env
+    if env.get("ARM_CLIENT_ID") or env.get("ARM_USE_MSI", "").lower() in ("true", "1"):
+        return "ServicePrincipal"
+    az = shutil.which("az", path=env.get("PATH"))
+    if az is not None:
+        try:
+            kind = subprocess.run(
+                [az, "account", "show", "--query", "user.type", "-o", "tsv"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=dict(env),
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            kind = ""
+        if kind == "servicePrincipal":
+            return "ServicePrincipal"
+    return "User"
 
 
 def assign_role(
@@ -28,7 +57,9 @@ def assign_role(
     parent: pulumi.Resource,
 ) -> authorization.RoleAssignment:
     """Grant ``role`` at ``scope``. The assignment's GUID derives from scope, principal and role,
-    so re-running never creates duplicates and a changed scope replaces it cleanly."""
+    so re-running never creates duplicates and a changed scope replaces it cleanly.
+    ARM checks ``principal_type`` against the principal (and needs it for new identities, whose
+    replication would otherwise fail the assignment)."""
     return authorization.RoleAssignment(
         name,
         principal_id=principal_id,
@@ -56,8 +87,8 @@ class IdentitiesArgs:
 
 
 class Identities(pulumi.ComponentResource):
-    """``nodes``: pulls images, reads and writes blobs, runs Batch auto-storage.
-    ``build``: pushes images."""
+    """``nodes``: pulls images, reads and writes blobs, runs Batch auto-storage. Images are
+    pushed by the ACR Task's own identity (infra/image.py) or the deployer's token."""
 
     def __init__(
         self, name: str, args: IdentitiesArgs, opts: pulumi.ResourceOptions | None = None
@@ -71,17 +102,9 @@ class Identities(pulumi.ComponentResource):
             tags=args.placement.tag_map(),
             opts=child,
         )
-        self.build = managedidentity.UserAssignedIdentity(
-            f"{name}-build",
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
-            opts=child,
-        )
         grants = (
             ("nodes-acrpull", ACR_PULL, self.nodes, args.registry_id),
             ("nodes-blob", STORAGE_BLOB_DATA_CONTRIBUTOR, self.nodes, args.storage_account_id),
-            ("build-acrpush", ACR_PUSH, self.build, args.registry_id),
         )
         self.assignments = [
             assign_role(
@@ -95,4 +118,4 @@ class Identities(pulumi.ComponentResource):
             )
             for label, role, identity, scope in grants
         ]
-        self.register_outputs({"nodes_id": self.nodes.id, "build_id": self.build.id})
+        self.register_outputs({"nodes_id": self.nodes.id})

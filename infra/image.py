@@ -4,8 +4,12 @@ The tag is a hash of everything the image is built from (the Dockerfile, its loc
 Horovod build script, the packaging files and the trainer sources): unchanged code gives the
 same tag, so Pulumi sees no change, rebuilds nothing and resubmits no job. Builders:
 
-- ``acr`` (default): an ACR Task builds the commit on Azure; no Docker or credentials where
-  ``pulumi up`` runs. The registry pulls the build context from git at the pinned commit.
+- ``acr`` (default): a named ACR Task builds the commit on Azure; no Docker or credentials where
+  ``pulumi up`` runs. The task clones the repository at the pinned commit (with a token for a
+  private repository), builds on ACR's agents and pushes with its own system-assigned identity,
+  which holds AcrPush on the registry: that identity is what lets the push through the
+  registry's network rules (trusted services), which quick runs cannot pass. ``ImageBuild``, a
+  dynamic resource, runs the task once per content tag and reads the pushed digest back.
 - ``docker``: pulumi-docker-build with a local BuildKit; it pushes with an Entra refresh token
   for the registry (what ``az acr login --expose-token`` returns), so the admin user stays off.
 """
@@ -15,14 +19,23 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_docker_build as docker_build
-from pulumi_azure_native import containerregistry
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
+from pulumi_azure_native import authorization, containerregistry
+
+from infra.config import ConfigError
+from infra.identity import ACR_PUSH, assign_role
+from infra.naming import Placement
+from trainer.config import one_line
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = "docker/Dockerfile"
@@ -39,6 +52,22 @@ IMAGE_INPUTS = (
 # ACR's token exchange wants this user name with a refresh token as the password.
 ACR_TOKEN_USER = "00000000-0000-0000-0000-000000000000"
 BUILD_TIMEOUT_SECONDS = 7200  # Horovod's NCCL build dominates
+BUILD_TASK_NAME = "build-trainer"  # one per registry, and each stack has its own registry
+# A task's credential for its own system-assigned identity, as `az acr task credential add
+# --use-identity [system]` writes it (MicrosoftDocs/azure-management-docs, articles/
+# container-registry/container-registry-tasks-authentication-managed-identity.md, step 4).
+SYSTEM_IDENTITY = "[system]"
+
+ARM_ENDPOINT = "https://management.azure.com"
+# Runs are scheduled and read with ACR's 2025-03-01-preview API, where scheduleRun answers
+# 200 with the queued Run: no long-running operation, so none of the 2019-06-01-preview
+# Azure-AsyncOperation bug that breaks azure-native's TaskRun after a good build
+# (pulumi/pulumi-azure-native#1713, Azure/azure-rest-api-specs#19159).
+RUN_API_VERSION = "2025-03-01-preview"
+RUN_DONE = ("Succeeded", "Failed", "Canceled", "Error", "Timeout")  # RunStatus's final states
+POLL_SECONDS = 20.0
+QUEUE_GRACE_SECONDS = 3600  # a run may wait this long for an agent before its timeout starts
+BUILD_OUTPUT_KEYS = ("run_id", "digest", "status")
 
 
 def content_tag(root: Path = REPO) -> str:
@@ -55,19 +84,81 @@ def content_tag(root: Path = REPO) -> str:
     return digest.hexdigest()[:16]
 
 
-def source_commit(root: Path = REPO) -> tuple[str, bool]:
-    """(HEAD commit, whether the image inputs differ from it): an ACR Task builds the commit,
-    so uncommitted changes would not be in the image that carries their hash."""
-    head = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+@dataclass(frozen=True)
+class SourceState:
+    """What the acr builder would clone, and whether that is what the content tag describes."""
+
+    commit: str  # the newest commit that changed the image inputs (same inputs as HEAD)
+    dirty: bool  # the image inputs have uncommitted or untracked changes
+    pushed: bool  # a remote-tracking branch contains ``commit``, so the remote can serve it
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
     ).stdout.strip()
-    status = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--", *IMAGE_INPUTS],
+
+
+def source_state(root: Path | None = None) -> SourceState:
+    """Read the checkout at ``root`` (the repository by default). Raises ``OSError`` or
+    ``CalledProcessError`` when git is missing or ``root`` is not a checkout."""
+    root = root or REPO
+    head = _git(root, "rev-parse", "HEAD")
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=all", "--", *IMAGE_INPUTS))
+    # The commit that last changed the image inputs builds the same image as HEAD, and it
+    # changes exactly when the content tag does: a commit that touches only infra/ does not
+    # change the build task's definition, so a preview shows no task update for it.
+    commit = _git(root, "log", "-1", "--format=%H", "HEAD", "--", *IMAGE_INPUTS) or head
+    same = subprocess.run(
+        ["git", "-C", str(root), "diff", "--quiet", commit, head, "--", *IMAGE_INPUTS],
         capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return head, bool(status.strip())
+    )
+    if same.returncode != 0:
+        commit = head
+    pushed = bool(_git(root, "branch", "--remotes", "--contains", commit))
+    return SourceState(commit=commit, dirty=dirty, pushed=pushed)
+
+
+def deploying() -> bool:
+    """Whether this run builds: a real ``pulumi up``, not a preview and not Pulumi's mocks (the
+    offline plan and the tests), where nothing is built and a warning is enough."""
+    from pulumi.runtime.mocks import MockMonitor
+
+    mocked = isinstance(pulumi.runtime.settings.get_monitor(), MockMonitor)
+    return not pulumi.runtime.is_dry_run() and not mocked
+
+
+def commit_to_build(root: Path | None = None, strict: bool | None = None) -> str:
+    """The commit the acr builder builds (``<repo>#<commit>``), refused when it would not be the
+    image its tag describes: uncommitted image inputs, or a commit the remote does not have.
+    ``strict`` (default: ``deploying()``) raises ``ConfigError``; otherwise the same line is
+    a warning. Called before any resource is declared."""
+    strict = deploying() if strict is None else strict
+    try:
+        state = source_state(root)
+    except (OSError, subprocess.CalledProcessError):
+        raise ConfigError(
+            "imageBuilder=acr: builds a git commit, but this folder is not a git checkout; "
+            "run from a clone or use imageBuilder docker"
+        ) from None
+    short = state.commit[:12]
+    problems = []
+    if state.dirty:
+        problems.append(
+            f"imageBuilder=acr: the image inputs ({', '.join(IMAGE_INPUTS)}) have uncommitted "
+            f"changes that the build of commit {short} would not contain, while the image tag "
+            "hashes them; commit and push them, or use imageBuilder docker"
+        )
+    if not state.pushed:
+        problems.append(
+            f"imageBuilder=acr: commit {short} is not on the remote (no remote-tracking branch "
+            "contains it), so ACR cannot clone it; push it first (git push), then run pulumi up"
+        )
+    for problem in problems:
+        if strict:
+            raise ConfigError(problem)
+        pulumi.log.warn(f"{problem} (pulumi up will refuse this)")
+    return state.commit
 
 
 def exchange_acr_token(login_server: str) -> str:
@@ -84,17 +175,179 @@ def exchange_acr_token(login_server: str) -> str:
         return json.loads(response.read())["refresh_token"]
 
 
+# ---- the acr builder's run: a dynamic resource over azure-mgmt-containerregistry ------------
+# Azure SDK imports stay inside functions: Pulumi pickles the provider by reference and the
+# provider process imports this module on every call.
+
+
+class ImageBuildError(RuntimeError):
+    """An ACR run did not push the image; the message is one line naming the run."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """Everything a run depends on, as plain values (the dynamic resource's inputs)."""
+
+    subscription_id: str
+    resource_group_name: str
+    registry_name: str
+    task_id: str
+    image: str  # trainer:<content tag>, as the task pushes it
+    build_args: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, Any]) -> BuildSpec:
+        return cls(
+            subscription_id=props["subscription_id"],
+            resource_group_name=props["resource_group_name"],
+            registry_name=props["registry_name"],
+            task_id=props["task_id"],
+            image=props["image"],
+            build_args=dict(props.get("build_args") or {}),
+        )
+
+    def log_hint(self, run_id: str) -> str:
+        return (
+            f"see its log with `az acr task logs --registry {self.registry_name} --run-id "
+            f"{run_id}` (or the registry's Tasks > Runs page in the portal)"
+        )
+
+
+def _client(subscription_id: str) -> Any:
+    # Any: the multi-API client types each operation group as a union over API versions.
+    from azure.identity import DefaultAzureCredential
+    from azure.mgmt.containerregistry import ContainerRegistryManagementClient
+
+    return ContainerRegistryManagementClient(
+        DefaultAzureCredential(),
+        subscription_id,
+        api_version=RUN_API_VERSION,
+        base_url=ARM_ENDPOINT,
+    )
+
+
+def _pushed_digest(run: Any, image: str) -> str | None:
+    repository, _, tag = image.partition(":")
+    images = list(run.output_images or [])
+    for pushed in images:
+        if pushed.repository == repository and pushed.tag == tag and pushed.digest:
+            return pushed.digest
+    return images[0].digest if len(images) == 1 else None
+
+
+def run_build(spec: BuildSpec) -> dict[str, str]:
+    """Schedule the task once, wait for the run to end, return its id, status and the digest
+    it pushed; any other end raises ``ImageBuildError``."""
+    from azure.core.exceptions import HttpResponseError
+    from azure.mgmt.containerregistry.v2025_03_01_preview.models import TaskRunRequest
+
+    client = _client(spec.subscription_id)
+    where = (spec.resource_group_name, spec.registry_name)
+    try:
+        run = client.registries.schedule_run(*where, TaskRunRequest(task_id=spec.task_id))
+    except HttpResponseError as err:
+        raise ImageBuildError(
+            f"could not start build task {spec.task_id.rsplit('/', 1)[-1]} on registry "
+            f"{spec.registry_name}: {err.message}"
+        ) from None
+    run_id = str(run.run_id)
+    deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS
+    while run.status not in RUN_DONE:
+        if time.monotonic() > deadline:
+            raise ImageBuildError(
+                f"image build run {run_id} is still {run.status} after "
+                f"{BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS} s; {spec.log_hint(run_id)}"
+            )
+        time.sleep(POLL_SECONDS)
+        run = client.runs.get(*where, run_id)
+    digest = _pushed_digest(run, spec.image) if run.status == "Succeeded" else None
+    if not digest:
+        reason = run.run_error_message or (
+            "no image was pushed" if run.status == "Succeeded" else "no error message"
+        )
+        raise ImageBuildError(
+            f"image build run {run_id} on registry {spec.registry_name} ended {run.status}: "
+            f"{reason}; {spec.log_hint(run_id)}"
+        )
+    return {"run_id": run_id, "digest": digest, "status": str(run.status)}
+
+
+class ImageBuildProvider(ResourceProvider):
+    """Runs the build task once per set of inputs (a new content tag, new build arguments or a
+    new task/registry). Keep this class's name and module: stacks refer to them."""
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        outputs = run_build(BuildSpec.from_props(props))
+        return CreateResult(outputs["run_id"], {**props, **outputs})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # ``__provider`` is this class serialized: editing provider code must not rebuild.
+        changed = [
+            key
+            for key in news
+            if key not in BUILD_OUTPUT_KEYS
+            and not key.startswith("__")
+            and olds.get(key) != news.get(key)
+        ]
+        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
+
+    # read: the run and the image it pushed stay as they were (the default keeps the state).
+    # delete: the image stays in the registry, whose retention policy removes untagged
+    # manifests; a stack's destroy removes the registry itself.
+
+
+@dataclass(frozen=True)
+class ImageBuildArgs:
+    subscription_id: pulumi.Input[str]
+    resource_group_name: pulumi.Input[str]
+    registry_name: pulumi.Input[str]
+    task_id: pulumi.Input[str]
+    image: str
+    build_args: Mapping[str, str]
+
+
+class ImageBuild(pulumi.dynamic.Resource, module="acr", name="ImageBuild"):
+    """One run of the build task; ``digest`` is what the run pushed."""
+
+    run_id: pulumi.Output[str]
+    digest: pulumi.Output[str]
+    status: pulumi.Output[str]
+
+    def __init__(
+        self, name: str, args: ImageBuildArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        props: dict[str, Any] = {
+            "subscription_id": args.subscription_id,
+            "resource_group_name": args.resource_group_name,
+            "registry_name": args.registry_name,
+            "task_id": args.task_id,
+            "image": args.image,
+            "build_args": dict(args.build_args),
+        }
+        props.update({key: None for key in BUILD_OUTPUT_KEYS})
+        super().__init__(ImageBuildProvider(), name, props, opts)
+
+
+# ---- the component -----------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class TrainerImageArgs:
     builder: str  # "acr" or "docker"
+    placement: Placement  # resource group, region and tags of the build task
+    subscription_id: pulumi.Input[str]
     registry_name: pulumi.Input[str]
+    registry_id: pulumi.Input[str]
     login_server: pulumi.Input[str]
-    resource_group_name: pulumi.Input[str]
-    base_image: str
-    base_digest: str  # "" builds from the tag; "sha256:..." pins it
+    base_image: str  # the one reference FROM builds on (infra.toolchain.base_reference)
     source_repo: str  # git URL for the acr builder
     tag: str
     commit: str
+    # A token that can read a private source_repo (a Pulumi secret; None for a public one).
+    source_token: pulumi.Input[str] | None = None
 
 
 class TrainerImage(pulumi.ComponentResource):
@@ -107,83 +360,147 @@ class TrainerImage(pulumi.ComponentResource):
         self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("gpucluster:infra:TrainerImage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        build_args = {"BASE_IMAGE": args.base_image, "BASE_DIGEST": args.base_digest}
+        build_args = {"BASE_IMAGE": args.base_image}
         image_name = f"{IMAGE_REPOSITORY}:{args.tag}"
         if args.builder == "acr":
-            run = containerregistry.TaskRun(
-                f"{name}-build",
-                resource_group_name=args.resource_group_name,
-                registry_name=args.registry_name,
-                # A new tag (new content) re-runs the build; the same tag changes nothing.
-                force_update_tag=args.tag,
-                run_request=containerregistry.DockerBuildRequestArgs(
-                    type="DockerBuildRequest",
-                    docker_file_path=DOCKERFILE,
-                    source_location=f"{args.source_repo}#{args.commit}",
-                    platform=containerregistry.PlatformPropertiesArgs(
-                        os=containerregistry.OS.LINUX,
-                        architecture=containerregistry.Architecture.AMD64,
-                    ),
-                    image_names=[image_name],
-                    is_push_enabled=True,
-                    timeout=BUILD_TIMEOUT_SECONDS,
-                    agent_configuration=containerregistry.AgentPropertiesArgs(cpu=8),
-                    arguments=[
-                        containerregistry.ArgumentArgs(name=key, value=value, is_secret=False)
-                        for key, value in build_args.items()
-                    ],
-                ),
-                opts=child,
-            )
-            self.digest = run.run_result.apply(_task_digest)
+            self.digest = self._acr_build(name, args, image_name, build_args)
         else:
-            password = pulumi.Output.secret(pulumi.Output.from_input(args.login_server)).apply(
-                exchange_acr_token
-            )
-            image = docker_build.Image(
-                f"{name}-build",
-                push=True,
-                context=docker_build.BuildContextArgs(location=str(REPO)),
-                dockerfile=docker_build.DockerfileArgs(location=str(REPO / DOCKERFILE)),
-                platforms=[docker_build.Platform.LINUX_AMD64],
-                build_args=build_args,
-                tags=[pulumi.Output.concat(args.login_server, "/", image_name)],
-                registries=[
-                    docker_build.RegistryArgs(
-                        address=args.login_server, username=ACR_TOKEN_USER, password=password
-                    )
-                ],
-                cache_from=[
-                    docker_build.CacheFromArgs(
-                        registry=docker_build.CacheFromRegistryArgs(
-                            ref=pulumi.Output.concat(args.login_server, "/trainer:buildcache")
-                        )
-                    )
-                ],
-                cache_to=[
-                    docker_build.CacheToArgs(
-                        registry=docker_build.CacheToRegistryArgs(
-                            ref=pulumi.Output.concat(args.login_server, "/trainer:buildcache"),
-                            mode=docker_build.CacheMode.MAX,
-                            # ACR stores cache as an OCI image manifest, not a BuildKit index.
-                            image_manifest=True,
-                            oci_media_types=True,
-                        )
-                    )
-                ],
-                build_on_preview=False,
-                opts=child,
-            )
-            self.digest = image.digest
+            self.digest = self._docker_build(name, args, image_name, build_args)
         self.ref = pulumi.Output.concat(args.login_server, "/", image_name, "@", self.digest)
         self.register_outputs({"ref": self.ref, "digest": self.digest})
 
-
-def _task_digest(result: containerregistry.outputs.RunResponse) -> str:
-    images = result.output_images or []
-    if result.status != "Succeeded" or not images or not images[0].digest:
-        raise ValueError(
-            f"image build run {result.run_id} ended {result.status}: {result.run_error_message}"
+    def _acr_build(
+        self, name: str, args: TrainerImageArgs, image_name: str, build_args: dict[str, str]
+    ) -> pulumi.Output[str]:
+        child = pulumi.ResourceOptions(parent=self)
+        token = None
+        if args.source_token is not None:
+            # Stays a secret (state and plan show [secret]); an empty token means none.
+            token = pulumi.Output.secret(args.source_token).apply(lambda t: t or None)
+        # Trusted-services bypass for ACR Tasks (MicrosoftDocs/azure-docs, articles/container-
+        # registry/allow-access-trusted-services.md, "Example: ACR Tasks"): a task with a
+        # system-assigned identity, the default source-registry auth off (--auth-mode None),
+        # the identity as the registry's credential, AcrPush for it. Since June 2025 the
+        # registry must also opt in with networkRuleBypassAllowedForTasks=true, or the push is
+        # refused with 403 (MicrosoftDocs/azure-management-docs, articles/container-registry/
+        # manage-network-bypass-policy-for-tasks.md).
+        credentials = pulumi.Output.from_input(args.login_server).apply(
+            lambda server: containerregistry.CredentialsArgs(
+                source_registry=containerregistry.SourceRegistryCredentialsArgs(
+                    login_mode=containerregistry.SourceRegistryLoginMode.NONE
+                ),
+                custom_registries={
+                    server: containerregistry.CustomRegistryCredentialsArgs(
+                        identity=SYSTEM_IDENTITY
+                    )
+                },
+            )
         )
-    return images[0].digest
+        task = containerregistry.Task(
+            f"{name}-build-task",
+            task_name=BUILD_TASK_NAME,
+            registry_name=args.registry_name,
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            identity=containerregistry.IdentityPropertiesArgs(
+                type=containerregistry.ResourceIdentityType.SYSTEM_ASSIGNED
+            ),
+            platform=containerregistry.PlatformPropertiesArgs(
+                os=containerregistry.OS.LINUX,
+                architecture=containerregistry.Architecture.AMD64,
+            ),
+            agent_configuration=containerregistry.AgentPropertiesArgs(cpu=8),
+            timeout=BUILD_TIMEOUT_SECONDS,
+            status=containerregistry.TaskStatus.ENABLED,
+            credentials=credentials,
+            # No triggers: the stack runs the task, once per content tag.
+            step=containerregistry.DockerBuildStepArgs(
+                type="Docker",
+                docker_file_path=DOCKERFILE,
+                # <repo>.git#<commit> (articles/container-registry/container-registry-tasks-
+                # overview.md, "Context locations"); a private repository needs the token.
+                context_path=f"{args.source_repo}#{args.commit}",
+                context_access_token=token,
+                image_names=[image_name],
+                is_push_enabled=True,
+                no_cache=False,
+                arguments=[
+                    containerregistry.ArgumentArgs(name=key, value=value, is_secret=False)
+                    for key, value in build_args.items()
+                ],
+            ),
+            opts=child,
+        )
+        push = assign_role(
+            f"{name}-buildtask-acrpush",
+            role=ACR_PUSH,
+            principal_id=task.identity.apply(_principal_id),
+            scope=args.registry_id,
+            subscription_id=args.subscription_id,
+            principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
+            parent=self,
+        )
+        build = ImageBuild(
+            f"{name}-build",
+            ImageBuildArgs(
+                subscription_id=args.subscription_id,
+                resource_group_name=args.placement.resource_group_name,
+                registry_name=args.registry_name,
+                task_id=task.id,
+                image=image_name,
+                build_args=build_args,
+            ),
+            # The run uses the task as updated for this tag, and pushes with the role.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[task, push]),
+        )
+        return build.digest
+
+    def _docker_build(
+        self, name: str, args: TrainerImageArgs, image_name: str, build_args: dict[str, str]
+    ) -> pulumi.Output[str]:
+        password = pulumi.Output.secret(pulumi.Output.from_input(args.login_server)).apply(
+            exchange_acr_token
+        )
+        image = docker_build.Image(
+            f"{name}-build",
+            push=True,
+            context=docker_build.BuildContextArgs(location=str(REPO)),
+            dockerfile=docker_build.DockerfileArgs(location=str(REPO / DOCKERFILE)),
+            platforms=[docker_build.Platform.LINUX_AMD64],
+            build_args=build_args,
+            tags=[pulumi.Output.concat(args.login_server, "/", image_name)],
+            registries=[
+                docker_build.RegistryArgs(
+                    address=args.login_server, username=ACR_TOKEN_USER, password=password
+                )
+            ],
+            cache_from=[
+                docker_build.CacheFromArgs(
+                    registry=docker_build.CacheFromRegistryArgs(
+                        ref=pulumi.Output.concat(args.login_server, "/trainer:buildcache")
+                    )
+                )
+            ],
+            cache_to=[
+                docker_build.CacheToArgs(
+                    registry=docker_build.CacheToRegistryArgs(
+                        ref=pulumi.Output.concat(args.login_server, "/trainer:buildcache"),
+                        mode=docker_build.CacheMode.MAX,
+                        # ACR stores cache as an OCI image manifest, not a BuildKit index.
+                        image_manifest=True,
+                        oci_media_types=True,
+                    )
+                )
+            ],
+            build_on_preview=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return image.digest
+
+
+def _principal_id(identity: Any) -> str:
+    principal = getattr(identity, "principal_id", None)
+    if not principal:
+        raise ValueError("the build task has no system-assigned identity to grant AcrPush")
+    return principal

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+from pulumi.runtime.mocks import MockMonitor
+from pulumi.runtime.rpc import UNKNOWN
 
 SUBSCRIPTION_ID = "00000000-0000-0000-0000-000000000000"
 TENANT_ID = "11111111-1111-1111-1111-111111111111"
@@ -36,21 +38,34 @@ class DeclaredResource:
 
 
 class AzureMocks(pulumi.runtime.Mocks):
-    def __init__(self) -> None:
+    """``preview=True`` answers as the engine does in a preview: only the inputs are known, every
+    computed output (ids, endpoints, principal ids, digests) is unknown."""
+
+    def __init__(self, preview: bool = False) -> None:
         self.resources: list[DeclaredResource] = []
+        self.preview = preview
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         inputs = dict(args.inputs)
         self.resources.append(DeclaredResource(args.typ, args.name, inputs, bool(args.custom)))
+        identity = inputs.get("identity")
+        if isinstance(identity, dict):
+            identity = {**identity}
+            ids = identity.get("userAssignedIdentities")
+            if isinstance(ids, list):
+                # azure-native v3 takes a list of ids and returns a map keyed by id (unknown as
+                # a whole while an id is: a preview does not know new identities' ids).
+                known = all(isinstance(i, str) for i in ids)
+                identity["userAssignedIdentities"] = {i: {} for i in ids} if known else UNKNOWN
+            if self.preview:
+                # A system-assigned identity's principal exists only after creation.
+                identity |= {"principalId": UNKNOWN, "tenantId": UNKNOWN}
+        if self.preview:
+            return None, inputs if identity is None else {**inputs, "identity": identity}
         azure_name = self._azure_name(args.typ, args.name, inputs)
         state: dict[str, Any] = {**inputs, "name": azure_name}
-        identity = inputs.get("identity")
-        if isinstance(identity, dict) and isinstance(identity.get("userAssignedIdentities"), list):
-            # azure-native v3 takes a list of ids and returns a map keyed by id.
-            state["identity"] = {
-                **identity,
-                "userAssignedIdentities": {i: {} for i in identity["userAssignedIdentities"]},
-            }
+        if identity is not None:
+            state["identity"] = identity
         state.update(self._computed(args.typ, azure_name, inputs))
         resource_id = (
             f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/mock/providers/"
@@ -93,15 +108,13 @@ class AzureMocks(pulumi.runtime.Mocks):
                 "clientId": f"client-{name}",
                 "tenantId": TENANT_ID,
             }
-        if typ == "azure-native:containerregistry:TaskRun":
-            request = inputs["runRequest"]
-            return {
-                "runResult": {
-                    "runId": "ca1",
-                    "status": "Succeeded",
-                    "outputImages": [{"digest": _fake_digest(request["imageNames"][0])}],
-                }
-            }
+        if typ == "azure-native:containerregistry:Task":
+            # The system-assigned identity Azure creates with the task.
+            identity = {**inputs.get("identity", {}), "principalId": f"principal-{name}"}
+            return {"identity": {**identity, "tenantId": TENANT_ID}}
+        if typ == "pulumi-python:dynamic/acr:ImageBuild":
+            # What infra.image.run_build returns once the run pushed the image.
+            return {"run_id": "ca1", "status": "Succeeded", "digest": _fake_digest(inputs["image"])}
         if typ == "docker-build:index:Image":
             return {"digest": _fake_digest(str(inputs.get("tags")))}
         if typ == "pulumi-python:dynamic:Resource" and "trainer_args" in inputs:
@@ -111,6 +124,23 @@ class AzureMocks(pulumi.runtime.Mocks):
         if typ == "azure-native:network:PublicIPAddress":
             return {"ipAddress": "203.0.113.10"}  # documentation range (RFC 5737)
         return {}
+
+
+class RecordingMonitor(MockMonitor):
+    """The mock monitor, also recording what the engine orders creation by: each resource's
+    dependencies as the SDK sends them in RegisterResource (explicit ``depends_on`` and every
+    resource whose outputs flow into its inputs), by resource name."""
+
+    def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
+        super().__init__(mocks)
+        self.dependencies: dict[str, set[str]] = {}
+
+    def RegisterResource(self, request):
+        urns = set(request.dependencies)
+        for dependencies in request.propertyDependencies.values():
+            urns |= set(dependencies.urns)
+        self.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
+        return super().RegisterResource(request)
 
 
 def _fake_digest(seed: str) -> str:

@@ -10,6 +10,12 @@ from pulumi_azure_native import monitor, operationalinsights
 
 from infra.naming import Placement
 
+# Storage services (blobServices/default) offer the metric categories Transaction and Capacity,
+# not AllMetrics: asking for AllMetrics there is a 400 (Azure/azure-powershell #6520;
+# articles/storage/blobs/monitor-blob-storage-reference.md). Capacity is an hourly account
+# figure; Transaction is what a training job's reads and writes show up in.
+BLOB_METRIC_CATEGORY = "Transaction"
+
 
 @dataclass(frozen=True)
 class MonitoringArgs:
@@ -39,13 +45,17 @@ class Monitoring(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         all_logs = [monitor.DiagnosticsLogSettingsArgs(category_group="allLogs", enabled=True)]
-        all_metrics = [monitor.DiagnosticsMetricSettingsArgs(category="AllMetrics", enabled=True)]
-        targets: list[tuple[str, pulumi.Input[str], bool]] = [
-            ("batch", args.batch_account_id, True),
-            ("blob", pulumi.Output.concat(args.storage_account_id, "/blobServices/default"), True),
+        targets: list[tuple[str, pulumi.Input[str], bool, str]] = [
+            ("batch", args.batch_account_id, True, "AllMetrics"),
+            (
+                "blob",
+                pulumi.Output.concat(args.storage_account_id, "/blobServices/default"),
+                True,
+                BLOB_METRIC_CATEGORY,
+            ),
         ]
         if args.nfs_vm_id is not None:
-            targets.append(("nfs-vm", args.nfs_vm_id, False))  # VMs expose metrics only
+            targets.append(("nfs-vm", args.nfs_vm_id, False, "AllMetrics"))  # metrics only
         self.settings = [
             monitor.DiagnosticSetting(
                 f"{name}-{label}-diagnostics",
@@ -53,10 +63,10 @@ class Monitoring(pulumi.ComponentResource):
                 resource_uri=resource_id,
                 workspace_id=workspace.id,
                 logs=all_logs if has_logs else None,
-                metrics=all_metrics,
+                metrics=[monitor.DiagnosticsMetricSettingsArgs(category=metrics, enabled=True)],
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for label, resource_id, has_logs in targets
+            for label, resource_id, has_logs, metrics in targets
         ]
         self.workspace_id = workspace.id
         self.register_outputs({"workspace_id": self.workspace_id})

@@ -22,6 +22,7 @@ from infra.network import Network
 
 NFS_SHARE = "shared"
 ADMIN_USER = "nfsadmin"
+CUSTOM_DATA_PROPERTY = "osProfile.customData"
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,37 @@ class NfsServer(pulumi.ComponentResource):
             resource_group_name=args.placement.resource_group_name,
             location=args.placement.location,
             tags=args.placement.tag_map(),
-            opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+            # Azure refuses to change customData in place (PropertyChangeNotAllowed): a new
+            # cloud-init replaces the VM. Its data disks are separate, protected resources
+            # attached with deleteOption Detach, so they come back with their data.
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                delete_before_replace=True,
+                replace_on_changes=[CUSTOM_DATA_PROPERTY],
+            ),
+        )
+        # The VM exists before cloud-init has exported anything: this extension finishes only
+        # when cloud-init has (`cloud-init status --wait` exits non-zero if it failed), and the
+        # mount source below depends on it, so no pool node mounts before the export is up.
+        ready = compute.VirtualMachineExtension(
+            f"{name}-nfs-ready",
+            vm_name=vm.name,
+            vm_extension_name="wait-for-cloud-init",
+            publisher="Microsoft.Azure.Extensions",
+            type="CustomScript",
+            type_handler_version="2.1",
+            auto_upgrade_minor_version=True,
+            protected_settings={"commandToExecute": "cloud-init status --wait"},
+            resource_group_name=args.placement.resource_group_name,
+            location=args.placement.location,
+            tags=args.placement.tag_map(),
+            opts=pulumi.ResourceOptions(parent=self),
         )
         self.vm_id = vm.id
-        self.address = pulumi.Output.from_input(args.server_ip)
+        # From the NIC's and the extension's outputs: a data dependency the engine orders by.
+        self.address = pulumi.Output.all(
+            nic.ip_configurations[0].private_ip_address, ready.provisioning_state
+        ).apply(lambda values: values[0] or args.server_ip)
         self.export_path = pulumi.Output.from_input(MOUNT_POINT)
         self.mount_options = "-o vers=4.1,hard,nconnect=8,rsize=1048576,wsize=1048576"
 
@@ -203,16 +231,20 @@ class NfsServer(pulumi.ComponentResource):
             tags=args.placement.tag_map(),
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
-        storage.FileShare(
+        share = storage.FileShare(
             f"{name}-share",
             account_name=account.name,
             resource_group_name=args.placement.resource_group_name,
             share_name=NFS_SHARE,
             enabled_protocols=storage.EnabledProtocols.NFS,
-            root_squash=storage.RootSquashType.ROOT_SQUASH,
+            # A new share's root is root-owned and tasks run as a non-admin user: the pool's
+            # start task (root on the node) creates the world-writable runs folder, which root
+            # squashing would forbid. Only the compute subnet reaches the share.
+            root_squash=storage.RootSquashType.NO_ROOT_SQUASH,
             share_quota=args.share_quota_gb,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         self.address = pulumi.Output.concat(account.name, ".file.core.windows.net")
-        self.export_path = pulumi.Output.concat("/", account.name, "/", NFS_SHARE)
+        # From the share's output, so nodes never mount before the share exists.
+        self.export_path = pulumi.Output.concat("/", account.name, "/", share.name)
         self.mount_options = "-o vers=4,minorversion=1,sec=sys,nconnect=4"

@@ -19,7 +19,7 @@ import yaml
 
 from infra import cost, prices
 from infra.config import PROJECT, ConfigError, StackSettings, load_schema
-from infra.mocks import AzureMocks, DeclaredResource
+from infra.mocks import AzureMocks, DeclaredResource, RecordingMonitor
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "__main__.py"
@@ -58,6 +58,10 @@ class Plan:
     outputs: dict[str, Any]
     # Explicit depends_on per resource name (mocks see only data dependencies, in inputs).
     depends_on: dict[str, list[str]] = field(default_factory=dict)
+    # Every dependency the engine would order creation by (explicit and through outputs).
+    dependencies: dict[str, set[str]] = field(default_factory=dict)
+    # The resource options each resource was declared with (ignore_changes, replace_on_changes).
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
@@ -78,27 +82,31 @@ def _as_config_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def evaluate(stack: str, values: dict[str, Any]) -> Plan:
-    """Validate ``values``, then run the program under mocks and collect what it declares."""
+def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Plan:
+    """Validate ``values``, then run the program under mocks and collect what it declares;
+    ``preview`` evaluates it as `pulumi preview` does, with every computed output unknown."""
     import pulumi
 
     settings = StackSettings.from_mapping(stack, values, load_schema())
-    mocks = AzureMocks()
+    mocks = AzureMocks(preview=preview)
+    monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_all_config(
         {(k if ":" in k else f"{PROJECT}:{k}"): _as_config_value(v) for k, v in values.items()}
     )
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
     exported: dict[str, Any] = {}
     resolved: dict[str, Any] = {}
     real_export = pulumi.export
 
     protected: set[tuple[str, str]] = set()
     depends_on: dict[str, list[str]] = {}
+    options: dict[str, Any] = {}
 
     def record_protection(
         args: pulumi.ResourceTransformationArgs,
     ) -> pulumi.ResourceTransformationResult | None:
         # Mocks never see resource options; a stack transformation does.
+        options[args.name] = args.opts
         if args.opts.protect:
             protected.add((args.type_, args.name))
         dependencies = args.opts.depends_on
@@ -118,7 +126,29 @@ def evaluate(stack: str, values: dict[str, Any]) -> Plan:
     finally:
         pulumi.export = real_export
     resources = [replace(r, protect=(r.typ, r.name) in protected) for r in mocks.resources]
-    return Plan(settings, resources, resolved, depends_on)
+    return Plan(settings, resources, resolved, depends_on, monitor.dependencies, options)
+
+
+def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:
+    """The Batch account's core quota the pool needs. A Batch account in BatchService mode has
+    its own per-VM-family quotas, separate from the subscription's and often 0 for new accounts
+    (articles/batch/batch-quota-limit.md): a pool beyond them never gets its nodes."""
+    family = f"az vm list-skus -l {s.location} --size {s.vm_size} --query '[0].family' -o tsv"
+    account = (
+        f"az batch account show -n {account} -g {resource_group} --query "
+        "'{dedicated: dedicatedCoreQuotaPerVmFamily, lowPriority: lowPriorityCoreQuota}'"
+    )
+    lines = [
+        "Batch account quota needed (request it before `pulumi up`; new accounts often have 0):",
+        f"  dedicated cores of the {s.vm_size} family: {s.node_count} nodes x "
+        f"{s.gpu.vcpus} vCPUs = {s.node_count * s.gpu.vcpus}",
+    ]
+    if s.spot_nodes:
+        lines.append(
+            f"  Spot (low-priority) cores: {s.spot_nodes} nodes x {s.gpu.vcpus} vCPUs = "
+            f"{s.spot_nodes * s.gpu.vcpus}"
+        )
+    return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
 
 def render(plan: Plan, busy_hours: int) -> str:
@@ -134,7 +164,9 @@ def render(plan: Plan, busy_hours: int) -> str:
         lines.append(f"+ {resource.typ}  {resource.name}{marker}")
         if shown:
             lines.append(f"    {json.dumps(shown, sort_keys=True)}")
-    lines += ["", "Outputs:"]
+    account = str(plan.outputs.get("batch_account_endpoint", "<account>")).split(".")[0]
+    resource_group = str(plan.outputs.get("resource_group_name", "<resource group>"))
+    lines += ["", *quota_lines(s, account, resource_group), "", "Outputs:"]
     lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]
     mode = (
         "always on"

@@ -28,9 +28,12 @@ UBUNTU_HPC_2204 = BatchImage("microsoft-dsvm", "ubuntu-hpc", "2204", "batch.node
 @dataclass(frozen=True)
 class GpuSize:
     name: str
+    vcpus: int  # what the Batch account's per-family core quota counts
     gpus: int
     gpu: str
     ib_gbps_per_gpu: int
+    # InfiniBand ports the start task requires ACTIVE: one HCA per GPU on every ND IB size.
+    ib_ports: int
     image: BatchImage
     regions: frozenset[str]
 
@@ -45,17 +48,23 @@ _A100_REGIONS = frozenset(
 SUPPORTED: dict[str, GpuSize] = {
     s.name: s
     for s in (
-        GpuSize("Standard_ND96isr_H100_v5", 8, "H100 80GB", 400, UBUNTU_HPC_2404, _H100_REGIONS),
+        GpuSize(
+            "Standard_ND96isr_H100_v5", 96, 8, "H100 80GB", 400, 8, UBUNTU_HPC_2404, _H100_REGIONS
+        ),
         GpuSize(
             "Standard_ND96isr_H200_v5",
+            96,
             8,
             "H200 141GB",
             400,
+            8,
             UBUNTU_HPC_2404,
             frozenset({"eastus2", "swedencentral", "westus3"}),
         ),
-        GpuSize("Standard_ND96asr_v4", 8, "A100 40GB", 200, UBUNTU_HPC_2404, _A100_REGIONS),
-        GpuSize("Standard_ND96amsr_A100_v4", 8, "A100 80GB", 200, UBUNTU_HPC_2404, _A100_REGIONS),
+        GpuSize("Standard_ND96asr_v4", 96, 8, "A100 40GB", 200, 8, UBUNTU_HPC_2404, _A100_REGIONS),
+        GpuSize(
+            "Standard_ND96amsr_A100_v4", 96, 8, "A100 80GB", 200, 8, UBUNTU_HPC_2404, _A100_REGIONS
+        ),
     )
 }
 

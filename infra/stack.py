@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import pulumi
@@ -11,20 +10,22 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
-from infra.config import ConfigError, StackSettings
+from infra.config import StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs
-from infra.image import TrainerImage, TrainerImageArgs, content_tag, source_commit
+from infra.image import TrainerImage, TrainerImageArgs, commit_to_build, content_tag
 from infra.job import TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
 from infra.storage import CONTAINERS, Storage, StorageArgs
+from infra.toolchain import base_reference
 from trainer.cli import to_flags
 
 
 def declare(s: StackSettings) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs (snake_case nouns)."""
+    commit = _commit_to_build(s)  # may refuse the source: before any resource exists
     stem, client = naming.prefix(s), authorization.get_client_config_output()
     rg = resources.ResourceGroup(
         stem, resource_group_name=f"rg-{stem}", location=s.location, tags=naming.default_tags(s)
@@ -46,6 +47,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             placement=at,
             account_name=naming.global_name(s, "data"),
             subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
+            allowed_ips=s.storage_allowed_ips,
             protect_data=s.protect_data,
         ),
     )
@@ -108,14 +110,16 @@ def declare(s: StackSettings) -> dict[str, Any]:
         stem,
         TrainerImageArgs(
             builder=s.image_builder,
+            placement=at,
+            subscription_id=client.subscription_id,
             registry_name=registry.registry_name,
+            registry_id=registry.registry_id,
             login_server=registry.login_server,
-            resource_group_name=rg.name,
-            base_image=s.image_base,
-            base_digest=s.image_base_digest,
+            base_image=base_reference(s.image_base, s.image_base_digest),
             source_repo=s.image_source_repo,
             tag=content_tag(),
-            commit=_commit_to_build(s),
+            commit=commit,
+            source_token=secret_setting("imageSourceToken"),
         ),
     )
     outputs: dict[str, Any] = {"image_ref": image.ref, "image_digest": image.digest}
@@ -163,19 +167,6 @@ def declare(s: StackSettings) -> dict[str, Any]:
 
 
 def _commit_to_build(s: StackSettings) -> str:
-    """The commit an ACR Task builds; uncommitted image inputs would not be in it: warn."""
-    if s.image_builder != "acr":
-        return ""
-    try:
-        commit, dirty = source_commit()
-    except (OSError, subprocess.CalledProcessError):
-        raise ConfigError(
-            "imageBuilder=acr: builds a git commit, but this folder is not a git checkout; "
-            "run from a clone or use imageBuilder docker"
-        ) from None
-    if dirty:
-        pulumi.log.warn(
-            f"the acr builder builds commit {commit[:12]}, but the image inputs have uncommitted "
-            "changes: commit and push them, or use imageBuilder docker"
-        )
-    return commit
+    """The commit the acr builder builds ("" for docker); a real `pulumi up` refuses
+    uncommitted image inputs and a commit the remote lacks (infra.image.commit_to_build)."""
+    return commit_to_build() if s.image_builder == "acr" else ""

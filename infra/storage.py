@@ -2,7 +2,8 @@
 
 Identity-only access: shared keys are off, so every reader and writer uses Entra ID (managed
 identities on the nodes, `az login` for people); HTTPS and TLS 1.2 only; no anonymous blobs;
-the network denies by default and admits the VNet's subnets (service endpoints).
+the network denies by default and admits the VNet's subnets (service endpoints) and the public
+addresses in storageAllowedIps (a laptop uploading datasets, a browser reading logs).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class StorageArgs:
     placement: Placement
     account_name: str
     subnet_ids: Sequence[pulumi.Input[str]]
+    allowed_ips: Sequence[str] = ()
     protect_data: bool = True
 
 
@@ -60,6 +62,12 @@ class Storage(pulumi.ComponentResource):
                 virtual_network_rules=[
                     storage.VirtualNetworkRuleArgs(virtual_network_resource_id=subnet_id)
                     for subnet_id in args.subnet_ids
+                ],
+                # The machines that upload datasets and read job logs from outside the VNet
+                # (storageAllowedIps; infra/config.py checks Azure's rules for them).
+                ip_rules=[
+                    storage.IPRuleArgs(i_p_address_or_range=ip, action=storage.Action.ALLOW)
+                    for ip in args.allowed_ips
                 ],
             ),
             tags=args.placement.tag_map(),

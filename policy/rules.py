@@ -185,6 +185,68 @@ def _spot_needs_checkpointing(args: ResourceValidationArgs, report: ReportViolat
         )
 
 
+# ------------------------------------------------ constraints Azure documents (each one an error
+# ARM would return mid-deployment; caught at preview instead)
+@_for("azure-native:containerregistry:Registry")
+def _acr_export_policy(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """A registry's export policy can be disabled only with public network access disabled
+    (articles/container-registry/data-loss-prevention.md)."""
+    export = ((args.props.get("policies") or {}).get("exportPolicy") or {}).get("status")
+    public = args.props.get("publicNetworkAccess", "Enabled")
+    if str(export).lower() == "disabled" and public != "Disabled":
+        report(
+            f"exportPolicy disabled with publicNetworkAccess {public}: ACR refuses it; enable "
+            "the export policy or disable public network access",
+            None,
+        )
+
+
+# Per storage service, the metric categories diagnostic settings accept (AllMetrics is a 400:
+# Azure/azure-powershell #6520; articles/storage/blobs/monitor-blob-storage-reference.md).
+_STORAGE_SERVICE_METRICS = {"Transaction", "Capacity"}
+
+
+@_for("azure-native:monitor:DiagnosticSetting")
+def _storage_service_metrics(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Diagnostic settings on storage services (blob, file, queue, table) ask only for the
+    Transaction and Capacity metric categories."""
+    uri = str(args.props.get("resourceUri") or "")
+    if not re.search(r"/(blob|file|queue|table)Services/", uri):
+        return
+    for metric in args.props.get("metrics") or []:
+        if metric.get("category") not in _STORAGE_SERVICE_METRICS:
+            report(
+                f"metric category {metric.get('category')!r} on a storage service: use "
+                f"{' or '.join(sorted(_STORAGE_SERVICE_METRICS))}",
+                None,
+            )
+
+
+@_for(STORAGE_ACCOUNT)
+def _storage_ip_rules(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Storage IP rules name public addresses, ranges /30 or larger
+    (articles/storage/common/storage-network-security-ip-address-range.md)."""
+    for rule in (args.props.get("networkRuleSet") or {}).get("ipRules") or []:
+        value = str(rule.get("iPAddressOrRange") or "")
+        try:
+            network = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            report(f"storage IP rule {value!r} is not an address or range", None)
+            continue
+        if "/" in value and network.prefixlen > 30:
+            report(f"storage IP rule {value}: /31 and /32 are refused; give the address", None)
+        elif not network.is_global:
+            report(f"storage IP rule {value}: private ranges are refused; use VNet rules", None)
+
+
+@_for("azure-native:consumption:Budget")
+def _budget_start(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """A budget's period starts on the first of a month; ARM refuses other start dates."""
+    start = str((args.props.get("timePeriod") or {}).get("startDate") or "")
+    if not re.fullmatch(r"\d{4}-\d{2}-01(T00:00:00Z)?", start):
+        report(f"budget startDate {start!r}: must be the first day of a month (YYYY-MM-01)", None)
+
+
 # ---------------------------------------------------------------- stack rule
 def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
     """What the estimate needs, read from the declared resources; None without a pool."""
@@ -241,6 +303,10 @@ RESOURCE_RULES: dict[str, Validate] = {
     "pool-infiniband-size": _pool_infiniband,
     "required-tags": _required_tags,
     "spot-needs-checkpointing": _spot_needs_checkpointing,
+    "acr-export-policy-needs-private-registry": _acr_export_policy,
+    "storage-service-metric-categories": _storage_service_metrics,
+    "storage-ip-rules-public": _storage_ip_rules,
+    "budget-starts-on-the-first": _budget_start,
 }
 ALL_POLICIES: list[Policy] = [
     *(_mandatory(name, check) for name, check in RESOURCE_RULES.items()),

@@ -9,6 +9,8 @@ would silently route every gradient over TCP (the mistake an earlier reference m
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -20,6 +22,8 @@ class Fabric:
     # fraction of it.
     busbw_gbps: float
     env: dict[str, str] = field(default_factory=dict)
+    # NCCL's topology file, the first that exists on the node (the HPC images moved it).
+    topo_files: tuple[str, ...] = ()
 
 
 _COMMON = {
@@ -30,14 +34,21 @@ _COMMON = {
     "UCX_TLS": "rc",
     "NCCL_NET_GDR_LEVEL": "PHB",
 }
-_NDV5 = {**_COMMON, "NCCL_TOPO_FILE": "/opt/microsoft/ndv5-topo.xml"}
-_NDV4 = {**_COMMON, "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml"}
+# The Azure HPC images' own NCCL settings for NDv5 (Azure/azhpc-images customizations/ndv5.sh,
+# which writes them to /etc/nccl.conf): the topology file under /opt/microsoft/ndv5/, and NCCL
+# ignoring the CPU affinity it inherits, so it binds each rank next to its GPU itself.
+_NDV5 = {**_COMMON, "NCCL_IGNORE_CPU_AFFINITY": "1"}
+_NDV4 = dict(_COMMON)
+# /opt/microsoft/<family>/topo.xml is the current place; /opt/microsoft/<family>-topo.xml the
+# deprecated one that older images have only.
+_NDV5_TOPO = ("/opt/microsoft/ndv5/topo.xml", "/opt/microsoft/ndv5-topo.xml")
+_NDV4_TOPO = ("/opt/microsoft/ndv4/topo.xml", "/opt/microsoft/ndv4-topo.xml")
 
 FABRICS: dict[str, Fabric] = {
-    "Standard_ND96isr_H100_v5": Fabric(8, 350.0, _NDV5),
-    "Standard_ND96isr_H200_v5": Fabric(8, 350.0, _NDV5),
-    "Standard_ND96asr_v4": Fabric(8, 180.0, _NDV4),
-    "Standard_ND96amsr_A100_v4": Fabric(8, 180.0, _NDV4),
+    "Standard_ND96isr_H100_v5": Fabric(8, 350.0, _NDV5, _NDV5_TOPO),
+    "Standard_ND96isr_H200_v5": Fabric(8, 350.0, _NDV5, _NDV5_TOPO),
+    "Standard_ND96asr_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
+    "Standard_ND96amsr_A100_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
 }
 PREFLIGHT_FRACTION = 0.7
 # Settings that must not leak into a run on an InfiniBand size (from a base image or a user).
@@ -58,14 +69,23 @@ def preflight_floor(vm_size: str) -> float:
     return round(fabric_for(vm_size).busbw_gbps * PREFLIGHT_FRACTION, 1)
 
 
-def worker_environment(vm_size: str | None, inherited: dict[str, str]) -> dict[str, str]:
+def worker_environment(
+    vm_size: str | None,
+    inherited: dict[str, str],
+    exists: Callable[[str], bool] = os.path.exists,
+) -> dict[str, str]:
     """``inherited`` with the size's fabric settings applied and forbidden ones removed; an
-    explicit value in ``inherited`` wins over the table (operators may tune), except those."""
+    explicit value in ``inherited`` wins over the table (operators may tune), except those.
+    NCCL_TOPO_FILE names the first topology file that ``exists`` on this node, if any."""
     env = dict(inherited)
     if vm_size is None:  # CPU / simulation: Gloo over TCP, nothing to tune
         return env
     for key in FORBIDDEN_ON_IB:
         env.pop(key, None)
-    for key, value in fabric_for(vm_size).env.items():
+    fabric = fabric_for(vm_size)
+    for key, value in fabric.env.items():
         env.setdefault(key, value)
+    topo = next((path for path in fabric.topo_files if exists(path)), None)
+    if topo is not None:
+        env.setdefault("NCCL_TOPO_FILE", topo)
     return env

@@ -1,10 +1,22 @@
-"""The trainer image's Dockerfile, checked without a Docker engine: hadolint, pins, layout."""
+"""The trainer image's Dockerfile, checked without a Docker engine: hadolint, pins, layout, the
+base reference as BuildKit resolves it, and the CUDA set against torch's wheel metadata."""
 
+import json
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
+
+import pytest
+from docker_image.reference import Reference, ReferenceInvalidFormat
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+
+from infra.config import StackSettings, load_schema
+from infra.toolchain import CUDA, MIN_DRIVER, base_reference, cuda_of_base
+from tests.infra.conftest import stack_values
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -38,14 +50,71 @@ def test_image_lock_matches_the_project_pins():
     assert f"ARG TORCH_VERSION={torch_pin.split('==')[1]}" in DOCKERFILE.read_text()
 
 
-def test_base_is_pinned_by_digest_and_horovod_comes_from_the_shared_script():
+def _from_reference(build_args: dict[str, str]) -> str:
+    """The FROM reference BuildKit resolves with these build args (global ARG defaults apply)."""
+    return DockerfileParser(str(DOCKERFILE), build_args=build_args).baseimage
+
+
+@pytest.mark.parametrize("stack", ["dev", "vision-prod"])
+@pytest.mark.parametrize("digest", ["", "sha256:" + "ab" * 32])
+def test_the_base_reference_the_stack_builds_from_is_a_valid_image_reference(stack, digest):
+    values = {**stack_values(stack), "gpu-cluster:imageBaseDigest": digest}
+    s = StackSettings.from_mapping(stack, values, load_schema())
+    reference = _from_reference({"BASE_IMAGE": base_reference(s.image_base, s.image_base_digest)})
+    parsed = Reference.parse_normalized_named(reference)  # distribution's grammar; raises if bad
+    assert parsed["tag"] == s.image_base.rsplit(":", 1)[1]
+    assert parsed["digest"] == (digest or None)
+
+
+def test_the_dockerfile_default_base_is_the_schema_default_and_an_empty_digest_is_no_reference():
+    assert _from_reference({}) == load_schema()["imageBase"]["default"]
+    # What the old `FROM ${BASE_IMAGE}@${BASE_DIGEST}` gave with the default empty digest.
+    with pytest.raises(ReferenceInvalidFormat):
+        Reference.parse_normalized_named(load_schema()["imageBase"]["default"] + "@")
+
+
+def test_horovod_comes_from_the_shared_script_after_the_requirements():
     text = DOCKERFILE.read_text()
-    assert "FROM ${BASE_IMAGE}@${BASE_DIGEST}" in text
     assert "build_horovod.sh python /tmp/wheels gpu" in text
     # Requirements are installed before the trainer sources are copied (layer caching).
     assert text.index("COPY docker/requirements.txt") < text.index("COPY trainer")
     assert re.search(r"^USER 1000:1000$", text, re.M)
     assert "horovodrun --check-build" in text and "[X] NCCL" in text
+
+
+def _torch_wheel_requirements(version: str) -> list[Requirement]:
+    """torch's Linux x86_64 wheel metadata for CPython 3.11 as pip resolves it from the index:
+    ``--isolated`` ignores local wheel folders that hold CPU builds."""
+    with tempfile.TemporaryDirectory() as target:
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--quiet",
+                "--report", "-", "--no-deps", "--target", target, "--only-binary=:all:",
+                "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
+                f"torch=={version}",
+            ],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (item,) = json.loads(result.stdout)["install"]
+    return [Requirement(r) for r in item["metadata"]["requires_dist"]]
+
+
+def test_base_image_torch_wheel_nccl_and_driver_floor_are_one_cuda_set():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    torch_pin = next(d for d in project["dependencies"] if d.startswith("torch=="))
+    requirements = {r.name: r for r in _torch_wheel_requirements(torch_pin.split("==")[1])}
+    # The wheel pins its CUDA toolkit exactly (==13.0.3): its major.minor is the image's CUDA.
+    (toolkit,) = requirements["cuda-toolkit"].specifier
+    assert toolkit.operator == "==" and toolkit.version.rsplit(".", 1)[0] == CUDA
+    # Horovod links the NCCL of the same wheel set (nvidia-nccl-cu<major>).
+    assert f"nvidia-nccl-cu{CUDA.split('.')[0]}" in requirements
+    assert "nvidia.nccl" in DOCKERFILE.read_text()
+    # The base the image builds from by default carries the same CUDA.
+    assert cuda_of_base(load_schema()["imageBase"]["default"]) == CUDA
+    assert cuda_of_base(_from_reference({})) == CUDA
+    # R580 is the driver branch for CUDA 13.x (NVIDIA's data-center support matrix).
+    assert CUDA.startswith("13.") and MIN_DRIVER.split(".")[0] == "580"
 
 
 def test_dockerignore_admits_only_what_the_build_copies():

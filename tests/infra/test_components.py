@@ -46,6 +46,8 @@ def test_registry_exposes_its_login_server(mocks):
         assert login_server == "unitacr12345678.azurecr.io"
         acr = next(r for r in mocks.resources if r.typ == "azure-native:containerregistry:Registry")
         assert acr.inputs["adminUserEnabled"] is False
-        assert acr.inputs["policies"]["exportPolicy"]["status"] == "disabled"
+        # Disabled needs public access disabled (acr-export-policy-needs-private-registry).
+        assert acr.inputs["publicNetworkAccess"] == "Enabled"
+        assert acr.inputs["policies"]["exportPolicy"]["status"] == "enabled"
 
     return registry.login_server.apply(check)

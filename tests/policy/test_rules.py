@@ -252,6 +252,54 @@ CASES = [
 ]
 
 
+REGISTRY = {
+    "publicNetworkAccess": "Enabled",
+    "policies": {"exportPolicy": {"status": "enabled"}},
+}
+BLOB_DIAGNOSTICS = {
+    "resourceUri": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Storage/"
+    "storageAccounts/a/blobServices/default",
+    "metrics": [{"category": "Transaction", "enabled": True}],
+}
+CASES += [
+    (
+        "acr-export-policy-needs-private-registry",
+        "azure-native:containerregistry:Registry",
+        REGISTRY,
+        changed(REGISTRY, ["policies", "exportPolicy", "status"], "disabled"),
+        "ACR refuses it",
+    ),
+    (
+        "storage-service-metric-categories",
+        "azure-native:monitor:DiagnosticSetting",
+        BLOB_DIAGNOSTICS,
+        changed(BLOB_DIAGNOSTICS, ["metrics"], [{"category": "AllMetrics", "enabled": True}]),
+        "'AllMetrics' on a storage service",
+    ),
+    (
+        "storage-ip-rules-public",
+        "azure-native:storage:StorageAccount",
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.0/24"}]),
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.4/32"}]),
+        "/31 and /32 are refused",
+    ),
+    (
+        "storage-ip-rules-public",
+        "azure-native:storage:StorageAccount",
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.4"}]),
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "10.0.0.0/16"}]),
+        "private ranges are refused",
+    ),
+    (
+        "budget-starts-on-the-first",
+        "azure-native:consumption:Budget",
+        {"timePeriod": {"startDate": "2026-11-01"}},
+        {"timePeriod": {"startDate": "2026-11-22"}},
+        "first day of a month",
+    ),
+]
+
+
 @pytest.mark.parametrize(("policy", "typ", "good", "bad", "message"), CASES)
 def test_policy_passes_compliant_and_reports_violating(policy, typ, good, bad, message):
     assert check(policy, typ, good) == []

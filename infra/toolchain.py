@@ -1,0 +1,33 @@
+"""The CUDA set the trainer image and the pool's nodes must agree on.
+
+torch 2.13.0's Linux wheel on PyPI is a CUDA 13.0 build: its metadata requires
+``cuda-toolkit==13.0.*`` and ``nvidia-nccl-cu13`` (tests/docker reads it with
+``pip install --dry-run --report``). So the image's base carries the CUDA 13.0 toolkit (nvcc for
+Horovod's GPU kernels), Horovod links the NCCL of torch's own ``nvidia-nccl-cu13`` wheel, and
+every node needs a driver of the R580 branch or newer: CUDA 13.0 needs 580.65.06 (CUDA 13.0
+release notes, "CUDA Toolkit and Corresponding Driver Versions"; NVIDIA's data-center support
+matrix lists R580 as the branch for CUDA 13.x). The Azure HPC Ubuntu 24.04 images the pool
+runs carry R580 since their 2026-01 refresh (Azure/azhpc-images #478); the pool's start task
+checks the driver on every node anyway.
+"""
+
+from __future__ import annotations
+
+import re
+
+CUDA = "13.0"
+MIN_DRIVER = "580.65.06"
+# The CUDA version at the front of an nvidia/cuda style tag: 13.0.1-devel-ubuntu22.04 -> 13.0.
+_CUDA_TAG = re.compile(r":(\d+\.\d+)\.\d+-[^@]*$")
+
+
+def cuda_of_base(image_base: str) -> str | None:
+    """The CUDA major.minor an ``nvidia/cuda``-style tag names, None when the tag has none."""
+    found = _CUDA_TAG.search(image_base)
+    return found.group(1) if found else None
+
+
+def base_reference(image_base: str, digest: str) -> str:
+    """The one reference the Dockerfile's ``FROM ${BASE_IMAGE}`` builds from: the tag, pinned by
+    its digest when the stack gives one (``name:tag@sha256:...`` is a valid reference)."""
+    return f"{image_base}@{digest}" if digest else image_base

@@ -1,0 +1,175 @@
+"""What the Pulumi engine and ARM do with the program's declarations: the dependencies the
+engine orders creation by (as the SDK sends them in RegisterResource), the resource options it
+acts on, preview mode with unknown outputs, and the config rules that stand in for ARM's."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import config as config_module
+from infra.budget import BUDGET_START_PROPERTY
+from infra.config import ConfigError, StackSettings, load_schema
+from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
+from infra.nfs import CUSTOM_DATA_PROPERTY
+from infra.plan import evaluate, render
+from tests.infra.conftest import STACKS, of_type, one, stack_values
+
+TEAM_GROUP = "33333333-3333-3333-3333-333333333333"
+
+
+def _at(inputs: dict, path: str):
+    """The value at a Pulumi property path (``osProfile.customData``) of a resource's inputs."""
+    value = inputs
+    for key in path.split("."):
+        value = value[key]
+    return value
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_program_evaluates_as_a_preview_with_every_computed_output_unknown(stack):
+    plan = evaluate(stack, stack_values(stack), preview=True)
+    declared = {r.typ for r in plan.resources}
+    assert {"azure-native:batch:Pool", "pulumi-python:dynamic:Resource"} <= declared
+    # Nothing computed is known in a preview, so no output resolves (and nothing crashed).
+    assert plan.outputs == {}
+
+
+def test_nodes_mount_the_nfs_server_only_after_cloud_init_finished(dev_plan):
+    pool = one(dev_plan, "azure-native:batch:Pool")
+    ready = one(dev_plan, "azure-native:compute:VirtualMachineExtension", "-nfs-ready")
+    vm = one(dev_plan, "azure-native:compute:VirtualMachine")
+    assert ready.inputs["protectedSettings"] == {"commandToExecute": "cloud-init status --wait"}
+    # The engine creates the pool after the extension (and so the VM and its NIC) is done.
+    assert ready.name in dev_plan.dependencies[pool.name]
+    assert vm.name in dev_plan.dependencies[ready.name]
+
+
+def test_nodes_mount_the_azure_files_share_only_after_it_exists(prod_plan):
+    pool = one(prod_plan, "azure-native:batch:Pool")
+    share = one(prod_plan, "azure-native:storage:FileShare", "-share")
+    assert share.name in prod_plan.dependencies[pool.name]
+    source = pool.inputs["mountConfiguration"][0]["nfsMountConfiguration"]["source"]
+    assert source.endswith(f"/{share.inputs['shareName']}")
+    # Root is not squashed: the start task (root on the node) makes the runs folder.
+    assert share.inputs["rootSquash"] == "NoRootSquash"
+
+
+def test_new_cloud_init_replaces_the_nfs_vm_and_keeps_its_data_disks(dev_plan):
+    vm = one(dev_plan, "azure-native:compute:VirtualMachine")
+    options = dev_plan.options[vm.name]
+    assert options.replace_on_changes == [CUSTOM_DATA_PROPERTY]
+    assert options.delete_before_replace is True
+    assert _at(vm.inputs, CUSTOM_DATA_PROPERTY)  # the path names a property the VM really has
+    disks = of_type(dev_plan, "azure-native:compute:Disk")
+    assert disks and all(d.protect for d in disks)
+    assert {d["deleteOption"] for d in vm.inputs["storageProfile"]["dataDisks"]} == {"Detach"}
+
+
+def _submitters(plan):
+    return [
+        r
+        for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+        if r.inputs["roleDefinitionId"].endswith(BATCH_JOB_SUBMITTER)
+    ]
+
+
+def test_the_deployer_always_submits_jobs_and_nobody_gets_pool_rights(plan):
+    from infra.mocks import DEPLOYER_OBJECT_ID
+
+    (deployer,) = _submitters(plan)
+    assert deployer.inputs["principalId"] == DEPLOYER_OBJECT_ID
+    assert deployer.inputs["principalType"] == deployer_principal_type()
+    # Nobody who only submits jobs gets Batch Data Contributor (pool resize and delete).
+    roles = [
+        r.inputs["roleDefinitionId"]
+        for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+    ]
+    assert not any(role.endswith("6aaa78f1-f7de-44ca-8722-c64a23943cae") for role in roles)
+
+
+@pytest.mark.parametrize(
+    ("env", "az_says", "expected"),
+    [
+        # CI: azure-native authenticates as the service principal from ARM_CLIENT_ID (OIDC).
+        ({"ARM_CLIENT_ID": "app", "ARM_USE_OIDC": "true"}, None, "ServicePrincipal"),
+        ({"ARM_USE_MSI": "true"}, None, "ServicePrincipal"),
+        # A laptop: the Azure CLI's login, a person or `az login --service-principal`.
+        ({}, "user", "User"),
+        ({}, "servicePrincipal", "ServicePrincipal"),
+        ({}, None, "User"),
+    ],
+)
+def test_the_deployers_principal_type_is_the_one_azure_native_signs_in_as(
+    tmp_path, env, az_says, expected
+):
+    path = str(tmp_path)
+    if az_says is not None:
+        az = tmp_path / "az"
+        az.write_text(
+            '#!/bin/bash\n[ "$*" = "account show --query user.type -o tsv" ] || exit 2\n'
+            f"echo {az_says}\n"
+        )
+        az.chmod(0o755)
+    assert deployer_principal_type({**env, "PATH": path}) == expected
+
+
+def test_the_team_group_is_granted_besides_the_deployer():
+    from infra.mocks import DEPLOYER_OBJECT_ID
+
+    plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:jobSubmitterObjectId": TEAM_GROUP})
+    by_principal = {r.inputs["principalId"]: r for r in _submitters(plan)}
+    assert set(by_principal) == {DEPLOYER_OBJECT_ID, TEAM_GROUP}
+    assert by_principal[TEAM_GROUP].inputs["principalType"] == "Group"
+    names = {r.inputs["roleAssignmentName"] for r in by_principal.values()}
+    assert len(names) == 2  # distinct, deterministic assignment GUIDs
+
+
+def test_a_budget_starts_this_month_and_never_moves_afterwards(monkeypatch, plan):
+    budget = one(plan, "azure-native:consumption:Budget")
+    assert budget.inputs["timePeriod"]["startDate"] == f"{config_module.current_month()}-01"
+    assert plan.options[budget.name].ignore_changes == [BUDGET_START_PROPERTY]
+    assert _at(budget.inputs, BUDGET_START_PROPERTY)
+
+
+def test_a_budget_month_before_the_current_one_is_refused(monkeypatch):
+    monkeypatch.setattr(config_module, "current_month", lambda: "2027-01")
+    values = {**stack_values("dev"), "budgetStartMonth": "2026-12"}
+    with pytest.raises(ConfigError, match=r"budgetStartMonth=2026-12: before the current month"):
+        StackSettings.from_mapping("dev", values, load_schema())
+    values["budgetStartMonth"] = "2027-01"
+    assert StackSettings.from_mapping("dev", values, load_schema()).budget_start_month
+
+
+def test_storage_admits_the_configured_public_addresses():
+    plan = evaluate(
+        "dev", {**stack_values("dev"), "storageAllowedIps": ["20.1.2.3", "52.10.0.0/24"]}
+    )
+    account = one(plan, "azure-native:storage:StorageAccount", "-account")
+    rules = account.inputs["networkRuleSet"]["ipRules"]
+    assert [(r["iPAddressOrRange"], r["action"]) for r in rules] == [
+        ("20.1.2.3", "Allow"),
+        ("52.10.0.0/24", "Allow"),
+    ]
+    assert account.inputs["networkRuleSet"]["defaultAction"] == "Deny"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("20.1.2.4/32", "takes /30 or larger ranges; give the address alone"),
+        ("192.168.1.10", "not a public address"),
+        ("laptop", "not an IPv4 CIDR"),
+    ],
+)
+def test_storage_addresses_azure_refuses_are_config_errors(value, message):
+    values = {**stack_values("dev"), "storageAllowedIps": [value]}
+    with pytest.raises(ConfigError, match=message):
+        StackSettings.from_mapping("dev", values, load_schema())
+
+
+def test_the_plan_shows_the_batch_core_quota_the_pool_needs(prod_plan):
+    text = render(prod_plan, 160)
+    assert "dedicated cores of the Standard_ND96amsr_A100_v4 family: 4 nodes x 96 vCPUs = 384" in (
+        text
+    )
+    assert "dedicatedCoreQuotaPerVmFamily" in text
