@@ -22,7 +22,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,6 +348,8 @@ class TrainerImageArgs:
     commit: str
     # A token that can read a private source_repo (a Pulumi secret; None for a public one).
     source_token: pulumi.Input[str] | None = None
+    # What must be in place before the task writes to the registry (its bypass for tasks).
+    registry_ready: Sequence[pulumi.Resource] = ()
 
 
 class TrainerImage(pulumi.ComponentResource):
@@ -451,8 +453,9 @@ class TrainerImage(pulumi.ComponentResource):
                 image=image_name,
                 build_args=build_args,
             ),
-            # The run uses the task as updated for this tag, and pushes with the role.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[task, push]),
+            # The run uses the task as updated for this tag, and pushes with the role through a
+            # registry that admits tasks' identities past its firewall.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[task, push, *args.registry_ready]),
         )
         return build.digest
 

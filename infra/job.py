@@ -5,38 +5,64 @@ and its multi-instance task with Entra credentials (``DefaultAzureCredential``; 
 holds the Batch data-plane roles). Any input change replaces the job (delete before replace:
 the new job reuses the pool at once); delete terminates and deletes it; read refreshes its
 state. The payloads are built from azure-batch's own model classes by pure functions, so tests
-check them without Azure. Azure SDK imports stay inside functions: Pulumi pickles the provider.
+check them without Azure. Azure SDK imports stay inside functions: Pulumi pickles the provider
+(by reference), and the provider host imports this module for every operation, so nothing here
+may pull in torch.
 
 On the nodes: every node runs ``trainer.launch`` in the stack's image (host network and IPC,
-InfiniBand devices, unlimited locked memory, the VM's NCCL topology files). Checkpoints live on
-the NFS share under a folder named by the trainer settings, so a task retry, a replaced job
-with new code, or a job after ``pulumi up`` resumes from the newest checkpoint. stdout/stderr
-go to the ``logs`` container with the nodes' managed identity when the task ends.
+InfiniBand devices, unlimited locked memory, the VM's NCCL topology files), in the foreground
+of the multi-instance task's coordination command; the application command, which Batch runs
+on the primary only after every node's coordination command returned, prints every node's
+launcher log from the run folder and exits with the recorded outcome. Checkpoints live on the
+NFS share under a folder named by the trainer settings, so a task retry, a replaced job with
+new code, or a job after ``pulumi up`` resumes from the newest checkpoint. stdout/stderr go to
+the ``logs`` container with the nodes' managed identity when the task ends.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 import shlex
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
 
 from infra.cluster import NFS_RELATIVE_MOUNT
-from trainer.jobs import TASK_ID, state_text
+from trainer.jobs import TASK_ID, poll_succeeded, state_text, terminate_options
 
+T = TypeVar("T")
 MAX_TASK_RETRIES = 3
+# No --gpus: Batch enables the GPUs for container tasks on GPU pools itself and documents not
+# passing it (articles/batch/batch-docker-container-workloads.md).
 CONTAINER_RUN_OPTIONS = (
-    "--network host --ipc host --gpus all --shm-size 64g "
+    "--network host --ipc host --shm-size 64g "
     "--ulimit memlock=-1 --ulimit stack=67108864 "
     "--device /dev/infiniband --cap-add IPC_LOCK "
     "-v /opt/microsoft:/opt/microsoft:ro"  # NCCL topology files of the Azure HPC image
 )
 NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 DATASET_ROOT = "${AZ_BATCH_NODE_SHARED_DIR}/datasets"  # each node's local disk
+# New role assignments take minutes to reach Batch's data plane: until then it answers 403
+# (401 while a token is not accepted yet). Retry those with growing pauses for this long.
+AUTH_RETRY_SECONDS = 600.0
+FIRST_AUTH_RETRY_SECONDS = 2.0
+MAX_AUTH_RETRY_SECONDS = 60.0
+POLL_SECONDS = 5
+DELETE_WAIT_SECONDS = 900.0
+# Job states in which tasks may still run: terminate before delete so the launchers get SIGTERM
+# and checkpoint (a delete removes the task data at once).
+RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
+
+
+class JobError(RuntimeError):
+    """A Batch call failed; one line naming the job, the call and the fix."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +115,32 @@ class JobSpec:
         return cls(**values)
 
 
+# A word may start with one of Batch's variables (a folder on the node); bash expands only that.
+_BATCH_VARIABLE = re.compile(r"\$\{AZ_BATCH_[A-Z0-9_]+\}")
+
+
+def _word(part: str) -> str:
+    """One bash word: a leading ``${AZ_BATCH_...}`` in double quotes (expanded on the node),
+    everything else single-quoted, so no value (a dataset prefix, a trainer flag) is ever run
+    or expanded."""
+    variable = _BATCH_VARIABLE.match(part)
+    if variable is None:
+        return shlex.quote(part)
+    rest = part[variable.end() :]
+    return f'"{variable.group()}"' + (shlex.quote(rest) if rest else "")
+
+
 def _shell(*parts: str) -> str:
-    """A bash command line: ``${VAR}`` parts in double quotes (expanded), the rest quoted."""
-    return " ".join(f'"{p}"' if "${" in p else shlex.quote(p) for p in parts)
+    """A bash command line of ``parts``, one word each."""
+    return " ".join(_word(part) for part in parts)
 
 
 def _in_bash(command: str) -> str:
-    return f"/bin/bash -c {shlex.quote(command)}"
+    """A task command line: Batch runs it without a shell, as the container's CMD after the
+    image's ENTRYPOINT (MicrosoftDocs/azure-docs #94943; the trainer image has none), so bash
+    expands the Batch variables. ``exec``: the program becomes the container's first process
+    and receives the SIGTERM of a terminate itself."""
+    return f"/bin/bash -c {shlex.quote('exec ' + command)}"
 
 
 def _container(spec: JobSpec):
@@ -129,19 +174,36 @@ def trainer_command(spec: JobSpec) -> list[str]:
     return [*args, "--output-dir", f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}"]
 
 
-def job_options(spec: JobSpec):
-    """The job: on the stack's pool, ends when its task ends, stages data first if asked."""
-    from azure.batch import models as m
+def stage_command(spec: JobSpec) -> list[str]:
+    """``python -m trainer.data stage`` for the job's dataset (``trainer.data.transfer.stage_args``
+    builds the same; importing it here would import torch through ``trainer.data``)."""
+    return [
+        "python",
+        "-m",
+        "trainer.data",
+        "stage",
+        "--account-url",
+        spec.blob_endpoint,
+        "--container",
+        "datasets",
+        "--prefix",
+        spec.dataset_prefix,
+        "--dest",
+        f"{DATASET_ROOT}/{spec.dataset_prefix}",
+    ]
 
-    from trainer.data.transfer import stage_args
+
+def job_options(spec: JobSpec):
+    """The job: on the stack's pool, stages data first if asked. Created with ``noaction``:
+    Batch counts a job without tasks as complete, so ``terminatejob`` is set only once the task
+    exists (see ``TrainingJobProvider.create``)."""
+    from azure.batch import models as m
 
     preparation = None
     if spec.dataset_prefix:
-        dest = f"{DATASET_ROOT}/{spec.dataset_prefix}"
-        stage = stage_args(spec.blob_endpoint, "datasets", spec.dataset_prefix, dest)
         preparation = m.BatchJobPreparationTask(
             id="stage-data",
-            command_line=_in_bash(_shell(*stage)),
+            command_line=_in_bash(_shell(*stage_command(spec))),
             container_settings=_container(spec),
             environment_settings=_identity_env(spec),
             wait_for_success=True,
@@ -154,7 +216,7 @@ def job_options(spec: JobSpec):
         id=spec.job_id,
         display_name=f"{spec.stack} training",
         pool_info=m.BatchPoolInfo(pool_id=spec.pool_id),
-        all_tasks_complete_mode="terminatejob",
+        all_tasks_complete_mode="noaction",
         job_preparation_task=preparation,
         metadata=[
             m.BatchMetadataItem(name="stack", value=spec.stack),
@@ -163,22 +225,30 @@ def job_options(spec: JobSpec):
     )
 
 
+def launch_command(spec: JobSpec, mode: str) -> list[str]:
+    """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer."""
+    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, mode, "--"]
+    return [*launch, *trainer_command(spec)]
+
+
 def task_options(spec: JobSpec):
     """The multi-instance task: one instance per node, ``trainer.launch`` on each."""
     from azure.batch import models as m
 
-    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, "--"]
-    command = _shell(*launch, *trainer_command(spec))
-    # Batch runs the application command on the primary only and the coordination command on
-    # every node: the other nodes' launchers start there, in the background.
-    coordination = (
-        'if [ "$AZ_BATCH_IS_CURRENT_NODE_MASTER" != true ]; then '
-        f'nohup {command} > "$AZ_BATCH_TASK_WORKING_DIR/launch.log" 2>&1 & fi'
-    )
+    # Batch runs the coordination command on every node (the primary too) at once, and the
+    # application command on the primary only, after every coordination command returned 0
+    # (articles/batch/batch-mpi.md). Whether a background process of the coordination command
+    # outlives it in a container is not documented, so nothing runs in the background: the
+    # launchers train in the foreground of the coordination command, tee their output into the
+    # run folder on NFS and record their outcome there (exiting 0 once it is recorded); the
+    # application command prints every node's log and exits with the recorded outcome, so a
+    # failure anywhere fails the task (and Batch retries it, resuming from the checkpoints).
+    coordination = _shell(*launch_command(spec, "--defer-exit-code"))
+    application = _shell(*launch_command(spec, "--report"))
     return m.BatchTaskCreateOptions(
         id=TASK_ID,
         display_name=f"{spec.node_count} x {spec.vm_size}",
-        command_line=_in_bash(command),
+        command_line=_in_bash(application),
         container_settings=_container(spec),
         environment_settings=_identity_env(spec),
         multi_instance_settings=m.MultiInstanceSettings(
@@ -209,29 +279,108 @@ def task_options(spec: JobSpec):
     )
 
 
-def _client(endpoint: str):
-    from azure.batch import BatchClient
+@functools.cache
+def _credential():
+    """One credential per provider process: the host serves every operation of a deployment,
+    and each new ``DefaultAzureCredential`` probes its whole chain again."""
     from azure.identity import DefaultAzureCredential
 
-    return BatchClient(endpoint=endpoint, credential=DefaultAzureCredential())
+    return DefaultAzureCredential()
+
+
+@functools.cache
+def _client(endpoint: str):
+    """One client per Batch endpoint, so its pipeline reuses the token it acquired."""
+    from azure.batch import BatchClient
+
+    return BatchClient(endpoint=endpoint, credential=_credential())
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _error_code(err: Any) -> str:
+    model = getattr(err, "model", None)
+    return str(getattr(model, "code", None) or getattr(err, "reason", None) or "no code")
+
+
+def _call(endpoint: str, what: str, call: Callable[[], T]) -> T:
+    """``call()``, retrying Batch's authorization failures (401/403) with exponential backoff
+    for up to ``AUTH_RETRY_SECONDS``: a role assignment made by this deployment takes minutes
+    to reach the data plane. Other Batch errors become one line; ``ResourceNotFoundError``
+    passes through for the caller to handle."""
+    from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
+
+    delay = FIRST_AUTH_RETRY_SECONDS
+    waited = 0.0
+    while True:
+        try:
+            return call()
+        except ResourceNotFoundError:
+            raise
+        except HttpResponseError as err:
+            if err.status_code not in (401, 403):
+                raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
+            refused = (
+                f"Batch at {endpoint} refused to {what} ({err.status_code} {_error_code(err)})"
+            )
+            if waited + delay > AUTH_RETRY_SECONDS:
+                raise JobError(
+                    f"{refused} for {waited:.0f} s: give the deployer a Batch data-plane role "
+                    "on the account (e.g. Azure Batch Job Submitter), wait for the role "
+                    "assignment to propagate, then run `pulumi up` again"
+                ) from None
+            pulumi.log.warn(
+                f"{refused}; a new role assignment can take minutes to propagate: "
+                f"retrying in {delay:g} s"
+            )
+            time.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, MAX_AUTH_RETRY_SECONDS)
+        except AzureError as err:
+            raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
 
 
 OUTPUT_KEYS = ("job_id", "state", "portal_url", "log_url", "checkpoint_path")
 
 
 class TrainingJobProvider(ResourceProvider):
+    # Renaming or moving this class breaks refresh and destroy of existing stacks: the SDK
+    # pickles it by reference (module and name) into every job's ``__provider`` input.
+
     def create(self, props: dict[str, Any]) -> CreateResult:
+        from azure.batch import models as m
+
         spec = JobSpec.from_props(props)
         client = _client(spec.endpoint)
-        client.create_job(job_options(spec))
+        job_id = spec.job_id
+        _call(spec.endpoint, f"create job {job_id}", lambda: client.create_job(job_options(spec)))
         try:
-            client.create_task(spec.job_id, task_options(spec))
+            _call(
+                spec.endpoint,
+                f"add task {TASK_ID} to job {job_id}",
+                lambda: client.create_task(job_id, task_options(spec)),
+            )
+            # Batch's REST reference (Job - Add, onAllTasksComplete): a job without tasks counts
+            # as complete, so create it with noaction and switch to terminatejob once the tasks
+            # are added; the job then ends when its task does.
+            _call(
+                spec.endpoint,
+                f"update job {job_id}",
+                lambda: client.update_job(
+                    job_id, m.BatchJobUpdateOptions(all_tasks_complete_mode="terminatejob")
+                ),
+            )
         except Exception:
-            # No job without its task: it would hold the pool and never finish.
-            client.begin_delete_job(spec.job_id).result()
+            # No job without its task, nor one that never ends: it would hold the pool.
+            try:
+                self._delete(spec.endpoint, job_id)
+            except JobError as cleanup:
+                pulumi.log.warn(f"job {job_id} was left behind: {cleanup}")
             raise
-        state = state_text(client.get_job(spec.job_id).state)
-        return CreateResult(spec.job_id, {**props, **_outputs(spec, state)})
+        job = _call(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
+        return CreateResult(job_id, {**props, **_outputs(spec, state_text(job.state))})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # ``__provider`` is this class serialized: editing provider code must not resubmit jobs.
@@ -246,27 +395,64 @@ class TrainingJobProvider(ResourceProvider):
             changes=bool(changed), replaces=changed, delete_before_replace=bool(changed)
         )
 
+    # Read and delete use only the endpoint and the id: the state of an existing stack was
+    # written by an older version of this provider, with other inputs than ``JobSpec`` has now.
+
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         from azure.core.exceptions import ResourceNotFoundError
 
-        spec = JobSpec.from_props(props)
+        endpoint = props["endpoint"]
+        client = _client(endpoint)
         try:
-            state = state_text(_client(spec.endpoint).get_job(id_).state)
+            job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_))
         except ResourceNotFoundError:
             return ReadResult(None, {})  # deleted outside Pulumi: gone from the stack too
-        return ReadResult(id_, {**props, "state": state})
+        return ReadResult(id_, {**props, "state": state_text(job.state)})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
+        self._delete(props["endpoint"], id_)
+
+    @staticmethod
+    def _delete(endpoint: str, job_id: str) -> None:
+        """Terminate the job if tasks may run, delete it, and wait until Batch no longer has it;
+        a job that is gone already is fine."""
         from azure.core.exceptions import ResourceNotFoundError
 
-        client = _client(JobSpec.from_props(props).endpoint)
+        client = _client(endpoint)
+
+        def read() -> str:
+            return state_text(
+                _call(endpoint, f"read job {job_id}", lambda: client.get_job(job_id)).state
+            )
+
         try:
-            job = client.get_job(id_)
-            if state_text(job.state) not in ("completed", "terminating", "deleting"):
-                client.begin_terminate_job(id_).result()
-            client.begin_delete_job(id_).result()
+            state = read()
+            if state in RUNNING_STATES:
+                poller = _call(
+                    endpoint,
+                    f"terminate job {job_id}",
+                    lambda: client.begin_terminate_job(
+                        job_id, terminate_options(), polling_interval=POLL_SECONDS
+                    ),
+                )
+                poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: read again
+                state = read()
+            if state != "deleting":
+                poller = _call(
+                    endpoint,
+                    f"delete job {job_id}",
+                    lambda: client.begin_delete_job(job_id, polling_interval=POLL_SECONDS),
+                )
+                poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: the loop reads
+            deadline = time.monotonic() + DELETE_WAIT_SECONDS
+            while (state := read()) == "deleting" and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
         except ResourceNotFoundError:
             return
+        raise JobError(
+            f"job {job_id} at {endpoint} is still {state} after its delete: look at the job "
+            "in the portal, then run the operation again"
+        )
 
 
 def _outputs(spec: JobSpec, state: str) -> dict[str, str]:

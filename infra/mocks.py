@@ -112,6 +112,8 @@ class AzureMocks(pulumi.runtime.Mocks):
             # The system-assigned identity Azure creates with the task.
             identity = {**inputs.get("identity", {}), "principalId": f"principal-{name}"}
             return {"identity": {**identity, "tenantId": TENANT_ID}}
+        if typ == "pulumi-python:dynamic/acr:TaskBypass":
+            return {"allowed_for_tasks": True}  # what the provider reads back after its PATCH
         if typ == "pulumi-python:dynamic/acr:ImageBuild":
             # What infra.image.run_build returns once the run pushed the image.
             return {"run_id": "ca1", "status": "Succeeded", "digest": _fake_digest(inputs["image"])}

@@ -115,6 +115,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             registry_name=registry.registry_name,
             registry_id=registry.registry_id,
             login_server=registry.login_server,
+            registry_ready=[registry.task_bypass],
             base_image=base_reference(s.image_base, s.image_base_digest),
             source_repo=s.image_source_repo,
             tag=content_tag(),

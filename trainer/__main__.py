@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 from trainer.checkpoint import CheckpointError
 from trainer.cli import fail, parse
 from trainer.config import ConfigError
 from trainer.data import DataError
+from trainer.files import ensure_writable_folder
 from trainer.model import build_model, count_parameters
 from trainer.preflight import PreflightError
 
@@ -29,6 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run import train
     from trainer.signals import StopRequest
 
+    try:
+        ensure_writable_folder(Path(cfg.output_dir))
+    except OSError as err:
+        fail(
+            f"output_dir={cfg.output_dir}: cannot create or write it as uid {os.getuid()} "
+            f"({err.strerror}); make the folder writable for this user (on a Batch pool the "
+            f"share's runs folder must be mode 1777)",
+            1,
+        )
     stop = StopRequest().install()
     try:
         dist = init_dist(cfg.backend)

@@ -39,3 +39,15 @@ def remove_partials(folder: Path) -> int:
         leftover.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def ensure_writable_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) and prove a file can be written there; raises
+    OSError otherwise. On a Batch pool the run folder lives on the shared NFS mount, where the
+    non-admin task user can write only if the runs folder allows it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+    finally:
+        probe.unlink(missing_ok=True)

@@ -19,6 +19,8 @@ from trainer.cli import OneLineParser, fail
 
 TASK_ID = "train"  # the multi-instance task in every job (infra.job submits it)
 POLL_SECONDS = 5.0
+# Batch's own default reason; also what makes the terminate request sendable (see terminate_job).
+TERMINATE_REASON = "UserTerminate"
 REQUIRED_OUTPUTS = ("job_id", "batch_account_endpoint")
 
 
@@ -65,6 +67,35 @@ def batch_client(endpoint: str):
 def state_text(value: Any) -> str:
     """A Batch state as Batch spells it (``active``), from the SDK's enum or a plain string."""
     return str(getattr(value, "value", value))
+
+
+def terminate_options() -> Any:
+    """The options ``begin_terminate_job`` must get.
+
+    azure-batch 15.1.0 sends a terminate request's ``Content-Type`` header only when it has a
+    body, and serializing the missing header raises ``ValueError: No value for given attribute``
+    before anything is sent: ``begin_terminate_job(job_id)`` always fails (the same bug as
+    Azure/azure-sdk-for-python #46815 on ``begin_reboot_node``). An empty options object is
+    falsy and fails the same way, so give the reason explicitly.
+    """
+    from azure.batch.models._models import BatchJobTerminateOptions
+
+    return BatchJobTerminateOptions(termination_reason=TERMINATE_REASON)
+
+
+def poll_succeeded(poller: Any, timeout: float | None = None) -> bool:
+    """Wait for an azure-batch poller (at most ``timeout`` seconds). False when its polling
+    failed: the SDK's job pollers catch any ``AzureError`` while reading the job, set the
+    status to ``Failed`` and let ``result()`` return as if all went well
+    (azure/batch/_operations/_polling.py)."""
+    poller.result(timeout)
+    return poller.status() != "Failed"
+
+
+def terminate_job(client: Any, job_id: str) -> None:
+    """Terminate the job and wait until it is no longer terminating; raises what Batch said."""
+    if not poll_succeeded(client.begin_terminate_job(job_id, terminate_options())):
+        client.get_job(job_id)  # the poller swallowed an error: read once more to raise it
 
 
 def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
@@ -135,7 +166,7 @@ def logs(
 
 def cancel(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
     job_id = outputs["job_id"]
-    client.begin_terminate_job(job_id).result()
+    terminate_job(client, job_id)
     out.write(
         f"job {job_id} terminated; its checkpoints stay in {outputs.get('job_checkpoint_path')}. "
         "Run `pulumi up --replace` on the job to start it again\n"

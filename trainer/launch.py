@@ -1,39 +1,61 @@
 """``python -m trainer.launch [options] -- COMMAND...``: the Batch multi-instance task.
 
 Runs on every node of a multi-instance task. From the Batch environment it learns the nodes
-(``AZ_BATCH_HOST_LIST``), the master (``AZ_BATCH_MASTER_NODE``, ``ip:port``) and whether it is
-the master; the master serves Horovod's Gloo rendezvous on that port, and every node starts one
-worker per GPU with the variables ``horovodrun --gloo`` would set. No SSH daemon, keys or
-passwords; NCCL carries GPU tensors over InfiniBand with the VM size's settings
-(``trainer.fabric``).
+(``AZ_BATCH_HOST_LIST``), the master's address (the IP of ``AZ_BATCH_MASTER_NODE``) and whether
+it is the master; the master serves Horovod's Gloo rendezvous on ``MASTER_PORT`` (default 6105,
+or ``--port``), and every node starts one worker per GPU with the variables ``horovodrun
+--gloo`` would set. No SSH daemon, keys or passwords; NCCL carries GPU tensors over InfiniBand
+with the VM size's settings (``trainer.fabric``).
 
 Failures end the whole job, never hang it: a launcher whose worker fails records it in the
 rendezvous store and stops its workers; every launcher polls the store (and treats a master
 that stopped answering as a failure), so all nodes exit non-zero within a few seconds. SIGTERM
 (a Batch terminate, a Spot eviction) is forwarded to the workers, which checkpoint and exit 0.
+
+Records: when the worker command has ``--output-dir``, that folder (on the shared file system)
+gets ``logs/<attempt>/launch-<node>.log`` (everything this launcher and its workers printed)
+and ``logs/<attempt>/outcome-<node>.json``; the master names the attempt (a new id on every
+start, so a retry never reads an earlier attempt's files) in ``logs/current.json``. On Batch,
+every node runs the launcher in the foreground of the coordination command with
+``--defer-exit-code`` (exit 0 once the outcome is recorded), and the application command,
+which Batch runs on the primary only after every coordination command returned, runs it with
+``--report``: print every node's log, exit with the recorded outcome.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import psutil
 
 from trainer.cli import OneLineParser, fail
 from trainer.fabric import fabric_for, preflight_floor, worker_environment
+from trainer.files import ensure_writable_folder, write_atomic
 
+# Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
+# instead, "port 6105 is a good default choice"
+# (articles/batch/batch-compute-node-environment-variables.md).
+DEFAULT_PORT = 6105
 POLL_SECONDS = 0.5
 MASTER_WAIT_SECONDS = 300
+# The report's exit code when the workers were stopped by a signal (and checkpointed): the run
+# is not finished, so the task must not count as succeeded (Batch retries it, which resumes).
+INTERRUPTED_EXIT = 75
 # How long a launcher tolerates an unreachable store before it gives up on the job.
 STORE_LOST_SECONDS = 10
 KILL_GRACE_SECONDS = 10
@@ -75,21 +97,38 @@ def _interface_of(ip: str, *, exact: bool = True) -> str | None:
     return None
 
 
-def read_batch_environment(env: dict[str, str], node_ip: str | None) -> Node:
+def rendezvous_port(env: dict[str, str], option: int | None) -> int:
+    """``--port``, else ``MASTER_PORT``, else 6105; never the port in ``AZ_BATCH_MASTER_NODE``."""
+    if option is not None:
+        source, text = "--port", str(option)
+    elif env.get("MASTER_PORT"):
+        source, text = "MASTER_PORT", env["MASTER_PORT"]
+    else:
+        return DEFAULT_PORT
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise LaunchError(f"{source}={text}: expected a TCP port number 1-65535")
+    return int(text)
+
+
+def host_list(env: dict[str, str]) -> list[str]:
+    return [host.strip() for host in env.get("AZ_BATCH_HOST_LIST", "").split(",") if host.strip()]
+
+
+def read_batch_environment(
+    env: dict[str, str], node_ip: str | None, port: int | None = None
+) -> Node:
     """The node's place in the job from Batch's variables; ``node_ip`` overrides detection
-    (nodes with several matching addresses, or a simulation on 127.0.0.x)."""
+    (nodes with several matching addresses, or a simulation on 127.0.0.x); ``port`` is the
+    ``--port`` option."""
     missing = [key for key in ("AZ_BATCH_HOST_LIST", "AZ_BATCH_MASTER_NODE") if not env.get(key)]
     if missing:
         raise LaunchError(
             f"{missing[0]} is not set: run as a Batch multi-instance task (or set the "
             f"AZ_BATCH_* variables to simulate one)"
         )
-    hosts = [host.strip() for host in env["AZ_BATCH_HOST_LIST"].split(",") if host.strip()]
-    master_ip, _, port_text = env["AZ_BATCH_MASTER_NODE"].partition(":")
-    if not port_text.isdigit():
-        raise LaunchError(
-            f"AZ_BATCH_MASTER_NODE={env['AZ_BATCH_MASTER_NODE']}: expected <ip>:<port>"
-        )
+    hosts = host_list(env)
+    # Only the IP: the port next to it is Batch's own (see DEFAULT_PORT).
+    master_ip = env["AZ_BATCH_MASTER_NODE"].partition(":")[0]
     if master_ip not in hosts:
         raise LaunchError(f"AZ_BATCH_MASTER_NODE={master_ip}: not in AZ_BATCH_HOST_LIST {hosts}")
     if node_ip is None:
@@ -111,7 +150,8 @@ def read_batch_environment(env: dict[str, str], node_ip: str | None) -> Node:
     iface = _interface_of(node_ip) or _interface_of(node_ip, exact=False)
     if iface is None:
         raise LaunchError(f"node_ip={node_ip}: no network interface of this machine has it")
-    return Node(hosts, hosts.index(node_ip), master_ip, int(port_text), is_master, iface)
+    port = rendezvous_port(env, port)
+    return Node(hosts, hosts.index(node_ip), master_ip, port, is_master, iface)
 
 
 class Store:
@@ -134,6 +174,18 @@ class Store:
                 return None
             raise
 
+    def wait_for(self, key: str, seconds: float) -> str:
+        """The value of ``key`` once some launcher put it."""
+        deadline = time.monotonic() + seconds
+        while (value := self.get(key)) is None:
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"the master did not publish {key!r} at {self.base} in {seconds:g} s: "
+                    "check the master node's task output"
+                )
+            time.sleep(POLL_SECONDS)
+        return value
+
     def wait_until_up(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while True:
@@ -149,13 +201,75 @@ class Store:
                 time.sleep(1)
 
 
-class Workers:
-    """This node's worker processes, each in its own session so a kill reaches its children."""
+class RunLog:
+    """Everything this launcher prints: to its own stdout/stderr (the task's output files) and,
+    once the attempt is known, into the run folder on the shared file system, where the
+    primary's ``--report`` finds the logs of every node."""
 
-    def __init__(self, command: list[str], envs: list[dict[str, str]]) -> None:
+    def __init__(self, name: str, *, keep_early: bool) -> None:
+        self.name = name
+        # Reentrant: the SIGTERM handler logs from the main thread, which may hold it already.
+        self._lock = threading.RLock()
+        self._file: IO[str] | None = None
+        self._early: list[str] | None = [] if keep_early else None
+
+    def open(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(path, "a", encoding="utf-8")  # noqa: SIM115  # closed by close()
+        with self._lock:
+            file.write("".join(self._early or []))
+            file.flush()
+            self._file, self._early = file, None
+
+    def write(self, text: str, stream: IO[str]) -> None:
+        with self._lock:
+            stream.write(text)
+            stream.flush()
+            if self._file is not None:
+                with contextlib.suppress(OSError):  # a full share must not stop training
+                    self._file.write(text)
+                    self._file.flush()
+            elif self._early is not None:
+                self._early.append(text)
+
+    def say(self, message: str) -> None:
+        self.write(f"[launch {self.name}] {message}\n", sys.stderr)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+
+
+class Workers:
+    """This node's worker processes, each in its own session so a kill reaches its children;
+    their output goes through ``log``."""
+
+    def __init__(self, command: list[str], envs: list[dict[str, str]], log: RunLog) -> None:
         self.processes = [
-            subprocess.Popen(command, env=env, start_new_session=True) for env in envs
+            subprocess.Popen(
+                command,
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for env in envs
         ]
+        self._pumps = [
+            threading.Thread(target=_pump, args=(process.stdout, log), daemon=True)
+            for process in self.processes
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    def join_output(self, seconds: float = 5) -> None:
+        """Let the output threads copy what the exited workers left in their pipes."""
+        deadline = time.monotonic() + seconds
+        for pump in self._pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
 
     def signal(self, signum: int) -> None:
         for process in self.processes:
@@ -184,18 +298,29 @@ class Workers:
             process.wait()
 
 
-def _say(node: Node, message: str) -> None:
-    print(f"[launch {node.name}] {message}", file=sys.stderr, flush=True)
+def _pump(stream: IO[bytes], log: RunLog) -> None:
+    for line in iter(stream.readline, b""):
+        log.write(line.decode("utf-8", errors="replace"), sys.stdout)
+    stream.close()
 
 
-def supervise(node: Node, workers: Workers, store: Store) -> int:
-    """Wait for the workers; end everything on the first failure anywhere. Returns the exit code."""
+@dataclass(frozen=True)
+class Outcome:
+    """How this node's part of the run ended, as recorded for the report."""
+
+    code: int
+    reason: str
+    interrupted: bool = False
+
+
+def supervise(node: Node, workers: Workers, store: Store, log: RunLog) -> Outcome:
+    """Wait for the workers; end everything on the first failure anywhere."""
     terminating = False
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal terminating
         terminating = True
-        _say(node, f"signal {signum}: forwarding to the workers so they checkpoint")
+        log.say(f"signal {signum}: forwarding to the workers so they checkpoint")
         workers.signal(signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, forward)
@@ -206,15 +331,18 @@ def supervise(node: Node, workers: Workers, store: Store) -> int:
         if failure:
             local, code = failure
             reason = f"node {node.name} worker {local} exited with {code}"
-            _say(node, f"{reason}: stopping the job on every node")
+            log.say(f"{reason}: stopping the job on every node")
             # If the store is gone too, the others notice that the master stopped answering.
             with contextlib.suppress(OSError):
                 store.put("failed", reason)
             workers.stop(KILL_GRACE_SECONDS)
-            return code if code > 0 else 1
+            return Outcome(code if code > 0 else 1, reason)
         if workers.all_done():
-            store.put(f"done-{node.index}", "0")
-            return 0
+            with contextlib.suppress(OSError):  # the master may be gone once all are done
+                store.put(f"done-{node.index}", "0")
+            if terminating:
+                return Outcome(0, "stopped by a signal; the workers checkpointed", True)
+            return Outcome(0, f"node {node.name}: every worker finished")
         try:
             reason = store.get("failed")
             store_lost_since = None
@@ -224,9 +352,9 @@ def supervise(node: Node, workers: Workers, store: Store) -> int:
             if time.monotonic() - store_lost_since > STORE_LOST_SECONDS and not terminating:
                 reason = f"the master node {node.master_ip} stopped answering"
         if reason:
-            _say(node, f"{reason}: stopping this node's workers")
+            log.say(f"{reason}: stopping this node's workers")
             workers.stop(KILL_GRACE_SECONDS if terminating else 2)
-            return 1
+            return Outcome(1, reason, terminating)
         time.sleep(POLL_SECONDS)
 
 
@@ -237,6 +365,110 @@ def _wait_for_other_nodes(node: Node, store: Store) -> None:
     while pending and time.monotonic() < deadline:
         pending = {i for i in pending if store.get(f"done-{i}") is None and not store.get("failed")}
         time.sleep(POLL_SECONDS)
+
+
+def output_dir_of(command: list[str]) -> Path | None:
+    """The worker command's ``--output-dir`` (the last one, as argparse takes it)."""
+    found = None
+    for index, word in enumerate(command):
+        if word == "--output-dir" and index + 1 < len(command):
+            found = command[index + 1]
+        elif word.startswith("--output-dir="):
+            found = word.partition("=")[2]
+    return Path(found) if found else None
+
+
+def check_writable(folder: Path) -> None:
+    """Fail before any worker starts when the run folder cannot be created or written: on
+    Batch the task runs as a non-admin user, which an NFS export owned by root refuses."""
+    try:
+        ensure_writable_folder(folder)
+    except OSError as err:
+        raise LaunchError(
+            f"output_dir={folder}: cannot create or write it as uid {os.getuid()} "
+            f"({err.strerror or err}): make the runs folder on the share writable for the "
+            "task's user (e.g. chmod 1777 on the export's runs/ folder), or pass another "
+            "--output-dir"
+        ) from None
+
+
+class RunRecords:
+    """``<output-dir>/logs``: each attempt's launcher logs and outcomes, and which attempt is
+    the current one."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.root = output_dir / "logs"
+        self.current = self.root / "current.json"
+
+    @staticmethod
+    def new_attempt() -> str:
+        return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+    def log_path(self, attempt: str, host: str) -> Path:
+        return self.root / attempt / f"launch-{host}.log"
+
+    def outcome_path(self, attempt: str, host: str) -> Path:
+        return self.root / attempt / f"outcome-{host}.json"
+
+    def start(self, attempt: str, hosts: list[str], env: dict[str, str]) -> None:
+        (self.root / attempt).mkdir(parents=True, exist_ok=True)
+        record = {"attempt": attempt, "hosts": hosts, "job": env.get("AZ_BATCH_JOB_ID")}
+        write_atomic(self.current, json.dumps(record).encode())
+
+    def finish(self, attempt: str, host: str, outcome: Outcome) -> None:
+        record = {"attempt": attempt, "host": host, **asdict(outcome)}
+        write_atomic(self.outcome_path(attempt, host), json.dumps(record).encode())
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise LaunchError(f"{path}: cannot read it ({err})") from None
+
+    def report(self, env: dict[str, str], out: IO[str]) -> int:
+        """Print every node's log of the current attempt; the exit code of its outcome."""
+        current = self._read(self.current)
+        if current is None:
+            raise LaunchError(
+                f"{self.current} is missing: no launcher recorded a run in {self.root} "
+                "(the coordination command must run trainer.launch; see each node's output)"
+            )
+        attempt, hosts = current["attempt"], current["hosts"]
+        # Defence in depth: Batch runs this only after this attempt's master rewrote the file.
+        expected = {"hosts": host_list(env), "job": env.get("AZ_BATCH_JOB_ID")}
+        for key, value in expected.items():
+            if value and current.get(key) != value:
+                raise LaunchError(
+                    f"{self.current}: records {key} {current.get(key)}, not this task's "
+                    f"{value}: a stale record; run the task again"
+                )
+        failures: list[tuple[int, str]] = []
+        interrupted = False
+        for index, host in enumerate(hosts):
+            log_path = self.log_path(attempt, host)
+            out.write(f"===== node {index + 1}/{len(hosts)} {host}: {log_path} =====\n")
+            try:
+                out.write(log_path.read_text(encoding="utf-8", errors="replace"))
+            except OSError as err:
+                out.write(f"(no log: {err.strerror})\n")
+            outcome = self._read(self.outcome_path(attempt, host))
+            if outcome is None or outcome.get("attempt") != attempt:
+                failures.append((1, f"node {host} recorded no outcome (its launcher died?)"))
+            elif outcome["code"] != 0:
+                failures.append((int(outcome["code"]), outcome["reason"]))
+            interrupted = interrupted or bool(outcome and outcome.get("interrupted"))
+        if failures:
+            code, reason = failures[0]
+            summary = f"attempt {attempt} failed: {reason} (exit {code})"
+        elif interrupted:
+            code, summary = INTERRUPTED_EXIT, f"attempt {attempt} was stopped by a signal"
+        else:
+            code, summary = 0, f"attempt {attempt}: every node finished"
+        out.write(f"===== {summary}\n")
+        out.flush()
+        return code
 
 
 def build_parser() -> OneLineParser:
@@ -250,6 +482,25 @@ def build_parser() -> OneLineParser:
         "--workers-per-node", type=int, help="default: the VM size's GPUs, else visible GPUs or 1"
     )
     parser.add_argument("--node-ip", help="this node's address in AZ_BATCH_HOST_LIST")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help=f"rendezvous port on the master (default: MASTER_PORT, else {DEFAULT_PORT}); never "
+        "the port in AZ_BATCH_MASTER_NODE, which Batch reserves",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--defer-exit-code",
+        action="store_true",
+        help="exit 0 once the outcome is recorded in <output-dir>/logs (Batch's coordination "
+        "command); --report exits with it",
+    )
+    mode.add_argument(
+        "--report",
+        action="store_true",
+        help="start nothing: print every node's log of the current attempt and exit with its "
+        "recorded outcome (Batch's application command)",
+    )
     parser.add_argument("command", nargs="+", help="the worker command, after --")
     return parser
 
@@ -267,15 +518,31 @@ def _default_workers(vm_size: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command = list(args.command)
+    output_dir = output_dir_of(command)
+    env = dict(os.environ)
+    if args.report:
+        try:
+            if output_dir is None:
+                raise LaunchError("--report needs the worker command's --output-dir")
+            return RunRecords(output_dir).report(env, sys.stdout)
+        except LaunchError as err:
+            fail(str(err), 1)
     try:
         if args.vm_size:
             fabric_for(args.vm_size)  # validate before anything starts
         slots = args.workers_per_node or _default_workers(args.vm_size)
         if slots < 1:
             raise LaunchError(f"workers_per_node={slots}: must be at least 1")
-        node = read_batch_environment(dict(os.environ), args.node_ip)
+        node = read_batch_environment(env, args.node_ip, args.port)
+        if output_dir is None and args.defer_exit_code:
+            raise LaunchError("--defer-exit-code needs the worker command's --output-dir")
+        if output_dir is not None:
+            check_writable(output_dir)
     except (LaunchError, ValueError) as err:
         fail(str(err), 2)
+    records = RunRecords(output_dir) if output_dir is not None else None
+    log = RunLog(node.name, keep_early=records is not None)
     # Imported late: --help and input errors never wait for Horovod.
     from trainer.distributed import gloo_worker_env, start_gloo_rendezvous
 
@@ -285,15 +552,29 @@ def main(argv: list[str] | None = None) -> int:
         try:
             stop_server = start_gloo_rendezvous(node.port, node.hosts, slots)
         except OSError as err:
-            fail(f"cannot serve the rendezvous on port {node.port}: {err.strerror}", 1)
+            fail(
+                f"cannot serve the rendezvous on port {node.port}: {err.strerror}: set "
+                "MASTER_PORT or --port to a free port (not the one in AZ_BATCH_MASTER_NODE)",
+                1,
+            )
     try:
         store.wait_until_up(MASTER_WAIT_SECONDS)
+        if node.is_master:
+            attempt = RunRecords.new_attempt()
+            store.put("attempt", attempt)
+        else:
+            attempt = store.wait_for("attempt", MASTER_WAIT_SECONDS)
+        if records is not None:
+            log.open(records.log_path(attempt, node.name))
+            if node.is_master:
+                records.start(attempt, node.hosts, env)
     except LaunchError as err:
         fail(str(err), 1)
-    command = list(args.command)
+    except OSError as err:
+        fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
     if args.vm_size and "--preflight-min-busbw" not in command:
         command += ["--preflight-min-busbw", str(preflight_floor(args.vm_size))]
-    base = worker_environment(args.vm_size, dict(os.environ))
+    base = worker_environment(args.vm_size, env)
     envs = [
         {
             **base,
@@ -303,14 +584,25 @@ def main(argv: list[str] | None = None) -> int:
         }
         for local in range(slots)
     ]
-    _say(node, f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s)")
-    workers = Workers(command, envs)
-    code = supervise(node, workers, store)
+    log.say(
+        f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
+    )
+    workers = Workers(command, envs, log)
+    outcome = supervise(node, workers, store, log)
+    workers.join_output()
     if stop_server is not None:
-        if code == 0:
+        if outcome.code == 0:
             _wait_for_other_nodes(node, store)
         stop_server()
-    return code
+    log.say(f"done: {outcome.reason} (exit {outcome.code})")
+    log.close()
+    if records is not None:
+        try:
+            records.finish(attempt, node.name, outcome)
+        except OSError as err:
+            print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
+            return outcome.code or 1
+    return 0 if args.defer_exit_code else outcome.code
 
 
 if __name__ == "__main__":

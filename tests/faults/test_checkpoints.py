@@ -1,5 +1,6 @@
 """Corrupt, truncated, missing and unwritable checkpoints: detected, skipped, never lost."""
 
+import contextlib
 import logging
 import subprocess
 import sys
@@ -117,3 +118,22 @@ def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(s
     assert "Traceback" not in second.stderr
     assert checkpoint.list_checkpoints(output / "checkpoints") == before
     assert checkpoint.load_latest(output / "checkpoints") is not None
+
+
+@pytest.mark.parametrize("blocker", ["a file", "a read-only folder"])
+def test_an_output_folder_the_user_cannot_write_is_one_line_before_training(tmp_path, blocker):
+    """The run folder on a share the task user cannot write (a root-owned folder under
+    root_squash) or a file in its way: exit 1 with one line, nothing trained."""
+    if blocker == "a file":
+        (tmp_path / "runs").write_text("not a folder")
+        output, context = tmp_path / "runs" / "dev" / "run1", contextlib.nullcontext()
+    else:
+        (tmp_path / "runs").mkdir()
+        output, context = tmp_path / "runs" / "dev" / "run1", read_only(tmp_path / "runs")
+    args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(tiny_config(output))]
+    with context:
+        result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: output_dir={output}: cannot create or write it as uid ")
+    assert "Traceback" not in result.stderr and not output.exists()

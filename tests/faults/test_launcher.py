@@ -1,11 +1,15 @@
 """The multi-node launcher under faults (two simulated Batch nodes on 127.0.0.1)."""
 
+import os
+import subprocess
+import sys
 import time
 
 import psutil
 
+from tests.faults.conftest import read_only
 from tests.parallel.conftest import read_metrics
-from tests.parallel.launch_nodes import start_nodes, trainer_command
+from tests.parallel.launch_nodes import batch_env, free_port, start_nodes, trainer_command
 
 
 def _logs(tmp_path):
@@ -49,3 +53,23 @@ def test_a_dead_master_launcher_ends_the_other_node(tmp_path):
     nodes[1].wait(timeout=60)
     assert nodes[1].returncode != 0
     assert "stopped answering" in _logs(tmp_path) or "exited with" in _logs(tmp_path)
+
+
+def test_an_unwritable_run_folder_fails_fast_in_one_line_before_any_worker_starts(tmp_path):
+    share = tmp_path / "share"  # the NFS export, not writable by the task's user
+    share.mkdir()
+    output_dir = share / "runs" / "dev"
+    marker = tmp_path / "worker-started"
+    worker = [sys.executable, "-c", f"open({str(marker)!r}, 'w')", "--output-dir", str(output_dir)]
+    env = {**os.environ, **batch_env(0, free_port(), free_port())}
+    env["AZ_BATCH_HOST_LIST"] = "127.0.0.1"
+    launch = [sys.executable, "-m", "trainer.launch", "--workers-per-node", "1", "--", *worker]
+    with read_only(share):
+        started = time.monotonic()
+        result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=60)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"error: output_dir={output_dir}: cannot create or write it as uid" in result.stderr
+    assert "writable for the task's user" in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists() and elapsed < 30

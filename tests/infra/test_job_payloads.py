@@ -1,25 +1,39 @@
-"""TrainingJob payloads (real azure-batch model classes) and provider methods against an
-autospec of the real BatchClient, so every call's signature is checked."""
+"""TrainingJob payloads (real azure-batch model classes), the command lines executed the way a
+node runs them (Dockerfile ENTRYPOINT/CMD, bash, Batch's variables, a stub ``python`` that
+records what ran), and the provider with the real installed SDK against a fake Batch server."""
 
-import shlex
-from unittest.mock import create_autospec
+from __future__ import annotations
 
+import time
+
+import pulumi
 import pytest
-from azure.batch import BatchClient
 from azure.batch import models as m
-from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+from azure.core.credentials import AccessToken
 
 from infra import job as job_module
 from infra.job import (
     CONTAINER_RUN_OPTIONS,
     TASK_ID,
+    JobError,
     JobSpec,
     TrainingJobProvider,
     job_options,
     task_options,
     trainer_command,
 )
+from tests.infra.container import (
+    base_path,
+    container_argv,
+    image_command,
+    recorded,
+    run_in_container,
+    stub_program,
+)
+from tests.infra.fake_batch import FakeBatch
 from trainer.cli import parse
+from trainer.launch import build_parser as launch_parser
+from trainer.launch import output_dir_of
 
 SPEC = JobSpec(
     stack="vision-prod",
@@ -38,18 +52,19 @@ SPEC = JobSpec(
 )
 
 
-def _bash_words(command_line: str) -> list[str]:
-    prefix = "/bin/bash -c "
-    assert command_line.startswith(prefix)
-    (inner,) = shlex.split(command_line[len(prefix) :])
-    return shlex.split(inner)
+def _spec(**changes) -> JobSpec:
+    return JobSpec(**{**SPEC.__dict__, **changes})
 
 
-def test_job_runs_on_the_pool_and_ends_with_its_task():
+# ---------------------------------------------------------------- payloads
+
+
+def test_job_runs_on_the_pool_and_is_created_with_noaction():
     job = job_options(SPEC)
     assert isinstance(job, m.BatchJobCreateOptions)
     assert job.id == SPEC.job_id and job.pool_info.pool_id == "ib-gpu"
-    assert job.all_tasks_complete_mode == "terminatejob"
+    # A job without tasks counts as complete: terminatejob only after the task is added.
+    assert job.all_tasks_complete_mode == "noaction"
     assert job.job_preparation_task is None
     assert {item.name: item.value for item in job.metadata} == {
         "stack": "vision-prod",
@@ -58,21 +73,17 @@ def test_job_runs_on_the_pool_and_ends_with_its_task():
     assert job.as_dict()["poolInfo"] == {"poolId": "ib-gpu"}  # the wire format Batch receives
 
 
-def test_task_is_multi_instance_with_infiniband_container_options():
+def test_task_is_multi_instance_with_infiniband_container_options_and_no_gpus_flag():
     task = task_options(SPEC)
     assert isinstance(task, m.BatchTaskCreateOptions) and task.id == TASK_ID
     assert task.multi_instance_settings.number_of_instances == 4
     container = task.container_settings
     assert container.image_name == SPEC.image_ref
-    for option in (
-        "--network host",
-        "--ipc host",
-        "--ulimit memlock=-1",
-        "--device /dev/infiniband",
-        "--cap-add IPC_LOCK",
-        "--shm-size",
-    ):
-        assert option in container.container_run_options
+    options = container.container_run_options.split()
+    for option in ("--network", "--ipc", "--ulimit", "--device", "--cap-add", "--shm-size"):
+        assert option in options
+    # Batch exposes the GPUs itself; it documents not passing --gpus.
+    assert not any(option.startswith("--gpus") for option in options)
     assert container.container_run_options == CONTAINER_RUN_OPTIONS
     assert container.registry.registry_server == "visionacr.azurecr.io"
     assert container.registry.identity_reference.resource_id == SPEC.node_identity_id
@@ -97,111 +108,306 @@ def test_task_is_multi_instance_with_infiniband_container_options():
     assert {o.upload_options.upload_condition for o in task.output_files} == {"taskcompletion"}
 
 
-def test_every_node_runs_the_launcher_with_a_trainer_command_our_cli_accepts():
-    words = _bash_words(task_options(SPEC).command_line)
-    split = words.index("--")
-    assert words[:split] == [
-        "python",
-        "-m",
-        "trainer.launch",
-        "--vm-size",
-        "Standard_ND96isr_H100_v5",
-    ]
-    trainer = words[split + 1 :]
-    assert trainer[:3] == ["python", "-m", "trainer"]
-    output_dir = "${AZ_BATCH_NODE_MOUNTS_DIR}/shared/runs/vision-prod/" + SPEC.run_name
-    assert trainer[-2:] == ["--output-dir", output_dir]
-    request = parse(trainer[3:])
-    assert request.config.backend == "horovod" and request.config.fp16_allreduce
-    coordination = task_options(SPEC).multi_instance_settings.coordination_command_line
-    assert '[ "$AZ_BATCH_IS_CURRENT_NODE_MASTER" != true ]' in coordination
-    assert "nohup python -m trainer.launch" in coordination
-
-
-def test_dataset_prefix_adds_a_staging_preparation_task_and_shard_flags():
-    spec = JobSpec(**{**SPEC.__dict__, "dataset_prefix": "imagenet"})
-    prep = job_options(spec).job_preparation_task
-    assert prep is not None and prep.wait_for_success is True
-    words = _bash_words(prep.command_line)
-    assert words[:4] == ["python", "-m", "trainer.data", "stage"]
-    assert words[words.index("--dest") + 1] == "${AZ_BATCH_NODE_SHARED_DIR}/datasets/imagenet"
-    assert words[words.index("--account-url") + 1] == "https://visiondata.blob.core.windows.net/"
-    command = trainer_command(spec)
-    assert command[command.index("--data") + 1] == "shards"
-    assert (
-        command[command.index("--data-dir") + 1] == "${AZ_BATCH_NODE_SHARED_DIR}/datasets/imagenet"
-    )
-
-
 def test_job_ids_change_with_any_input_and_checkpoints_follow_the_training_settings():
-    new_image = JobSpec(**{**SPEC.__dict__, "image_ref": SPEC.image_ref.replace("a", "b")})
+    new_image = _spec(image_ref=SPEC.image_ref.replace("a", "b"))
     assert new_image.job_id != SPEC.job_id
     assert new_image.run_name == SPEC.run_name  # new code resumes the same run
-    more_epochs = JobSpec(**{**SPEC.__dict__, "trainer_args": ("--epochs", "100")})
+    more_epochs = _spec(trainer_args=("--epochs", "100"))
     assert more_epochs.run_name != SPEC.run_name
     assert len(SPEC.job_id) <= 64
 
 
+# ---------------------------------------------------------------- command lines, executed
+
+
+def test_the_image_parser_follows_docker_rules(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(
+        'FROM builder AS build\nENTRYPOINT ["/build.sh"]\nFROM base\n'
+        'SHELL ["/bin/bash", "-c"]\nENTRYPOINT /entry.sh \\\n  --flag\nCMD ["run"]\n'
+    )
+    entrypoint, cmd = image_command(dockerfile)
+    assert entrypoint[:2] == ["/bin/bash", "-c"] and entrypoint[2].split() == [
+        "/entry.sh",
+        "--flag",
+    ]
+    assert cmd == ["run"]
+    assert container_argv("a 'b c'", dockerfile)[-2:] == ["a", "b c"]
+    dockerfile.write_text('FROM base\nCMD ["python"]\n')
+    with pytest.raises(AssertionError, match="sets no ENTRYPOINT"):
+        image_command(dockerfile)
+    dockerfile.write_text('FROM base\nCMD ["python"]\nENTRYPOINT []\n')
+    assert image_command(dockerfile) == ([], ["python"])
+
+
 @pytest.fixture
-def client(monkeypatch):
-    fake = create_autospec(BatchClient, instance=True)
-    fake.get_job.return_value = m.BatchJob(state="active")
-    monkeypatch.setattr(job_module, "_client", lambda endpoint: fake)
-    return fake
+def node(tmp_path):
+    """A primary node's Batch environment with a stub ``python`` that records what ran."""
+    record = tmp_path / "ran.jsonl"
+    stub_program(tmp_path / "bin" / "python", record)
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:{base_path()}",
+        "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
+        "AZ_BATCH_NODE_SHARED_DIR": str(tmp_path / "shared"),
+        "AZ_BATCH_TASK_WORKING_DIR": str(workdir),
+        "AZ_BATCH_HOST_LIST": "10.0.0.4,10.0.0.5",
+        "AZ_BATCH_MASTER_NODE": "10.0.0.4:6000",
+        "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
+        "AZ_BATCH_JOB_ID": SPEC.job_id,
+    }
+    return env, workdir, record, tmp_path
 
 
-def _props(spec=SPEC):
-    return {**spec.__dict__, "trainer_args": list(spec.trainer_args)}
+def _run(node, command_line: str) -> list[str]:
+    env, workdir, record, _ = node
+    result = run_in_container(command_line, env, workdir)
+    assert result.returncode == 0, result.stderr
+    (argv,) = recorded(record)
+    record.unlink()
+    return argv
 
 
-def test_create_submits_the_job_then_its_task(client):
-    result = TrainingJobProvider().create(_props())
-    assert result.id == SPEC.job_id
-    (job,), _ = client.create_job.call_args
-    assert job.id == SPEC.job_id
-    client.create_task.assert_called_once()
-    job_id, task = client.create_task.call_args.args
-    assert job_id == SPEC.job_id and task.id == TASK_ID
+def test_the_image_without_a_command_runs_its_cmd(node):
+    assert _run(node, "") == ["-m", "trainer", "--help"]
+
+
+def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(node):
+    tmp_path = node[3]
+    task = task_options(SPEC)
+    output_dir = f"{tmp_path}/fsmounts/shared/runs/vision-prod/{SPEC.run_name}"
+    trainer = [
+        "python",
+        "-m",
+        "trainer",
+        *SPEC.trainer_args,
+        "--backend",
+        "horovod",
+        "--output-dir",
+        output_dir,
+    ]
+    coordination = _run(node, task.multi_instance_settings.coordination_command_line)
+    launch = ["-m", "trainer.launch", "--vm-size", "Standard_ND96isr_H100_v5"]
+    assert coordination == [*launch, "--defer-exit-code", "--", *trainer]
+    application = _run(node, task.command_line)
+    assert application == [*launch, "--report", "--", *trainer]
+    for argv in (coordination, application):
+        args = launch_parser().parse_args(argv[2:])  # what trainer.launch will accept
+        assert str(output_dir_of(args.command)) == output_dir
+        request = parse(args.command[3:])  # and the trainer
+        assert request.config.backend == "horovod" and request.config.fp16_allreduce
+        assert request.config.output_dir == output_dir
+
+
+def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):
+    _, workdir, _, tmp_path = node
+    prefix = "imagenet 2012/$(touch pwned)`touch pwned2`'\"${HOME}"
+    spec = _spec(dataset_prefix=prefix)
+    prep = job_options(spec).job_preparation_task
+    assert prep is not None and prep.wait_for_success is True
+    argv = _run(node, prep.command_line)
+    dest = f"{tmp_path}/shared/datasets/{prefix}"
+    assert argv == [
+        "-m",
+        "trainer.data",
+        "stage",
+        "--account-url",
+        "https://visiondata.blob.core.windows.net/",
+        "--container",
+        "datasets",
+        "--prefix",
+        prefix,
+        "--dest",
+        dest,
+    ]
+    assert not list(workdir.iterdir())  # nothing in the prefix was executed
+    from trainer.data.__main__ import build_parser as data_parser
+
+    args = data_parser().parse_args(argv[2:])
+    assert (args.command, args.prefix, str(args.dest)) == ("stage", prefix, dest)
+    command = trainer_command(spec)
+    assert command[command.index("--data") + 1] == "shards"
+    assert (
+        command[command.index("--data-dir") + 1]
+        == f"${{AZ_BATCH_NODE_SHARED_DIR}}/datasets/{prefix}"
+    )
+
+
+# ---------------------------------------------------------------- provider against a fake Batch
+
+
+class StaticToken:
+    def get_token(self, *scopes, **kwargs):
+        return AccessToken("fake-token", int(time.time()) + 3600)
+
+
+@pytest.fixture
+def batch(tmp_path, monkeypatch):
+    """A fake Batch account; the provider's own client (the real SDK) talks to it over TLS."""
+    fake = FakeBatch(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(fake.ca_path))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setattr(job_module, "_credential", StaticToken)
+    monkeypatch.setattr(job_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 0.1)
+    monkeypatch.setattr(job_module, "POLL_SECONDS", 0)
+    job_module._client.cache_clear()
+    yield fake
+    fake.close()
+    job_module._client.cache_clear()
+
+
+def _at(fake: FakeBatch) -> JobSpec:
+    return _spec(endpoint=fake.url)
+
+
+def _props(fake: FakeBatch) -> dict:
+    return {**_at(fake).__dict__, "trainer_args": list(SPEC.trainer_args)}
+
+
+def _job_calls(fake: FakeBatch, job_id: str) -> list[str]:
+    return [call for call in fake.calls() if job_id in call or call == "POST /jobs"]
+
+
+def test_create_adds_the_job_with_noaction_then_its_task_then_terminatejob(batch):
+    result = TrainingJobProvider().create(_props(batch))
+    job_id = _at(batch).job_id
+    assert result.id == job_id
+    assert _job_calls(batch, job_id) == [
+        "POST /jobs",
+        f"POST /jobs/{job_id}/tasks",
+        f"PATCH /jobs/{job_id}",
+        f"GET /jobs/{job_id}",
+    ]
+    create, task, update = batch.requests[:3]
+    assert create.body["onAllTasksComplete"] == "noaction"
+    assert task.body["id"] == TASK_ID
+    assert update.body == {"onAllTasksComplete": "terminatejob"}
+    assert batch.jobs[job_id]["onAllTasksComplete"] == "terminatejob"
     assert result.outs["state"] == "active"
-    assert result.outs["log_url"] == f"https://visiondata.blob.core.windows.net/logs/{SPEC.job_id}/"
+    assert result.outs["log_url"] == f"https://visiondata.blob.core.windows.net/logs/{job_id}/"
     assert result.outs["checkpoint_path"] == f"shared/runs/vision-prod/{SPEC.run_name}"
 
 
-def test_a_rejected_task_deletes_the_job_it_left(client):
-    client.create_task.side_effect = HttpResponseError("InvalidPropertyValue")
-    with pytest.raises(HttpResponseError):
-        TrainingJobProvider().create(_props())
-    client.begin_delete_job.assert_called_once_with(SPEC.job_id)
+@pytest.mark.parametrize("failing", ["tasks", "update"])
+def test_a_rejected_task_or_update_deletes_the_job_it_left(batch, failing):
+    job_id = _at(batch).job_id
+    if failing == "tasks":
+        batch.fail("POST", f"/jobs/{job_id}/tasks", 400, "InvalidPropertyValue")
+    else:
+        batch.fail("PATCH", f"/jobs/{job_id}", 400, "InvalidPropertyValue")
+    with pytest.raises(
+        JobError, match=r"at https://127\.0\.0\.1:\d+ failed: \(InvalidPropertyValue"
+    ):
+        TrainingJobProvider().create(_props(batch))
+    assert f"DELETE /jobs/{job_id}" in batch.calls()
+    assert job_id not in batch.jobs
+
+
+def test_authorization_failures_are_retried_with_backoff_and_logged(batch, monkeypatch):
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
+    monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 10.0)
+    batch.fail("POST", "/jobs", 403, "AuthorizationFailure", times=2)
+    batch.fail("POST", f"/jobs/{_at(batch).job_id}/tasks", 401, "InvalidAuthenticationToken")
+    assert TrainingJobProvider().create(_props(batch)).id == _at(batch).job_id
+    assert [w.split(":")[-1].strip() for w in warnings] == [
+        "retrying in 0.01 s",
+        "retrying in 0.02 s",
+        "retrying in 0.01 s",
+    ]
+    assert "refused to create job" in warnings[0] and "(403 AuthorizationFailure)" in warnings[0]
+
+
+def test_authorization_that_never_comes_fails_with_one_line_naming_the_fix(batch):
+    batch.fail("POST", "/jobs", 403, "AuthorizationFailure", times=100)
+    with pytest.raises(JobError) as failure:
+        TrainingJobProvider().create(_props(batch))
+    message = str(failure.value)
+    assert "\n" not in message
+    assert "refused to create job" in message and "Azure Batch Job Submitter" in message
+    assert batch.calls().count("POST /jobs") > 2  # it did retry
 
 
 def test_any_input_change_replaces_the_job_delete_first():
     provider = TrainingJobProvider()
-    olds = {**_props(), "state": "active", "job_id": SPEC.job_id}
-    same = provider.diff(SPEC.job_id, olds, _props())
+    props = {**SPEC.__dict__, "trainer_args": list(SPEC.trainer_args)}
+    olds = {**props, "state": "active", "job_id": SPEC.job_id}
+    same = provider.diff(SPEC.job_id, olds, props)
     assert same.changes is False
-    new_provider_code = {**_props(), "__provider": "a different serialization"}
+    new_provider_code = {**props, "__provider": "a different serialization"}
     assert (
         provider.diff(SPEC.job_id, {**olds, "__provider": "x"}, new_provider_code).changes is False
     )
-    changed = provider.diff(SPEC.job_id, olds, {**_props(), "node_count": 8})
+    changed = provider.diff(SPEC.job_id, olds, {**props, "node_count": 8})
     assert changed.changes is True and changed.replaces == ["node_count"]
     assert changed.delete_before_replace is True
 
 
-def test_read_refreshes_state_and_forgets_deleted_jobs(client):
-    client.get_job.return_value = m.BatchJob(state="completed")
-    assert TrainingJobProvider().read(SPEC.job_id, _props()).outs["state"] == "completed"
-    client.get_job.side_effect = ResourceNotFoundError("gone")
-    assert TrainingJobProvider().read(SPEC.job_id, _props()).id is None
+def _old_state(fake: FakeBatch) -> dict:
+    """Outputs written by an older provider: fields JobSpec has now are missing, another is
+    there that it never had."""
+    props = _props(fake)
+    for key in ("dataset_prefix", "node_identity_client_id", "blob_endpoint"):
+        del props[key]
+    return {**props, "retired_setting": 1, "job_id": SPEC.job_id, "state": "active"}
 
 
-def test_delete_terminates_a_running_job_then_deletes_it(client):
-    TrainingJobProvider().delete(SPEC.job_id, _props())
-    client.begin_terminate_job.assert_called_once_with(SPEC.job_id)
-    client.begin_delete_job.assert_called_once_with(SPEC.job_id)
-    client.reset_mock()
-    client.get_job.return_value = m.BatchJob(state="completed")
-    TrainingJobProvider().delete(SPEC.job_id, _props())
-    client.begin_terminate_job.assert_not_called()
-    client.get_job.side_effect = ResourceNotFoundError("gone")
-    TrainingJobProvider().delete(SPEC.job_id, _props())  # already gone: nothing to do
+def test_read_of_old_state_refreshes_the_state_and_forgets_deleted_jobs(batch):
+    batch.add_job(SPEC.job_id, "completed")
+    result = TrainingJobProvider().read(SPEC.job_id, _old_state(batch))
+    assert result.id == SPEC.job_id and result.outs["state"] == "completed"
+    assert result.outs["retired_setting"] == 1
+    assert TrainingJobProvider().read("gone", _old_state(batch)).id is None
+
+
+def test_delete_of_old_state_terminates_a_running_job_then_deletes_it(batch):
+    batch.add_job(SPEC.job_id, "active")
+    TrainingJobProvider().delete(SPEC.job_id, _old_state(batch))
+    job_id = SPEC.job_id
+    calls = batch.calls()
+    assert calls.index(f"POST /jobs/{job_id}/terminate") < calls.index(f"DELETE /jobs/{job_id}")
+    terminate = next(r for r in batch.requests if r.path.endswith("/terminate"))
+    assert terminate.body == {"terminateReason": "UserTerminate"}
+    assert calls[-1] == f"GET /jobs/{job_id}"  # confirmed gone (404)
+    assert job_id not in batch.jobs
+
+
+def test_delete_of_a_finished_or_missing_job_succeeds(batch):
+    batch.add_job("finished", "completed")
+    TrainingJobProvider().delete("finished", _old_state(batch))
+    assert "POST /jobs/finished/terminate" not in batch.calls()
+    assert "DELETE /jobs/finished" in batch.calls() and "finished" not in batch.jobs
+    TrainingJobProvider().delete("missing", _old_state(batch))
+    assert "DELETE /jobs/missing" not in batch.calls()
+
+
+def test_a_failed_delete_poll_is_surfaced_not_swallowed(batch):
+    batch.add_job("stuck", "completed")
+
+    def poll_fails(request, fake):
+        deleted = "DELETE /jobs/stuck" in fake.calls()
+        if deleted and request.method == "GET" and request.path == "/jobs/stuck":
+            return 400, "InvalidPropertyValue"
+        return None
+
+    batch.faults.append(poll_fails)
+    with pytest.raises(JobError, match=r"read job stuck at .* failed: .*InvalidPropertyValue"):
+        TrainingJobProvider().delete("stuck", _old_state(batch))
+
+
+def test_a_job_still_there_after_its_delete_is_an_error(batch, monkeypatch):
+    monkeypatch.setattr(job_module, "DELETE_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(job_module, "POLL_SECONDS", 1)  # the SDK's poller thread keeps polling
+    batch.add_job("sticky", "completed")
+
+    def keep(request, fake):
+        if request.method == "DELETE":
+            fake.jobs["sticky"]["state"] = "deleting"
+            return 202, None
+        return None
+
+    batch.faults.append(keep)
+    with pytest.raises(JobError, match=r"job sticky .* is still deleting after its delete"):
+        TrainingJobProvider().delete("sticky", _old_state(batch))

@@ -7,9 +7,12 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
+JOB_ID = "sim-job"
 
 
 def free_port() -> int:
@@ -18,16 +21,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_nodes(logs: Path, worker_command: list[str], *launch_args: str) -> list[subprocess.Popen]:
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A port something else listens on, as Batch does on the one in AZ_BATCH_MASTER_NODE."""
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def batch_env(index: int, batch_port: int, rendezvous_port: int) -> dict[str, str]:
+    """Node ``index``'s multi-instance task variables (MASTER_PORT: a free port, so parallel
+    test runs on one machine do not share 6105)."""
+    return {
+        "AZ_BATCH_HOST_LIST": ",".join(HOSTS),
+        "AZ_BATCH_MASTER_NODE": f"{HOSTS[0]}:{batch_port}",
+        "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true" if index == 0 else "false",
+        "AZ_BATCH_JOB_ID": JOB_ID,
+        "MASTER_PORT": str(rendezvous_port),
+    }
+
+
+def start_nodes(
+    logs: Path, worker_command: list[str], *launch_args: str, batch_port: int | None = None
+) -> list[subprocess.Popen]:
+    """``batch_port``: the port in AZ_BATCH_MASTER_NODE (default: some free port)."""
+    batch_port = batch_port or free_port()
     port = free_port()
     processes = []
     for index, host in enumerate(HOSTS):
-        env = {
-            **os.environ,
-            "AZ_BATCH_HOST_LIST": ",".join(HOSTS),
-            "AZ_BATCH_MASTER_NODE": f"{HOSTS[0]}:{port}",
-            "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true" if index == 0 else "false",
-        }
+        env = {**os.environ, **batch_env(index, batch_port, port)}
         log = open(logs / f"node{index}.log", "w")  # noqa: SIM115  # closed with the process
         processes.append(
             subprocess.Popen(
@@ -49,6 +72,19 @@ def start_nodes(logs: Path, worker_command: list[str], *launch_args: str) -> lis
             )
         )
     return processes
+
+
+def report(worker_command: list[str]) -> subprocess.CompletedProcess[str]:
+    """The application command on the primary: ``trainer.launch --report``."""
+    env = {**os.environ, **batch_env(0, free_port(), free_port())}
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--report", "--", *worker_command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def trainer_command(output_dir: Path, *extra: str) -> list[str]:

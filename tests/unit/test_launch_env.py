@@ -1,8 +1,21 @@
+import io
+import json
+import os
+
 import pytest
 
 from infra.sizes import SUPPORTED
 from trainer.fabric import FABRICS, FORBIDDEN_ON_IB, fabric_for, preflight_floor, worker_environment
-from trainer.launch import LaunchError, read_batch_environment
+from trainer.launch import (
+    DEFAULT_PORT,
+    INTERRUPTED_EXIT,
+    LaunchError,
+    Outcome,
+    RunRecords,
+    check_writable,
+    output_dir_of,
+    read_batch_environment,
+)
 
 BATCH = {
     "AZ_BATCH_HOST_LIST": "127.0.0.1,127.0.0.2",
@@ -11,17 +24,25 @@ BATCH = {
 }
 
 
-def test_reads_the_node_its_master_and_port():
+def test_reads_the_node_and_its_master_but_never_uses_batchs_reserved_port():
     node = read_batch_environment(BATCH, "127.0.0.2")
-    assert (node.index, node.master_ip, node.port, node.is_master) == (1, "127.0.0.1", 6000, False)
+    assert (node.index, node.master_ip, node.is_master) == (1, "127.0.0.1", False)
+    # The port in AZ_BATCH_MASTER_NODE is Batch's own: MASTER_PORT, else 6105.
+    assert node.port == DEFAULT_PORT == 6105
     assert node.iface == "lo"
+    assert read_batch_environment({**BATCH, "MASTER_PORT": "29500"}, "127.0.0.2").port == 29500
+    with_option = read_batch_environment({**BATCH, "MASTER_PORT": "29500"}, "127.0.0.2", 7000)
+    assert with_option.port == 7000
+    no_port = read_batch_environment({**BATCH, "AZ_BATCH_MASTER_NODE": "127.0.0.1"}, "127.0.0.2")
+    assert no_port.master_ip == "127.0.0.1"
 
 
 @pytest.mark.parametrize(
     ("change", "node_ip", "message"),
     [
         ({"AZ_BATCH_HOST_LIST": ""}, "127.0.0.1", "AZ_BATCH_HOST_LIST is not set"),
-        ({"AZ_BATCH_MASTER_NODE": "127.0.0.1"}, "127.0.0.1", "expected <ip>:<port>"),
+        ({"MASTER_PORT": "61o5"}, "127.0.0.2", "MASTER_PORT=61o5: expected a TCP port"),
+        ({"MASTER_PORT": "70000"}, "127.0.0.2", "MASTER_PORT=70000: expected a TCP port"),
         ({"AZ_BATCH_MASTER_NODE": "10.9.9.9:6000"}, "127.0.0.1", "not in AZ_BATCH_HOST_LIST"),
         ({}, "10.1.1.1", "node_ip=10.1.1.1: not in AZ_BATCH_HOST_LIST"),
         ({}, "127.0.0.1", "AZ_BATCH_IS_CURRENT_NODE_MASTER=false disagrees"),
@@ -42,7 +63,7 @@ def test_every_supported_pool_size_has_fabric_settings():
     for size, fabric in FABRICS.items():
         assert fabric.gpus == SUPPORTED[size].gpus
         assert fabric.env["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
-        assert fabric.env["NCCL_TOPO_FILE"].startswith("/opt/microsoft/nd")
+        assert all(path.startswith("/opt/microsoft/nd") for path in fabric.topo_files)
         assert not set(fabric.env) & set(FORBIDDEN_ON_IB)
 
 
@@ -51,11 +72,108 @@ def test_worker_environment_drops_ib_disable_and_lets_operators_tune():
     env = worker_environment("Standard_ND96isr_H100_v5", inherited)
     assert "NCCL_IB_DISABLE" not in env
     assert env["NCCL_SOCKET_IFNAME"] == "eth1" and env["PATH"] == "/bin"
-    assert env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
     assert worker_environment(None, inherited) == inherited  # CPU simulation: untouched
+
+
+NDV5_TOPO, NDV5_OLD_TOPO = "/opt/microsoft/ndv5/topo.xml", "/opt/microsoft/ndv5-topo.xml"
+NDV4_TOPO = "/opt/microsoft/ndv4/topo.xml"
+
+
+@pytest.mark.parametrize(
+    ("size", "present", "expected"),
+    [
+        # Current HPC images: /opt/microsoft/<family>/topo.xml (Azure/azhpc-images ndv5.sh).
+        ("Standard_ND96isr_H100_v5", {NDV5_TOPO, "/opt/microsoft/ndv5-topo.xml"}, NDV5_TOPO),
+        # Older images have only the deprecated file.
+        ("Standard_ND96isr_H100_v5", {NDV5_OLD_TOPO}, NDV5_OLD_TOPO),
+        ("Standard_ND96amsr_A100_v4", {NDV4_TOPO}, NDV4_TOPO),
+        # Neither: NCCL detects the topology itself rather than failing on a missing file.
+        ("Standard_ND96asr_v4", set(), None),
+    ],
+)  # fmt: skip
+def test_the_topology_file_is_the_first_that_exists_on_the_node(size, present, expected):
+    env = worker_environment(size, {}, exists=present.__contains__)
+    assert env.get("NCCL_TOPO_FILE") == expected
+
+
+def test_ndv5_lets_nccl_ignore_the_inherited_cpu_affinity_as_the_hpc_image_does():
+    assert worker_environment("Standard_ND96isr_H100_v5", {})["NCCL_IGNORE_CPU_AFFINITY"] == "1"
+    assert "NCCL_IGNORE_CPU_AFFINITY" not in worker_environment("Standard_ND96amsr_A100_v4", {})
 
 
 def test_preflight_floor_and_unknown_sizes():
     assert preflight_floor("Standard_ND96asr_v4") == 126.0
     with pytest.raises(ValueError, match="vm_size=Standard_NC24rs_v3: not an InfiniBand"):
         fabric_for("Standard_NC24rs_v3")
+
+
+def test_the_output_dir_comes_from_the_worker_command():
+    assert str(output_dir_of(["python", "-m", "trainer", "--output-dir", "/r/a"])) == "/r/a"
+    assert str(output_dir_of(["x", "--output-dir=/r/b", "--output-dir", "/r/c"])) == "/r/c"
+    assert output_dir_of(["python", "-m", "trainer", "--output-dir"]) is None
+
+
+def test_an_unwritable_output_dir_is_one_line_naming_the_folder_and_the_fix(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(LaunchError) as failure:
+        check_writable(blocker / "runs")
+    message = str(failure.value)
+    assert message.startswith(f"output_dir={blocker / 'runs'}: cannot create or write it as uid")
+    assert "writable for the task's user" in message and "\n" not in message
+    check_writable(tmp_path / "runs" / "new")  # created, probe removed
+    assert not list((tmp_path / "runs" / "new").iterdir())
+
+
+def _record(tmp_path, outcomes, hosts=("10.0.0.4", "10.0.0.5"), job="job-1"):
+    records = RunRecords(tmp_path)
+    attempt = records.new_attempt()
+    records.start(attempt, list(hosts), {"AZ_BATCH_JOB_ID": job})
+    for host, outcome in zip(hosts, outcomes, strict=False):
+        records.log_path(attempt, host).write_text(f"log of {host} in {attempt}\n")
+        if outcome is not None:
+            records.finish(attempt, host, outcome)
+    return records, attempt
+
+
+ENV = {"AZ_BATCH_HOST_LIST": "10.0.0.4,10.0.0.5", "AZ_BATCH_JOB_ID": "job-1"}
+
+
+def test_report_prints_every_nodes_log_of_the_current_attempt_only(tmp_path):
+    ok = Outcome(0, "every worker finished")
+    _record(tmp_path, [Outcome(3, "node 10.0.0.5 worker 1 exited with 3")] * 2)  # an old attempt
+    records, attempt = _record(tmp_path, [ok, ok])
+    out = io.StringIO()
+    assert records.report(ENV, out) == 0
+    text = out.getvalue()
+    assert f"log of 10.0.0.4 in {attempt}" in text and f"log of 10.0.0.5 in {attempt}" in text
+    assert "exited with 3" not in text and text.count("log of") == 2
+    assert text.rstrip().endswith(f"attempt {attempt}: every node finished")
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "code", "summary"),
+    [
+        ([Outcome(0, "ok"), Outcome(3, "worker 1 exited with 3")], 3, "worker 1 exited with 3"),
+        ([Outcome(0, "ok"), None], 1, "node 10.0.0.5 recorded no outcome"),
+        ([Outcome(0, "ok"), Outcome(0, "signal", True)], INTERRUPTED_EXIT, "stopped by a signal"),
+    ],
+)
+def test_report_exits_with_the_recorded_outcome(tmp_path, outcomes, code, summary):
+    records, _ = _record(tmp_path, outcomes)
+    out = io.StringIO()
+    assert records.report(ENV, out) == code
+    assert summary in out.getvalue().splitlines()[-1]
+
+
+def test_report_refuses_a_missing_or_stale_record(tmp_path):
+    with pytest.raises(LaunchError, match=r"current\.json is missing"):
+        RunRecords(tmp_path).report(ENV, io.StringIO())
+    records, _ = _record(tmp_path, [Outcome(0, "ok")] * 2, job="an-earlier-job")
+    with pytest.raises(LaunchError, match="records job an-earlier-job, not this task's job-1"):
+        records.report(ENV, io.StringIO())
+    records, _ = _record(tmp_path, [Outcome(0, "ok")], hosts=("10.0.0.9",), job="job-1")
+    with pytest.raises(LaunchError, match="records hosts"):
+        records.report(ENV, io.StringIO())
+    assert json.loads(records.current.read_text())["hosts"] == ["10.0.0.9"]
+    assert os.path.basename(records.root) == "logs"

@@ -1,0 +1,300 @@
+"""``infra.job.TrainingJobProvider`` under Pulumi's real dynamic-provider host.
+
+As the engine's ``pulumi-resource-pulumi-python`` shim does, the test starts
+``<venv>/bin/python -u -m pulumi.dynamic`` with the project root as working directory, reads
+the gRPC port it prints, and drives it with the SDK's own stubs: Configure (acceptSecrets=False),
+Check, Diff, Create, Read, Delete, the provider pickled into ``__provider`` the way
+``pulumi.dynamic`` does it. Batch is a fake HTTPS server on 127.0.0.1 whose certificate the host
+trusts through REQUESTS_CA_BUNDLE; the credential is the production ``DefaultAzureCredential``
+narrowed to its Azure CLI step (AZURE_TOKEN_CREDENTIALS) with a stub ``az`` that prints a token
+and counts its calls. A ``sitecustomize`` in the host refuses to import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from pulumi.dynamic.dynamic import serialize_provider
+from pulumi.runtime import rpc
+from pulumi.runtime._serialization import _serialize
+from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+
+from infra.job import TASK_ID, JobSpec, TrainingJobProvider
+from tests.infra.fake_batch import FakeBatch
+
+REPO = Path(__file__).resolve().parents[2]
+URN = "urn:pulumi:dev::gpu-cluster::pulumi-python:dynamic:Resource::dev-job"
+TIMEOUT = 30
+
+AZ_STUB = """#!/bin/sh
+echo "$*" >> "$FAKE_AZ_CALLS"
+echo '{"accessToken": "fake-token", "expiresOn": "2099-01-01 00:00:00.000000", \
+"expires_on": 4070908800, "tokenType": "Bearer", "subscription": "s", "tenant": "t"}'
+"""
+
+NO_TORCH = """import os, sys
+
+
+class _NoTorch:
+    # The provider host must stay light: fail any import of torch loudly.
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("the dynamic provider host imported torch")
+        return None
+
+
+sys.meta_path.insert(0, _NoTorch())
+open(os.environ["NO_TORCH_MARKER"], "w").close()
+"""
+
+
+def _provider(**state: Any) -> str:
+    """The ``__provider`` value ``pulumi.dynamic.Resource`` would store for this provider."""
+    provider = TrainingJobProvider()
+    provider.__dict__.update(state)
+    return _serialize(True, serialize_provider, provider)[0]
+
+
+def _struct(props: dict[str, Any]) -> struct_pb2.Struct:
+    # A loop of its own, as the host does: asyncio.run would unset the thread's current loop,
+    # which later tests under Pulumi's mocks rely on.
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(rpc.serialize_properties(props, {}))
+    finally:
+        loop.close()
+
+
+def _dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    return rpc.deserialize_properties(struct)
+
+
+class Host:
+    def __init__(self, folder: Path, fake: FakeBatch) -> None:
+        bin_dir, site = folder / "bin", folder / "site"
+        bin_dir.mkdir()
+        site.mkdir()
+        (bin_dir / "az").write_text(AZ_STUB)
+        (bin_dir / "az").chmod(0o755)
+        (site / "sitecustomize.py").write_text(NO_TORCH)
+        self.az_calls = folder / "az-calls"
+        self.no_torch_marker = folder / "no-torch-active"
+        self.stderr_path = folder / "host-stderr.txt"
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(site),
+            "AZURE_TOKEN_CREDENTIALS": "AzureCliCredential",
+            "FAKE_AZ_CALLS": str(self.az_calls),
+            "NO_TORCH_MARKER": str(self.no_torch_marker),
+            "REQUESTS_CA_BUNDLE": str(fake.ca_path),
+            "SSL_CERT_FILE": str(fake.ca_path),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+            "PULUMI_PROJECT": "gpu-cluster",
+        }
+        self._stderr = open(self.stderr_path, "w")  # noqa: SIM115  # closed in close()
+        self.process = subprocess.Popen(
+            [sys.executable, "-u", "-m", "pulumi.dynamic"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
+        port = self._first_line(TIMEOUT)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
+
+    def _first_line(self, seconds: float) -> int:
+        lines: queue.Queue[bytes] = queue.Queue()
+        assert self.process.stdout is not None
+        stdout = self.process.stdout
+        threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+        try:
+            line = lines.get(timeout=seconds)
+        except queue.Empty:
+            raise AssertionError(f"no port from the provider host: {self.stderr()}") from None
+        assert line.strip().isdigit(), f"{line!r} {self.stderr()}"
+        return int(line)
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def close(self) -> None:
+        self.channel.close()
+        self.process.terminate()
+        self.process.wait(10)
+        self._stderr.close()
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory):
+    batch = FakeBatch(tmp_path_factory.mktemp("batch"))
+    yield batch
+    batch.close()
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory, fake):
+    started = Host(tmp_path_factory.mktemp("host"), fake)
+    configured = started.stub.Configure(
+        provider_pb2.ConfigureRequest(acceptSecrets=False, args=_struct({})), timeout=TIMEOUT
+    )
+    assert configured.acceptSecrets is False
+    yield started
+    started.close()
+
+
+def _inputs(fake: FakeBatch, stack: str, **changes: Any) -> dict[str, Any]:
+    values = {
+        "stack": stack,
+        "endpoint": fake.url,
+        "account_id": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Batch/"
+        "batchAccounts/b",
+        "pool_id": "ib-gpu",
+        "node_count": 2,
+        "vm_size": "Standard_ND96isr_H100_v5",
+        "image_ref": "acr.azurecr.io/trainer:abc@sha256:" + "a" * 64,
+        "registry_server": "acr.azurecr.io",
+        "node_identity_id": "/subscriptions/s/resourceGroups/rg/providers/x/identities/n",
+        "node_identity_client_id": "11111111-2222-3333-4444-555555555555",
+        "blob_endpoint": "https://data.blob.core.windows.net/",
+        "trainer_args": ["--model", "resnet50", "--epochs", "90"],
+        "dataset_prefix": "",
+        **changes,
+    }
+    return {**values, "__provider": _provider()}
+
+
+def _create(host: Host, props: dict[str, Any]) -> provider_pb2.CreateResponse:
+    request = provider_pb2.CreateRequest(urn=URN, properties=_struct(props), timeout=TIMEOUT)
+    return host.stub.Create(request, timeout=TIMEOUT)
+
+
+def _calls(fake: FakeBatch, job_id: str) -> list[str]:
+    return [c for c in fake.calls() if f"/jobs/{job_id}" in c]
+
+
+def test_check_echoes_the_inputs_and_diff_ignores_provider_code(host, fake):
+    news = _inputs(fake, "check")
+    checked = host.stub.Check(
+        provider_pb2.CheckRequest(urn=URN, olds=_struct({}), news=_struct(news)), timeout=TIMEOUT
+    )
+    assert not checked.failures and _dict(checked.inputs)["trainer_args"] == news["trainer_args"]
+
+    job_id = JobSpec.from_props(news).job_id
+    olds = {**news, "job_id": job_id, "state": "active"}
+    new_code = {**news, "__provider": _provider(revision=2)}
+    assert new_code["__provider"] != news["__provider"]
+    same = host.stub.Diff(
+        provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(new_code)),
+        timeout=TIMEOUT,
+    )
+    assert same.changes == provider_pb2.DiffResponse.DIFF_NONE and not same.replaces
+
+    longer = {**news, "trainer_args": ["--model", "resnet50", "--epochs", "120"]}
+    changed = host.stub.Diff(
+        provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(longer)),
+        timeout=TIMEOUT,
+    )
+    assert changed.changes == provider_pb2.DiffResponse.DIFF_SOME
+    assert list(changed.replaces) == ["trainer_args"] and changed.deleteBeforeReplace
+
+
+def test_create_adds_the_job_with_noaction_then_the_task_then_terminatejob(host, fake):
+    props = _inputs(fake, "create")
+    job_id = JobSpec.from_props(props).job_id
+    created = _create(host, props)
+    assert created.id == job_id
+    outputs = _dict(created.properties)
+    assert outputs["state"] == "active" and outputs["job_id"] == job_id
+    assert outputs["__provider"] == props["__provider"]
+    assert fake.calls()[-4:] == [
+        "POST /jobs",
+        f"POST /jobs/{job_id}/tasks",
+        f"PATCH /jobs/{job_id}",
+        f"GET /jobs/{job_id}",
+    ]
+    job_add, task_add, update = fake.requests[-4:-1]
+    assert job_add.body["id"] == job_id and job_add.body["onAllTasksComplete"] == "noaction"
+    assert task_add.body["id"] == TASK_ID
+    assert task_add.body["multiInstanceSettings"]["numberOfInstances"] == 2
+    assert update.body == {"onAllTasksComplete": "terminatejob"}
+    assert job_add.headers["authorization"] == "Bearer fake-token"
+
+
+def test_read_of_old_state_refreshes_and_forgets_a_missing_job(host, fake):
+    fake.add_job("old-job", "completed")
+    old_state = {
+        "endpoint": fake.url,
+        "stack": "old",
+        "job_id": "old-job",
+        "state": "active",
+        "retired_setting": True,  # an input a later version dropped; others are missing
+        "__provider": _provider(),
+    }
+    read = host.stub.Read(
+        provider_pb2.ReadRequest(id="old-job", urn=URN, properties=_struct(old_state)),
+        timeout=TIMEOUT,
+    )
+    assert read.id == "old-job" and _dict(read.properties)["state"] == "completed"
+    gone = host.stub.Read(
+        provider_pb2.ReadRequest(id="no-such-job", urn=URN, properties=_struct(old_state)),
+        timeout=TIMEOUT,
+    )
+    assert gone.id == ""
+
+
+def _delete(host: Host, job_id: str, props: dict[str, Any]) -> None:
+    request = provider_pb2.DeleteRequest(
+        id=job_id, urn=URN, properties=_struct(props), timeout=TIMEOUT
+    )
+    host.stub.Delete(request, timeout=TIMEOUT)
+
+
+def test_delete_terminates_a_running_job_then_deletes_it(host, fake):
+    props = _inputs(fake, "running")
+    job_id = _create(host, props).id
+    _delete(host, job_id, {**props, "job_id": job_id})
+    calls = _calls(fake, job_id)
+    assert calls.index(f"POST /jobs/{job_id}/terminate") < calls.index(f"DELETE /jobs/{job_id}")
+    assert job_id not in fake.jobs
+
+
+def test_delete_of_a_finished_or_missing_job_succeeds(host, fake):
+    fake.add_job("finished-job", "completed")
+    old_state = {"endpoint": fake.url, "job_id": "finished-job", "__provider": _provider()}
+    _delete(host, "finished-job", old_state)
+    calls = _calls(fake, "finished-job")
+    assert calls[:2] == ["GET /jobs/finished-job", "DELETE /jobs/finished-job"]
+    assert set(calls[2:]) == {"GET /jobs/finished-job"}  # polled until gone (404), no terminate
+    _delete(host, "missing-job", {**old_state, "job_id": "missing-job"})
+    assert _calls(fake, "missing-job") == ["GET /jobs/missing-job"]
+
+
+def test_a_403_after_a_fresh_role_assignment_is_retried_then_succeeds(host, fake):
+    props = _inputs(fake, "forbidden")
+    job_id = JobSpec.from_props(props).job_id
+    fake.fail("POST", "/jobs", 403, "AuthorizationFailure")
+    assert _create(host, props).id == job_id
+    assert [c for c in fake.calls() if c == "POST /jobs"][-2:] == ["POST /jobs", "POST /jobs"]
+    assert "refused to create job" in host.stderr()
+    assert "(403 AuthorizationFailure)" in host.stderr()
+
+
+def test_one_credential_per_process_and_no_torch(host):
+    assert host.no_torch_marker.exists()  # the import guard was active in the host
+    # Every call above went through one client, one credential, one token.
+    assert len(host.az_calls.read_text().splitlines()) == 1, host.stderr()
+    assert "Traceback" not in host.stderr()

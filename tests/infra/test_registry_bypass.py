@@ -1,0 +1,314 @@
+"""The TaskBypass dynamic provider: its create PATCHes the registry through azure-core's ARM
+pipeline against a fake ARM endpoint (HTTPS on 127.0.0.1 with a self-signed certificate trusted
+through REQUESTS_CA_BUNDLE), which records what is sent and answers like ACR's Registries_Update
+(200 at once, or 202 with a status monitor to poll); and the Registry component declares it."""
+
+import base64
+import json
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dill
+import pulumi
+import pytest
+
+from infra import registry as registry_module
+from infra.mocks import AzureMocks
+from infra.naming import Placement
+from infra.registry import (
+    TASK_BYPASS_API_VERSION,
+    TaskBypassError,
+    TaskBypassProvider,
+)
+from tests.infra.conftest import REPO
+from tests.infra.test_image_build import _self_signed
+
+SUB = "00000000-0000-0000-0000-00000000abcd"
+REGISTRY_ID = (
+    f"/subscriptions/{SUB}/resourceGroups/rg-team-dev/providers/"
+    "Microsoft.ContainerRegistry/registries/teamacr"
+)
+OPERATION = f"/subscriptions/{SUB}/providers/Microsoft.ContainerRegistry/locations/eastus/op-1"
+PROPERTY = "networkRuleBypassAllowedForTasks"
+PATCH_BODY = {"properties": {PROPERTY: True}}
+NETWORK = json.dumps([{"defaultAction": "Deny"}, "AzureServices", "Enabled"])
+
+
+def _props(registry_id=REGISTRY_ID, network=NETWORK):
+    return {"registry_id": registry_id, "registry_network": network, "allowed_for_tasks": None}
+
+
+class FakeArm:
+    """ACR's registry endpoint. ``mode`` is how the PATCH is answered: ``sync`` (200 with the
+    updated registry), ``azure-async-operation`` or ``location`` (202 and a status monitor that
+    says InProgress once, then ``outcome``). The setting turns true when the update succeeds,
+    unless ``honours`` is false (an API that ignores the property)."""
+
+    def __init__(self):
+        self.requests = []
+        self.registry_path = REGISTRY_ID
+        self.mode = "sync"
+        self.outcome = "Succeeded"
+        self.honours = True
+        self.refuse = None  # (status, ARM error) to answer the PATCH with
+        self.allowed = False
+        self.pending = False
+        self.polls = 0
+        self.base = ""
+
+    def _registry(self):
+        return (
+            200,
+            {},
+            {
+                "id": self.registry_path,
+                "name": self.registry_path.rsplit("/", 1)[-1],
+                "type": "Microsoft.ContainerRegistry/registries",
+                "properties": {
+                    "provisioningState": "Succeeded",
+                    "publicNetworkAccess": "Enabled",
+                    "networkRuleBypassOptions": "AzureServices",
+                    PROPERTY: self.allowed,
+                },
+            },
+        )
+
+    def _finish(self):
+        self.pending = False
+        if self.outcome == "Succeeded" and self.honours:
+            self.allowed = True
+
+    def handle(self, method, path, query, headers, body):
+        self.requests.append(
+            {"method": method, "path": path, "query": query, "headers": headers, "body": body}
+        )
+        if path == self.registry_path and method == "PATCH":
+            if self.refuse:
+                return self.refuse[0], {}, self.refuse[1]
+            if body != PATCH_BODY:
+                return 400, {}, {"error": {"code": "BadRequest", "message": json.dumps(body)}}
+            if self.mode == "sync":
+                self._finish()
+                return self._registry()
+            self.pending, self.polls = True, 0
+            monitor = f"{self.base}{OPERATION}?api-version={TASK_BYPASS_API_VERSION}"
+            header = "Azure-AsyncOperation" if self.mode == "azure-async-operation" else "Location"
+            return 202, {header: monitor}, None
+        if path == self.registry_path and method == "GET":
+            return self._registry()
+        if path == OPERATION and method == "GET" and self.pending:
+            self.polls += 1
+            if self.polls == 1:
+                if self.mode == "location":
+                    return 202, {"Location": f"{self.base}{OPERATION}"}, None
+                return 200, {}, {"status": "InProgress"}
+            outcome = self.outcome
+            self._finish()
+            if self.mode == "location":
+                if outcome != "Succeeded":
+                    return 500, {}, {"error": {"code": outcome, "message": "update failed"}}
+                return 200, {}, None
+            error = {"code": "UpdateFailed", "message": "registry update failed"}
+            return (
+                200,
+                {},
+                {"status": outcome, **({} if outcome == "Succeeded" else {"error": error})},
+            )
+        return 404, {}, {"error": {"code": "NotFound", "message": f"{method} {path}"}}
+
+
+@pytest.fixture
+def arm(tmp_path, monkeypatch):
+    import azure.identity
+    from azure.core.credentials import AccessToken
+
+    fake = FakeArm()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self):
+            url = urllib.parse.urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            status, headers, answer = fake.handle(
+                self.command, url.path, urllib.parse.parse_qs(url.query), dict(self.headers), body
+            )
+            data = b"" if answer is None else json.dumps(answer).encode()
+            self.send_response(status)
+            for key, value in {"Content-Type": "application/json", **headers}.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PATCH = _serve
+
+        def log_message(self, *args):
+            pass
+
+    cert_file, key_file = _self_signed(tmp_path)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    fake.base = f"https://127.0.0.1:{server.server_port}"
+
+    class FakeCredential:
+        def get_token(self, *scopes, **kwargs):
+            assert scopes == ("https://management.azure.com/.default",)
+            return AccessToken("fake-arm-token", 4102444800)
+
+    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
+    monkeypatch.setattr(registry_module, "ARM_ENDPOINT", fake.base)
+    monkeypatch.setattr(registry_module, "POLL_SECONDS", 0)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(proxy, raising=False)
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+def _assert_patch(request, registry_id=REGISTRY_ID):
+    assert (request["method"], request["path"]) == ("PATCH", registry_id)
+    assert request["query"] == {"api-version": [TASK_BYPASS_API_VERSION]}
+    assert request["body"] == PATCH_BODY
+    assert request["headers"]["Authorization"] == "Bearer fake-arm-token"
+    assert request["headers"]["Content-Type"].startswith("application/json")
+
+
+def _calls(arm):
+    return [(r["method"], r["path"]) for r in arm.requests]
+
+
+def test_create_patches_the_registry_and_reads_the_setting_back(arm):
+    result = TaskBypassProvider().create(_props())
+    assert result.id == REGISTRY_ID
+    assert result.outs == {**_props(), "allowed_for_tasks": True}
+    patch, read = arm.requests
+    _assert_patch(patch)
+    assert (read["method"], read["path"]) == ("GET", REGISTRY_ID)
+    assert read["query"] == {"api-version": [TASK_BYPASS_API_VERSION]}
+    assert read["headers"]["Authorization"] == "Bearer fake-arm-token"
+
+
+@pytest.mark.parametrize("mode", ["azure-async-operation", "location"])
+def test_an_accepted_update_is_polled_until_it_ends(arm, mode):
+    arm.mode = mode
+    result = TaskBypassProvider().create(_props())
+    assert result.outs["allowed_for_tasks"] is True
+    _assert_patch(arm.requests[0])
+    polls = [("GET", OPERATION)] * 2
+    # An Azure-AsyncOperation monitor is followed by a GET of the resource (final-state-via).
+    final = [("GET", REGISTRY_ID)] if mode == "azure-async-operation" else []
+    assert _calls(arm) == [("PATCH", REGISTRY_ID), *polls, *final, ("GET", REGISTRY_ID)]
+    assert all(r["headers"]["Authorization"] == "Bearer fake-arm-token" for r in arm.requests)
+
+
+def test_a_registry_still_saying_false_is_one_line_naming_it_and_the_fix(arm):
+    arm.honours = False  # the update succeeds, the setting stays false
+    with pytest.raises(TaskBypassError) as failed:
+        TaskBypassProvider().create(_props())
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"registry teamacr reports {PROPERTY}=false after the update")
+    assert "403" in message
+    assert (
+        f"az resource update --ids {REGISTRY_ID} --api-version {TASK_BYPASS_API_VERSION} "
+        f"--set properties.{PROPERTY}=true"
+    ) in message
+    _assert_patch(arm.requests[0])
+    assert _calls(arm) == [("PATCH", REGISTRY_ID), ("GET", REGISTRY_ID)]
+
+
+def test_a_refused_update_names_the_registry(arm):
+    arm.refuse = (403, {"error": {"code": "AuthorizationFailed", "message": "no\nwrite access"}})
+    with pytest.raises(TaskBypassError) as failed:
+        TaskBypassProvider().create(_props())
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"could not set {PROPERTY} on registry teamacr: ")
+    assert "AuthorizationFailed" in message and "az resource update --ids" in message
+    _assert_patch(arm.requests[0])
+    assert len(arm.requests) == 1  # nothing polled, nothing read
+
+
+def test_a_failed_update_operation_is_an_error(arm):
+    arm.mode, arm.outcome = "azure-async-operation", "Failed"
+    with pytest.raises(TaskBypassError, match=f"could not set {PROPERTY} on registry teamacr"):
+        TaskBypassProvider().create(_props())
+    _assert_patch(arm.requests[0])
+    assert ("GET", OPERATION) in _calls(arm)
+
+
+def test_only_a_new_registry_or_new_network_settings_reapply_and_delete_sends_nothing(arm):
+    provider = TaskBypassProvider()
+    olds = {**_props(), "allowed_for_tasks": True, "__provider": "old code"}
+    news = {**_props(), "__provider": "new code"}
+    assert provider.diff(REGISTRY_ID, olds, news).changes is False  # provider code, outputs
+    moved = provider.diff(REGISTRY_ID, olds, {**news, "registry_id": REGISTRY_ID + "2"})
+    assert moved.changes is True and moved.replaces == ["registry_id"]
+    renet = {**news, "registry_network": json.dumps([{"defaultAction": "Deny"}, "None", "Enabled"])}
+    rediff = provider.diff(REGISTRY_ID, olds, renet)
+    assert rediff.changes is True and not rediff.replaces
+    provider.delete(REGISTRY_ID, olds)
+    assert arm.requests == []
+    updated = provider.update(REGISTRY_ID, olds, renet)
+    assert updated.outs == {**renet, "allowed_for_tasks": True}
+    _assert_patch(arm.requests[0])
+
+
+def test_importing_the_provider_module_loads_no_azure_sdk():
+    code = (
+        "import sys, infra.registry; "
+        "print([m for m in sys.modules if m.startswith(('azure.mgmt', 'azure.identity'))])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "[]"
+
+
+# ---- the component, under Pulumi's mocks ---------------------------------------------------
+
+BYPASS = "pulumi-python:dynamic/acr:TaskBypass"
+
+
+@pytest.fixture
+def mocks():
+    recorder = AzureMocks()
+    pulumi.runtime.set_mocks(recorder, project="gpu-cluster", stack="unit", preview=False)
+    return recorder
+
+
+@pulumi.runtime.test
+def test_the_registry_declares_its_bypass_and_that_provider_patches_it(mocks, arm):
+    from infra.registry import Registry, RegistryArgs
+
+    place = Placement("rg-unit", "eastus", {"team": "unit"})
+    registry = Registry("unit", RegistryArgs(place, "unitacr12345678", ["198.51.100.7"]))
+
+    def check(values):
+        registry_id, urn = values
+        assert urn.endswith(f"::gpucluster:infra:Registry${BYPASS}::unit-task-bypass")  # a child
+        (declared,) = [r for r in mocks.resources if r.typ == BYPASS]
+        inputs = dict(declared.inputs)
+        assert declared.custom and inputs["registry_id"] == registry_id
+        assert json.loads(inputs["registry_network"])[1:] == ["AzureServices", "Enabled"]
+        # The provider Pulumi stores is this module's class, pickled by reference...
+        stored = inputs.pop("__provider")
+        stored = stored.get("value", stored) if isinstance(stored, dict) else stored  # a secret
+        pickled = base64.b64decode(stored)
+        assert b"infra.registry" in pickled and b"TaskBypassProvider" in pickled
+        assert len(pickled) < 200
+        provider = dill.loads(pickled)
+        assert isinstance(provider, TaskBypassProvider)
+        # ...and, given what the component declared, it PATCHes that very registry.
+        arm.registry_path = registry_id
+        assert provider.create(inputs).outs["allowed_for_tasks"] is True
+        _assert_patch(arm.requests[0], registry_id)
+
+    return pulumi.Output.all(registry.registry_id, registry.task_bypass.urn).apply(check)
