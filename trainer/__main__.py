@@ -11,7 +11,6 @@ from trainer.checkpoint import CheckpointError
 from trainer.cli import fail, parse
 from trainer.config import ConfigError
 from trainer.data import DataError
-from trainer.files import ensure_writable_folder
 from trainer.model import build_model, count_parameters
 from trainer.preflight import PreflightError
 
@@ -32,15 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run import train
     from trainer.signals import StopRequest
 
-    try:
-        ensure_writable_folder(Path(cfg.output_dir))
-    except OSError as err:
-        fail(
-            f"output_dir={cfg.output_dir}: cannot create or write it as uid {os.getuid()} "
-            f"({err.strerror}); make the folder writable for this user (on a Batch pool the "
-            f"share's runs folder must be mode 1777)",
-            1,
-        )
     stop = StopRequest().install()
     try:
         dist = init_dist(cfg.backend)
@@ -56,6 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 2)
     except (CheckpointError, PreflightError) as err:
         fail(str(err), 1)
+    except OSError as err:
+        if not _in_output_dir(err, cfg.output_dir):
+            raise
+        # The run folder on a share the task user cannot write (root-owned under root_squash),
+        # or a file where a folder should be: the first write there names it.
+        fail(
+            f"output_dir={cfg.output_dir}: cannot create or write it as uid {os.getuid()} "
+            f"({err.strerror}); make the folder writable for this user (on a Batch pool the "
+            f"share's runs folder must be mode 1777)",
+            1,
+        )
     except peer_failure_errors():
         fail(
             f"rank {dist.rank}: another worker stopped (its log says why); stopping too; "
@@ -80,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     return 0
+
+
+def _in_output_dir(err: OSError, output_dir: str) -> bool:
+    if not err.filename:
+        return False
+    failed, root = Path(os.fsdecode(err.filename)).absolute(), Path(output_dir).absolute()
+    return failed == root or root in failed.parents or failed in root.parents
 
 
 if __name__ == "__main__":
