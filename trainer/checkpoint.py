@@ -114,6 +114,19 @@ def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
+def epoch_position(state: dict[str, Any]) -> tuple[int, int]:
+    """(samples of the current epoch trained, workers the epoch began on) of a training
+    checkpoint. Checkpoints written before the offset was recorded were written by runs that
+    never changed size within an epoch: ``step_in_epoch`` steps of ``batch_size x
+    accumulation_steps x world_size`` samples (the settings they were written with)."""
+    if "epoch_offset" in state:
+        return int(state["epoch_offset"]), int(state["epoch_world_size"])
+    saved = state["config"]
+    world = int(state["world_size"])
+    per_step = int(saved["batch_size"]) * int(saved.get("accumulation_steps", 1)) * world
+    return int(state["step_in_epoch"]) * per_step, world
+
+
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:

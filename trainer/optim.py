@@ -93,11 +93,16 @@ def build_schedule(
 
 
 def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, schedule: LRSchedule
+    optimizer: torch.optim.Optimizer, schedule: LRSchedule, start_step: int = 0
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR over the schedule, so its position is saved in checkpoints like any scheduler.
+    """A LambdaLR over the schedule, positioned at ``start_step`` (the next step's rate is set).
 
-    Every group's initial rate is the peak rate; the lambda returns the fraction of it.
+    Every group's initial rate is the peak rate; the lambda returns the fraction of it. A
+    resumed run builds a new scheduler at its position rather than loading the saved one: the
+    saved ``base_lrs`` (and the optimizer's saved ``lr``/``initial_lr``) hold the peak of the
+    world size that wrote the checkpoint, and LambdaLR would multiply the new fraction by that
+    old peak. Built here, the peak always follows the current world size; on an unchanged size
+    the rates equal the uninterrupted run's bit for bit (the same ``peak * fraction(step)``).
     """
     for group in optimizer.param_groups:
         group["lr"] = schedule.peak_lr
@@ -108,7 +113,8 @@ def build_lr_scheduler(
     def fraction_of_peak(step: int) -> float:
         return schedule.lr_at(step) / schedule.peak_lr
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fraction_of_peak)
+    # last_epoch is the step before the next one: the constructor's own step() advances it.
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fraction_of_peak, last_epoch=start_step - 1)
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

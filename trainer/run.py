@@ -23,10 +23,19 @@ from trainer.distributed import Dist
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
 from trainer.model import build_model
-from trainer.optim import build_lr_scheduler, build_optimizer, build_schedule, lr_scale_factor
+from trainer.optim import (
+    LRSchedule,
+    build_lr_scheduler,
+    build_optimizer,
+    build_schedule,
+    lr_scale_factor,
+)
 from trainer.signals import StopRequest
 
 log = logging.getLogger(__name__)
+# Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared
+# runs folder): python -m infra.acceptance reads this line from the job's log.
+CHECKPOINT_WRITTEN = "checkpoint written: %s (uid %d)"
 
 # Settings that change what a checkpoint's tensors mean: resuming across them is refused.
 _CHECKPOINT_IDENTITY = ("model", "num_classes", "optimizer")
@@ -84,7 +93,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 class _Run:
-    """The state of one invocation; split into methods so each phase reads on its own."""
+    """The state of one invocation; split into methods so each phase reads on its own.
+
+    The position of the run, saved in every checkpoint:
+
+    - ``step``: optimizer steps taken, over every invocation and whatever world size took
+      them. It names checkpoints, and ``--max-steps`` / ``--run-steps`` count it: after a
+      resume on another number of workers the remaining steps are steps of the new size.
+    - ``epoch``: epochs finished. ``epoch_offset``: samples of this epoch's global order
+      trained, by all ranks and any number of them (see ``trainer.data.sampler``), so a resume
+      on another size continues the epoch exactly and ``--epochs`` stays exact.
+      ``epoch_world``: the workers the epoch began on (the shard stream's order depends on it).
+    - ``step_in_epoch``: the LR schedule's position in the epoch, in steps of this size:
+      ``steps_per_epoch`` minus the steps left. Without a resize, the steps taken in the epoch.
+      The schedule runs on ``epoch * steps_per_epoch + step_in_epoch``, so warmup, decay epochs
+      and the end fall on the same epochs whatever size the earlier steps had.
+    """
 
     def __init__(self, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
         self.cfg, self.dist, self.stop = cfg, dist, stop
@@ -110,9 +134,8 @@ class _Run:
                 f"accumulation_steps={cfg.accumulation_steps}: more than the "
                 f"{self.loaders.batches_per_epoch} batches per epoch; lower it"
             )
-        self.total_steps = cfg.epochs * self.steps_per_epoch
-        if cfg.max_steps is not None:
-            self.total_steps = min(self.total_steps, cfg.max_steps)
+        self.step = self.epoch = self.step_in_epoch = self.epoch_offset = 0
+        self.epoch_world = dist.size
 
         model = build_model(cfg.model, cfg.num_classes).to(self.device)
         if channels_last:
@@ -120,8 +143,10 @@ class _Run:
         self.model = model
         optimizer = build_optimizer(cfg, model)
         optimizer = dist.wrap_optimizer(optimizer, model, cfg)
-        scale = lr_scale_factor(dist.size, dist.local_size, cfg.adasum, dist.gpu_collectives)
-        self.schedule = build_schedule(cfg, self.steps_per_epoch, self.total_steps, scale)
+        self.lr_scale = lr_scale_factor(
+            dist.size, dist.local_size, cfg.adasum, dist.gpu_collectives
+        )
+        self.total_steps, self.schedule = self._plan()
         scheduler = build_lr_scheduler(optimizer, self.schedule)
         scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
         train_model = dist.wrap_model(model, cfg)
@@ -138,7 +163,6 @@ class _Run:
             amp_dtype=amp_dtype,
             accumulation_steps=cfg.accumulation_steps,
         )
-        self.step = self.epoch = self.step_in_epoch = 0
         self.last_saved_step = -1
         self.writer: MetricsWriter | None = None
 
@@ -155,18 +179,8 @@ class _Run:
                 if error is None:
                     self.model.load_state_dict(state["model"])
                     self.parts.optimizer.load_state_dict(state["optimizer"])
-                    found = {
-                        k: state[k]
-                        for k in (
-                            "step",
-                            "epoch",
-                            "step_in_epoch",
-                            "scheduler",
-                            "scaler",
-                            "rng",
-                            "world_size",
-                        )
-                    }
+                    found = {k: state[k] for k in ("step", "epoch", "scaler", "rng", "world_size")}
+                    found["offset"], found["layout"] = checkpoint.epoch_position(state)
                     found["path"] = str(path)
         found, error = self.dist.broadcast_object((found, error))
         if error:
@@ -174,27 +188,73 @@ class _Run:
         self.dist.broadcast_training_state(self.model, self.parts.optimizer, found is not None)
         if found is None:
             return
-        self.parts.scheduler.load_state_dict(found["scheduler"])
         self.parts.scaler.load_state_dict(found["scaler"])
-        self.step, self.epoch, self.step_in_epoch = (
-            found["step"],
-            found["epoch"],
-            found["step_in_epoch"],
+        self.step, self.epoch = found["step"], found["epoch"]
+        self.epoch_offset, self.epoch_world = found["offset"], found["layout"]
+        sampler = self.loaders.train.sampler
+        sampler.set_epoch(self.epoch, offset=self.epoch_offset, layout_replicas=self.epoch_world)
+        steps_left = sampler.batches_left // self.cfg.accumulation_steps
+        self.step_in_epoch = self.steps_per_epoch - steps_left
+        self.total_steps, self.schedule = self._plan()
+        # The rate follows this world size's peak, not the saved scheduler's (see there).
+        self.parts.scheduler = build_lr_scheduler(
+            self.parts.optimizer,
+            self.schedule,
+            self.epoch * self.steps_per_epoch + self.step_in_epoch,
         )
         if found["world_size"] == self.dist.size:
             _set_rng_state(found["rng"][self.dist.rank])
-        else:
-            log.warning(
-                "checkpoint from %d workers resumed on %d: data order and LR scaling "
-                "change from here",
+        elif self.dist.is_root:
+            # Data order and augmentations depend on (seed, epoch, index) only; the RNG
+            # streams, which they do not use, start afresh on the new ranks.
+            global_batch = sampler.global_batch * self.cfg.accumulation_steps
+            dropped = sampler.order_length - self.epoch_offset - steps_left * global_batch
+            spread = ""
+            if self.cfg.data == "shards" and steps_left and self.epoch_world != self.dist.size:
+                spread = (
+                    f"; until it ends, ranks read the {self.epoch_world}-worker layout's rest "
+                    "across all its shards"
+                )
+            log.info(
+                "resized: checkpoint from %d workers resumed on %d: epoch %d continues at "
+                "sample %d of %d with %d steps of %d samples (the last %d dropped), "
+                "%d steps per epoch, peak lr %.6g (lr_scaling=%s)%s",
                 found["world_size"],
                 self.dist.size,
+                self.epoch,
+                self.epoch_offset,
+                sampler.order_length,
+                steps_left,
+                global_batch,
+                max(0, dropped),
+                self.steps_per_epoch,
+                self.schedule.peak_lr,
+                self.cfg.lr_scaling,
+                spread,
             )
         self.last_saved_step = self.step
         if self.dist.is_root:
             print(
                 f"resumed from {found['path']} at step {self.step} (epoch {self.epoch})", flush=True
             )
+
+    def _plan(self) -> tuple[int, LRSchedule]:
+        """The step this run ends at and the LR schedule, from the position and world size."""
+        cfg = self.cfg
+        left = max(0, (cfg.epochs - self.epoch) * self.steps_per_epoch - self.step_in_epoch)
+        total = self.step + left
+        if cfg.max_steps is not None:
+            total = min(total, cfg.max_steps)
+        position = self.epoch * self.steps_per_epoch + self.step_in_epoch
+        schedule = build_schedule(
+            cfg, self.steps_per_epoch, position + total - self.step, self.lr_scale
+        )
+        return total, schedule
+
+    def _epoch_end_due(self) -> bool:
+        """After a resize, the rest of an epoch can be less than one global batch: no steps
+        are left in it, but its evaluation and the epoch count still are."""
+        return self.epoch < self.cfg.epochs and self.step_in_epoch >= self.steps_per_epoch
 
     def _check_compatible(self, path: Path, saved: dict[str, Any]) -> str | None:
         for key in _CHECKPOINT_IDENTITY:
@@ -216,15 +276,22 @@ class _Run:
                 "step": self.step,
                 "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch,
+                "epoch_offset": self.epoch_offset,
+                "epoch_world_size": self.epoch_world,
                 "world_size": self.dist.size,
                 "model": self.model.state_dict(),
                 "optimizer": self.parts.optimizer.state_dict(),
+                # Not read back (the schedule is rebuilt at the position); kept for readers
+                # of checkpoints written before offsets were recorded.
                 "scheduler": self.parts.scheduler.state_dict(),
                 "scaler": self.parts.scaler.state_dict(),
                 "rng": rng,
             }
             try:
-                checkpoint.save(self.checkpoint_dir, self.step, state, self.cfg.keep_checkpoints)
+                path = checkpoint.save(
+                    self.checkpoint_dir, self.step, state, self.cfg.keep_checkpoints
+                )
+                log.info(CHECKPOINT_WRITTEN, path, os.getuid())
             except checkpoint.CheckpointError as err:
                 error = str(err)
         error = self.dist.broadcast_object(error)
@@ -245,7 +312,9 @@ class _Run:
         progress = Progress(start_step, self.total_steps) if dist.is_root else None
         meter = WindowMeter(self.device)
         last: dict[str, float] = {}
-        stopped_by: str | None = None if self.step < self.total_steps else "already_complete"
+        due = self.step < self.total_steps or self._epoch_end_due()
+        stopped_by: str | None = None if due else "already_complete"
+        global_batch = cfg.batch_size * cfg.accumulation_steps * dist.size
         run_images = 0
         started = time.monotonic()
 
@@ -253,6 +322,7 @@ class _Run:
             nonlocal last, stopped_by, run_images
             self.step += 1
             self.step_in_epoch += 1
+            self.epoch_offset += global_batch
             run_images += cfg.batch_size * cfg.accumulation_steps
             signalled = dist.any_rank(self.stop.requested)
             reasons = [
@@ -290,11 +360,12 @@ class _Run:
             return True
 
         try:
-            while self.step < self.total_steps and stopped_by is None:
-                self.loaders.train.set_epoch(
-                    self.epoch, self.step_in_epoch * cfg.accumulation_steps
+            while (self.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
+                self.loaders.train.sampler.set_epoch(
+                    self.epoch, offset=self.epoch_offset, layout_replicas=self.epoch_world
                 )
-                train_one_epoch(self.parts, self.loaders.train, meter, after_step)
+                if self.step_in_epoch < self.steps_per_epoch:
+                    train_one_epoch(self.parts, self.loaders.train, meter, after_step)
                 if self.step_in_epoch >= self.steps_per_epoch:
                     if self.loaders.val is not None:
                         self.loaders.val.set_epoch(self.epoch)
@@ -307,7 +378,8 @@ class _Run:
                             }
                         )
                     self.epoch += 1
-                    self.step_in_epoch = 0
+                    self.step_in_epoch = self.epoch_offset = 0
+                    self.epoch_world = dist.size
                     self.save_checkpoint()
             if self.last_saved_step != self.step:
                 self.save_checkpoint()

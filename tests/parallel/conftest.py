@@ -14,22 +14,22 @@ BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 
 
-def horovodrun(*python_args: str) -> list[str]:
-    """Two Horovod workers each running ``python *python_args``."""
+def horovodrun(*python_args: str, workers: int = 2) -> list[str]:
+    """``workers`` (two) Horovod workers each running ``python *python_args``."""
     return [
         str(BIN / "horovodrun"),
         "--gloo",
         "-np",
-        "2",
+        str(workers),
         "-H",
-        "localhost:2",
+        f"localhost:{workers}",
         sys.executable,
         *python_args,
     ]
 
 
-def torchrun(*python_args: str) -> list[str]:
-    """Two torch.distributed workers each running ``python *python_args``."""
+def torchrun(*python_args: str, workers: int = 2) -> list[str]:
+    """``workers`` (two) torch.distributed workers each running ``python *python_args``."""
     # --standalone: a local c10d rendezvous on a free port, so parallel CI jobs never collide.
     return [
         sys.executable,
@@ -37,7 +37,7 @@ def torchrun(*python_args: str) -> list[str]:
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node",
-        "2",
+        str(workers),
         *python_args,
     ]
 

@@ -80,3 +80,23 @@ def test_checkpoints_never_unpickle_code(tmp_path):
     assert checkpoint.load_latest(tmp_path) is None
     with pytest.raises(Exception, match="Weights only load failed"):
         checkpoint.load(path)
+
+
+def test_epoch_position_of_new_and_of_older_checkpoints():
+    new = {"epoch_offset": 80, "epoch_world_size": 2, "step_in_epoch": 5, "world_size": 3}
+    assert checkpoint.epoch_position(new) == (80, 2)
+    # Before offsets were recorded: step_in_epoch steps of batch x accumulation x world size,
+    # with the settings the checkpoint was written with.
+    older = {
+        "step_in_epoch": 5,
+        "world_size": 2,
+        "config": {"batch_size": 8, "accumulation_steps": 2},
+    }
+    assert checkpoint.epoch_position(older) == (5 * 8 * 2 * 2, 2)
+
+
+def test_a_checkpoint_without_offsets_is_still_loaded(tmp_path):
+    older = {**state(3), "step_in_epoch": 3, "world_size": 2, "config": {"batch_size": 4}}
+    checkpoint.save(tmp_path, 3, older, keep=1)
+    _, loaded = checkpoint.load_latest(tmp_path)
+    assert checkpoint.epoch_position(loaded) == (3 * 4 * 2, 2)

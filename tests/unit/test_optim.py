@@ -118,3 +118,60 @@ def test_every_optimizer_trains_a_step(name):
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert not any(math.isnan(v) for v in losses)
+
+
+def test_scheduler_built_at_a_step_continues_the_uninterrupted_rates_bit_for_bit():
+    schedule = LRSchedule(
+        start_lr=0.1, peak_lr=0.4, warmup_steps=4, total_steps=20, decay="cosine", steps_per_epoch=4
+    )
+    seen = []
+    for start in (0, 7):
+        optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=1.0)
+        scheduler = build_lr_scheduler(optimizer, schedule, start_step=start)
+        rates = []
+        for _ in range(20 - start):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        seen.append(rates)
+    assert seen[1] == seen[0][7:]  # exact equality: a resume must not change a single bit
+
+
+@pytest.mark.parametrize(
+    ("rule", "peak_2", "peak_3"), [("linear", 0.2, 0.3), ("sqrt", 0.1 * 2**0.5, 0.1 * 3**0.5)]
+)
+def test_resumed_scheduler_follows_the_new_world_sizes_peak_not_the_saved_one(rule, peak_2, peak_3):
+    cfg = DEFAULTS.replace(lr=0.1, lr_scaling=rule, warmup_epochs=1, lr_decay="cosine")
+    model = nn.Linear(2, 2)
+    # Written by 2 workers at step 6 (8 steps per epoch): its optimizer and scheduler state
+    # carry the 2-worker peak.
+    old = build_schedule(cfg, steps_per_epoch=8, total_steps=24, scale_factor=2)
+    assert old.peak_lr == pytest.approx(peak_2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    old_scheduler = build_lr_scheduler(optimizer, old, start_step=6)
+    saved_optimizer, saved_scheduler = optimizer.state_dict(), old_scheduler.state_dict()
+    # Resumed on 3 workers (5 steps per epoch), at schedule step 3.
+    new = build_schedule(cfg, steps_per_epoch=5, total_steps=15, scale_factor=3)
+    assert new.peak_lr == pytest.approx(peak_3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    optimizer.load_state_dict(saved_optimizer)
+    # What loading the saved scheduler state would do: the old peak times the new fraction.
+    stale = build_lr_scheduler(optimizer, new)
+    stale.load_state_dict(saved_scheduler)
+    optimizer.step()
+    stale.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(peak_2 * new.lr_at(7) / peak_3)
+    optimizer.load_state_dict(saved_optimizer)
+    scheduler = build_lr_scheduler(optimizer, new, start_step=3)
+    warmup = 0.1 + (peak_3 - 0.1) * 3 / 5
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(warmup) == new.lr_at(3)
+    optimizer.step()
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 + (peak_3 - 0.1) * 4 / 5)
+    assert [g["initial_lr"] for g in optimizer.param_groups] == [new.peak_lr]
+
+
+def test_no_scaling_keeps_the_peak_on_any_world_size():
+    cfg = DEFAULTS.replace(lr=0.1, lr_scaling="none")
+    for world in (1, 2, 3):
+        assert build_schedule(cfg, 5, 15, scale_factor=world).peak_lr == 0.1

@@ -23,7 +23,13 @@ from trainer.data.transforms import normalize
 
 
 class Loader(Protocol):
-    """Batches of (images, labels) already on the device; ``len`` counts batches left."""
+    """Batches of (images, labels) already on the device; ``len`` counts batches left.
+
+    ``sampler`` decides which samples and where in the epoch to start; a resume positions it
+    with ``sampler.set_epoch(epoch, offset=..., layout_replicas=...)``.
+    """
+
+    sampler: ShardSampler
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
     def __len__(self) -> int: ...

@@ -1,4 +1,15 @@
-"""Which samples each rank reads, in which order: deterministic and resumable mid-epoch."""
+"""Which samples each rank reads, in which order: deterministic and resumable mid-epoch, also
+on a different number of workers.
+
+Every epoch has one global order of sample indices. Global batch ``j`` (all ranks' batch ``j``
+together) is the contiguous run ``[j * batch * world, (j + 1) * batch * world)`` of that order,
+rank ``r`` taking every ``world``-th sample of it from ``r`` on. So the position in an epoch is
+one number, the ``offset``: how many samples of the order were trained, by any number of
+workers. A run resumed at ``offset`` on ``world'`` workers splits the rest of the order the
+same way among its ranks; the epoch ends when the rest no longer fills a global batch, and
+that tail (fewer than ``batch * world'`` samples) is dropped, as the last partial global batch
+of every epoch always is.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +26,7 @@ class ShardSampler(Sampler[tuple[int, int]]):
     of epoch e reads exactly what the uninterrupted run would have read. The epoch travels with
     each index so that datasets can derive per-sample augmentation randomness from it, which
     keeps augmentations identical however many loader workers there are or whether a run resumed.
-    The tail that does not divide evenly among ranks is dropped so that every rank takes the same
+    The tail that does not fill a global batch is dropped so that every rank takes the same
     number of steps (a rank with one batch more would wait forever in an allreduce).
     """
 
@@ -39,33 +50,71 @@ class ShardSampler(Sampler[tuple[int, int]]):
         self.seed = seed
         self.per_rank = dataset_size // num_replicas
         self.epoch = 0
-        self.skip_batches = 0
+        self.offset = 0
+        self.layout_replicas = num_replicas
 
     @property
     def batches_per_epoch(self) -> int:
+        """This rank's batches in a whole epoch begun on ``num_replicas`` workers."""
         return self.per_rank // self.batch_size
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
-        """Select the epoch, optionally starting after ``skip_batches`` already-trained batches."""
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.num_replicas
+
+    @property
+    def order_length(self) -> int:
+        """Samples in the epoch's global order (what ``offset`` counts through)."""
+        return self.dataset_size
+
+    @property
+    def batches_left(self) -> int:
+        """This rank's batches from ``offset`` to the end of the epoch."""
+        return max(0, self.order_length - self.offset) // self.global_batch
+
+    def set_epoch(
+        self,
+        epoch: int,
+        skip_batches: int = 0,
+        *,
+        offset: int | None = None,
+        layout_replicas: int | None = None,
+    ) -> None:
+        """Select the epoch and where in it to start.
+
+        ``offset``: samples of the epoch's global order already trained, by every rank together
+        and on any number of workers. ``skip_batches`` says the same in this rank's batches at
+        this world size (``offset = skip_batches * batch_size * num_replicas``); give one or
+        the other. ``layout_replicas``: the number of workers the epoch began on, where that
+        differs from ``num_replicas`` (only ``StreamSampler``'s order depends on it).
+        """
+        if offset is not None and skip_batches:
+            raise ValueError("give skip_batches or offset, not both")
+        if offset is None:
+            offset = min(skip_batches, self.batches_per_epoch) * self.global_batch
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
         self.epoch = epoch
-        self.skip_batches = min(skip_batches, self.batches_per_epoch)
+        self.offset = offset
+        self.layout_replicas = layout_replicas or self.num_replicas
+
+    def epoch_order(self) -> list[int]:
+        """The epoch's global order of sample indices."""
+        if not self.shuffle:
+            return list(range(self.dataset_size))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
 
     def rank_indices(self) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(self.dataset_size, generator=generator).tolist()
-        else:
-            order = list(range(self.dataset_size))
-        used = order[: self.per_rank * self.num_replicas]
-        mine = used[self.rank :: self.num_replicas]
-        start = self.skip_batches * self.batch_size
-        return mine[start : self.batches_per_epoch * self.batch_size]
+        """This rank's samples from ``offset`` to the end of the epoch, in order."""
+        mine = self.epoch_order()[self.offset + self.rank :: self.num_replicas]
+        return mine[: self.batches_left * self.batch_size]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return ((index, self.epoch) for index in self.rank_indices())
 
     def __len__(self) -> int:
-        return (self.batches_per_epoch - self.skip_batches) * self.batch_size
+        return self.batches_left * self.batch_size
 
 
 class StreamSampler(ShardSampler):
@@ -76,6 +125,13 @@ class StreamSampler(ShardSampler):
     shards, mostly sequentially. Within its block a shuffle buffer of ``buffer`` samples mixes
     the order (WebDataset's recipe). It works on indices only, so the order is known without
     reading anything and a resume skips ``skip_batches`` batches exactly.
+
+    The epoch's global order interleaves the blocks (rank r's m-th sample is at ``m * world +
+    r``), so it depends on the number of workers the epoch began on (``layout_replicas``). On
+    that number a rank computes only its own block. Resumed mid-epoch on another number, every
+    rank computes all the blocks of that layout and reads its share of the rest of their
+    interleaving: exact (no sample twice, none skipped but the final tail), but for the rest of
+    that epoch a rank reads from every block's shards rather than its own run of them.
     """
 
     def __init__(
@@ -96,7 +152,13 @@ class StreamSampler(ShardSampler):
         self.shard_samples = shard_samples
         self.buffer = buffer
 
-    def rank_indices(self) -> list[int]:
+    @property
+    def order_length(self) -> int:
+        # The stream's last (dataset_size % layout) samples are in no block.
+        return self.dataset_size // self.layout_replicas * self.layout_replicas
+
+    def _blocks(self, ranks: range) -> list[list[int]]:
+        """The shuffled blocks of ``ranks`` in the layout on ``layout_replicas`` workers."""
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         shards = list(range(len(self.shard_samples)))
         if self.shuffle:
@@ -108,11 +170,30 @@ class StreamSampler(ShardSampler):
                 self.shard_starts[shard], self.shard_starts[shard] + self.shard_samples[shard]
             )
         ]
-        block = stream[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
-        if self.shuffle and self.buffer > 1:
-            block = _buffer_shuffle(block, self.buffer, generator)
-        start = self.skip_batches * self.batch_size
-        return block[start : self.batches_per_epoch * self.batch_size]
+        per_rank = self.dataset_size // self.layout_replicas
+        after_shards = generator.get_state()
+        blocks = []
+        for rank in ranks:
+            block = stream[rank * per_rank : (rank + 1) * per_rank]
+            if self.shuffle and self.buffer > 1:
+                # Every block is shuffled from the same generator state, as each rank does.
+                generator.set_state(after_shards)
+                block = _buffer_shuffle(block, self.buffer, generator)
+            blocks.append(block)
+        return blocks
+
+    def epoch_order(self) -> list[int]:
+        blocks = self._blocks(range(self.layout_replicas))
+        return [index for row in zip(*blocks, strict=True) for index in row]
+
+    def rank_indices(self) -> list[int]:
+        world = self.num_replicas
+        if self.layout_replicas != world or self.offset % world:
+            return super().rank_indices()
+        # The usual case: this rank's share of the interleaving is exactly its own block.
+        (mine,) = self._blocks(range(self.rank, self.rank + 1))
+        start = self.offset // world
+        return mine[start : start + self.batches_left * self.batch_size]
 
 
 def _buffer_shuffle(items: list[int], size: int, generator: torch.Generator) -> list[int]:
