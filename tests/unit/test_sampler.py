@@ -172,3 +172,16 @@ def test_a_rest_smaller_than_a_global_batch_leaves_no_steps():
     assert (sampler.batches_left, len(sampler), sampler.rank_indices()) == (0, 0, [])
     sampler.set_epoch(0, offset=500)
     assert sampler.batches_left == 0
+
+
+def test_a_synthetic_epoch_with_no_samples_left_yields_no_batch():
+    import torch
+
+    from trainer.data.synthetic import SyntheticLoader
+
+    sampler = ShardSampler(8, num_replicas=2, rank=0, batch_size=2)
+    loader = SyntheticLoader(
+        sampler, pool=4, image_size=4, num_classes=3, device=torch.device("cpu"), seed=0
+    )
+    loader.set_epoch(0, skip_batches=sampler.batches_per_epoch)  # the whole epoch was trained
+    assert list(loader) == []

@@ -41,5 +41,7 @@ class SyntheticLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices = torch.tensor(self.sampler.rank_indices(), dtype=torch.long)
         indices = (indices % self.images.shape[0]).to(self.device)
+        if indices.numel() == 0:  # split() of an empty tensor yields one empty batch
+            return
         for batch in indices.split(self.sampler.batch_size):
             yield self.images.index_select(0, batch), self.labels.index_select(0, batch)
