@@ -2,8 +2,9 @@
 # missing or older than its inputs.
 VENV := .venv
 SETUP_STAMP := $(VENV)/.setup-complete
+PROFILE ?= cpu
 
-.PHONY: demo test lint setup bench
+.PHONY: demo test lint setup bench azure-check
 
 $(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh
 	bash scripts/setup_env.sh
@@ -24,3 +25,8 @@ test: lint
 # Benchmarks print figures and save bench/results/*.json and *.png (about 10 minutes here).
 bench: $(SETUP_STAMP)
 	$(VENV)/bin/python -m bench.run_all
+
+# Prove the stack on your subscription (Pulumi CLI and az login needed; creates, checks and
+# destroys a throwaway stack; see README): make azure-check [PROFILE=cpu|gpu] [ARGS=--dry-run]
+azure-check: $(SETUP_STAMP)
+	$(VENV)/bin/python -m infra.acceptance --profile $(PROFILE) $(ARGS)

@@ -28,6 +28,11 @@ POOL_ID = "ib-gpu"
 NFS_RELATIVE_MOUNT = "shared"
 
 
+# What the start task prints on the CPU acceptance size (0 GPUs): the skip is visible in each
+# node's startup/stdout.txt, never silent.
+CPU_SKIP_MESSAGE = "node ok: CPU acceptance profile, GPU and InfiniBand checks skipped"
+
+
 def node_check_command(gpus: int, ib_ports: int) -> str:
     """The start task: every GPU visible on a new enough driver and the size's InfiniBand ports
     active, or the node fails and never receives a task; then the shared runs folder exists.
@@ -35,7 +40,17 @@ def node_check_command(gpus: int, ib_ports: int) -> str:
     Only ports whose link layer is InfiniBand count: the accelerated-networking NIC (mlx5_an0)
     shows up in /sys/class/infiniband too, with an ACTIVE Ethernet port. ``sed -n 1p`` rather
     than ``head -n 1``: head exits early, and under pipefail the writer's SIGPIPE fails the node.
+
+    A size without GPUs (the CPU acceptance size, ``infra.sizes.CPU_ACCEPTANCE``) has no driver
+    or InfiniBand to check: the task skips those checks, says so, and still makes the runs
+    folder.
     """
+    if gpus == 0:
+        script = f"""set -euo pipefail
+{_RUNS_FOLDER}
+echo "{CPU_SKIP_MESSAGE}"
+"""
+        return in_bash(script)
     script = f"""set -euo pipefail
 n=$(nvidia-smi -L | grep -c '^GPU ' || true)
 fail() {{ echo "start task: $*" >&2; exit 1; }}
@@ -115,6 +130,7 @@ class GpuClusterArgs:
     checkpointing: bool = True
     team_object_id: str = ""
     team_type: str = "Group"
+    acceptance_profile: str = ""  # "" for team stacks (infra.config.ACCEPTANCE_PROFILES)
 
     @classmethod
     def from_settings(
@@ -150,6 +166,7 @@ class GpuClusterArgs:
             team_type=s.job_submitter_type,
             subscription_id=client.subscription_id,
             checkpointing=s.checkpointing,
+            acceptance_profile=s.acceptance_profile,
         )
 
 
@@ -255,9 +272,15 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             ],
             scale_settings=scale,
-            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs.
+            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs, and the
+            # CPU acceptance size only on a pool that says it is an acceptance pool.
             metadata=[
-                batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower())
+                batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower()),
+                *(
+                    [batch.MetadataItemArgs(name="acceptance", value=args.acceptance_profile)]
+                    if args.acceptance_profile
+                    else []
+                ),
             ],
             start_task=batch.StartTaskArgs(
                 command_line=node_check_command(args.size.gpus, args.size.ib_ports),

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from infra.sizes import RETIRED, SUPPORTED, GpuSize
+from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import CUDA, cuda_of_base
 from trainer.config import one_line
 
@@ -28,6 +28,8 @@ PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
+# "" for team stacks; the throwaway stacks of python -m infra.acceptance say which profile.
+ACCEPTANCE_PROFILES = ("", "cpu", "gpu")
 # Read only as secret Outputs (``secret_setting``), never into StackSettings as plain text.
 SECRET_SETTINGS = ("imageSourceToken",)
 REPO = PROJECT_FILE.parent
@@ -97,10 +99,13 @@ class StackSettings:
     submit_job: bool
     trainer_config: str
     dataset_prefix: str
+    acceptance_profile: str = ""
 
     @property
     def gpu(self) -> GpuSize:
-        return SUPPORTED[self.vm_size]
+        """The pool's size: an InfiniBand GPU size, or (acceptance profile cpu only) the CPU
+        acceptance size, whose ``gpus`` and ``ib_ports`` are 0."""
+        return size_of(self.vm_size)
 
     @property
     def max_nodes(self) -> int:
@@ -144,7 +149,8 @@ class StackSettings:
             raise ConfigError(
                 f"vmSize={self.vm_size}: {RETIRED[self.vm_size]}; use one of {', '.join(SUPPORTED)}"
             )
-        if self.vm_size not in SUPPORTED:
+        self._check_acceptance()
+        if self.vm_size not in SUPPORTED and not self._cpu_acceptance:
             raise ConfigError(
                 f"vmSize={self.vm_size}: not an InfiniBand GPU size we support; "
                 f"use one of {', '.join(SUPPORTED)}"
@@ -190,6 +196,30 @@ class StackSettings:
         self._check_network()
         self._check_image()
         self.trainer_settings()  # a bad trainer config stops the plan before any resource
+
+    @property
+    def _cpu_acceptance(self) -> bool:
+        return self.acceptance_profile == "cpu" and self.vm_size in CPU_ACCEPTANCE
+
+    def _check_acceptance(self) -> None:
+        """The CPU size exists for acceptance stacks only: any other stack that names it gets
+        the same error as any other non-InfiniBand size (checked by the caller)."""
+        profile = self.acceptance_profile
+        if profile not in ACCEPTANCE_PROFILES:
+            raise ConfigError(
+                f"acceptanceProfile={profile!r}: use cpu or gpu (python -m infra.acceptance sets "
+                "it), or leave it empty for a team stack"
+            )
+        if profile == "cpu" and self.vm_size not in CPU_ACCEPTANCE:
+            raise ConfigError(
+                f"vmSize={self.vm_size}: acceptanceProfile cpu runs on the CPU acceptance size; "
+                f"use {', '.join(CPU_ACCEPTANCE)}"
+            )
+        if profile and self.protect_data:
+            raise ConfigError(
+                f"protectData=true with acceptanceProfile={profile}: an acceptance stack is "
+                "destroyed whole, data included; set protectData false"
+            )
 
     def _check_image(self) -> None:
         if self.image_builder not in IMAGE_BUILDERS:

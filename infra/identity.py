@@ -17,6 +17,7 @@ from infra.naming import Placement, role_assignment_name
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 ACR_PUSH = "8311e382-0749-4cb8-b61a-304f252e45ec"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
 
 

@@ -16,7 +16,6 @@ same tag, so Pulumi sees no change, rebuilds nothing and resubmits no job. Build
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -34,21 +33,11 @@ from pulumi_azure_native import authorization, containerregistry
 
 from infra.config import ConfigError
 from infra.identity import ACR_PUSH, assign_role
+from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
 from trainer.config import one_line
 
-REPO = Path(__file__).resolve().parent.parent
-DOCKERFILE = "docker/Dockerfile"
 IMAGE_REPOSITORY = "trainer"
-# What the image is built from; .dockerignore admits exactly these (tests/docker checks it).
-IMAGE_INPUTS = (
-    DOCKERFILE,
-    "docker/requirements.txt",
-    "scripts/build_horovod.sh",
-    "pyproject.toml",
-    "README.md",
-    "trainer",
-)
 # ACR's token exchange wants this user name with a refresh token as the password.
 ACR_TOKEN_USER = "00000000-0000-0000-0000-000000000000"
 BUILD_TIMEOUT_SECONDS = 7200  # Horovod's NCCL build dominates
@@ -68,20 +57,6 @@ RUN_DONE = ("Succeeded", "Failed", "Canceled", "Error", "Timeout")  # RunStatus'
 POLL_SECONDS = 20.0
 QUEUE_GRACE_SECONDS = 3600  # a run may wait this long for an agent before its timeout starts
 BUILD_OUTPUT_KEYS = ("run_id", "digest", "status")
-
-
-def content_tag(root: Path = REPO) -> str:
-    """A 16-hex-digit hash of the image inputs' paths and bytes (caches and bytecode excluded)."""
-    digest = hashlib.sha256()
-    for entry in IMAGE_INPUTS:
-        path = root / entry
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
-            relative = file.relative_to(root).as_posix()
-            if "__pycache__" in relative or relative.endswith(".pyc"):
-                continue
-            digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

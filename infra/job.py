@@ -21,7 +21,6 @@ the ``logs`` container with the nodes' managed identity when the task ends.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -34,8 +33,10 @@ from typing import Any, TypeVar
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
 
+from infra import batch
+from infra.batch import TASK_ID, poll_succeeded, state_text, terminate_options
 from infra.cluster import NFS_RELATIVE_MOUNT
-from trainer.jobs import TASK_ID, poll_succeeded, state_text, terminate_options
+from infra.sizes import size_of
 
 T = TypeVar("T")
 MAX_TASK_RETRIES = 3
@@ -46,6 +47,13 @@ CONTAINER_RUN_OPTIONS = (
     "--ulimit memlock=-1 --ulimit stack=67108864 "
     "--device /dev/infiniband --cap-add IPC_LOCK "
     "-v /opt/microsoft:/opt/microsoft:ro"  # NCCL topology files of the Azure HPC image
+)
+# A size without InfiniBand (the CPU acceptance size) has no /dev/infiniband, and docker refuses
+# to create a container whose --device path is missing ("error gathering device information
+# while adding custom device ...: no such file or directory", moby/moby #41280); nor has it the
+# ND sizes' topology files. Host networking stays: the launchers meet on the nodes' addresses.
+CPU_CONTAINER_RUN_OPTIONS = (
+    "--network host --ipc host --shm-size 2g --ulimit memlock=-1 --ulimit stack=67108864"
 )
 NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 DATASET_ROOT = "${AZ_BATCH_NODE_SHARED_DIR}/datasets"  # each node's local disk
@@ -143,12 +151,22 @@ def _in_bash(command: str) -> str:
     return f"/bin/bash -c {shlex.quote('exec ' + command)}"
 
 
+def container_run_options(vm_size: str) -> str:
+    """The InfiniBand options on an IB size, none of them on a size without InfiniBand ports.
+    A size this version does not know (an older stack's) keeps the InfiniBand options."""
+    try:
+        ib_ports = size_of(vm_size).ib_ports
+    except KeyError:
+        return CONTAINER_RUN_OPTIONS
+    return CONTAINER_RUN_OPTIONS if ib_ports else CPU_CONTAINER_RUN_OPTIONS
+
+
 def _container(spec: JobSpec):
     from azure.batch import models as m
 
     return m.BatchTaskContainerSettings(
         image_name=spec.image_ref,
-        container_run_options=CONTAINER_RUN_OPTIONS,
+        container_run_options=container_run_options(spec.vm_size),
         registry=m.ContainerRegistryReference(
             registry_server=spec.registry_server,
             identity_reference=m.BatchNodeIdentityReference(resource_id=spec.node_identity_id),
@@ -279,23 +297,6 @@ def task_options(spec: JobSpec):
     )
 
 
-@functools.cache
-def _credential():
-    """One credential per provider process: the host serves every operation of a deployment,
-    and each new ``DefaultAzureCredential`` probes its whole chain again."""
-    from azure.identity import DefaultAzureCredential
-
-    return DefaultAzureCredential()
-
-
-@functools.cache
-def _client(endpoint: str):
-    """One client per Batch endpoint, so its pipeline reuses the token it acquired."""
-    from azure.batch import BatchClient
-
-    return BatchClient(endpoint=endpoint, credential=_credential())
-
-
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -353,7 +354,7 @@ class TrainingJobProvider(ResourceProvider):
         from azure.batch import models as m
 
         spec = JobSpec.from_props(props)
-        client = _client(spec.endpoint)
+        client = batch.client(spec.endpoint)
         job_id = spec.job_id
         _call(spec.endpoint, f"create job {job_id}", lambda: client.create_job(job_options(spec)))
         try:
@@ -402,7 +403,7 @@ class TrainingJobProvider(ResourceProvider):
         from azure.core.exceptions import ResourceNotFoundError
 
         endpoint = props["endpoint"]
-        client = _client(endpoint)
+        client = batch.client(endpoint)
         try:
             job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_))
         except ResourceNotFoundError:
@@ -418,7 +419,7 @@ class TrainingJobProvider(ResourceProvider):
         a job that is gone already is fine."""
         from azure.core.exceptions import ResourceNotFoundError
 
-        client = _client(endpoint)
+        client = batch.client(endpoint)
 
         def read() -> str:
             return state_text(

@@ -43,6 +43,7 @@ SHOWN_PROPERTIES = (
     "interNodeCommunication",
     "targetNodeCommunicationMode",
     "taskSlotsPerNode",
+    "metadata",  # the pool's: checkpointing, and acceptance on acceptance stacks
     "scaleSettings",
     "mountConfiguration",
     "allowedAuthenticationModes",

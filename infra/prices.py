@@ -10,6 +10,7 @@ VM_PER_HOUR = {
     "Standard_ND96isr_H200_v5": 110.24,
     "Standard_ND96asr_v4": 27.20,
     "Standard_ND96amsr_A100_v4": 32.77,
+    "Standard_D2s_v5": 0.096,  # the CPU acceptance profile's nodes and NFS server
     "Standard_D8s_v5": 0.384,
     "Standard_D16s_v5": 0.768,
     "Standard_D32s_v5": 1.536,
@@ -21,4 +22,7 @@ PREMIUM_SSD_PER_GB_MONTH = 0.135
 PREMIUM_FILES_PER_GB_MONTH = 0.16
 NAT_GATEWAY_PER_HOUR = 0.045
 PUBLIC_IP_PER_HOUR = 0.005
+# A registry is billed a fixed charge per day it exists (articles/container-registry/
+# container-registry-skus.md): a stack that lives an hour still pays one day of it.
 ACR_PREMIUM_PER_MONTH = 50.0
+ACR_PREMIUM_PER_DAY = round(ACR_PREMIUM_PER_MONTH / 30, 3)

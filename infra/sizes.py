@@ -1,4 +1,5 @@
-"""The InfiniBand GPU sizes we support, and the retired ones we refuse (with the reason).
+"""The InfiniBand GPU sizes we support, the retired ones we refuse (with the reason), and the
+CPU size that only acceptance stacks may use.
 
 Exact size strings: the IB sizes are not in azure-native's deprecated VirtualMachineSizeTypes
 enum, so they are plain strings. Images pair with their Batch node agent: the Azure HPC images
@@ -6,6 +7,19 @@ enum, so they are plain strings. Images pair with their Batch node agent: the Az
 container toolkit. The 22.04 agent reaches end of life on 2027-06-30 (Azure/Batch #200), so 24.04
 is the default. Regions are the ones this project has tested or planned capacity in; add to them
 as quota is granted.
+
+``CPU_ACCEPTANCE`` holds the size of the CPU acceptance profile (``acceptanceProfile: cpu``,
+python -m infra.acceptance): 0 GPUs and 0 InfiniBand ports, so the start task skips those checks
+and the job passes no InfiniBand device. It runs the same HPC image: ``microsoft-dsvm
+ubuntu-hpc`` is Batch's container-capable (DockerCompatible) image and the path Batch names for
+container pools after the retired ``ubuntu-server-container`` images (Azure/Batch #166; the
+container workloads article lists it for Linux container pools, and nextflow's Azure Batch
+plugin runs containers on it on D-series sizes, plugins/nf-azure AzPoolOpts). On a size without
+GPUs its NVIDIA driver simply loads nothing. Batch supports every Azure VM size except
+STANDARD_A0 and the classic premium-storage series (Pool vmSize reference). Dsv5 runs Generation
+1 and 2 images and requires accelerated networking, which the pool enables; it has no local
+temporary disk (articles/virtual-machines/dv5-dsv5-series.md), and with this image Docker's data
+root stays on the OS disk anyway (articles/batch/batch-docker-container-workloads.md, "Notes").
 """
 
 from __future__ import annotations
@@ -27,6 +41,8 @@ UBUNTU_HPC_2204 = BatchImage("microsoft-dsvm", "ubuntu-hpc", "2204", "batch.node
 
 @dataclass(frozen=True)
 class GpuSize:
+    """A pool size. ``gpus == 0`` only for the CPU acceptance size."""
+
     name: str
     vcpus: int  # what the Batch account's per-family core quota counts
     gpus: int
@@ -76,3 +92,16 @@ RETIRED: dict[str, str] = {
     "Standard_ND40rs_v2": "NDv2 (V100) is not recognised by current HPC image drivers "
     "(azhpc-images #406)",
 }
+
+# The GPU tables' regions, which offer the general-purpose Dsv5 family too: a location that fits
+# the GPU acceptance profile fits the CPU one.
+CPU_ACCEPTANCE: dict[str, GpuSize] = {
+    "Standard_D2s_v5": GpuSize(
+        "Standard_D2s_v5", 2, 0, "none (CPU)", 0, 0, UBUNTU_HPC_2404, _H100_REGIONS | _A100_REGIONS
+    )
+}
+
+
+def size_of(name: str) -> GpuSize:
+    """The table entry of a GPU size or of the CPU acceptance size; ``KeyError`` otherwise."""
+    return SUPPORTED[name] if name in SUPPORTED else CPU_ACCEPTANCE[name]

@@ -11,14 +11,15 @@ from infra import naming
 from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.config import StackSettings, secret_setting
-from infra.identity import Identities, IdentitiesArgs
-from infra.image import TrainerImage, TrainerImageArgs, commit_to_build, content_tag
+from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
+from infra.image import TrainerImage, TrainerImageArgs, commit_to_build
+from infra.image_inputs import content_tag
 from infra.job import TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
-from infra.storage import CONTAINERS, Storage, StorageArgs
+from infra.storage import CONTAINERS, BlobReader, Storage, StorageArgs
 from infra.toolchain import base_reference
 from trainer.cli import to_flags
 
@@ -49,6 +50,13 @@ def declare(s: StackSettings) -> dict[str, Any]:
             subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
             allowed_ips=s.storage_allowed_ips,
             protect_data=s.protect_data,
+            # An acceptance stack's check reads the job's logs as the deployer.
+            readers=(
+                [BlobReader("deployer", client.object_id, deployer_principal_type())]
+                if s.acceptance_profile
+                else []
+            ),
+            subscription_id=client.subscription_id,
         ),
     )
     registry = Registry(

@@ -11,7 +11,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+import yaml
+
+from infra.image_inputs import IMAGE_INPUTS
+
 REPO = Path(__file__).resolve().parent.parent
+PROJECT = "gpu-cluster"
 # Files that change every stack's program (anything under these prefixes).
 PROGRAM_PATHS = ("__main__.py", "Pulumi.yaml", "infra/", "policy/", "pyproject.toml")
 
@@ -20,8 +25,24 @@ def all_stacks(repo: Path = REPO) -> list[str]:
     return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in repo.glob("Pulumi.*.yaml"))
 
 
-def changed_stacks(changed_files: Iterable[str], stacks: Iterable[str]) -> list[str]:
-    """Every stack when the program changed; otherwise those whose stack file changed."""
+def job_stacks(stacks: Iterable[str], repo: Path = REPO) -> list[str]:
+    """The stacks that submit a job: a new image tag replaces their job."""
+    project = yaml.safe_load((repo / "Pulumi.yaml").read_text(encoding="utf-8"))
+    default = project["config"][f"{PROJECT}:submitJob"].get("default", True)
+    submitting = []
+    for stack in stacks:
+        path = repo / f"Pulumi.{stack}.yaml"
+        config = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
+        if config.get(f"{PROJECT}:submitJob", default) not in (False, "false"):
+            submitting.append(stack)
+    return submitting
+
+
+def changed_stacks(
+    changed_files: Iterable[str], stacks: Iterable[str], submitting: Iterable[str] = ()
+) -> list[str]:
+    """Every stack when the program changed; the stacks that submit jobs when the image inputs
+    changed (a new tag, a new image, a replaced job); and those whose stack file changed."""
     files, existing = list(changed_files), sorted(stacks)
     if any(f.startswith(PROGRAM_PATHS) for f in files):
         return existing
@@ -30,6 +51,8 @@ def changed_stacks(changed_files: Iterable[str], stacks: Iterable[str]) -> list[
         for f in files
         if f.startswith("Pulumi.") and f.endswith(".yaml")
     }
+    if any(f == entry or f.startswith(f"{entry}/") for f in files for entry in IMAGE_INPUTS):
+        touched |= set(submitting)
     return [s for s in existing if s in touched]
 
 
@@ -48,7 +71,8 @@ def main(argv: list[str]) -> int:
     if diff.returncode != 0:
         print(f"error: git diff {base}...{head} failed: {diff.stderr.strip()}", file=sys.stderr)
         return 2
-    print(json.dumps(changed_stacks(diff.stdout.split(), all_stacks())))
+    stacks = all_stacks()
+    print(json.dumps(changed_stacks(diff.stdout.split(), stacks, job_stacks(stacks))))
     return 0
 
 

@@ -12,12 +12,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_azure_native import storage
+from pulumi_azure_native import authorization, storage
 
+from infra.identity import STORAGE_BLOB_DATA_READER, assign_role
 from infra.naming import Placement
 
 CONTAINERS = ("datasets", "checkpoints", "logs", "outputs")
 FILE_SHARE = "results"
+
+
+@dataclass(frozen=True)
+class BlobReader:
+    """A principal granted Storage Blob Data Reader on the account: on acceptance stacks the
+    deployer, whose check reads the job's logs (python -m infra.acceptance)."""
+
+    label: str
+    principal_id: pulumi.Input[str]
+    principal_type: str  # User, Group or ServicePrincipal
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,8 @@ class StorageArgs:
     subnet_ids: Sequence[pulumi.Input[str]]
     allowed_ips: Sequence[str] = ()
     protect_data: bool = True
+    readers: Sequence[BlobReader] = ()
+    subscription_id: pulumi.Input[str] = ""  # needed with readers
 
 
 class Storage(pulumi.ComponentResource):
@@ -116,6 +129,18 @@ class Storage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[file_service]),
         )
 
+        self.reader_roles = [
+            assign_role(
+                f"{name}-{reader.label}-blob-reader",
+                role=STORAGE_BLOB_DATA_READER,
+                principal_id=reader.principal_id,
+                scope=account.id,
+                subscription_id=args.subscription_id,
+                principal_type=authorization.PrincipalType(reader.principal_type),
+                parent=self,
+            )
+            for reader in args.readers
+        ]
         self.account_name = account.name
         self.account_id = account.id
         self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)

@@ -5,6 +5,10 @@ topology from the file the image ships (the container mounts /opt/microsoft read
 PCIe ordering lets GPUDirect RDMA reach line rate on these virtualized hosts, and UCX (used by
 HPC-X/OpenMPI) gets the same hint. NCCL_IB_DISABLE is never set on an InfiniBand size: that
 would silently route every gradient over TCP (the mistake an earlier reference made).
+
+``CPU_FABRICS`` holds the CPU acceptance size (infra/sizes.py ``CPU_ACCEPTANCE``): no GPU, no
+InfiniBand, so one worker per node, Gloo over the VNet, no NCCL or UCX settings and no preflight
+floor (there is no InfiniBand baseline to hold it to).
 """
 
 from __future__ import annotations
@@ -50,12 +54,16 @@ FABRICS: dict[str, Fabric] = {
     "Standard_ND96asr_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
     "Standard_ND96amsr_A100_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
 }
+# The CPU acceptance size: one worker (Gloo) per node, nothing to tune, no bandwidth floor.
+CPU_FABRICS: dict[str, Fabric] = {"Standard_D2s_v5": Fabric(0, 0.0)}
 PREFLIGHT_FRACTION = 0.7
 # Settings that must not leak into a run on an InfiniBand size (from a base image or a user).
 FORBIDDEN_ON_IB = ("NCCL_IB_DISABLE", "NCCL_NET")
 
 
 def fabric_for(vm_size: str) -> Fabric:
+    if vm_size in CPU_FABRICS:
+        return CPU_FABRICS[vm_size]
     try:
         return FABRICS[vm_size]
     except KeyError:
@@ -65,7 +73,13 @@ def fabric_for(vm_size: str) -> Fabric:
         ) from None
 
 
+def workers_per_node(vm_size: str) -> int:
+    """One worker per GPU; one (on the CPU) for a size without GPUs."""
+    return max(1, fabric_for(vm_size).gpus)
+
+
 def preflight_floor(vm_size: str) -> float:
+    """The bus bandwidth (GB/s) the preflight requires; 0.0 (no preflight) without InfiniBand."""
     return round(fabric_for(vm_size).busbw_gbps * PREFLIGHT_FRACTION, 1)
 
 
@@ -78,7 +92,8 @@ def worker_environment(
     explicit value in ``inherited`` wins over the table (operators may tune), except those.
     NCCL_TOPO_FILE names the first topology file that ``exists`` on this node, if any."""
     env = dict(inherited)
-    if vm_size is None:  # CPU / simulation: Gloo over TCP, nothing to tune
+    # CPU (a simulation, or the CPU acceptance size): Gloo over TCP, nothing to tune.
+    if vm_size is None or fabric_for(vm_size).gpus == 0:
         return env
     for key in FORBIDDEN_ON_IB:
         env.pop(key, None)

@@ -3,9 +3,9 @@
 Runs on every node of a multi-instance task. From the Batch environment it learns the nodes
 (``AZ_BATCH_HOST_LIST``), the master's address (the IP of ``AZ_BATCH_MASTER_NODE``) and whether
 it is the master; the master serves Horovod's Gloo rendezvous on ``MASTER_PORT`` (default 6105,
-or ``--port``), and every node starts one worker per GPU with the variables ``horovodrun
---gloo`` would set. No SSH daemon, keys or passwords; NCCL carries GPU tensors over InfiniBand
-with the VM size's settings (``trainer.fabric``).
+or ``--port``), and every node starts one worker per GPU (one on a size without GPUs) with the
+variables ``horovodrun --gloo`` would set. No SSH daemon, keys or passwords; NCCL carries GPU
+tensors over InfiniBand with the VM size's settings (``trainer.fabric``).
 
 Failures end the whole job, never hang it: a launcher whose worker fails records it in the
 rendezvous store and stops its workers; every launcher polls the store (and treats a master
@@ -44,7 +44,7 @@ from typing import IO, Any
 import psutil
 
 from trainer.cli import OneLineParser, fail
-from trainer.fabric import fabric_for, preflight_floor, worker_environment
+from trainer.fabric import fabric_for, preflight_floor, worker_environment, workers_per_node
 from trainer.files import ensure_writable_folder, write_atomic
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
@@ -505,9 +505,18 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
+    """The worker command with the size's preflight floor, unless it sets one. None on a size
+    without InfiniBand (the CPU acceptance size): there is no baseline to hold it to."""
+    floor = preflight_floor(vm_size) if vm_size else 0.0
+    if floor <= 0 or "--preflight-min-busbw" in command:
+        return command
+    return [*command, "--preflight-min-busbw", str(floor)]
+
+
 def _default_workers(vm_size: str | None) -> int:
     if vm_size:
-        return fabric_for(vm_size).gpus
+        return workers_per_node(vm_size)
     try:
         import torch
 
@@ -572,8 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    if args.vm_size and "--preflight-min-busbw" not in command:
-        command += ["--preflight-min-busbw", str(preflight_floor(args.vm_size))]
+    command = with_preflight_floor(command, args.vm_size)
     base = worker_environment(args.vm_size, env)
     envs = [
         {

@@ -1,5 +1,6 @@
 """The GitHub workflows: actionlint clean, no long-lived secrets, and the changed-stack logic."""
 
+import json
 import re
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.stacks import all_stacks, changed_stacks
+from infra.stacks import all_stacks, changed_stacks, job_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
@@ -62,9 +63,46 @@ def test_changed_stacks():
     stacks = ["dev", "vision-prod"]
     assert changed_stacks(["Pulumi.dev.yaml"], stacks) == ["dev"]
     assert changed_stacks(["infra/network.py", "README.md"], stacks) == stacks
-    assert changed_stacks(["trainer/loop.py", "README.md"], stacks) == []
     assert changed_stacks(["Pulumi.gone.yaml"], stacks) == []
     assert all_stacks(REPO) == ["dev", "vision-prod"]
+    # An image input gives a new tag and replaces the job of every stack that submits one.
+    assert changed_stacks(["trainer/loop.py"], stacks, ["vision-prod"]) == ["vision-prod"]
+    assert changed_stacks(["docker/Dockerfile"], stacks, stacks) == stacks
+    assert changed_stacks(["scripts/build_horovod.sh"], stacks, stacks) == stacks
+    # Docs and the operator CLI are not in the image: no stack changes.
+    assert changed_stacks(["README.md", "bench/scaling.py"], stacks, stacks) == []
+
+
+def test_stacks_that_submit_jobs_come_from_their_stack_files(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text(
+        "config:\n  gpu-cluster:submitJob:\n    type: boolean\n    default: true\n"
+    )
+    (tmp_path / "Pulumi.a.yaml").write_text("config:\n  gpu-cluster:team: a\n")
+    (tmp_path / "Pulumi.b.yaml").write_text("config:\n  gpu-cluster:submitJob: false\n")
+    assert job_stacks(["a", "b"], tmp_path) == ["a"]
+    assert job_stacks(all_stacks(REPO)) == ["dev", "vision-prod"]
+
+
+def test_changed_runs_git_and_prints_the_stacks(tmp_path):
+    """The command CI runs, on a real repository: an edit under trainer/ selects job stacks."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(
+        REPO, repo, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "__pycache__")
+    )
+    git = ["git", "-C", str(repo), "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (repo / "trainer" / "loop.py").write_text((repo / "trainer" / "loop.py").read_text() + "#\n")
+    subprocess.run([*git, "commit", "-qam", "change"], check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "infra.stacks", "changed", "HEAD~1"],
+        cwd=repo, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == ["dev", "vision-prod"]
 
 
 def test_readme_config_reference_matches_the_schema():

@@ -15,6 +15,7 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 
 from infra.config import StackSettings, load_schema
+from infra.image_inputs import IMAGE_INPUTS
 from infra.toolchain import CUDA, MIN_DRIVER, base_reference, cuda_of_base
 from tests.infra.conftest import stack_values
 
@@ -126,3 +127,5 @@ def test_dockerignore_admits_only_what_the_build_copies():
     copied = re.findall(r"^COPY (.+) \S+$", DOCKERFILE.read_text(), re.M)
     sources = {source for line in copied for source in line.split()}
     assert sources == set(allowed)
+    # The content tag hashes exactly what the build can see, plus the Dockerfile itself.
+    assert set(IMAGE_INPUTS) == {*allowed, "docker/Dockerfile"}

@@ -12,10 +12,36 @@ from infra.plan import Plan, evaluate, read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("dev", "vision-prod")
+# A public address outside the documentation ranges: storage IP rules refuse non-global ones.
+CLIENT_IP = "20.30.40.50"
 
 
 def stack_values(stack: str) -> dict:
     return read_stack_file(REPO / f"Pulumi.{stack}.yaml")
+
+
+def acceptance_options(profile: str, **changes):
+    """The options of a real acceptance run, with what it would look up given here."""
+    from infra.acceptance import PROFILES, Options
+
+    values = {
+        "profile": PROFILES[profile],
+        "stack_name": f"acceptance-{profile}-20261101-120000",
+        "location": "eastus",
+        "vm_size": PROFILES[profile].vm_size,
+        "budget_email": "qa@example.com",
+        "image_builder": "acr",
+        "image_source_repo": "https://github.com/example-org/distributed-training.git",
+        "ssh_public_key": stack_values("dev")["gpu-cluster:sshPublicKey"],
+        "client_ip": CLIENT_IP,
+    }
+    return Options(**{**values, **changes})
+
+
+def acceptance_values(profile: str) -> dict:
+    from infra.acceptance import stack_values as acceptance_stack_values
+
+    return acceptance_stack_values(acceptance_options(profile))
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +57,12 @@ def plan(request) -> Plan:
 @pytest.fixture(scope="session")
 def dev_plan() -> Plan:
     return evaluate("dev", stack_values("dev"))
+
+
+@pytest.fixture(scope="session")
+def acceptance_plan() -> Plan:
+    """The CPU acceptance profile's stack, as python -m infra.acceptance --profile cpu sets it."""
+    return evaluate(acceptance_options("cpu").stack_name, acceptance_values("cpu"))
 
 
 @pytest.fixture(scope="session")

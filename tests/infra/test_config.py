@@ -117,3 +117,53 @@ def test_team_is_required(schema):
 
 def test_ssh_key_is_not_needed_with_azure_files(schema):
     assert settings(schema, nfsMode="azurefiles", sshPublicKey="").nfs_mode == "azurefiles"
+
+
+# ---------------------------------------------------------------- the acceptance profiles
+ACCEPTANCE_CPU = {"vmSize": "Standard_D2s_v5", "acceptanceProfile": "cpu", "protectData": False}
+
+
+def test_the_cpu_acceptance_size_gets_todays_error_on_any_other_stack(schema):
+    with pytest.raises(ConfigError) as caught:
+        settings(schema, vmSize="Standard_D2s_v5")
+    assert str(caught.value) == (
+        "vmSize=Standard_D2s_v5: not an InfiniBand GPU size we support; use one of "
+        "Standard_ND96isr_H100_v5, Standard_ND96isr_H200_v5, Standard_ND96asr_v4, "
+        "Standard_ND96amsr_A100_v4"
+    )
+    # The gpu profile admits GPU sizes only, like a team stack.
+    with pytest.raises(ConfigError, match="vmSize=Standard_D2s_v5: not an InfiniBand GPU size"):
+        settings(schema, vmSize="Standard_D2s_v5", acceptanceProfile="gpu", protectData=False)
+
+
+def test_the_cpu_acceptance_profile_admits_the_cpu_size_with_no_gpus_or_infiniband(schema):
+    s = settings(schema, **ACCEPTANCE_CPU)
+    assert (s.acceptance_profile, s.vm_size) == ("cpu", "Standard_D2s_v5")
+    assert (s.gpu.gpus, s.gpu.ib_ports, s.gpu.vcpus) == (0, 0, 2)
+    gpu = settings(schema, acceptanceProfile="gpu", protectData=False)
+    assert gpu.gpu.gpus == 8 and gpu.acceptance_profile == "gpu"
+    assert settings(schema).acceptance_profile == ""  # team stacks: the default
+
+
+@pytest.mark.parametrize(
+    ("changes", "names", "fix"),
+    [
+        ({"acceptanceProfile": "tpu"}, "acceptanceProfile='tpu'", "cpu or gpu"),
+        (
+            {**ACCEPTANCE_CPU, "vmSize": "Standard_ND96asr_v4"},
+            "vmSize=Standard_ND96asr_v4: acceptanceProfile cpu",
+            "Standard_D2s_v5",
+        ),
+        (
+            {**ACCEPTANCE_CPU, "protectData": True},
+            "protectData=true with acceptanceProfile=cpu",
+            "set protectData false",
+        ),
+        ({**ACCEPTANCE_CPU, "location": "brazilsouth"}, "location=brazilsouth", "eastus"),
+    ],
+)
+def test_acceptance_profile_mistakes_are_one_line_errors(schema, changes, names, fix):
+    with pytest.raises(ConfigError) as caught:
+        settings(schema, **changes)
+    assert names in str(caught.value) and fix in str(caught.value)
+    assert "\n" not in str(caught.value)

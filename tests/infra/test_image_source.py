@@ -19,7 +19,7 @@ FILES = {
     "docker/Dockerfile": "FROM scratch\n",
     "docker/requirements.txt": "numpy==2.4.6\n",
     "scripts/build_horovod.sh": "#!/bin/sh\n",
-    "pyproject.toml": "[project]\nname = 'x'\n",
+    "pyproject.toml": "[project]\nname = 'x'\n",  # not an image input: edits change no tag
     "README.md": "# x\n",
     "trainer/__init__.py": "",
     "infra/__init__.py": "",
@@ -102,7 +102,7 @@ def test_outside_a_deployment_the_same_lines_are_warnings(clone, monkeypatch):
     warnings = []
     monkeypatch.setattr(pulumi.log, "warn", lambda text, *a, **k: warnings.append(text))
     head = commit(clone, {"trainer/model.py": "x = 3\n"}, "local only")
-    (clone / "README.md").write_text("# edited\n")
+    (clone / "trainer" / "loop.py").write_text("# uncommitted\n")
     assert commit_to_build(clone, strict=False) == head
     assert len(warnings) == 2
     assert all("pulumi up will refuse this" in w and "\n" not in w for w in warnings)

@@ -4,6 +4,7 @@ records what ran), and the provider with the real installed SDK against a fake B
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pulumi
@@ -11,9 +12,11 @@ import pytest
 from azure.batch import models as m
 from azure.core.credentials import AccessToken
 
+from infra import batch as batch_module
 from infra import job as job_module
 from infra.job import (
     CONTAINER_RUN_OPTIONS,
+    CPU_CONTAINER_RUN_OPTIONS,
     TASK_ID,
     JobError,
     JobSpec,
@@ -23,6 +26,7 @@ from infra.job import (
     trainer_command,
 )
 from tests.infra.container import (
+    REPO,
     base_path,
     container_argv,
     image_command,
@@ -200,6 +204,76 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         assert request.config.output_dir == output_dir
 
 
+def test_the_cpu_acceptance_size_gets_no_infiniband_device_or_hpc_mount(node):
+    """Docker refuses a --device that the node lacks; a D-series node has no /dev/infiniband."""
+    spec = _spec(vm_size="Standard_D2s_v5", node_count=2)
+    task = task_options(spec)
+    options = task.container_settings.container_run_options
+    assert options == CPU_CONTAINER_RUN_OPTIONS
+    assert "--device" not in options and "/dev/infiniband" not in options
+    assert "/opt/microsoft" not in options and "--gpus" not in options
+    for option in ("--network host", "--ipc host", "--ulimit memlock=-1"):
+        assert option in options  # the launchers still meet on the nodes' addresses
+    assert task_options(SPEC).container_settings.container_run_options == CONTAINER_RUN_OPTIONS
+    # The commands run the launcher with the CPU size, which it accepts (one worker per node).
+    coordination = _run(node, task.multi_instance_settings.coordination_command_line)
+    assert coordination[:4] == ["-m", "trainer.launch", "--vm-size", "Standard_D2s_v5"]
+    args = launch_parser().parse_args(coordination[2:])
+    assert args.vm_size == "Standard_D2s_v5" and args.defer_exit_code
+    assert "--preflight-min-busbw" not in coordination
+
+
+# python on a CPU node: the real one, except that a worker ("python -m trainer ...") records its
+# rank, how many NCCL variables it got, and its arguments.
+CPU_WORKER_STUB = """#!/bin/bash
+if [ "$1" = -m ] && [ "$2" = trainer ]; then
+    echo "$HOROVOD_RANK/$HOROVOD_SIZE $HOROVOD_CPU_OPERATIONS nccl=$(env | grep -c '^NCCL_') $*" \\
+        >> "$WORKERS_RAN"
+    exit 0
+fi
+exec %s "$@"
+"""
+
+
+def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_path):
+    """The CPU size's task command lines run as a node runs them, the launcher for real."""
+    from tests.parallel.launch_nodes import free_port, held_port
+
+    spec = _spec(vm_size="Standard_D2s_v5", node_count=1, trainer_args=("--model", "tiny"))
+    task = task_options(spec)
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(CPU_WORKER_STUB % sys.executable)
+    python.chmod(0o755)
+    ran, workdir = tmp_path / "workers-ran.txt", tmp_path / "wd"
+    workdir.mkdir()
+    with held_port() as batch_port:
+        env = {
+            "PATH": f"{python.parent}:{base_path()}",
+            "PYTHONPATH": str(REPO),  # the image installs the trainer; here it is the checkout
+            "HOME": str(tmp_path),
+            "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
+            "AZ_BATCH_TASK_WORKING_DIR": str(workdir),
+            "AZ_BATCH_HOST_LIST": "127.0.0.1",
+            "AZ_BATCH_MASTER_NODE": f"127.0.0.1:{batch_port}",
+            "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
+            "AZ_BATCH_JOB_ID": spec.job_id,
+            "MASTER_PORT": str(free_port()),
+            "WORKERS_RAN": str(ran),
+        }
+        coordination = run_in_container(
+            task.multi_instance_settings.coordination_command_line, env, workdir
+        )
+        assert coordination.returncode == 0, coordination.stderr
+        report = run_in_container(task.command_line, env, workdir)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "every node finished" in report.stdout.splitlines()[-1]
+    assert "node 1/1: starting 1 worker(s)" in report.stdout
+    (worker,) = ran.read_text().splitlines()
+    assert worker.startswith("0/1 gloo nccl=0 -m trainer --model tiny --backend horovod")
+    assert "--preflight-min-busbw" not in worker
+
+
 def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):
     _, workdir, _, tmp_path = node
     prefix = "imagenet 2012/$(touch pwned)`touch pwned2`'\"${HOME}"
@@ -248,14 +322,14 @@ def batch(tmp_path, monkeypatch):
     fake = FakeBatch(tmp_path / "tls")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(fake.ca_path))
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setattr(job_module, "_credential", StaticToken)
+    monkeypatch.setattr(batch_module, "credential", StaticToken)
     monkeypatch.setattr(job_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
     monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 0.1)
     monkeypatch.setattr(job_module, "POLL_SECONDS", 0)
-    job_module._client.cache_clear()
+    batch_module.client.cache_clear()
     yield fake
     fake.close()
-    job_module._client.cache_clear()
+    batch_module.client.cache_clear()
 
 
 def _at(fake: FakeBatch) -> JobSpec:

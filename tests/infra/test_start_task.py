@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra.cloud_init import RUNS_MODE
-from infra.cluster import NFS_RELATIVE_MOUNT
+from infra.cluster import CPU_SKIP_MESSAGE, NFS_RELATIVE_MOUNT
 from infra.toolchain import MIN_DRIVER
 from tests.infra.conftest import one
 
@@ -105,3 +105,30 @@ def test_a_missing_gpu_or_an_old_driver_fails_the_node(start_task, tmp_path):
     newer = tmp_path / "new"
     newer.mkdir()
     assert run_start_task(start_task, newer, fake_node(newer, driver="580.105.08")).returncode == 0
+
+
+def test_the_cpu_acceptance_size_skips_gpu_and_infiniband_checks_and_says_so(
+    acceptance_plan, tmp_path
+):
+    pool = one(acceptance_plan, "azure-native:batch:Pool")
+    assert pool.inputs["vmSize"] == "Standard_D2s_v5"
+    assert pool.inputs["startTask"]["waitForSuccess"] is True
+    # A D-series node: no nvidia-smi on PATH, no InfiniBand device at all.
+    env = fake_node(tmp_path, gpus=0)
+    (tmp_path / "bin" / "nvidia-smi").unlink()
+    for device in (tmp_path / "infiniband").iterdir():
+        shutil.rmtree(device)
+    result = run_start_task(pool.inputs["startTask"]["commandLine"], tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == CPU_SKIP_MESSAGE  # visible in the node's startup/stdout.txt
+    assert result.stderr == ""
+    runs = Path(env["AZ_BATCH_NODE_MOUNTS_DIR"]) / NFS_RELATIVE_MOUNT / "runs"
+    assert oct(runs.stat().st_mode & 0o7777) == f"0o{RUNS_MODE}"
+
+
+def test_a_gpu_size_never_takes_the_skip(start_task, tmp_path):
+    # The same node without GPUs fails a GPU pool's start task: the skip is the CPU size's only.
+    env = fake_node(tmp_path, gpus=0)
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 1 and "expected 8 GPUs, nvidia-smi lists 0" in result.stderr
+    assert CPU_SKIP_MESSAGE not in result.stdout

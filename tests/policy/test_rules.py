@@ -332,6 +332,42 @@ def test_both_stacks_pass_every_policy(stack):
     assert check_stack([(r.typ, r.inputs) for r in plan.resources]) == []
 
 
+CPU_POOL = changed(POOL, ["vmSize"], "Standard_D2s_v5")
+
+
+def test_the_cpu_acceptance_size_passes_only_on_a_pool_that_declares_it():
+    declared = changed(
+        CPU_POOL, ["metadata"], [*POOL["metadata"], {"name": "acceptance", "value": "cpu"}]
+    )
+    assert check("pool-infiniband-size", "azure-native:batch:Pool", declared) == []
+    # A normal stack's pool on the same size is refused as before.
+    assert "not an InfiniBand GPU size" in " ".join(
+        check("pool-infiniband-size", "azure-native:batch:Pool", CPU_POOL)
+    )
+    # The metadata admits the CPU acceptance size only, and never turns off the other rules.
+    other = changed(declared, ["vmSize"], "Standard_D4s_v5")
+    assert check("pool-infiniband-size", "azure-native:batch:Pool", other)
+    gpu_profile = changed(declared, ["metadata"], [{"name": "acceptance", "value": "gpu"}])
+    assert check("pool-infiniband-size", "azure-native:batch:Pool", gpu_profile)
+    isolated = changed(declared, ["interNodeCommunication"], "Disabled")
+    assert "interNodeCommunication" in " ".join(
+        check("pool-infiniband-size", "azure-native:batch:Pool", isolated)
+    )
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_acceptance_stacks_pass_every_policy(profile):
+    from infra.plan import evaluate
+    from tests.infra.conftest import acceptance_options, acceptance_values
+
+    plan = evaluate(acceptance_options(profile).stack_name, acceptance_values(profile))
+    for resource in plan.resources:
+        for name in POLICIES:
+            if name != "cost-within-budget":
+                assert check(name, resource.typ, resource.inputs) == [], (name, resource.name)
+    assert check_stack([(r.typ, r.inputs) for r in plan.resources]) == []  # budget covers it
+
+
 def test_cost_over_budget_or_without_budget_is_a_violation():
     from infra.plan import evaluate
     from tests.infra.conftest import stack_values

@@ -4,8 +4,16 @@ import os
 
 import pytest
 
-from infra.sizes import SUPPORTED
-from trainer.fabric import FABRICS, FORBIDDEN_ON_IB, fabric_for, preflight_floor, worker_environment
+from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
+from trainer.fabric import (
+    CPU_FABRICS,
+    FABRICS,
+    FORBIDDEN_ON_IB,
+    fabric_for,
+    preflight_floor,
+    worker_environment,
+    workers_per_node,
+)
 from trainer.launch import (
     DEFAULT_PORT,
     INTERRUPTED_EXIT,
@@ -15,6 +23,7 @@ from trainer.launch import (
     check_writable,
     output_dir_of,
     read_batch_environment,
+    with_preflight_floor,
 )
 
 BATCH = {
@@ -99,6 +108,24 @@ def test_the_topology_file_is_the_first_that_exists_on_the_node(size, present, e
 def test_ndv5_lets_nccl_ignore_the_inherited_cpu_affinity_as_the_hpc_image_does():
     assert worker_environment("Standard_ND96isr_H100_v5", {})["NCCL_IGNORE_CPU_AFFINITY"] == "1"
     assert "NCCL_IGNORE_CPU_AFFINITY" not in worker_environment("Standard_ND96amsr_A100_v4", {})
+
+
+def test_the_cpu_acceptance_size_runs_one_gloo_worker_per_node_with_no_nccl_or_floor():
+    assert set(CPU_FABRICS) == set(CPU_ACCEPTANCE)
+    size = "Standard_D2s_v5"
+    assert workers_per_node(size) == 1 and workers_per_node("Standard_ND96asr_v4") == 8
+    env = worker_environment(size, {"PATH": "/bin"}, exists=lambda path: True)
+    assert env == {"PATH": "/bin"}  # no NCCL_*, UCX_* or topology file: Gloo over TCP
+    assert preflight_floor(size) == 0.0
+    trainer = ["python", "-m", "trainer", "--output-dir", "/r"]
+    assert with_preflight_floor(trainer, size) == trainer  # no bandwidth floor without IB
+    assert with_preflight_floor(trainer, None) == trainer
+    assert with_preflight_floor(trainer, "Standard_ND96asr_v4")[-2:] == [
+        "--preflight-min-busbw",
+        "126.0",
+    ]
+    own = [*trainer, "--preflight-min-busbw", "10"]
+    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own  # an explicit floor wins
 
 
 def test_preflight_floor_and_unknown_sizes():

@@ -1,4 +1,4 @@
-"""``python -m trainer.jobs`` against an autospec of the real BatchClient, and ``cancel`` with the
+"""``python -m infra.ops`` against an autospec of the real BatchClient, and ``cancel`` with the
 real SDK against a fake Batch server (the SDK's own request building is what broke it)."""
 
 import io
@@ -15,8 +15,8 @@ from azure.batch.models._patch import BatchFileProperties
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ResourceNotFoundError
 
+from infra import ops as jobs
 from tests.infra.fake_batch import FakeBatch
-from trainer import jobs
 
 OUTPUTS = {
     "job_id": "dev-892e482eaf",

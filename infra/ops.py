@@ -1,4 +1,6 @@
-"""``python -m trainer.jobs status|logs|cancel --stack NAME``: follow the stack's training job.
+"""``python -m infra.ops status|logs|cancel --stack NAME``: follow the stack's training job.
+
+An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
 
 The job's id and the Batch endpoint come from the stack outputs (``pulumi stack output --json``,
 or a file of them with ``--outputs-file``); the Batch calls use ``DefaultAzureCredential`` with
@@ -15,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from infra import batch
+from infra.batch import TASK_ID, state_text, terminate_job
 from trainer.cli import OneLineParser, fail
 
-TASK_ID = "train"  # the multi-instance task in every job (infra.job submits it)
 POLL_SECONDS = 5.0
-# Batch's own default reason; also what makes the terminate request sendable (see terminate_job).
-TERMINATE_REASON = "UserTerminate"
 REQUIRED_OUTPUTS = ("job_id", "batch_account_endpoint")
 
 
@@ -55,47 +56,6 @@ def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
             f"stack={stack}: has no {missing[0]} output; is submitJob true and `pulumi up` done?"
         )
     return outputs
-
-
-def batch_client(endpoint: str):
-    from azure.batch import BatchClient
-    from azure.identity import DefaultAzureCredential
-
-    return BatchClient(endpoint=f"https://{endpoint}", credential=DefaultAzureCredential())
-
-
-def state_text(value: Any) -> str:
-    """A Batch state as Batch spells it (``active``), from the SDK's enum or a plain string."""
-    return str(getattr(value, "value", value))
-
-
-def terminate_options() -> Any:
-    """The options ``begin_terminate_job`` must get.
-
-    azure-batch 15.1.0 sends a terminate request's ``Content-Type`` header only when it has a
-    body, and serializing the missing header raises ``ValueError: No value for given attribute``
-    before anything is sent: ``begin_terminate_job(job_id)`` always fails (the same bug as
-    Azure/azure-sdk-for-python #46815 on ``begin_reboot_node``). An empty options object is
-    falsy and fails the same way, so give the reason explicitly.
-    """
-    from azure.batch.models._models import BatchJobTerminateOptions
-
-    return BatchJobTerminateOptions(termination_reason=TERMINATE_REASON)
-
-
-def poll_succeeded(poller: Any, timeout: float | None = None) -> bool:
-    """Wait for an azure-batch poller (at most ``timeout`` seconds). False when its polling
-    failed: the SDK's job pollers catch any ``AzureError`` while reading the job, set the
-    status to ``Failed`` and let ``result()`` return as if all went well
-    (azure/batch/_operations/_polling.py)."""
-    poller.result(timeout)
-    return poller.status() != "Failed"
-
-
-def terminate_job(client: Any, job_id: str) -> None:
-    """Terminate the job and wait until it is no longer terminating; raises what Batch said."""
-    if not poll_succeeded(client.begin_terminate_job(job_id, terminate_options())):
-        client.get_job(job_id)  # the poller swallowed an error: read once more to raise it
 
 
 def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
@@ -175,7 +135,7 @@ def cancel(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m trainer.jobs", allow_abbrev=False)
+    parser = OneLineParser(prog="python -m infra.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (
         ("status", "job and task state, retries, exit code, where logs and checkpoints are"),
@@ -192,7 +152,7 @@ def build_parser() -> OneLineParser:
     return parser
 
 
-def main(argv: list[str] | None = None, client_factory=batch_client) -> int:
+def main(argv: list[str] | None = None, client_factory=batch.client) -> int:
     args = build_parser().parse_args(argv)
     from azure.core.exceptions import AzureError
 
