@@ -243,9 +243,9 @@ def job_options(spec: JobSpec):
     )
 
 
-def launch_command(spec: JobSpec, mode: str) -> list[str]:
+def launch_command(spec: JobSpec, *mode: str) -> list[str]:
     """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer."""
-    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, mode, "--"]
+    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *mode, "--"]
     return [*launch, *trainer_command(spec)]
 
 
@@ -261,7 +261,9 @@ def task_options(spec: JobSpec):
     # run folder on NFS and record their outcome there (exiting 0 once it is recorded); the
     # application command prints every node's log and exits with the recorded outcome, so a
     # failure anywhere fails the task (and Batch retries it, resuming from the checkpoints).
-    coordination = _shell(*launch_command(spec, "--defer-exit-code"))
+    # The training launchers also watch the VM's Scheduled Events: a Spot eviction's notice
+    # (about 30 s) is enough for a checkpoint.
+    coordination = _shell(*launch_command(spec, "--defer-exit-code", "--watch-scheduled-events"))
     application = _shell(*launch_command(spec, "--report"))
     return m.BatchTaskCreateOptions(
         id=TASK_ID,

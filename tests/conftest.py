@@ -3,6 +3,7 @@ datasets, and Azurite (the Blob emulator) on 127.0.0.1 for the data and fault te
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -12,6 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+
+# The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
+# those command lines on this machine, which must send nothing beyond loopback: point every
+# launcher (subprocesses inherit this) at a closed loopback port, where the watcher gives up at
+# once. Tests of the watcher give their own fake metadata service.
+os.environ["AZURE_IMDS_URL"] = "http://127.0.0.1:9"
 
 
 def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: int = 40) -> Path:

@@ -46,6 +46,7 @@ import psutil
 from trainer.cli import OneLineParser, fail
 from trainer.fabric import fabric_for, preflight_floor, worker_environment, workers_per_node
 from trainer.files import ensure_writable_folder, write_atomic
+from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
 # instead, "port 6105 is a good default choice"
@@ -313,8 +314,12 @@ class Outcome:
     interrupted: bool = False
 
 
-def supervise(node: Node, workers: Workers, store: Store, log: RunLog) -> Outcome:
-    """Wait for the workers; end everything on the first failure anywhere."""
+def supervise(
+    node: Node, workers: Workers, store: Store, log: RunLog, watcher: Watcher | None = None
+) -> Outcome:
+    """Wait for the workers; end everything on the first failure anywhere. A signal (a Batch
+    terminate) or a scheduled event on this VM (a Spot eviction, maintenance) makes the workers
+    checkpoint and stop; the trainer stops every rank at the same step."""
     terminating = False
 
     def forward(signum: int, _frame: object) -> None:
@@ -327,6 +332,13 @@ def supervise(node: Node, workers: Workers, store: Store, log: RunLog) -> Outcom
     signal.signal(signal.SIGINT, forward)
     store_lost_since: float | None = None
     while True:
+        if watcher is not None and watcher.noticed and not terminating:
+            terminating = True
+            notice = ", ".join(
+                f"{e.event_type} {e.event_id} ({e.not_before})" for e in watcher.events
+            )
+            log.say(f"scheduled event {notice}: the workers checkpoint now")
+            workers.signal(signal.SIGTERM)
         failure = workers.failed()
         if failure:
             local, code = failure
@@ -488,6 +500,12 @@ def build_parser() -> OneLineParser:
         help=f"rendezvous port on the master (default: MASTER_PORT, else {DEFAULT_PORT}); never "
         "the port in AZ_BATCH_MASTER_NODE, which Batch reserves",
     )
+    parser.add_argument(
+        "--watch-scheduled-events",
+        action="store_true",
+        help="poll the VM's Azure Scheduled Events (AZURE_IMDS_URL, default the metadata "
+        "service): on a Spot eviction or maintenance notice the workers checkpoint at once",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--defer-exit-code",
@@ -596,8 +614,22 @@ def main(argv: list[str] | None = None) -> int:
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
     )
     workers = Workers(command, envs, log)
-    outcome = supervise(node, workers, store, log)
+    watcher = None
+    if args.watch_scheduled_events:
+        imds = env.get("AZURE_IMDS_URL", IMDS)
+        watcher = Watcher(ScheduledEvents(imds)).start()
+    outcome = supervise(node, workers, store, log, watcher)
     workers.join_output()
+    if watcher is not None:
+        watcher.stop()
+        if watcher.noticed:
+            # The workers have checkpointed: let the platform go ahead without waiting out
+            # the notice.
+            try:
+                watcher.client.approve(watcher.events)
+                log.say("approved the scheduled event(s): the checkpoint is written")
+            except OSError as err:
+                log.say(f"could not approve the scheduled event(s): {err}")
     if stop_server is not None:
         if outcome.code == 0:
             _wait_for_other_nodes(node, store)

@@ -16,7 +16,7 @@ stops asking after one try and says so once.
 from __future__ import annotations
 
 import json
-import urllib.error
+import threading
 import urllib.request
 from dataclasses import dataclass
 
@@ -86,3 +86,36 @@ class ScheduledEvents:
             return
         body = json.dumps({"StartRequests": [{"EventId": e.event_id} for e in events]}).encode()
         self._request(f"/metadata/scheduledevents?api-version={EVENTS_API}", body)
+
+
+class Watcher:
+    """Asks for this VM's events every ``interval`` seconds in a daemon thread, until the first
+    notice (kept in ``events``) or until the metadata service turns out not to be there."""
+
+    def __init__(self, client: ScheduledEvents, interval: float = 2.0) -> None:
+        self.client = client
+        self.interval = interval
+        self.events: list[Event] = []
+        self._noticed = threading.Event()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduled-events", daemon=True)
+
+    def start(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stopped.is_set() and self.client.available:
+            events = self.client.pending()
+            if events:
+                self.events = events
+                self._noticed.set()
+                return
+            self._stopped.wait(self.interval)
+
+    @property
+    def noticed(self) -> bool:
+        return self._noticed.is_set()
+
+    def stop(self) -> None:
+        self._stopped.set()

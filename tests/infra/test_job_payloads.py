@@ -193,7 +193,9 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
     ]
     coordination = _run(node, task.multi_instance_settings.coordination_command_line)
     launch = ["-m", "trainer.launch", "--vm-size", "Standard_ND96isr_H100_v5"]
-    assert coordination == [*launch, "--defer-exit-code", "--", *trainer]
+    assert coordination == [
+        *launch, "--defer-exit-code", "--watch-scheduled-events", "--", *trainer
+    ]  # fmt: skip
     application = _run(node, task.command_line)
     assert application == [*launch, "--report", "--", *trainer]
     for argv in (coordination, application):

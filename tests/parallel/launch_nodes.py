@@ -43,14 +43,19 @@ def batch_env(index: int, batch_port: int, rendezvous_port: int) -> dict[str, st
 
 
 def start_nodes(
-    logs: Path, worker_command: list[str], *launch_args: str, batch_port: int | None = None
+    logs: Path,
+    worker_command: list[str],
+    *launch_args: str,
+    batch_port: int | None = None,
+    node_env: tuple[dict[str, str], ...] = ({}, {}),
 ) -> list[subprocess.Popen]:
-    """``batch_port``: the port in AZ_BATCH_MASTER_NODE (default: some free port)."""
+    """``batch_port``: the port in AZ_BATCH_MASTER_NODE (default: some free port);
+    ``node_env``: more variables for each node."""
     batch_port = batch_port or free_port()
     port = free_port()
     processes = []
     for index, host in enumerate(HOSTS):
-        env = {**os.environ, **batch_env(index, batch_port, port)}
+        env = {**os.environ, **batch_env(index, batch_port, port), **node_env[index]}
         log = open(logs / f"node{index}.log", "w")  # noqa: SIM115  # closed with the process
         processes.append(
             subprocess.Popen(

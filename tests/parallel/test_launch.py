@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from infra.job import JobSpec, task_options
+from tests.fake_imds import event as fake_event
+from tests.fake_imds import serving
 from tests.infra.container import REPO, base_path, run_in_container
 from tests.parallel.conftest import read_metrics
 from tests.parallel.launch_nodes import (
@@ -95,6 +97,34 @@ def test_sigterm_to_the_launchers_reaches_the_workers_which_checkpoint_and_exit_
     assert "forwarding to the workers so they checkpoint" in _logs(tmp_path)
     assert any((out / "checkpoints").iterdir())
     assert report(trainer_command(out)).returncode != 0  # interrupted: not a finished run
+
+
+def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_then_is_approved(tmp_path):
+    """Node 2's metadata service announces a Preempt: its launcher signals its worker, the
+    trainer stops every rank at the same step with a checkpoint, and only then is the event
+    approved. Node 1's metadata service announces nothing."""
+    out = tmp_path / "run"
+    with serving("node-1") as quiet, serving("node-2") as evicted:
+        nodes = start_nodes(
+            tmp_path,
+            trainer_command(out, "--epochs", "200", "--log-every", "1"),
+            "--watch-scheduled-events",
+            node_env=({"AZURE_IMDS_URL": quiet.url}, {"AZURE_IMDS_URL": evicted.url}),
+        )
+        deadline = time.monotonic() + 90
+        while not read_metrics(out):
+            assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
+            time.sleep(0.2)
+        evicted.events = [fake_event("spot-1", "Preempt", ["node-2"])]
+        assert _wait_all(nodes, 60) == [0, 0], _logs(tmp_path)
+        logs = _logs(tmp_path)
+        assert "scheduled event Preempt spot-1" in logs and "checkpoint now" in logs
+        assert evicted.approved == [{"StartRequests": [{"EventId": "spot-1"}]}]
+        assert quiet.approved == []
+        assert any((out / "checkpoints").iterdir())
+        steps = [record["step"] for record in read_metrics(out) if "epoch_end" not in record]
+        assert steps  # both ranks stopped together: the run wrote metrics to the last step
+        assert "Traceback" not in logs
 
 
 WORKER_STUB = """#!/bin/bash

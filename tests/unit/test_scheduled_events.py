@@ -1,97 +1,21 @@
-"""Scheduled Events against a fake Instance Metadata Service on 127.0.0.1 that answers like the
-documented one: it refuses requests without ``Metadata: true``, serves the VM name and the
-events document, and records the approvals it receives."""
+"""Scheduled Events against a fake Instance Metadata Service on 127.0.0.1 (tests/fake_imds.py)."""
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from trainer.scheduled_events import EVENTS_API, Event, ScheduledEvents
-
-VM = "batch-node-7"
-
-
-class FakeImds(ThreadingHTTPServer):
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.events: list[dict] = []
-        self.approved: list[dict] = []
-        self.requests: list[tuple[str, str, str | None]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeImds
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _route(self, method: str) -> None:
-        url = urlparse(self.path)
-        self.server.requests.append((method, url.path, self.headers.get("Metadata")))
-        if self.headers.get("Metadata") != "true":
-            self._answer(400, b'{"error": "Bad request. Required metadata header not specified"}')
-            return
-        api = parse_qs(url.query).get("api-version", [""])[0]
-        if url.path == "/metadata/instance/compute/name" and method == "GET":
-            self._answer(200, VM.encode(), "text/plain")
-        elif url.path == "/metadata/scheduledevents" and api == EVENTS_API:
-            if method == "GET":
-                document = {"DocumentIncarnation": 2, "Events": self.server.events}
-                self._answer(200, json.dumps(document).encode())
-            else:
-                length = int(self.headers.get("Content-Length", 0))
-                self.server.approved.append(json.loads(self.rfile.read(length)))
-                self._answer(200, b"")
-        else:
-            self._answer(404, b"{}")
-
-    def do_GET(self) -> None:
-        self._route("GET")
-
-    def do_POST(self) -> None:
-        self._route("POST")
+from tests.fake_imds import VM, FakeImds, serving
+from tests.fake_imds import event as _event
+from trainer.scheduled_events import Event, ScheduledEvents
 
 
 @pytest.fixture
 def imds() -> Iterator[FakeImds]:
-    server = FakeImds()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _event(event_id: str, kind: str, resources: list[str]) -> dict:
-    return {
-        "EventId": event_id,
-        "EventStatus": "Scheduled",
-        "EventType": kind,
-        "ResourceType": "VirtualMachine",
-        "Resources": resources,
-        "NotBefore": "Sun, 22 Nov 2026 11:00:30 GMT",
-        "Description": "",
-        "EventSource": "Platform",
-        "DurationInSeconds": -1,
-    }
+    with serving() as server:
+        yield server
 
 
 def test_only_this_vms_interrupting_events_count(imds):

@@ -1,0 +1,254 @@
+"""The training job exactly as ``infra.job`` submits it, on emulated Batch nodes.
+
+The job and task are ``job_options(spec).as_dict()`` and ``task_options(spec).as_dict()`` of a
+``JobSpec`` built from a stack's declared TrainingJob, with a tiny trainer and the emulated
+storage account's endpoint: the real launcher, trainer and Horovod run (CPU, Gloo). Full runs
+use the dev stack as a CPU acceptance stack (``Standard_D2s_v5``: the size's payloads start
+one worker per node, which two shared cores can run); the start task's GPU and InfiniBand
+checks run on the dev stack's own pool (``Standard_ND96isr_H100_v5``, 8 GPUs, 8 HCAs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from infra.job import JobSpec, job_options, task_options
+from tests.batch.batch import Cluster, JobRun
+from tests.batch.conftest import REPO, blob
+from tests.conftest import write_image_folder
+from trainer.checkpoint import list_checkpoints
+
+# The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
+TINY = (
+    "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",
+    "--synthetic-size", "64", "--synthetic-pool", "16", "--warmup-epochs", "1",
+    "--loader-workers", "0", "--log-every", "1",
+)  # fmt: skip
+SHARDS = (
+    "--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "2",
+    "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
+)  # fmt: skip
+RUN_SECONDS = 180
+
+
+def booted(make_cluster, stack, **options) -> Cluster:
+    """Two nodes of the CPU acceptance stack (one worker per node); every node must have passed
+    the pool's start task."""
+    cluster = make_cluster(stack, nodes=2, **options)
+    failed = {
+        node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
+        for node in cluster.nodes
+        if node.state != "idle"
+    }
+    assert not failed, f"start task failed: {failed}"
+    return cluster
+
+
+def make_spec(stack, storage, **changes) -> JobSpec:
+    """The stack's TrainingJob inputs, with the emulated storage account and the changes."""
+    values = {f.name: stack.job_props[f.name] for f in fields(JobSpec)}
+    values.update(blob_endpoint=storage.blob_endpoint, dataset_prefix="")
+    values.update(changes)
+    values["trainer_args"] = list(values["trainer_args"])
+    return JobSpec.from_props(values)
+
+
+def submit(cluster: Cluster, spec: JobSpec) -> JobRun:
+    return cluster.submit(job_options(spec).as_dict(), task_options(spec).as_dict())
+
+
+def run_folder(cluster: Cluster, spec: JobSpec) -> Path:
+    """The run's folder on the NFS server (the share is mounted as ``shared``)."""
+    relative = spec.checkpoint_path.split("/", 1)[1]
+    return cluster.nfs_export / relative
+
+
+def describe(cluster: Cluster, run: JobRun) -> str:
+    lines = [f"state={run.state} exit={run.exit_code} reason={run.reason} error={run.error}"]
+    lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
+    lines += cluster.events[-40:]
+    for node in run.nodes or cluster.nodes:
+        folder = run.task_dir(node)
+        for path in sorted(folder.glob("*.txt")):
+            lines.append(f"--- node {node.index} {path.name}:\n{path.read_text()[-3000:]}")
+    for path in sorted((cluster.base / "logs").glob("*.agent")):
+        text = path.read_text().strip()
+        if text:
+            lines.append(f"--- {path.name}: {text[-1500:]}")
+    return "\n".join(lines)
+
+
+def metrics(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
+    names = blob(fabric, storage, "list", container="logs", prefix=f"{spec.job_id}/")
+    return {
+        name.rsplit("/", 1)[1]: blob(fabric, storage, "download", container="logs", blob=name)
+        for name in names
+    }
+
+
+def _folder_logs(folder: Path, attempt: str | None = None) -> str:
+    """The launchers' logs in the run folder (every attempt's, or one attempt's)."""
+    root = folder / "logs" / attempt if attempt else folder / "logs"
+    return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def _current_attempt(folder: Path) -> str:
+    return json.loads((folder / "logs" / "current.json").read_text())["attempt"]
+
+
+def _checkpoints(folder: Path) -> list[int]:
+    """The steps of the run's complete checkpoints, newest first."""
+    return [step for step, _ in list_checkpoints(folder / "checkpoints")]
+
+
+@pytest.fixture(scope="module")
+def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
+    """A tiny image folder prepared into shards with ``python -m trainer.data prepare`` and
+    uploaded to the storage account's ``datasets`` container with the project's upload."""
+    root = tmp_path_factory.mktemp("dataset")
+    source = write_image_folder(root / "images", classes=3, per_class=12, size=24)
+    shards = root / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainer.data", "prepare", str(source), str(shards),
+         "--shard-mb", "0.02", "--processes", "1"],
+        check=True, cwd=REPO, capture_output=True,
+    )  # fmt: skip
+    blob(
+        fabric,
+        storage,
+        "trainer-upload",
+        container="datasets",
+        prefix="tiny-v1",
+        folder=str(shards),
+    )
+    return "tiny-v1"
+
+
+# Both container lifecycles (does what the coordination command leaves running survive it?),
+# each with a full run: the synthetic data under the stricter one, the staged dataset under the
+# other.
+@pytest.mark.parametrize(
+    ("lifecycle", "data"), [("kill", "synthetic"), ("survive", "shards")], ids=["kill", "survive"]
+)
+def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
+    make_cluster, fabric, storage, cpu_stack, lifecycle, data, request
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle)
+    if data == "synthetic":
+        args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
+    else:
+        prefix = request.getfixturevalue("dataset_prefix")
+        args = (*SHARDS, "--max-steps", "6", "--epochs", "9")
+    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=prefix)
+    run = submit(cluster, spec)
+    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
+    folder = run_folder(cluster, spec)
+    assert _checkpoints(folder), describe(cluster, run)
+    assert metrics(folder)[-1]["step"] == 6
+    logs = uploaded(fabric, storage, spec)
+    assert set(logs) == {"stdout.txt", "stderr.txt"}, logs
+    output = logs["stdout.txt"] + logs["stderr.txt"]
+    # Every node's launcher log reaches the user: the non-primary's too (in the uploaded
+    # stdout, or at least in the run folder on the share).
+    for node in run.nodes:
+        assert f"[launch {node.ip}]" in output + _folder_logs(folder), output
+    assert "done: step 6" in output + _folder_logs(folder), output
+    if data == "shards":
+        for node in run.nodes:
+            assert run.prep_exit[node.index] == 0
+            assert (node.shared_dir / "datasets" / prefix / "manifest.json").is_file()
+            # batch-job-prep-release.md: the preparation ran before the task on the node.
+            prep = next(e for e in cluster.events if f"node {node.index}: job preparation" in e)
+            task = next(e for e in cluster.events if f"node {node.index}: started coord" in e)
+            assert float(prep.split()[0]) <= float(task.split()[0])
+
+
+def test_a_node_whose_start_task_fails_never_receives_the_task(make_cluster, storage, gpu_stack):
+    """The dev stack's InfiniBand pool, one node with a port down."""
+    cluster = make_cluster(gpu_stack, ib_down={1: "mlx5_ib5"})
+    outputs = {n.index: (n.startup_dir / "stderr.txt").read_text()[-1500:] for n in cluster.nodes}
+    assert [n.state for n in cluster.nodes] == ["idle", "starttaskfailed", "idle"], outputs
+    spec = make_spec(gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), node_count=3)
+    run = submit(cluster, spec)
+    # Three instances wanted, two usable nodes: the task is never scheduled, it stays active.
+    assert not run.wait(3), describe(cluster, run)
+    assert run.state == "active" and "usable" in run.reason, describe(cluster, run)
+    assert not run.nodes and not cluster.nodes[1].job_dir(spec.job_id).exists()
+    run.terminate()
+    assert run.wait(10) and not run.tries
+
+
+def _worker_pids(cluster: Cluster, run: JobRun, node_index: int) -> list[int]:
+    """The trainer worker processes (``python -m trainer``, not the launcher) on a node."""
+    found = []
+    for pid in run.processes(cluster.nodes[node_index]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
+            found.append(pid)
+    return found
+
+
+def _wait_for(condition, seconds: float, what: str, cluster: Cluster, run: JobRun) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if run.finished.is_set() or time.monotonic() > deadline:
+            pytest.fail(f"{what} never happened\n{describe(cluster, run)}")
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks(
+    make_cluster, storage, cpu_stack
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+
+    # A worker on the non-primary node dies: the try fails within a minute, every node's part
+    # of it stops (batch-mpi.md: a subtask failure fails the task) and Batch retries.
+    subtask = next(n for n in run.nodes if n is not run.master)
+    workers = _worker_pids(cluster, run, subtask.index)
+    assert workers, describe(cluster, run)
+    killed_at = time.monotonic()
+    os.kill(workers[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0, describe(cluster, run)
+    assert time.monotonic() - killed_at < 60
+
+    # The retry resumes from the newest checkpoint on the share.
+    resumed = len(metrics(folder))
+    _wait_for(lambda: len(metrics(folder)) > resumed + 1, RUN_SECONDS, "retry steps", cluster, run)
+    attempt = _current_attempt(folder)
+    assert "resumed from" in _folder_logs(folder, attempt), _folder_logs(folder, attempt)
+
+    # A terminate reaches every rank, which checkpoint and stop.
+    before = _checkpoints(folder)[0]
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+    assert run.terminated and len(run.tries) == 2, describe(cluster, run)
+    logs = _folder_logs(folder, attempt)
+    assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
+    assert "stopped by signal" in logs, logs
+    assert _checkpoints(folder)[0] > before, logs

@@ -1,0 +1,96 @@
+"""A fake Azure Instance Metadata Service on 127.0.0.1 that answers like the documented one
+(articles/virtual-machines/linux/scheduled-events.md): it refuses requests without
+``Metadata: true``, serves the VM name and the scheduled events document, and records the
+approvals it receives."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from trainer.scheduled_events import EVENTS_API
+
+VM = "batch-node-7"
+
+
+class FakeImds(ThreadingHTTPServer):
+    def __init__(self, vm_name: str = VM) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.vm_name = vm_name
+        self.events: list[dict] = []
+        self.approved: list[dict] = []
+        self.requests: list[tuple[str, str, str | None]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeImds
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _route(self, method: str) -> None:
+        url = urlparse(self.path)
+        self.server.requests.append((method, url.path, self.headers.get("Metadata")))
+        if self.headers.get("Metadata") != "true":
+            self._answer(400, b'{"error": "Bad request. Required metadata header not specified"}')
+            return
+        api = parse_qs(url.query).get("api-version", [""])[0]
+        if url.path == "/metadata/instance/compute/name" and method == "GET":
+            self._answer(200, self.server.vm_name.encode(), "text/plain")
+        elif url.path == "/metadata/scheduledevents" and api == EVENTS_API:
+            if method == "GET":
+                document = {"DocumentIncarnation": 2, "Events": self.server.events}
+                self._answer(200, json.dumps(document).encode())
+            else:
+                length = int(self.headers.get("Content-Length", 0))
+                self.server.approved.append(json.loads(self.rfile.read(length)))
+                self._answer(200, b"")
+        else:
+            self._answer(404, b"{}")
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+
+@contextmanager
+def serving(vm_name: str = VM) -> Iterator[FakeImds]:
+    server = FakeImds(vm_name)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def event(event_id: str, kind: str, resources: list[str]) -> dict:
+    return {
+        "EventId": event_id,
+        "EventStatus": "Scheduled",
+        "EventType": kind,
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "NotBefore": "Sun, 22 Nov 2026 11:00:30 GMT",
+        "Description": "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
