@@ -45,7 +45,11 @@ _GIT_URL = re.compile(r"^https://[^\s#]+\.git$")
 _IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
-_SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list}
+# Pulumi.yaml has no object type: a map setting is declared with a plain `value:` default.
+_SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
+_JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+JOB_KEYS = ("trainerConfig", "nodes", "datasetPrefix", "priority")
+SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
 
 
 class ConfigError(ValueError):
@@ -99,6 +103,10 @@ class StackSettings:
     submit_job: bool
     trainer_config: str
     dataset_prefix: str
+    # The stack's training jobs: the `jobs` map, or the one job of the three settings above.
+    jobs: tuple[JobSettings, ...]
+    protect_running_jobs: bool
+    replace_jobs: tuple[str, ...]
     acceptance_profile: str = ""
 
     @property
@@ -130,10 +138,12 @@ class StackSettings:
             if key in SECRET_SETTINGS:
                 _check_encrypted(key, merged.get(key))
                 continue
-            if key not in merged and "default" not in spec:
+            if key not in merged and "default" not in spec and "value" not in spec:
                 raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
-            value = merged.get(key, spec.get("default"))
+            value = merged.get(key, schema_default(spec))
             kwargs[_snake(key)] = _typed(key, value, spec)
+        kwargs["jobs"] = job_settings(kwargs, set(merged))
+        kwargs["replace_jobs"] = tuple(kwargs["replace_jobs"])
         kwargs["registry_allowed_ips"] = tuple(kwargs["registry_allowed_ips"])
         kwargs["storage_allowed_ips"] = tuple(kwargs["storage_allowed_ips"])
         kwargs["budget_emails"] = tuple(kwargs["budget_emails"])
@@ -195,7 +205,7 @@ class StackSettings:
         self._check_budget()
         self._check_network()
         self._check_image()
-        self.trainer_settings()  # a bad trainer config stops the plan before any resource
+        self._check_jobs()
 
     @property
     def _cpu_acceptance(self) -> bool:
@@ -253,26 +263,21 @@ class StackSettings:
                 "and '/' (the folder you uploaded with python -m trainer.data upload)"
             )
 
-    def trainer_settings(self) -> dict[str, Any]:
-        """The trainer YAML, validated by the trainer itself; the keys the job sets removed."""
-        from trainer.config import ConfigError as TrainerConfigError
-        from trainer.config import TrainConfig
-
-        path = REPO / self.trainer_config
-        try:
-            values = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"trainerConfig={self.trainer_config}: cannot read ({err})") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"trainerConfig={self.trainer_config}: must be a mapping")
-        try:
-            TrainConfig.from_mapping(values)
-        except TrainerConfigError as err:
-            raise ConfigError(f"trainerConfig={self.trainer_config}: {err}") from None
-        job_owned = {"output_dir", "backend"}
-        if self.dataset_prefix:
-            job_owned |= {"data", "data_dir"}
-        return {key: value for key, value in values.items() if key not in job_owned}
+    def _check_jobs(self) -> None:
+        names = [job.name for job in self.jobs]
+        for job in self.jobs:
+            if job.nodes > self.max_nodes:
+                raise ConfigError(
+                    f"jobs.{job.name}.nodes={job.nodes}: the pool has {self.max_nodes} nodes "
+                    "(nodeCount + spotNodes); use at most that many"
+                )
+            job.trainer_settings()  # a bad trainer config stops the plan before any resource
+        unknown = sorted(set(self.replace_jobs) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"replaceJobs={list(self.replace_jobs)}: no job named {unknown[0]!r}; the "
+                f"stack's jobs are {', '.join(names) or 'none'}"
+            )
 
     def _check_budget(self) -> None:
         _range("budget", self.budget, 0, 10_000_000)
@@ -336,20 +341,115 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
+@dataclass(frozen=True)
+class JobSettings:
+    """One training job of the stack: its trainer settings file, its node count, the dataset it
+    stages and its Batch priority."""
+
+    name: str
+    trainer_config: str
+    nodes: int
+    dataset_prefix: str = ""
+    priority: int = 0
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The trainer YAML, validated by the trainer itself; the keys the job sets removed."""
+        from trainer.config import ConfigError as TrainerConfigError
+        from trainer.config import TrainConfig
+
+        key = "trainerConfig" if self.name == SHORTHAND_JOB else f"jobs.{self.name}.trainerConfig"
+        path = REPO / self.trainer_config
+        try:
+            values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"{key}={self.trainer_config}: cannot read ({err})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{key}={self.trainer_config}: must be a mapping")
+        try:
+            TrainConfig.from_mapping(values)
+        except TrainerConfigError as err:
+            raise ConfigError(f"{key}={self.trainer_config}: {err}") from None
+        job_owned = {"output_dir", "backend"}
+        if self.dataset_prefix:
+            job_owned |= {"data", "data_dir"}
+        return {key: value for key, value in values.items() if key not in job_owned}
+
+
+def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSettings, ...]:
+    """The stack's jobs: each entry of the ``jobs`` map, or (when the map is empty) the one job
+    of ``submitJob``/``trainerConfig``/``datasetPrefix``. Giving both forms is an error."""
+    jobs = values["jobs"]
+    node_count = values["node_count"] + values["spot_nodes"]
+    if not jobs:
+        if not values["submit_job"]:
+            return ()
+        return (
+            JobSettings(
+                SHORTHAND_JOB, values["trainer_config"], node_count, values["dataset_prefix"]
+            ),
+        )
+    both = sorted(given & {"submitJob", "trainerConfig", "datasetPrefix"})
+    if both:
+        raise ConfigError(
+            f"jobs and {both[0]} are both set: give each job's settings in the jobs map "
+            f"(jobs.<name>.trainerConfig, nodes, datasetPrefix, priority) and remove {both[0]}"
+        )
+    parsed = []
+    for name, entry in sorted(jobs.items()):
+        if not isinstance(name, str) or not _JOB_NAME.match(name):
+            raise ConfigError(
+                f"jobs.{name}: a job name is 1-20 lowercase letters, digits and '-', starting "
+                "with a letter (it becomes part of the Batch job id)"
+            )
+        if not isinstance(entry, dict):
+            raise ConfigError(f"jobs.{name}={entry!r}: give a mapping with trainerConfig")
+        unknown = sorted(set(entry) - set(JOB_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"jobs.{name}.{unknown[0]}: unknown; a job takes {', '.join(JOB_KEYS)}"
+            )
+        trainer_config = entry.get("trainerConfig")
+        if not isinstance(trainer_config, str) or not trainer_config:
+            raise ConfigError(f"jobs.{name}.trainerConfig: required (a trainer YAML path)")
+        nodes = _typed(f"jobs.{name}.nodes", entry.get("nodes", node_count), {"type": "integer"})
+        priority = _typed(f"jobs.{name}.priority", entry.get("priority", 0), {"type": "integer"})
+        prefix = _typed(
+            f"jobs.{name}.datasetPrefix", entry.get("datasetPrefix", ""), {"type": "string"}
+        )
+        _range(f"jobs.{name}.nodes", nodes, 1, 100)
+        # Batch job priorities run from -1000 (lowest) to 1000 (highest).
+        _range(f"jobs.{name}.priority", priority, -1000, 1000)
+        if prefix and not _PREFIX.match(prefix):
+            raise ConfigError(
+                f"jobs.{name}.datasetPrefix={prefix!r}: use letters, digits, '.', '_', '-' "
+                "and '/' (the folder you uploaded with python -m trainer.data upload)"
+            )
+        parsed.append(JobSettings(name, trainer_config, nodes, prefix, priority))
+    return tuple(parsed)
+
+
+def schema_type(spec: Mapping[str, Any]) -> str:
+    return str(spec.get("type", "object"))
+
+
+def schema_default(spec: Mapping[str, Any]) -> Any:
+    return spec["default"] if "default" in spec else spec.get("value")
+
+
 def _typed(key: str, value: Any, spec: Mapping[str, Any]) -> Any:
-    expected = _SCHEMA_TYPES[spec["type"]]
+    expected = _SCHEMA_TYPES[schema_type(spec)]
     # `pulumi config set` stores scalars as strings; structured values arrive as JSON text.
     if isinstance(value, str) and expected is int and re.fullmatch(r"-?\d+", value.strip()):
         return int(value)
     if isinstance(value, str) and expected is bool and value in ("true", "false"):
         return value == "true"
-    if isinstance(value, str) and expected is list and value.strip().startswith("["):
+    if isinstance(value, str) and expected in (list, dict) and value.strip()[:1] in ("[", "{"):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise ConfigError(f"{key}={value!r}: not a valid list") from None
+            raise ConfigError(f"{key}={value!r}: not valid {schema_type(spec)} JSON") from None
     if (isinstance(value, bool) and expected is int) or not isinstance(value, expected):
-        raise ConfigError(f"{key}={value!r}: expected {spec['type']}")
+        raise ConfigError(f"{key}={value!r}: expected {schema_type(spec)}")
     if isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{key}={value!r}: expected a list of strings")
     return value
@@ -416,7 +516,8 @@ def load() -> StackSettings:
         if key in SECRET_SETTINGS and pulumi.runtime.is_config_secret(f"{PROJECT}:{key}"):
             values[key] = {"secure": "(encrypted)"}  # checked as stored, read by secret_setting
             continue
-        raw = config.get_object(key) if spec["type"] == "array" else config.get(key)
+        structured = schema_type(spec) in ("array", "object")
+        raw = config.get_object(key) if structured else config.get(key)
         if raw is not None:
             values[key] = raw
     return StackSettings.from_mapping(pulumi.get_stack(), values, schema)

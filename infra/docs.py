@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from infra.config import load_schema
+from infra.config import load_schema, schema_default, schema_type
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
@@ -19,9 +19,10 @@ START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 def config_reference() -> str:
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for key, spec in load_schema().items():
-        default = "required" if "default" not in spec else f"`{json.dumps(spec['default'])}`"
+        has_default = "default" in spec or "value" in spec
+        default = f"`{json.dumps(schema_default(spec))}`" if has_default else "required"
         description = " ".join(str(spec["description"]).split())
-        lines.append(f"| `{key}` | {spec['type']} | {default} | {description} |")
+        lines.append(f"| `{key}` | {schema_type(spec)} | {default} | {description} |")
     return "\n".join(lines)
 
 

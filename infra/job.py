@@ -27,7 +27,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, TypeVar
 
 import pulumi
@@ -90,18 +90,32 @@ class JobSpec:
     blob_endpoint: str  # https://<account>.blob.core.windows.net/
     trainer_args: tuple[str, ...]  # python -m trainer flags (without --output-dir)
     dataset_prefix: str  # "" trains on what trainer_args say; else staged shards
+    # A job of the stack's `jobs` map; "" for the one job of the submitJob shorthand. Left out
+    # of the hashes below at these defaults, so the shorthand's job id and run folder are the
+    # ones stacks had before the jobs map existed (no replaced job on upgrade).
+    name: str = ""
+    priority: int = 0  # Batch job priority, -1000..1000
+
+    def _identity(self) -> dict[str, Any]:
+        values = asdict(self)
+        for field_ in fields(self):
+            if field_.default is not MISSING and values[field_.name] == field_.default:
+                del values[field_.name]
+        return values
 
     @property
     def job_id(self) -> str:
         """Stable for the same inputs, new for any change (Batch ids cannot be reused at once)."""
-        payload = json.dumps(asdict(self), sort_keys=True).encode()
-        return f"{self.stack}-{hashlib.sha256(payload).hexdigest()[:10]}"[:64]
+        payload = json.dumps(self._identity(), sort_keys=True).encode()
+        prefix = f"{self.stack}-{self.name}" if self.name else self.stack
+        return f"{prefix}-{hashlib.sha256(payload).hexdigest()[:10]}"[-64:]
 
     @property
     def run_name(self) -> str:
-        """Names the checkpoint folder: the same training settings resume the same run."""
-        settings = json.dumps([self.trainer_args, self.dataset_prefix]).encode()
-        return hashlib.sha256(settings).hexdigest()[:12]
+        """Names the checkpoint folder: the same training settings of the same job resume the
+        same run; two jobs never share one."""
+        settings = [self.trainer_args, self.dataset_prefix, *([self.name] if self.name else [])]
+        return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
 
     @property
     def checkpoint_path(self) -> str:
@@ -117,7 +131,8 @@ class JobSpec:
 
     @classmethod
     def from_props(cls, props: dict[str, Any]) -> JobSpec:
-        values = {f.name: props[f.name] for f in fields(cls)}
+        # A field this version added is absent from older state: its default, as then.
+        values = {f.name: props.get(f.name, f.default) for f in fields(cls)}
         values["trainer_args"] = tuple(values["trainer_args"])
         values["node_count"] = int(values["node_count"])
         return cls(**values)
@@ -232,8 +247,9 @@ def job_options(spec: JobSpec):
         )
     return m.BatchJobCreateOptions(
         id=spec.job_id,
-        display_name=f"{spec.stack} training",
+        display_name=f"{spec.stack} {spec.name or 'training'}",
         pool_info=m.BatchPoolInfo(pool_id=spec.pool_id),
+        priority=spec.priority,
         all_tasks_complete_mode="noaction",
         job_preparation_task=preparation,
         metadata=[
@@ -346,6 +362,7 @@ def _call(endpoint: str, what: str, call: Callable[[], T]) -> T:
 
 
 OUTPUT_KEYS = ("job_id", "state", "portal_url", "log_url", "checkpoint_path")
+NOT_THE_JOB = ("protect_running",)
 
 
 class TrainingJobProvider(ResourceProvider):
@@ -385,17 +402,51 @@ class TrainingJobProvider(ResourceProvider):
         job = _call(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
         return CreateResult(job_id, {**props, **_outputs(spec, state_text(job.state))})
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # ``__provider`` is this class serialized: editing provider code must not resubmit jobs.
+    def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # ``__provider`` is this class serialized: editing provider code must not resubmit
+        # jobs. ``protect_running`` is this deployment's permission, not part of the job.
+        # A job field added later is absent from older state, which means its default.
+        defaults = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
         changed = [
             key
             for key in news
             if key not in OUTPUT_KEYS
+            and key not in NOT_THE_JOB
             and not key.startswith("__")
-            and olds.get(key) != news.get(key)
+            and olds.get(key, defaults.get(key)) != news.get(key)
         ]
+        if changed and news.get("protect_running"):
+            self._refuse_replacing_a_running_job(id_, olds, news, changed)
         return DiffResult(
             changes=bool(changed), replaces=changed, delete_before_replace=bool(changed)
+        )
+
+    @staticmethod
+    def _refuse_replacing_a_running_job(
+        id_: str, olds: dict[str, Any], news: dict[str, Any], changed: list[str]
+    ) -> None:
+        """protectRunningJobs: a replace deletes the running job (its task checkpoints on the
+        terminate first). Its live state decides; the recorded one when Batch cannot say."""
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        state = str(olds.get("state") or "")
+        endpoint = olds.get("endpoint")
+        if endpoint:
+            try:
+                state = state_text(batch.client(endpoint).get_job(id_).state)
+            except ResourceNotFoundError:
+                return  # gone already: nothing to protect
+            except AzureError:
+                pass
+        if state not in RUNNING_STATES:
+            return
+        name = news.get("name") or "default"
+        raise JobError(
+            f"job {name} ({id_}) is {state}, and this change would replace it "
+            f"({', '.join(sorted(changed))}): let it finish, cancel it "
+            f"(python -m infra.ops cancel --stack <stack> --job {name}), or add {name} to "
+            "replaceJobs; a replacement with the same training settings resumes from its "
+            "newest checkpoint"
         )
 
     # Read and delete use only the endpoint and the id: the state of an existing stack was
@@ -483,6 +534,11 @@ class TrainingJobArgs:
     blob_endpoint: pulumi.Input[str]
     trainer_args: tuple[str, ...]
     dataset_prefix: str
+    name: str = ""
+    priority: int = 0
+    # protectRunningJobs and not in replaceJobs: a change that would replace the job while it
+    # runs stops the preview or update instead.
+    protect_running: bool = False
 
 
 class TrainingJob(pulumi.dynamic.Resource):

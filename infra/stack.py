@@ -10,7 +10,7 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
-from infra.config import StackSettings, secret_setting
+from infra.config import SHORTHAND_JOB, StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
 from infra.image import TrainerImage, TrainerImageArgs, commit_to_build
 from infra.image_inputs import content_tag
@@ -132,34 +132,47 @@ def declare(s: StackSettings) -> dict[str, Any]:
         ),
     )
     outputs: dict[str, Any] = {"image_ref": image.ref, "image_digest": image.digest}
-    if s.submit_job:
+    jobs: dict[str, dict[str, Any]] = {}
+    for settings in s.jobs:
+        shorthand = settings.name == SHORTHAND_JOB
         job = TrainingJob(
-            f"{stem}-job",
+            # The shorthand's job keeps the name (and so the URN) it had before the jobs map.
+            f"{stem}-job" if shorthand else f"{stem}-job-{settings.name}",
             TrainingJobArgs(
                 stack=s.stack,
                 endpoint=cluster.account_endpoint,
                 account_id=cluster.account_id,
                 pool_id=cluster.pool_id,
-                node_count=s.max_nodes,
+                node_count=settings.nodes,
                 vm_size=s.vm_size,
                 image_ref=image.ref,
                 registry_server=registry.login_server,
                 node_identity_id=ids.nodes.id,
                 node_identity_client_id=ids.nodes.client_id,
                 blob_endpoint=store.blob_endpoint,
-                trainer_args=tuple(to_flags(s.trainer_settings())),
-                dataset_prefix=s.dataset_prefix,
+                trainer_args=tuple(to_flags(settings.trainer_settings())),
+                dataset_prefix=settings.dataset_prefix,
+                name="" if shorthand else settings.name,
+                priority=settings.priority,
+                protect_running=s.protect_running_jobs and settings.name not in s.replace_jobs,
             ),
             # Data-plane calls need the deployer's Batch roles to exist first.
             opts=pulumi.ResourceOptions(depends_on=[cluster]),
         )
-        outputs.update(
-            job_id=job.job_id,
-            job_state=job.state,
-            job_portal_url=job.portal_url,
-            job_log_url=job.log_url,
-            job_checkpoint_path=job.checkpoint_path,
-        )
+        jobs[settings.name] = {
+            "job_id": job.job_id,
+            "job_state": job.state,
+            "job_portal_url": job.portal_url,
+            "job_log_url": job.log_url,
+            "job_checkpoint_path": job.checkpoint_path,
+            "node_count": settings.nodes,
+            "metrics_url": pulumi.Output.concat(job.log_url, "live/"),
+        }
+    if jobs:
+        outputs["jobs"] = jobs
+    if len(jobs) == 1:  # the one job's outputs at the top level too (the shorthand's outputs)
+        (only,) = jobs.values()
+        outputs.update({k: v for k, v in only.items() if k.startswith("job_")})
     return {
         **outputs,
         "resource_group_name": rg.name,

@@ -19,7 +19,7 @@ def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_p
     assert job.inputs["account_id"].endswith(f"/batch/{account.inputs['accountName']}")
     assert job.inputs["node_count"] == s.max_nodes and job.inputs["vm_size"] == s.vm_size
     assert job.inputs["node_identity_client_id"] == f"client-{nodes.name}"
-    assert job.inputs["trainer_args"] == to_flags(s.trainer_settings())
+    assert job.inputs["trainer_args"] == to_flags(s.jobs[0].trainer_settings())
     assert job.inputs["dataset_prefix"] == ""
     assert job.inputs["blob_endpoint"].endswith(".blob.core.windows.net/")
     assert dev_plan.depends_on[job.name] == ["platform-dev"]  # the GpuCluster component

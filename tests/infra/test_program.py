@@ -45,6 +45,7 @@ def test_stack_outputs(plan):
         "job_portal_url",
         "job_log_url",
         "job_checkpoint_path",
+        "jobs",
     }
     assert plan.outputs["storage_containers"] == ["datasets", "checkpoints", "logs", "outputs"]
     assert plan.outputs["vm_size"] == plan.settings.vm_size
