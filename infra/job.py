@@ -361,7 +361,15 @@ def _call(endpoint: str, what: str, call: Callable[[], T]) -> T:
             raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
 
 
-OUTPUT_KEYS = ("job_id", "state", "portal_url", "log_url", "checkpoint_path")
+OUTPUT_KEYS = (
+    "job_id",
+    "state",
+    "portal_url",
+    "log_url",
+    "checkpoint_path",
+    "task_state",
+    "retries",
+)
 NOT_THE_JOB = ("protect_running",)
 
 
@@ -461,7 +469,16 @@ class TrainingJobProvider(ResourceProvider):
             job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_))
         except ResourceNotFoundError:
             return ReadResult(None, {})  # deleted outside Pulumi: gone from the stack too
-        return ReadResult(id_, {**props, "state": state_text(job.state)})
+        live: dict[str, Any] = {"state": state_text(job.state)}
+        try:
+            task = _call(endpoint, f"read task of job {id_}", lambda: client.get_task(id_, TASK_ID))
+        except ResourceNotFoundError:
+            task = None  # a job whose task was never added (or was deleted)
+        if task is not None:
+            info = task.execution_info
+            live["task_state"] = state_text(task.state)
+            live["retries"] = info.retry_count if info is not None else 0
+        return ReadResult(id_, {**props, **live})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
         self._delete(props["endpoint"], id_)
@@ -544,6 +561,8 @@ class TrainingJobArgs:
 class TrainingJob(pulumi.dynamic.Resource):
     job_id: pulumi.Output[str]
     state: pulumi.Output[str]
+    task_state: pulumi.Output[str]
+    retries: pulumi.Output[int]
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     checkpoint_path: pulumi.Output[str]

@@ -162,6 +162,8 @@ def declare(s: StackSettings) -> dict[str, Any]:
         jobs[settings.name] = {
             "job_id": job.job_id,
             "job_state": job.state,
+            "task_state": job.task_state,
+            "retries": job.retries,
             "job_portal_url": job.portal_url,
             "job_log_url": job.log_url,
             "job_checkpoint_path": job.checkpoint_path,

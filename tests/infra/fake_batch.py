@@ -53,6 +53,9 @@ class FakeBatch:
     faults: list[Fault] = field(default_factory=list)
     # What a terminated job's state reads as right after the terminate call.
     state_after_terminate: str = "completed"
+    # How an added task reads (Task - Get: state, executionInfo.retryCount).
+    task_state: str = "running"
+    task_retries: int = 0
 
     def __post_init__(self) -> None:
         self.ca_path, key_path = _self_signed(self.folder)
@@ -137,6 +140,12 @@ class FakeBatch:
         if rest == ["tasks"] and method == "POST":
             self.tasks.setdefault(job["id"], []).append(request.body)
             return 201, None
+        if len(rest) == 2 and rest[0] == "tasks" and method == "GET":
+            task = next((t for t in self.tasks.get(job["id"], []) if t["id"] == rest[1]), None)
+            if task is None:
+                return 404, _error("TaskNotFound")
+            info = {"retryCount": self.task_retries, "requeueCount": 0}
+            return 200, {**task, "state": self.task_state, "executionInfo": info}
         return 404, _error("InvalidPropertyValue")
 
 

@@ -438,6 +438,19 @@ def test_read_of_old_state_refreshes_the_state_and_forgets_deleted_jobs(batch):
     assert TrainingJobProvider().read("gone", _old_state(batch)).id is None
 
 
+def test_read_reports_the_tasks_live_state_and_retries(batch):
+    """A refresh (every `pulumi up` and preview: Pulumi.yaml sets refresh: always) shows the
+    job's and its task's state and how often Batch retried the task."""
+    batch.add_job(SPEC.job_id, "active")
+    batch.tasks[SPEC.job_id] = [{"id": TASK_ID, "commandLine": "true"}]
+    batch.task_retries = 2
+    outs = TrainingJobProvider().read(SPEC.job_id, _old_state(batch)).outs
+    assert (outs["state"], outs["task_state"], outs["retries"]) == ("active", "running", 2)
+    batch.tasks[SPEC.job_id] = []  # a job without its task: the job's state only
+    outs = TrainingJobProvider().read(SPEC.job_id, _old_state(batch)).outs
+    assert outs["state"] == "active" and "task_state" not in outs
+
+
 def test_delete_of_old_state_terminates_a_running_job_then_deletes_it(batch):
     batch.add_job(SPEC.job_id, "active")
     TrainingJobProvider().delete(SPEC.job_id, _old_state(batch))
