@@ -130,6 +130,27 @@ def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Pl
     return Plan(settings, resources, resolved, depends_on, monitor.dependencies, options)
 
 
+def job_lines(plan: Plan) -> list[str]:
+    """Each job and the run folder it trains in: the same training settings resume the same
+    folder after a replace; other settings start a fresh run in another one."""
+    from infra.job import JobSpec
+
+    specs = [
+        JobSpec.from_props(r.inputs)
+        for r in plan.resources
+        if r.typ == "pulumi-python:dynamic:Resource" and "trainer_args" in r.inputs
+    ]
+    if not specs:
+        return []
+    lines = ["Jobs (a replaced job resumes from its run folder while its training settings stay):"]
+    for spec in specs:
+        lines.append(
+            f"  {spec.name or 'default'}: {spec.node_count} x {spec.vm_size}, job {spec.job_id}, "
+            f"run folder {spec.checkpoint_path}"
+        )
+    return [*lines, ""]
+
+
 def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:
     """The Batch account's core quota the pool needs. A Batch account in BatchService mode has
     its own per-VM-family quotas, separate from the subscription's and often 0 for new accounts
@@ -167,7 +188,7 @@ def render(plan: Plan, busy_hours: int) -> str:
             lines.append(f"    {json.dumps(shown, sort_keys=True)}")
     account = str(plan.outputs.get("batch_account_endpoint", "<account>")).split(".")[0]
     resource_group = str(plan.outputs.get("resource_group_name", "<resource group>"))
-    lines += ["", *quota_lines(s, account, resource_group), "", "Outputs:"]
+    lines += ["", *quota_lines(s, account, resource_group), "", *job_lines(plan), "Outputs:"]
     lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]
     mode = (
         "always on"

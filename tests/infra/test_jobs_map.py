@@ -144,3 +144,16 @@ def test_bad_job_maps_are_one_line_errors(values, message):
     with pytest.raises(ConfigError, match=message) as failure:
         StackSettings.from_mapping("dev", merged, load_schema())
     assert "\n" not in str(failure.value)
+
+
+def test_the_plan_names_each_jobs_run_folder():
+    from infra.plan import render
+
+    plan = evaluate("dev", _stack(TWO_JOBS))
+    text = render(plan, 160)
+    for spec in (JobSpec.from_props(inputs) for inputs in _jobs(plan).values()):
+        line = (
+            f"  {spec.name}: {spec.node_count} x Standard_ND96isr_H100_v5, job {spec.job_id}, "
+            f"run folder {spec.checkpoint_path}"
+        )
+        assert line in text.splitlines()
