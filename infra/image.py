@@ -32,6 +32,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 from pulumi_azure_native import authorization, containerregistry
 
 from infra.config import ConfigError
+from infra.dynamic import changed_inputs
 from infra.identity import ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
@@ -259,14 +260,7 @@ class ImageBuildProvider(ResourceProvider):
         return CreateResult(outputs["run_id"], {**props, **outputs})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # ``__provider`` is this class serialized: editing provider code must not rebuild.
-        changed = [
-            key
-            for key in news
-            if key not in BUILD_OUTPUT_KEYS
-            and not key.startswith("__")
-            and olds.get(key) != news.get(key)
-        ]
+        changed = changed_inputs(olds, news, BUILD_OUTPUT_KEYS)
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=False)
 
     # read: the run and the image it pushed stay as they were (the default keeps the state).

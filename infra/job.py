@@ -36,6 +36,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 from infra import batch
 from infra.batch import TASK_ID, poll_succeeded, state_text, terminate_options
 from infra.cluster import NFS_RELATIVE_MOUNT
+from infra.dynamic import changed_inputs
 from infra.sizes import size_of
 
 T = TypeVar("T")
@@ -411,18 +412,10 @@ class TrainingJobProvider(ResourceProvider):
         return CreateResult(job_id, {**props, **_outputs(spec, state_text(job.state))})
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # ``__provider`` is this class serialized: editing provider code must not resubmit
-        # jobs. ``protect_running`` is this deployment's permission, not part of the job.
-        # A job field added later is absent from older state, which means its default.
+        # ``protect_running`` is this deployment's permission, not part of the job. A job
+        # field added later is absent from older state, which means its default.
         defaults = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
-        changed = [
-            key
-            for key in news
-            if key not in OUTPUT_KEYS
-            and key not in NOT_THE_JOB
-            and not key.startswith("__")
-            and olds.get(key, defaults.get(key)) != news.get(key)
-        ]
+        changed = changed_inputs(olds, news, (*OUTPUT_KEYS, *NOT_THE_JOB), defaults)
         if changed and news.get("protect_running"):
             self._refuse_replacing_a_running_job(id_, olds, news, changed)
         return DiffResult(

@@ -17,6 +17,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 from pulumi_azure_native import containerregistry as acr
 
+from infra.dynamic import changed_inputs
 from infra.naming import Placement
 from trainer.config import one_line
 
@@ -215,14 +216,7 @@ class TaskBypassProvider(ResourceProvider):
         return CreateResult(props["registry_id"], {**props, "allowed_for_tasks": allowed})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # ``__provider`` is this class serialized: editing provider code must not re-apply.
-        changed = [
-            key
-            for key in news
-            if key not in TASK_BYPASS_OUTPUT_KEYS
-            and not key.startswith("__")
-            and olds.get(key) != news.get(key)
-        ]
+        changed = changed_inputs(olds, news, TASK_BYPASS_OUTPUT_KEYS)
         # Another registry is another resource; new network settings only re-apply the PATCH.
         replaces = [key for key in changed if key == "registry_id"]
         return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=False)

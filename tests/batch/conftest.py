@@ -5,7 +5,6 @@ and pools of emulated nodes."""
 from __future__ import annotations
 
 import base64
-import datetime
 import ipaddress
 import json
 import os
@@ -24,6 +23,7 @@ import pytest
 from tests.batch.batch import Cluster, NfsExport, PoolSpec, Storage
 from tests.batch.fabric import Fabric
 from tests.batch.image import ImageConfig, read_dockerfile
+from tests.tls import self_signed
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = Path(__file__).with_name("agent.py")
@@ -161,51 +161,13 @@ def fabric(gpu_stack) -> Iterator[Fabric]:
         net.close()
 
 
-def _self_signed(ip: str, folder: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "emulated storage")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "storage-cert.pem", folder / "storage-key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    os.chmod(cert_path, 0o644)
-    return cert_path, key_path
-
-
-@pytest.fixture(scope="module")
 def storage(fabric, gpu_stack) -> Iterator[Storage]:
     """Azurite as the stack's storage account: HTTPS on the VNet, bearer tokens accepted
     (``--oauth basic`` checks issuer, audience and lifetime), the stack's blob containers."""
     assert AZURITE.exists(), f"{AZURITE} is missing: run `make setup`"
     folder = Path(tempfile.mkdtemp(prefix="batch-storage-"))
     os.chmod(folder, 0o755)
-    cert, key = _self_signed(fabric.storage_ip, folder)
+    cert, key = self_signed(folder, fabric.storage_ip, "emulated-storage")
     port = 443 if fabric.isolated else _free_port()
     process = subprocess.Popen(
         [*fabric.exec_prefix(fabric.switch if fabric.isolated else None), str(AZURITE),

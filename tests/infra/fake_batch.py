@@ -8,8 +8,6 @@ dynamic-provider host in another process (trusting ``ca_path`` through REQUESTS_
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import ssl
 import threading
@@ -20,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.tls import self_signed
 
 ERROR_MESSAGES = {
     "JobNotFound": "The specified job does not exist.",
@@ -58,7 +58,7 @@ class FakeBatch:
     task_retries: int = 0
 
     def __post_init__(self) -> None:
-        self.ca_path, key_path = _self_signed(self.folder)
+        self.ca_path, key_path = self_signed(self.folder, name="fake-batch")
         self._lock = threading.Lock()
         fake = self
 
@@ -189,41 +189,3 @@ def _error(code: str) -> dict[str, Any]:
         "code": code,
         "message": {"lang": "en-US", "value": f"{message}\nRequestId:{uuid.uuid4()}"},
     }
-
-
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 that is its own CA, and its key."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake batch")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    cert_path, key_path = folder / "fake-batch.pem", folder / "fake-batch.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path

@@ -3,8 +3,6 @@ against a fake ARM endpoint (HTTPS on 127.0.0.1 with a self-signed certificate t
 REQUESTS_CA_BUNDLE), which records what the client sends and answers like ACR's run API."""
 
 import base64
-import datetime
-import ipaddress
 import json
 import ssl
 import subprocess
@@ -23,6 +21,7 @@ from infra.image import (
     ImageBuildProvider,
 )
 from tests.infra.conftest import REPO
+from tests.tls import self_signed
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_PATH = (
@@ -52,42 +51,6 @@ def _run(status, **extra):
         "type": "Microsoft.ContainerRegistry/registries/runs",
         "properties": {"runId": "ca7", "status": status, **extra},
     }
-
-
-def _self_signed(tmp_path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake-arm")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp_path / "arm.pem", tmp_path / "arm.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_file, key_file
 
 
 class FakeArm:
@@ -140,7 +103,7 @@ def arm(tmp_path, monkeypatch):
         def log_message(self, *args):
             pass
 
-    cert_file, key_file = _self_signed(tmp_path)
+    cert_file, key_file = self_signed(tmp_path, name="fake-arm")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)

@@ -25,7 +25,7 @@ from infra.registry import (
     TaskBypassProvider,
 )
 from tests.infra.conftest import REPO
-from tests.infra.test_image_build import _self_signed
+from tests.tls import self_signed
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_ID = (
@@ -149,7 +149,7 @@ def arm(tmp_path, monkeypatch):
         def log_message(self, *args):
             pass
 
-    cert_file, key_file = _self_signed(tmp_path)
+    cert_file, key_file = self_signed(tmp_path, name="fake-arm")
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
