@@ -355,7 +355,10 @@ class _Run:
             if final:
                 stopped_by = final
                 return False
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            # At an epoch's last step the epoch-end checkpoint (same step, next epoch's start)
+            # follows at once: writing this one too would only be overwritten.
+            epoch_ends = self.step_in_epoch >= self.steps_per_epoch
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not epoch_ends:
                 self.save_checkpoint()
             return True
 

@@ -84,3 +84,22 @@ def test_folder_data_with_accumulation_and_lars(tmp_path, image_folder):
     assert result.step == 18 // 2 // 2
     records = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert any(json.loads(r)["kind"] == "eval" for r in records)
+
+
+def test_a_step_ending_an_epoch_is_checkpointed_once(tmp_path, monkeypatch):
+    """checkpoint_every landing on an epoch's last step: only the epoch-end checkpoint is
+    written (the periodic one would be overwritten at once: a wasted write of the whole state)."""
+    from trainer import run as run_module
+
+    written = []
+    real_save = checkpoint.save
+    monkeypatch.setattr(
+        run_module.checkpoint,
+        "save",
+        lambda folder, step, state, keep: (
+            written.append(step) or real_save(folder, step, state, keep)
+        ),
+    )
+    # 64 samples / batch 8 = 8 steps per epoch; a checkpoint every 4 steps.
+    train(tiny_config(tmp_path, epochs=2, checkpoint_every=4), LocalDist())
+    assert written == [4, 8, 12, 16]
