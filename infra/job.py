@@ -127,6 +127,11 @@ class JobSpec:
         return f"{self.blob_endpoint.rstrip('/')}/logs/{self.job_id}/"
 
     @property
+    def metrics_url(self) -> str:
+        """Where rank 0 uploads metrics.jsonl and the TensorBoard events while it trains."""
+        return f"{self.log_url}live/"
+
+    @property
     def portal_url(self) -> str:
         return f"https://portal.azure.com/#resource{self.account_id}/jobs"
 
@@ -202,10 +207,19 @@ def _identity_env(spec: JobSpec):
 
 
 def trainer_command(spec: JobSpec) -> list[str]:
+    """The trainer's command line with the settings the job owns: the engine, the staged data,
+    the run folder on NFS, and where rank 0 copies its live metrics (the logs container, read
+    from outside the private network by `python -m infra.ops metrics|tensorboard`)."""
     args = ["python", "-m", "trainer", *spec.trainer_args, "--backend", "horovod"]
     if spec.dataset_prefix:
         args += ["--data", "shards", "--data-dir", f"{DATASET_ROOT}/{spec.dataset_prefix}"]
-    return [*args, "--output-dir", f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}"]
+    return [
+        *args,
+        "--output-dir",
+        f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
+        "--metrics-upload-url",
+        spec.metrics_url,
+    ]
 
 
 def stage_command(spec: JobSpec) -> list[str]:

@@ -1,32 +1,79 @@
-"""``python -m infra.ops status|logs|cancel --stack NAME``: follow the stack's training job.
+"""``python -m infra.ops list|status|logs|cancel|metrics|tensorboard --stack NAME [--job NAME]``:
+follow the stack's training jobs.
 
 An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
 
-The job's id and the Batch endpoint come from the stack outputs (``pulumi stack output --json``,
-or a file of them with ``--outputs-file``); the Batch calls use ``DefaultAzureCredential`` with
-the data-plane roles the stack grants its job submitters.
+The jobs' ids and the Batch endpoint come from the stack outputs (``pulumi stack output --json``,
+or a file of them with ``--outputs-file``): the ``jobs`` map (name -> that job's outputs), or a
+stack's single job at the top level. The Batch calls use ``DefaultAzureCredential`` with the
+data-plane roles the stack grants its job submitters.
+
+``metrics``, ``tensorboard`` and the last columns of ``list`` read what the trainer's rank 0
+uploads to the job's ``metrics_url`` (``trainer.live_upload``): the nodes and their NFS run folder
+are in a private network, the Blob account is reachable from the addresses in storageAllowedIps.
+Those reads use ``DefaultAzureCredential`` too (``az login``; Storage Blob Data Reader).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
 from infra import batch
 from infra.batch import TASK_ID, state_text, terminate_job
+from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail
 
 POLL_SECONDS = 5.0
-REQUIRED_OUTPUTS = ("job_id", "batch_account_endpoint")
+# The name infra.config gives the one job of the submitJob shorthand; a stack that exports no
+# ``jobs`` map (deployed before it existed) has that one job at the top level.
+SHORTHAND_JOB = "default"
+# One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
+# asks Batch for the live ones); a single job's job_* outputs repeat at the top level.
+JOB_OUTPUTS = (
+    "job_id",
+    "job_state",
+    "task_state",
+    "retries",
+    "job_log_url",
+    "job_checkpoint_path",
+    "job_portal_url",
+    "node_count",
+    "metrics_url",
+)
+METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
+TENSORBOARD_FOLDER = "tensorboard/"
+# ``list`` reads only the end of each job's metrics.jsonl: its last training record.
+TAIL_BYTES = 64 * 1024
+TENSORBOARD_SYNC_SECONDS = 60.0
+TENSORBOARD_PORT = 6006  # TensorBoard's own default
+LAST_STEPS = 10
 
 
 class JobsError(RuntimeError):
-    """A one-line reason the command cannot go on."""
+    """A one-line reason the command cannot go on (exit code 2: fix the command or the stack)."""
+
+    code = 2
+
+
+class StorageError(JobsError):
+    """Reading what the trainer uploaded failed (exit code 1)."""
+
+    code = 1
+
+
+class NotUploaded(StorageError):
+    """Nothing uploaded there yet."""
 
 
 def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
@@ -50,12 +97,98 @@ def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
             reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise JobsError(f"stack={stack}: `pulumi stack output` failed ({reason})")
         outputs = json.loads(result.stdout)
-    missing = [key for key in REQUIRED_OUTPUTS if not outputs.get(key)]
-    if missing:
+    if not isinstance(outputs, dict):
         raise JobsError(
-            f"stack={stack}: has no {missing[0]} output; is submitJob true and `pulumi up` done?"
+            f"stack={stack}: the outputs must be a JSON object (of `pulumi stack output --json`), "
+            f"got {type(outputs).__name__}"
         )
     return outputs
+
+
+def require(outputs: dict[str, Any], key: str, stack: str) -> str:
+    value = outputs.get(key)
+    if not value or not isinstance(value, str):
+        raise JobsError(f"stack={stack}: has no {key} output; is `pulumi up` done?")
+    return value
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of a stack: its name and the stack's outputs with the job's own over them."""
+
+    name: str
+    outputs: dict[str, Any]
+    metrics: BlobFolder | None  # where its rank 0 uploads metrics; None: the stack names none
+
+    @property
+    def job_id(self) -> str:
+        return self.outputs["job_id"]
+
+
+def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) -> Job:
+    """One job from its outputs ``own`` (``where``: "jobs.<name>", or "" at the top level)."""
+
+    def key(name: str) -> str:
+        return f"{where}.{name}" if where else name
+
+    if not isinstance(own, dict):
+        raise JobsError(
+            f"stack={stack}: output {where} must be an object, got {type(own).__name__}"
+        )
+    if not own.get("job_id") or not isinstance(own["job_id"], str):
+        raise JobsError(f"stack={stack}: output {where} has no job_id; is `pulumi up` done?")
+    node_count = own.get("node_count")
+    if node_count is not None and (isinstance(node_count, bool) or not isinstance(node_count, int)):
+        raise JobsError(
+            f"stack={stack}: output {key('node_count')}={node_count!r}: must be an integer"
+        )
+    url, url_key = own.get("metrics_url"), key("metrics_url")
+    if url is None and isinstance(own.get("job_log_url"), str):
+        # A stack deployed before metrics_url existed: the trainer's live folder in its logs.
+        url, url_key = own["job_log_url"].rstrip("/") + "/live/", key("job_log_url") + " + live/"
+    folder = None
+    if url is not None:
+        try:
+            folder = BlobFolder.parse(url)
+        except ValueError as err:
+            raise JobsError(f"stack={stack}: output {url_key}={url!r}: {err}") from None
+    outputs = {**shared, **own, **({"metrics_url": folder.url} if folder else {})}
+    return Job(name, outputs, folder)
+
+
+def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
+    """Every job of the stack, by name: the ``jobs`` map, or the single job's top-level outputs."""
+    shared = {k: v for k, v in outputs.items() if k not in (*JOB_OUTPUTS, "jobs")}
+    if "jobs" not in outputs:
+        if not outputs.get("job_id"):
+            raise JobsError(
+                f"stack={stack}: has no job_id output (nor jobs); are jobs declared (or "
+                "submitJob true) and `pulumi up` done?"
+            )
+        own = {k: outputs[k] for k in JOB_OUTPUTS if k in outputs}
+        return [_job(stack, SHORTHAND_JOB, shared, own, "")]
+    jobs = outputs["jobs"]
+    if not isinstance(jobs, dict):
+        raise JobsError(
+            f"stack={stack}: output jobs must map job names to objects, got {type(jobs).__name__}"
+        )
+    if not jobs:
+        raise JobsError(f"stack={stack}: has no jobs (its jobs output is empty)")
+    return [_job(stack, str(name), shared, jobs[name], f"jobs.{name}") for name in sorted(jobs)]
+
+
+def select_job(outputs: dict[str, Any], stack: str, name: str | None) -> Job:
+    """The job ``--job NAME`` names; without it, the stack's only job."""
+    jobs = stack_jobs(outputs, stack)
+    names = ", ".join(job.name for job in jobs)
+    if name is None:
+        if len(jobs) > 1:
+            raise JobsError(f"stack={stack}: has {len(jobs)} jobs ({names}); pass --job NAME")
+        return jobs[0]
+    for job in jobs:
+        if job.name == name:
+            return job
+    raise JobsError(f"job={name}: stack {stack} has no such job; its jobs: {names}")
 
 
 def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
@@ -78,6 +211,7 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
         ("portal", "job_portal_url"),
         ("logs", "job_log_url"),
         ("checkpoints", "job_checkpoint_path"),
+        ("metrics", "metrics_url"),
         ("image", "image_ref"),
     ):
         if outputs.get(key):
@@ -134,42 +268,415 @@ def cancel(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------- uploaded metrics
+def blob_container(folder: BlobFolder) -> Any:
+    """A client of the folder's container, with the one credential of this process."""
+    from azure.storage.blob import ContainerClient, LinearRetry
+
+    # Two quick retries: the SDK's default waits 15 s and more between tries, long for a
+    # command someone waits on (an address missing from storageAllowedIps fails at once anyway).
+    return ContainerClient(
+        folder.account_url,
+        folder.container,
+        credential=batch.credential(),
+        retry_policy=LinearRetry(backoff=1, retry_total=2, random_jitter_range=1),
+    )
+
+
+@contextlib.contextmanager
+def _storage_errors(url: str) -> Iterator[None]:
+    """The SDK's exceptions as one line naming the URL and what to do."""
+    from azure.core.exceptions import (
+        AzureError,
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+    )
+
+    try:
+        yield
+    except ResourceNotFoundError:
+        raise NotUploaded(
+            f"{url}: nothing uploaded yet (rank 0 uploads every --metrics-upload-minutes once "
+            "training runs, when the job's trainer command has --metrics-upload-url)"
+        ) from None
+    except ClientAuthenticationError as err:
+        raise StorageError(
+            f"{url}: cannot authenticate ({_first_line(err)}); log in with `az login`"
+        ) from None
+    except HttpResponseError as err:
+        hint = ""
+        if err.status_code == 403:
+            hint = (
+                "; reading needs Storage Blob Data Reader on the account and, from outside "
+                "the VNet, this machine's public IP in the stack's storageAllowedIps"
+            )
+        raise StorageError(f"{url}: {_first_line(err)}{hint}") from None
+    except AzureError as err:
+        raise StorageError(f"{url}: cannot reach it ({_first_line(err)})") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def _records(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of metrics.jsonl; a line cut by a ranged read is skipped."""
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_metrics(
+    container: Any, folder: BlobFolder, tail_bytes: int | None = None
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """The uploaded metrics.jsonl's records (of its last ``tail_bytes`` only, if given) and
+    when it was uploaded."""
+    blob = container.get_blob_client(folder.blob(METRICS_FILE))
+    with _storage_errors(folder.url + METRICS_FILE):
+        if tail_bytes is None:
+            download = blob.download_blob()
+            return _records(download.readall()), download.properties.last_modified
+        properties = blob.get_blob_properties()
+        start = max(0, properties.size - tail_bytes)
+        data = b""
+        if properties.size:
+            data = blob.download_blob(offset=start, length=properties.size - start).readall()
+        if start:
+            data = data.partition(b"\n")[2]  # the first line may be cut
+        return _records(data), properties.last_modified
+
+
+def _train(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "train" and isinstance(r.get("step"), int)]
+
+
+def _value(record: dict[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _number(record: dict[str, Any], key: str, spec: str) -> str:
+    value = _value(record, key)
+    return "-" if value is None else format(value, spec)
+
+
+def _mean_rate(records: list[dict[str, Any]]) -> float | None:
+    rates = [v for r in records if (v := _value(r, "images_per_sec_total")) is not None]
+    return sum(rates) / len(rates) if rates else None
+
+
+def _table(rows: list[tuple[str, ...]], right: set[int]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _uploaded(when: datetime | None) -> str:
+    if when is None:
+        return ""
+    age = max(0, int((datetime.now(UTC) - when).total_seconds()))
+    return f", uploaded {when:%Y-%m-%d %H:%M:%S} UTC ({age // 60} min {age % 60} s ago)"
+
+
+def metrics(
+    container: Any, folder: BlobFolder, job: Job, out: TextIO, *, last: int = LAST_STEPS
+) -> int:
+    """The last ``last`` logged training steps and their mean throughput."""
+    records, when = read_metrics(container, folder)
+    train = _train(records)
+    out.write(f"job {job.name} ({job.job_id}): {folder.url}{METRICS_FILE}{_uploaded(when)}\n")
+    if not train:
+        out.write("no training steps logged yet\n")
+        return 0
+    shown = train[-last:]
+    rows = [("step", "epoch", "loss", "images/s")]
+    rows += [
+        (
+            str(r["step"]),
+            _number(r, "epoch", "g"),
+            _number(r, "loss", ".4f"),
+            _number(r, "images_per_sec_total", ".1f"),
+        )
+        for r in shown
+    ]
+    out.write(_table(rows, right={0, 1, 2, 3}))
+    recent, overall = _mean_rate(shown), _mean_rate(train)
+    if recent is not None and overall is not None:
+        out.write(
+            f"throughput: {recent:.1f} images/s total, mean of the last {len(shown)} logged "
+            f"steps ({overall:.1f} over all {len(train)} in the file)\n"
+        )
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if evals:
+        e = evals[-1]
+        out.write(
+            f"last evaluation: step {e.get('step')}, epoch {e.get('epoch')}, loss "
+            f"{_number(e, 'loss', '.4f')}, accuracy {_number(e, 'accuracy', '.4f')}\n"
+        )
+    return 0
+
+
+def list_jobs(
+    client: Any,
+    outputs: dict[str, Any],
+    stack: str,
+    out: TextIO,
+    err: TextIO,
+    *,
+    container_for: Callable[[BlobFolder], Any] = blob_container,
+) -> int:
+    """One row per job: Batch's live state, and the step and rate rank 0 uploaded last."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    rows = [("NAME", "JOB ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "IMAGES/S")]
+    notes = []
+    for job in stack_jobs(outputs, stack):
+        task_state, retries, nodes = "-", "-", job.outputs.get("node_count")
+        try:
+            job_state = state_text(client.get_job(job.job_id).state)
+        except ResourceNotFoundError:
+            job_state = "not found"
+        if job_state != "not found":
+            try:
+                task = client.get_task(job.job_id, TASK_ID)
+            except ResourceNotFoundError:
+                task = None
+            if task is not None:
+                task_state = state_text(task.state)
+                if task.execution_info is not None:
+                    retries = str(task.execution_info.retry_count)
+                if nodes is None and task.multi_instance_settings is not None:
+                    nodes = task.multi_instance_settings.number_of_instances
+        step, rate = "-", "-"
+        if job.metrics is not None:
+            try:
+                records, _ = read_metrics(container_for(job.metrics), job.metrics, TAIL_BYTES)
+                train = _train(records)
+                if train:
+                    step = str(train[-1]["step"])
+                    rate = _number(train[-1], "images_per_sec_total", ".1f")
+            except NotUploaded:
+                pass
+            except StorageError as error:
+                notes.append(f"job {job.name}: metrics: {error}")
+        row = (job.name, job.job_id, job_state, task_state, str(nodes or "-"), retries, step, rate)
+        rows.append(row)
+    out.write(_table(rows, right={4, 5, 6, 7}))
+    for note in notes:
+        err.write(f"note: {note}\n")
+    return 0
+
+
+# ---------------------------------------------------------------------- TensorBoard
+def sync_tensorboard(container: Any, folder: BlobFolder, dest: Path) -> tuple[int, int]:
+    """Copy the uploaded TensorBoard files into ``dest``: (copied, already there). Event files
+    only grow, so a local file of the blob's size is that blob; each copy lands whole (a temp
+    file renamed), so a running TensorBoard never reads half a file."""
+    prefix = folder.blob(TENSORBOARD_FOLDER)
+    url = folder.url + TENSORBOARD_FOLDER
+    with _storage_errors(url):
+        blobs = list(container.list_blobs(name_starts_with=prefix))
+    if not blobs:
+        raise NotUploaded(
+            f"{url}: no TensorBoard files uploaded yet (rank 0 uploads every "
+            "--metrics-upload-minutes once training runs)"
+        )
+    copied = kept = 0
+    for blob in blobs:
+        relative = PurePosixPath(blob.name[len(prefix) :])
+        if not relative.parts or any(part in ("", ".", "..") for part in relative.parts):
+            continue  # a name that would leave dest
+        target = dest.joinpath(*relative.parts)
+        if target.is_file() and target.stat().st_size == blob.size:
+            kept += 1
+            continue
+        with _storage_errors(f"{folder.url}{relative}"):
+            data = container.download_blob(blob.name).readall()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Not write_atomic's ".<name>.partial-*": TensorBoard reads every file whose name holds
+        # "tfevents", temp files included (IsSummaryEventsFile, event_processing/io_wrapper.py).
+        temp = target.with_name(f".sync-{os.getpid()}.partial")
+        try:
+            temp.write_bytes(data)
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+        copied += 1
+    return copied, kept
+
+
+def tensorboard_command(logdir: Path, port: int) -> list[str]:
+    """TensorBoard of this environment, through infra.tensorboard_cli (see there why)."""
+    return [
+        sys.executable,
+        "-m",
+        "infra.tensorboard_cli",
+        "--logdir",
+        str(logdir),
+        "--port",
+        str(port),
+    ]
+
+
+def start_tensorboard(command: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    # The repository root on the path, so ``-m infra.tensorboard_cli`` imports from anywhere.
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, **popen)
+
+
+def tensorboard(
+    container: Any,
+    folder: BlobFolder,
+    job: Job,
+    dest: Path,
+    out: TextIO,
+    *,
+    start: Callable[[list[str]], Any] | None = start_tensorboard,
+    port: int = TENSORBOARD_PORT,
+    sync_seconds: float = TENSORBOARD_SYNC_SECONDS,
+) -> int:
+    """Sync the job's TensorBoard files into ``dest``; then (``start``) run TensorBoard on it,
+    syncing again every ``sync_seconds`` until it exits."""
+    copied, kept = sync_tensorboard(container, folder, dest)
+    out.write(
+        f"job {job.name} ({job.job_id}): {copied} TensorBoard file(s) copied, {kept} unchanged, "
+        f"in {dest}\n"
+    )
+    out.flush()
+    if start is None:
+        return 0
+    process = start(tensorboard_command(dest, port))
+    out.write(f"TensorBoard on port {port}; syncing every {sync_seconds:g} s; Ctrl-C stops it\n")
+    out.flush()
+    try:
+        while True:
+            try:
+                return process.wait(timeout=sync_seconds)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                copied, _ = sync_tensorboard(container, folder, dest)
+            except StorageError as error:  # keep serving what is there
+                out.write(f"warning: {error}\n")
+                continue
+            if copied:
+                out.write(f"synced {copied} new or grown TensorBoard file(s)\n")
+            out.flush()
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m infra.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (
+        ("list", "every job of the stack: state, nodes, retries, current step, images/s"),
         ("status", "job and task state, retries, exit code, where logs and checkpoints are"),
         ("logs", "stream the primary task's stdout (like tail -f)"),
         ("cancel", "terminate the job (checkpoints are kept)"),
+        ("metrics", "the last logged steps and the throughput, from the uploaded metrics"),
+        ("tensorboard", "copy the uploaded TensorBoard files to a folder and start TensorBoard"),
     ):
         sub = commands.add_parser(name, help=helptext)
-        sub.add_argument("--stack", required=True, help="the stack whose job to follow")
+        sub.add_argument("--stack", required=True, help="the stack whose jobs to follow")
         sub.add_argument("--outputs-file", type=Path, help="JSON of `pulumi stack output --json`")
+        if name != "list":
+            sub.add_argument("--job", help="which job of the stack's jobs (needed if several)")
         if name == "logs":
             sub.add_argument("--stderr", action="store_true", help="stream stderr.txt instead")
             sub.add_argument("--no-follow", action="store_true", help="print once and exit")
+        if name == "metrics":
+            sub.add_argument(
+                "--last", type=_positive_int, default=LAST_STEPS, help="logged steps to show"
+            )
+        if name == "tensorboard":
+            sub.add_argument(
+                "--dir", type=Path, help="local folder (default: runs/<stack>/<job>/tensorboard)"
+            )
+            sub.add_argument("--no-start", action="store_true", help="copy only")
+            sub.add_argument(
+                "--port", type=_positive_int, default=TENSORBOARD_PORT, help="TensorBoard's port"
+            )
         sub.error = parser.error  # type: ignore[method-assign]
     return parser
 
 
-def main(argv: list[str] | None = None, client_factory=batch.client) -> int:
+def _metrics_folder(job: Job, stack: str) -> BlobFolder:
+    if job.metrics is None:
+        raise JobsError(
+            f"stack={stack}: job {job.name} has no metrics_url (nor job_log_url) output; "
+            "is `pulumi up` done with this version?"
+        )
+    return job.metrics
+
+
+def main(
+    argv: list[str] | None = None,
+    client_factory=batch.client,
+    start: Callable[[list[str]], Any] = start_tensorboard,
+) -> int:
     args = build_parser().parse_args(argv)
     from azure.core.exceptions import AzureError
 
-    outputs: dict[str, Any] = {}
+    where = f"stack={args.stack}"
     try:
         outputs = read_outputs(args.stack, args.outputs_file)
-        client = client_factory(outputs["batch_account_endpoint"])
+        if args.command == "list":
+            client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
+            return list_jobs(client, outputs, args.stack, sys.stdout, sys.stderr)
+        job = select_job(outputs, args.stack, args.job)
+        where = f"job {job.job_id}"
+        if args.command == "metrics":
+            folder = _metrics_folder(job, args.stack)
+            return metrics(blob_container(folder), folder, job, sys.stdout, last=args.last)
+        if args.command == "tensorboard":
+            folder = _metrics_folder(job, args.stack)
+            dest = args.dir or Path("runs", args.stack, job.name, "tensorboard")
+            return tensorboard(
+                blob_container(folder),
+                folder,
+                job,
+                dest,
+                sys.stdout,
+                start=None if args.no_start else start,
+                port=args.port,
+            )
+        client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
         if args.command == "status":
-            return status(client, outputs, sys.stdout)
+            return status(client, job.outputs, sys.stdout)
         if args.command == "logs":
             name = "stderr.txt" if args.stderr else "stdout.txt"
-            return logs(client, outputs, sys.stdout, file_name=name, follow=not args.no_follow)
-        return cancel(client, outputs, sys.stdout)
+            return logs(client, job.outputs, sys.stdout, file_name=name, follow=not args.no_follow)
+        return cancel(client, job.outputs, sys.stdout)
     except JobsError as err:
-        fail(str(err), 2)
+        fail(str(err), err.code)
     except AzureError as err:
-        fail(f"job {outputs.get('job_id')}: {str(err).splitlines()[0]}", 1)
+        fail(f"{where}: {str(err).splitlines()[0]}", 1)
     except KeyboardInterrupt:
         return 130
 

@@ -168,7 +168,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             "job_log_url": job.log_url,
             "job_checkpoint_path": job.checkpoint_path,
             "node_count": settings.nodes,
-            "metrics_url": pulumi.Output.concat(job.log_url, "live/"),
+            "metrics_url": pulumi.Output.concat(job.log_url, "live/"),  # JobSpec.metrics_url
         }
     if jobs:
         outputs["jobs"] = jobs

@@ -8,11 +8,15 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+
+from tests.fake_imds import IDENTITY, FakeImds, serving
 
 # The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
 # those command lines on this machine, which must send nothing beyond loopback: point every
@@ -73,12 +77,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def azurite(tmp_path_factory) -> str:
-    """A connection string to a fresh Azurite Blob service for this test session."""
+def _start_azurite(location: Path, *options: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Azurite's Blob service on a free loopback port, once it accepts connections."""
     assert AZURITE.exists(), f"{AZURITE} is missing: run `make setup`"
     port = _free_port()
-    location = tmp_path_factory.mktemp("azurite")
     process = subprocess.Popen(
         [
             str(AZURITE),
@@ -91,6 +93,7 @@ def azurite(tmp_path_factory) -> str:
             "--silent",
             "--skipApiVersionCheck",
             "--loose",
+            *options,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -99,18 +102,91 @@ def azurite(tmp_path_factory) -> str:
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
+            return process, port
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 process.kill()
                 pytest.fail(f"azurite did not start on 127.0.0.1:{port}")
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory) -> str:
+    """A connection string to a fresh Azurite Blob service for this test session."""
+    process, port = _start_azurite(tmp_path_factory.mktemp("azurite"))
     yield (
         f"DefaultEndpointsProtocol=http;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
         f"BlobEndpoint=http://127.0.0.1:{port}/{DEV_ACCOUNT};"
     )
     process.kill()  # its data is a temp folder: nothing to flush
     process.wait(timeout=30)
+
+
+@dataclass(frozen=True)
+class EntraStorage:
+    """Azurite as a storage account reached the way the trainer and the operator CLI reach one:
+    HTTPS, bearer tokens from ``DefaultAzureCredential`` (here the managed identity of a fake
+    metadata service, as on a node), no keys."""
+
+    blob_endpoint: str  # https://127.0.0.1:<port>/devstoreaccount1
+    ca_file: Path
+    imds: FakeImds
+
+    def env(self) -> dict[str, str]:
+        """What a process needs to find the identity and trust the emulator's certificate."""
+        return {
+            "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.imds.url,
+            "AZURE_CLIENT_ID": IDENTITY,
+            "REQUESTS_CA_BUNDLE": str(self.ca_file),
+        }
+
+    def folder_url(self, container: str, prefix: str) -> str:
+        return f"{self.blob_endpoint}/{container}/{prefix}"
+
+    def container(self, name: str):
+        """A key-authenticated client for the test's own setup and checks."""
+        from azure.storage.blob import ContainerClient
+
+        connection = (
+            f"DefaultEndpointsProtocol=https;AccountName={DEV_ACCOUNT};AccountKey={DEV_KEY};"
+            f"BlobEndpoint={self.blob_endpoint};"
+        )
+        return ContainerClient.from_connection_string(
+            connection, name, connection_verify=str(self.ca_file)
+        )
+
+
+@pytest.fixture(scope="session")
+def azurite_entra(tmp_path_factory) -> Iterator[EntraStorage]:
+    """Azurite over HTTPS with ``--oauth basic`` and a fake metadata service issuing the
+    managed identity's tokens, for this test session."""
+    from tests.tls import self_signed
+
+    folder = tmp_path_factory.mktemp("azurite-entra")
+    cert, key = self_signed(folder / "tls", name="azurite")
+    process, port = _start_azurite(
+        folder / "data", "--oauth", "basic", "--cert", str(cert), "--key", str(key)
+    )
+    try:
+        with serving() as imds:
+            yield EntraStorage(f"https://127.0.0.1:{port}/{DEV_ACCOUNT}", cert, imds)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def entra_env(azurite_entra, monkeypatch) -> EntraStorage:
+    """This process authenticates to ``azurite_entra`` with DefaultAzureCredential."""
+    from infra import batch
+
+    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
+        monkeypatch.delenv(name)
+    for name, value in azurite_entra.env().items():
+        monkeypatch.setenv(name, value)
+    batch.credential.cache_clear()  # built afresh from this environment
+    yield azurite_entra
+    batch.credential.cache_clear()
 
 
 @pytest.fixture

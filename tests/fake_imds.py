@@ -1,12 +1,17 @@
 """A fake Azure Instance Metadata Service on 127.0.0.1 that answers like the documented one
 (articles/virtual-machines/linux/scheduled-events.md): it refuses requests without
 ``Metadata: true``, serves the VM name and the scheduled events document, and records the
-approvals it receives."""
+approvals it receives. It also issues the managed identity's tokens
+(articles/active-directory/managed-identities-azure-resources/how-to-use-vm-token.md) for
+``IDENTITY``: ``azure-identity`` asks there when ``AZURE_POD_IDENTITY_AUTHORITY_HOST`` names it,
+and Azurite with ``--oauth basic`` accepts them (it checks issuer, audience and lifetime)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +20,10 @@ from urllib.parse import parse_qs, urlparse
 from trainer.scheduled_events import EVENTS_API
 
 VM = "batch-node-7"
+# The client id of the one user-assigned identity this machine has (AZURE_CLIENT_ID on a node).
+IDENTITY = "0b5c3e1d-6f8a-4c2e-9d7b-1a2b3c4d5e6f"
+TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
+TOKEN_PATH = "/metadata/identity/oauth2/token"
 
 
 class FakeImds(ThreadingHTTPServer):
@@ -24,6 +33,7 @@ class FakeImds(ThreadingHTTPServer):
         self.events: list[dict] = []
         self.approved: list[dict] = []
         self.requests: list[tuple[str, str, str | None]] = []
+        self.tokens_issued = 0
 
     @property
     def url(self) -> str:
@@ -52,6 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
         api = parse_qs(url.query).get("api-version", [""])[0]
         if url.path == "/metadata/instance/compute/name" and method == "GET":
             self._answer(200, self.server.vm_name.encode(), "text/plain")
+        elif url.path == TOKEN_PATH and method == "GET":
+            self._token(parse_qs(url.query))
         elif url.path == "/metadata/scheduledevents" and api == EVENTS_API:
             if method == "GET":
                 document = {"DocumentIncarnation": 2, "Events": self.server.events}
@@ -62,6 +74,39 @@ class _Handler(BaseHTTPRequestHandler):
                 self._answer(200, b"")
         else:
             self._answer(404, b"{}")
+
+    def _token(self, query: dict[str, list[str]]) -> None:
+        client_id = query.get("client_id", [IDENTITY])[0]
+        if client_id != IDENTITY:
+            body = {"error": "invalid_request", "error_description": "Identity not found"}
+            self._answer(400, json.dumps(body).encode())
+            return
+        resource = query.get("resource", [""])[0]
+        now = int(time.time())
+        claims = {
+            "aud": resource,
+            "iss": f"https://sts.windows.net/{TENANT}/",
+            "iat": now - 60,
+            "nbf": now - 60,
+            "exp": now + 3600,
+            "appid": client_id,
+            "oid": client_id,
+            "sub": client_id,
+            "tid": TENANT,
+        }
+        token = ".".join(_b64(part) for part in ({"alg": "RS256", "typ": "JWT"}, claims, {}))
+        self.server.tokens_issued += 1
+        body = {
+            "access_token": token,
+            "client_id": client_id,
+            "expires_in": "3600",
+            "expires_on": str(now + 3600),
+            "ext_expires_in": "3600",
+            "not_before": str(now - 60),
+            "resource": resource,
+            "token_type": "Bearer",
+        }
+        self._answer(200, json.dumps(body).encode())
 
     def do_GET(self) -> None:
         self._route("GET")
@@ -80,6 +125,10 @@ def serving(vm_name: str = VM) -> Iterator[FakeImds]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _b64(data: dict) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
 
 def event(event_id: str, kind: str, resources: list[str]) -> dict:

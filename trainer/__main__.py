@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported here so --help, --dry-run and config errors never wait for torch.distributed.
     from trainer.distributed import init_dist, peer_failure_errors
+    from trainer.live_upload import uploading
     from trainer.run import train
     from trainer.signals import StopRequest
 
@@ -40,31 +41,34 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING if dist.rank else logging.INFO,
         format=f"[rank {dist.rank}] %(levelname)s %(message)s",
     )
-    try:
-        result = train(cfg, dist, stop)
-    except (ConfigError, DataError) as err:
-        fail(str(err), 2)
-    except (CheckpointError, PreflightError) as err:
-        fail(str(err), 1)
-    except OSError as err:
-        if not _in_output_dir(err, cfg.output_dir):
-            raise
-        # The run folder on a share the task user cannot write (root-owned under root_squash),
-        # or a file where a folder should be: the first write there names it.
-        fail(
-            f"output_dir={cfg.output_dir}: cannot create or write it as uid {os.getuid()} "
-            f"({err.strerror}); make the folder writable for this user (on a Batch pool the "
-            f"share's runs folder must be mode 1777)",
-            1,
-        )
-    except peer_failure_errors():
-        fail(
-            f"rank {dist.rank}: another worker stopped (its log says why); stopping too; "
-            f"rerun to resume from the newest checkpoint in {cfg.output_dir}",
-            1,
-        )
-    finally:
-        dist.shutdown()
+    # Rank 0's live copy of metrics and TensorBoard files in Blob storage: the last upload
+    # runs when the block ends (after the run's files are closed and the workers shut down).
+    with uploading(cfg, enabled=dist.is_root):
+        try:
+            result = train(cfg, dist, stop)
+        except (ConfigError, DataError) as err:
+            fail(str(err), 2)
+        except (CheckpointError, PreflightError) as err:
+            fail(str(err), 1)
+        except OSError as err:
+            if not _in_output_dir(err, cfg.output_dir):
+                raise
+            # The run folder on a share the task user cannot write (root-owned under root_squash),
+            # or a file where a folder should be: the first write there names it.
+            fail(
+                f"output_dir={cfg.output_dir}: cannot create or write it as uid {os.getuid()} "
+                f"({err.strerror}); make the folder writable for this user (on a Batch pool the "
+                f"share's runs folder must be mode 1777)",
+                1,
+            )
+        except peer_failure_errors():
+            fail(
+                f"rank {dist.rank}: another worker stopped (its log says why); stopping too; "
+                f"rerun to resume from the newest checkpoint in {cfg.output_dir}",
+                1,
+            )
+        finally:
+            dist.shutdown()
     if dist.is_root:
         if result.stopped_by == "already_complete":
             print(

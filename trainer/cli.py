@@ -73,6 +73,10 @@ HELP: dict[str, str] = {
     "seed": "random seed (same on every worker)",
     "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
     "0 skips (python -m trainer.launch sets it from the VM size)",
+    "metrics_upload_url": "rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder "
+    "(https://<account>.blob.core.windows.net/<container>/<prefix>/) with the machine's "
+    "identity, every --metrics-upload-minutes and at the end; empty: off",
+    "metrics_upload_minutes": "minutes between live uploads (fractions allowed)",
 }
 _BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
 

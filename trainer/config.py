@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.blob_folder import BlobFolder
+
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
 DATA_SOURCES = ("synthetic", "folder", "shards")
 CACHE_MODES = ("none", "bytes", "decoded")
@@ -88,6 +90,10 @@ class TrainConfig:
     seed: int = 42
     # Stop before training when the allreduce bus bandwidth (GB/s) is below this; 0: skip.
     preflight_min_busbw: float = 0.0
+    # Rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder URL every N minutes and
+    # at the end ("": off). Fractions of a minute are allowed (short runs, tests).
+    metrics_upload_url: str = ""
+    metrics_upload_minutes: float = 5.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -179,6 +185,14 @@ class TrainConfig:
         _int_range("keep_checkpoints", self.keep_checkpoints, 1, 1000)
         _int_range("log_every", self.log_every, 1, 10**9)
         _int_range("seed", self.seed, 0, 2**32 - 1)
+        if self.metrics_upload_url:
+            try:
+                BlobFolder.parse(self.metrics_upload_url)
+            except ValueError as err:
+                raise ConfigError(
+                    f"metrics_upload_url={self.metrics_upload_url!r}: {err}"
+                ) from None
+        _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
 
 
 # ---------------------------------------------------------------------- helpers

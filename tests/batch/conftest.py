@@ -161,6 +161,7 @@ def fabric(gpu_stack) -> Iterator[Fabric]:
         net.close()
 
 
+@pytest.fixture(scope="module")
 def storage(fabric, gpu_stack) -> Iterator[Storage]:
     """Azurite as the stack's storage account: HTTPS on the VNet, bearer tokens accepted
     (``--oauth basic`` checks issuer, audience and lifetime), the stack's blob containers."""

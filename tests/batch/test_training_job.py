@@ -163,7 +163,12 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     assert _checkpoints(folder), describe(cluster, run)
     assert metrics(folder)[-1]["step"] == 6
     logs = uploaded(fabric, storage, spec)
-    assert set(logs) == {"stdout.txt", "stderr.txt"}, logs
+    # The task's output files, and rank 0's live metrics (the job's --metrics-upload-url, as
+    # the node's managed identity) with its TensorBoard events.
+    assert {"stdout.txt", "stderr.txt", "metrics.jsonl"} <= set(logs), logs
+    assert any(name.startswith("events.out.tfevents.") for name in logs), logs
+    live = [json.loads(line) for line in logs["metrics.jsonl"].splitlines() if line.strip()]
+    assert live == metrics(folder)  # the final upload: the whole file as it ended
     output = logs["stdout.txt"] + logs["stderr.txt"]
     # Every node's launcher log reaches the user: the non-primary's too (in the uploaded
     # stdout, or at least in the run folder on the share).

@@ -190,6 +190,8 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         "horovod",
         "--output-dir",
         output_dir,
+        "--metrics-upload-url",
+        f"{SPEC.log_url}live/",
     ]
     coordination = _run(node, task.multi_instance_settings.coordination_command_line)
     launch = ["-m", "trainer.launch", "--vm-size", "Standard_ND96isr_H100_v5"]

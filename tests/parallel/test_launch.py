@@ -196,6 +196,8 @@ def test_the_jobs_task_command_lines_train_then_report_on_a_one_node_pool(tmp_pa
     output_dir = f"{tmp_path}/fsmounts/shared/runs/sim/{spec.run_name}"
     workers = sorted(ran.read_text().splitlines())
     assert [line.split()[0] for line in workers] == [f"{rank}/8" for rank in range(8)]
-    assert all(
-        line.endswith(f"--output-dir {output_dir} --preflight-min-busbw 245.0") for line in workers
+    ending = (
+        f"--output-dir {output_dir} --metrics-upload-url {spec.metrics_url} "
+        "--preflight-min-busbw 245.0"
     )
+    assert all(line.endswith(ending) for line in workers)

@@ -55,6 +55,18 @@ INVALID = [
     ({"log_every": 0}, "log_every=0", "1.."),
     ({"seed": -1}, "seed=-1", "0.."),
     ({"epochs": None}, "epochs=null", "required"),
+    (
+        {"metrics_upload_url": "http://acct.blob.core.windows.net/logs/j/live/"},
+        "metrics_upload_url='http://acct.blob.core.windows.net/logs/j/live/'",
+        "https://<account>.blob.core.windows.net/logs/<job-id>/live/",
+    ),
+    (
+        {"metrics_upload_url": "https://acct.blob.core.windows.net/logs/j/?sv=2024&sig=x"},
+        "metrics_upload_url=",
+        "no SAS token",
+    ),
+    ({"metrics_upload_minutes": 0}, "metrics_upload_minutes=0", "[0.01, 1440]"),
+    ({"metrics_upload_minutes": "often"}, "metrics_upload_minutes='often'", "a number"),
     ({"batchsize": 32}, "unknown setting 'batchsize'", "batch_size"),
 ]
 
@@ -88,3 +100,14 @@ def test_every_setting_has_an_invalid_case_or_is_free_text():
 def test_direct_construction_validates_too():
     with pytest.raises(ConfigError, match="batch_size=0"):
         DEFAULTS.replace(batch_size=0)
+
+
+def test_live_upload_is_off_by_default_and_takes_fractional_minutes():
+    assert (DEFAULTS.metrics_upload_url, DEFAULTS.metrics_upload_minutes) == ("", 5.0)
+    cfg = TrainConfig.from_mapping(
+        {
+            "metrics-upload-url": "https://acct.blob.core.windows.net/logs/dev-1a2b/live/",
+            "metrics-upload-minutes": "0.5",
+        }
+    )
+    assert cfg.metrics_upload_minutes == 0.5
