@@ -6,6 +6,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -47,3 +50,19 @@ def self_signed(folder: Path, ip: str = "127.0.0.1", name: str = "test") -> tupl
     )
     os.chmod(cert_path, 0o644)
     return cert_path, key_path
+
+
+def serve_https(
+    handler: type[BaseHTTPRequestHandler], folder: Path, name: str = "test"
+) -> tuple[ThreadingHTTPServer, Path]:
+    """``handler`` served over TLS on a free 127.0.0.1 port in a daemon thread; returns the
+    server (``shutdown()`` it) and the certificate clients must trust."""
+    cert_path, key_path = self_signed(folder, name=name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    return server, cert_path

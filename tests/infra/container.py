@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,3 +125,32 @@ def recorded(record: Path) -> list[list[str]]:
 def base_path() -> str:
     """System folders for PATH behind a stub folder (bash, coreutils)."""
     return os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
+
+
+def one_node_pool(
+    tmp_path: Path, worker_stub: str, job_id: str, batch_port: int, rendezvous_port: int
+) -> tuple[dict[str, str], Path, Path]:
+    """A one-node pool's task environment for running the job's command lines here: ``python``
+    on PATH is ``worker_stub`` (a bash script with ``%s`` for the real interpreter, which it
+    runs for everything but workers); returns the environment, the working folder and the file
+    the stub records worker command lines in."""
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(worker_stub % sys.executable)
+    python.chmod(0o755)
+    ran, workdir = tmp_path / "workers-ran.txt", tmp_path / "wd"
+    workdir.mkdir()
+    env = {
+        "PATH": f"{python.parent}:{base_path()}",
+        "PYTHONPATH": str(REPO),  # the image runs the trainer from PYTHONPATH; here the checkout
+        "HOME": str(tmp_path),
+        "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
+        "AZ_BATCH_TASK_WORKING_DIR": str(workdir),
+        "AZ_BATCH_HOST_LIST": "127.0.0.1",
+        "AZ_BATCH_MASTER_NODE": f"127.0.0.1:{batch_port}",
+        "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
+        "AZ_BATCH_JOB_ID": job_id,
+        "MASTER_PORT": str(rendezvous_port),
+        "WORKERS_RAN": str(ran),
+    }
+    return env, workdir, ran

@@ -9,17 +9,16 @@ dynamic-provider host in another process (trusting ``ca_path`` through REQUESTS_
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.tls import self_signed
+from tests.tls import serve_https
 
 ERROR_MESSAGES = {
     "JobNotFound": "The specified job does not exist.",
@@ -58,21 +57,13 @@ class FakeBatch:
     task_retries: int = 0
 
     def __post_init__(self) -> None:
-        self.ca_path, key_path = self_signed(self.folder, name="fake-batch")
         self._lock = threading.Lock()
         fake = self
 
         class Handler(_Handler):
             batch = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(self.ca_path, key_path)
-        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
+        self._server, self.ca_path = serve_https(Handler, self.folder, "fake-batch")
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
 
     def close(self) -> None:

@@ -4,12 +4,10 @@ REQUESTS_CA_BUNDLE), which records what the client sends and answers like ACR's 
 
 import base64
 import json
-import ssl
 import subprocess
 import sys
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -21,7 +19,7 @@ from infra.image import (
     ImageBuildProvider,
 )
 from tests.infra.conftest import REPO
-from tests.tls import self_signed
+from tests.tls import serve_https
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_PATH = (
@@ -103,13 +101,7 @@ def arm(tmp_path, monkeypatch):
         def log_message(self, *args):
             pass
 
-    cert_file, key_file = self_signed(tmp_path, name="fake-arm")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
 
     class FakeCredential:
         def get_token(self, *scopes, **kwargs):

@@ -4,7 +4,6 @@ records what ran), and the provider with the real installed SDK against a fake B
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pulumi
@@ -26,10 +25,10 @@ from infra.job import (
     trainer_command,
 )
 from tests.infra.container import (
-    REPO,
     base_path,
     container_argv,
     image_command,
+    one_node_pool,
     recorded,
     run_in_container,
     stub_program,
@@ -245,26 +244,10 @@ def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_p
 
     spec = _spec(vm_size="Standard_D2s_v5", node_count=1, trainer_args=("--model", "tiny"))
     task = task_options(spec)
-    python = tmp_path / "bin" / "python"
-    python.parent.mkdir()
-    python.write_text(CPU_WORKER_STUB % sys.executable)
-    python.chmod(0o755)
-    ran, workdir = tmp_path / "workers-ran.txt", tmp_path / "wd"
-    workdir.mkdir()
     with held_port() as batch_port:
-        env = {
-            "PATH": f"{python.parent}:{base_path()}",
-            "PYTHONPATH": str(REPO),  # the image installs the trainer; here it is the checkout
-            "HOME": str(tmp_path),
-            "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
-            "AZ_BATCH_TASK_WORKING_DIR": str(workdir),
-            "AZ_BATCH_HOST_LIST": "127.0.0.1",
-            "AZ_BATCH_MASTER_NODE": f"127.0.0.1:{batch_port}",
-            "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
-            "AZ_BATCH_JOB_ID": spec.job_id,
-            "MASTER_PORT": str(free_port()),
-            "WORKERS_RAN": str(ran),
-        }
+        env, workdir, ran = one_node_pool(
+            tmp_path, CPU_WORKER_STUB, spec.job_id, batch_port, free_port()
+        )
         coordination = run_in_container(
             task.multi_instance_settings.coordination_command_line, env, workdir
         )

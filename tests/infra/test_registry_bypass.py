@@ -5,12 +5,10 @@ through REQUESTS_CA_BUNDLE), which records what is sent and answers like ACR's R
 
 import base64
 import json
-import ssl
 import subprocess
 import sys
-import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import dill
 import pulumi
@@ -25,7 +23,7 @@ from infra.registry import (
     TaskBypassProvider,
 )
 from tests.infra.conftest import REPO
-from tests.tls import self_signed
+from tests.tls import serve_https
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_ID = (
@@ -149,12 +147,7 @@ def arm(tmp_path, monkeypatch):
         def log_message(self, *args):
             pass
 
-    cert_file, key_file = self_signed(tmp_path, name="fake-arm")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
     fake.base = f"https://127.0.0.1:{server.server_port}"
 
     class FakeCredential:

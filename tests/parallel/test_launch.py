@@ -3,14 +3,13 @@ the job's own task command lines run as a node runs them."""
 
 import json
 import signal
-import sys
 import time
 from pathlib import Path
 
 from infra.job import JobSpec, task_options
 from tests.fake_imds import event as fake_event
 from tests.fake_imds import serving
-from tests.infra.container import REPO, base_path, run_in_container
+from tests.infra.container import one_node_pool, run_in_container
 from tests.parallel.conftest import read_metrics
 from tests.parallel.launch_nodes import (
     free_port,
@@ -156,27 +155,10 @@ def test_the_jobs_task_command_lines_train_then_report_on_a_one_node_pool(tmp_pa
         dataset_prefix="",
     )
     task = task_options(spec)
-    python = tmp_path / "bin" / "python"
-    python.parent.mkdir()
-    python.write_text(WORKER_STUB % sys.executable)
-    python.chmod(0o755)
-    ran = tmp_path / "workers-ran.txt"
-    workdir = tmp_path / "wd"
-    workdir.mkdir()
     with held_port() as batch_port:
-        env = {
-            "PATH": f"{python.parent}:{base_path()}",
-            "PYTHONPATH": str(REPO),  # the image installs the trainer; here it is the checkout
-            "HOME": str(tmp_path),
-            "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
-            "AZ_BATCH_TASK_WORKING_DIR": str(workdir),
-            "AZ_BATCH_HOST_LIST": "127.0.0.1",
-            "AZ_BATCH_MASTER_NODE": f"127.0.0.1:{batch_port}",
-            "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
-            "AZ_BATCH_JOB_ID": spec.job_id,
-            "MASTER_PORT": str(free_port()),
-            "WORKERS_RAN": str(ran),
-        }
+        env, workdir, ran = one_node_pool(
+            tmp_path, WORKER_STUB, spec.job_id, batch_port, free_port()
+        )
         coordination = task.multi_instance_settings.coordination_command_line
         # Attempt 1: a worker fails. The coordination command records it and returns 0; the
         # application command prints the log and fails the task (Batch retries it).
