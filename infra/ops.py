@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from infra import batch
 from infra.batch import TASK_ID, state_text, terminate_job
 from trainer.blob_folder import BlobFolder
-from trainer.cli import OneLineParser, fail
+from trainer.cli import OneLineParser, fail, positive_int
 
 POLL_SECONDS = 5.0
 # The name infra.config gives the one job of the submitJob shorthand; a stack that exports no
@@ -584,13 +584,6 @@ def tensorboard(
             process.wait(timeout=30)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m infra.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -612,7 +605,7 @@ def build_parser() -> OneLineParser:
             sub.add_argument("--no-follow", action="store_true", help="print once and exit")
         if name == "metrics":
             sub.add_argument(
-                "--last", type=_positive_int, default=LAST_STEPS, help="logged steps to show"
+                "--last", type=positive_int, default=LAST_STEPS, help="logged steps to show"
             )
         if name == "tensorboard":
             sub.add_argument(
@@ -620,7 +613,7 @@ def build_parser() -> OneLineParser:
             )
             sub.add_argument("--no-start", action="store_true", help="copy only")
             sub.add_argument(
-                "--port", type=_positive_int, default=TENSORBOARD_PORT, help="TensorBoard's port"
+                "--port", type=positive_int, default=TENSORBOARD_PORT, help="TensorBoard's port"
             )
         sub.error = parser.error  # type: ignore[method-assign]
     return parser

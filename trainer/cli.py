@@ -144,6 +144,14 @@ def parse(argv: Sequence[str] | None = None) -> Request:
     return Request(TrainConfig.from_mapping(values), bool(namespace.get("dry_run")))
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for counts: 1 or more (argparse turns the ValueError into one line)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
 def fail(message: str, code: int) -> NoReturn:
     print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
     raise SystemExit(code)

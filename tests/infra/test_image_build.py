@@ -3,11 +3,8 @@ against a fake ARM endpoint (HTTPS on 127.0.0.1 with a self-signed certificate t
 REQUESTS_CA_BUNDLE), which records what the client sends and answers like ACR's run API."""
 
 import base64
-import json
 import subprocess
 import sys
-import urllib.parse
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -19,7 +16,7 @@ from infra.image import (
     ImageBuildProvider,
 )
 from tests.infra.conftest import REPO
-from tests.tls import serve_https
+from tests.infra.fake_arm import serving_arm
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_PATH = (
@@ -72,51 +69,16 @@ class FakeArm:
 
 @pytest.fixture
 def arm(tmp_path, monkeypatch):
-    import azure.identity
-    from azure.core.credentials import AccessToken
-
     fake = FakeArm()
 
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self):
-            url = urllib.parse.urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            status, answer = fake.handle(
-                self.command,
-                url.path,
-                urllib.parse.parse_qs(url.query),
-                dict(self.headers),
-                body,
-            )
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def handle(*request):
+        status, answer = fake.handle(*request)
+        return status, {}, answer
 
-        do_GET = do_POST = _serve
-
-        def log_message(self, *args):
-            pass
-
-    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
-
-    class FakeCredential:
-        def get_token(self, *scopes, **kwargs):
-            assert scopes == ("https://management.azure.com/.default",)
-            return AccessToken("fake-arm-token", 4102444800)
-
-    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
-    monkeypatch.setattr(image_module, "ARM_ENDPOINT", f"https://127.0.0.1:{server.server_port}")
-    monkeypatch.setattr(image_module, "POLL_SECONDS", 0)
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(proxy, raising=False)
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serving_arm(tmp_path, monkeypatch, handle) as base:
+        monkeypatch.setattr(image_module, "ARM_ENDPOINT", base)
+        monkeypatch.setattr(image_module, "POLL_SECONDS", 0)
+        yield fake
 
 
 def test_create_schedules_the_task_once_and_returns_the_pushed_digest(arm):

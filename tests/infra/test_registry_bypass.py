@@ -7,8 +7,6 @@ import base64
 import json
 import subprocess
 import sys
-import urllib.parse
-from http.server import BaseHTTPRequestHandler
 
 import dill
 import pulumi
@@ -23,7 +21,7 @@ from infra.registry import (
     TaskBypassProvider,
 )
 from tests.infra.conftest import REPO
-from tests.tls import serve_https
+from tests.infra.fake_arm import serving_arm
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_ID = (
@@ -121,49 +119,12 @@ class FakeArm:
 
 @pytest.fixture
 def arm(tmp_path, monkeypatch):
-    import azure.identity
-    from azure.core.credentials import AccessToken
-
     fake = FakeArm()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self):
-            url = urllib.parse.urlsplit(self.path)
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
-            status, headers, answer = fake.handle(
-                self.command, url.path, urllib.parse.parse_qs(url.query), dict(self.headers), body
-            )
-            data = b"" if answer is None else json.dumps(answer).encode()
-            self.send_response(status)
-            for key, value in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PATCH = _serve
-
-        def log_message(self, *args):
-            pass
-
-    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
-    fake.base = f"https://127.0.0.1:{server.server_port}"
-
-    class FakeCredential:
-        def get_token(self, *scopes, **kwargs):
-            assert scopes == ("https://management.azure.com/.default",)
-            return AccessToken("fake-arm-token", 4102444800)
-
-    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
-    monkeypatch.setattr(registry_module, "ARM_ENDPOINT", fake.base)
-    monkeypatch.setattr(registry_module, "POLL_SECONDS", 0)
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
-    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(proxy, raising=False)
-    yield fake
-    server.shutdown()
-    server.server_close()
+    with serving_arm(tmp_path, monkeypatch, fake.handle) as base:
+        fake.base = base
+        monkeypatch.setattr(registry_module, "ARM_ENDPOINT", base)
+        monkeypatch.setattr(registry_module, "POLL_SECONDS", 0)
+        yield fake
 
 
 def _assert_patch(request, registry_id=REGISTRY_ID):

@@ -9,17 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trainer.cli import OneLineParser, fail
+from trainer.cli import OneLineParser, fail, positive_int
 from trainer.data.folder import DataError
 from trainer.data.prepare import DEFAULT_SHARD_MB, prepare
 from trainer.data.transfer import container_client, stage, upload
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
 
 
 def build_parser() -> OneLineParser:
@@ -29,7 +22,7 @@ def build_parser() -> OneLineParser:
     prep.add_argument("src", type=Path, help="dataset root with train/<class>/ and val/")
     prep.add_argument("out", type=Path, help="output folder (empty, or an earlier prepare's)")
     prep.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="shard size")
-    prep.add_argument("--processes", type=_positive_int, default=None, help="default: all cores")
+    prep.add_argument("--processes", type=positive_int, default=None, help="default: all cores")
     prep.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
     for name, helptext in (("upload", "shards -> Blob"), ("stage", "Blob -> local/NFS folder")):
         sub = commands.add_parser(name, help=helptext)
@@ -40,7 +33,7 @@ def build_parser() -> OneLineParser:
         sub.add_argument("--account-url", required=True, help="https://<account>.blob.core...")
         sub.add_argument("--container", default="datasets", help="blob container")
         sub.add_argument("--prefix", required=True, help="dataset folder in the container")
-        sub.add_argument("--parallel", type=_positive_int, default=8, help="shards at a time")
+        sub.add_argument("--parallel", type=positive_int, default=8, help="shards at a time")
     for sub in commands.choices.values():
         sub.error = parser.error  # type: ignore[method-assign]  # one line for subcommands too
     return parser
