@@ -9,6 +9,7 @@ import ipaddress
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -154,11 +155,19 @@ def fabric(gpu_stack) -> Iterator[Fabric]:
     if os.geteuid() != 0:
         pytest.skip("the Batch emulator runs nodes in namespaces and as other users: needs root")
     subnet = ipaddress.ip_network(gpu_stack.compute_subnet)
+    # The image is this checkout: the task user (not root) must reach it, also when the clone
+    # sits in a private (0700) folder such as mktemp's. Open such folders for traversal only
+    # (o+x, no listing) while the emulator runs, and restore them afterwards.
+    closed = [d for d in (REPO, *REPO.parents) if not d.stat().st_mode & stat.S_IXOTH]
+    for folder in closed:
+        folder.chmod(folder.stat().st_mode | stat.S_IXOTH)
     net = Fabric(nodes=NODES, subnet=str(subnet))
     try:
         yield net
     finally:
         net.close()
+        for folder in closed:
+            folder.chmod(folder.stat().st_mode & ~stat.S_IXOTH)
 
 
 @pytest.fixture(scope="module")
