@@ -37,6 +37,7 @@ from infra import batch
 from infra.batch import TASK_ID, poll_succeeded, state_text, terminate_options
 from infra.cluster import NFS_RELATIVE_MOUNT
 from infra.dynamic import changed_inputs
+from infra.live_metrics import LIVE_FOLDER
 from infra.sizes import size_of
 
 T = TypeVar("T")
@@ -129,7 +130,7 @@ class JobSpec:
     @property
     def metrics_url(self) -> str:
         """Where rank 0 uploads metrics.jsonl and the TensorBoard events while it trains."""
-        return f"{self.log_url}live/"
+        return f"{self.log_url}{LIVE_FOLDER}"
 
     @property
     def portal_url(self) -> str:
@@ -381,10 +382,16 @@ OUTPUT_KEYS = (
     "state",
     "portal_url",
     "log_url",
+    "metrics_url",
     "checkpoint_path",
     "task_state",
     "retries",
+    "step",
+    "images_per_sec",
 )
+# A refresh reads the job's uploaded metrics for its current step; it waits this long per try
+# for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
+PROGRESS_TIMEOUT_SECONDS = 10.0
 NOT_THE_JOB = ("protect_running",)
 
 
@@ -485,6 +492,10 @@ class TrainingJobProvider(ResourceProvider):
             info = task.execution_info
             live["task_state"] = state_text(task.state)
             live["retries"] = info.retry_count if info is not None else 0
+        # State written before metrics_url was an output has the log URL it derives from.
+        if metrics_url := props.get("metrics_url") or _metrics_url(props.get("log_url")):
+            live["metrics_url"] = metrics_url
+            live.update(_progress(id_, metrics_url))
         return ReadResult(id_, {**props, **live})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -539,8 +550,33 @@ def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
         "state": state,
         "portal_url": spec.portal_url,
         "log_url": spec.log_url,
+        "metrics_url": spec.metrics_url,
         "checkpoint_path": spec.checkpoint_path,
     }
+
+
+def _metrics_url(log_url: Any) -> str | None:
+    return f"{log_url}{LIVE_FOLDER}" if isinstance(log_url, str) and log_url else None
+
+
+def _progress(job_id: str, metrics_url: str) -> dict[str, Any]:
+    """The job's last logged step and images/s, from what its rank 0 uploaded; nothing (and a
+    warning when storage refused) if there is none: a refresh never fails on its metrics."""
+    from infra.live_metrics import NotUploaded, StorageError, blob_container, latest_step
+    from trainer.blob_folder import BlobFolder
+
+    try:
+        folder = BlobFolder.parse(metrics_url)
+        latest = latest_step(blob_container(folder, timeout=PROGRESS_TIMEOUT_SECONDS), folder)
+    except NotUploaded:
+        return {}
+    except (StorageError, ValueError) as err:
+        pulumi.log.warn(f"job {job_id}: no current step: {err}")
+        return {}
+    if latest is None:
+        return {}
+    step, rate = latest
+    return {"step": step, **({} if rate is None else {"images_per_sec": round(rate, 1)})}
 
 
 @dataclass(frozen=True)
@@ -570,8 +606,11 @@ class TrainingJob(pulumi.dynamic.Resource):
     state: pulumi.Output[str]
     task_state: pulumi.Output[str]
     retries: pulumi.Output[int]
+    step: pulumi.Output[int]
+    images_per_sec: pulumi.Output[float]
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
+    metrics_url: pulumi.Output[str]
     checkpoint_path: pulumi.Output[str]
 
     def __init__(

@@ -16,14 +16,13 @@ Those reads use ``DefaultAzureCredential`` too (``az login``; Storage Blob Data 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -31,6 +30,18 @@ from typing import Any, TextIO
 
 from infra import batch
 from infra.batch import TASK_ID, state_text, terminate_job
+from infra.live_metrics import (
+    LIVE_FOLDER,
+    METRICS_FILE,
+    NotUploaded,
+    StorageError,
+    blob_container,
+    latest_step,
+    number,
+    read_metrics,
+    storage_errors,
+    train_records,
+)
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
 
@@ -50,11 +61,10 @@ JOB_OUTPUTS = (
     "job_portal_url",
     "node_count",
     "metrics_url",
+    "step",
+    "images_per_sec",
 )
-METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
 TENSORBOARD_FOLDER = "tensorboard/"
-# ``list`` reads only the end of each job's metrics.jsonl: its last training record.
-TAIL_BYTES = 64 * 1024
 TENSORBOARD_SYNC_SECONDS = 60.0
 TENSORBOARD_PORT = 6006  # TensorBoard's own default
 LAST_STEPS = 10
@@ -64,16 +74,6 @@ class JobsError(RuntimeError):
     """A one-line reason the command cannot go on (exit code 2: fix the command or the stack)."""
 
     code = 2
-
-
-class StorageError(JobsError):
-    """Reading what the trainer uploaded failed (exit code 1)."""
-
-    code = 1
-
-
-class NotUploaded(StorageError):
-    """Nothing uploaded there yet."""
 
 
 def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
@@ -145,7 +145,10 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
     url, url_key = own.get("metrics_url"), key("metrics_url")
     if url is None and isinstance(own.get("job_log_url"), str):
         # A stack deployed before metrics_url existed: the trainer's live folder in its logs.
-        url, url_key = own["job_log_url"].rstrip("/") + "/live/", key("job_log_url") + " + live/"
+        url, url_key = (
+            own["job_log_url"].rstrip("/") + "/" + LIVE_FOLDER,
+            key("job_log_url") + " + live/",
+        )
     folder = None
     if url is not None:
         try:
@@ -269,108 +272,13 @@ def cancel(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
 
 
 # ---------------------------------------------------------------------- uploaded metrics
-def blob_container(folder: BlobFolder) -> Any:
-    """A client of the folder's container, with the one credential of this process."""
-    from azure.storage.blob import ContainerClient, LinearRetry
-
-    # Two quick retries: the SDK's default waits 15 s and more between tries, long for a
-    # command someone waits on (an address missing from storageAllowedIps fails at once anyway).
-    return ContainerClient(
-        folder.account_url,
-        folder.container,
-        credential=batch.credential(),
-        retry_policy=LinearRetry(backoff=1, retry_total=2, random_jitter_range=1),
-    )
-
-
-@contextlib.contextmanager
-def _storage_errors(url: str) -> Iterator[None]:
-    """The SDK's exceptions as one line naming the URL and what to do."""
-    from azure.core.exceptions import (
-        AzureError,
-        ClientAuthenticationError,
-        HttpResponseError,
-        ResourceNotFoundError,
-    )
-
-    try:
-        yield
-    except ResourceNotFoundError:
-        raise NotUploaded(
-            f"{url}: nothing uploaded yet (rank 0 uploads every --metrics-upload-minutes once "
-            "training runs, when the job's trainer command has --metrics-upload-url)"
-        ) from None
-    except ClientAuthenticationError as err:
-        raise StorageError(
-            f"{url}: cannot authenticate ({_first_line(err)}); log in with `az login`"
-        ) from None
-    except HttpResponseError as err:
-        hint = ""
-        if err.status_code == 403:
-            hint = (
-                "; reading needs Storage Blob Data Reader on the account and, from outside "
-                "the VNet, this machine's public IP in the stack's storageAllowedIps"
-            )
-        raise StorageError(f"{url}: {_first_line(err)}{hint}") from None
-    except AzureError as err:
-        raise StorageError(f"{url}: cannot reach it ({_first_line(err)})") from None
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
-def _records(data: bytes) -> list[dict[str, Any]]:
-    """The JSON objects of metrics.jsonl; a line cut by a ranged read is skipped."""
-    records = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def read_metrics(
-    container: Any, folder: BlobFolder, tail_bytes: int | None = None
-) -> tuple[list[dict[str, Any]], datetime | None]:
-    """The uploaded metrics.jsonl's records (of its last ``tail_bytes`` only, if given) and
-    when it was uploaded."""
-    blob = container.get_blob_client(folder.blob(METRICS_FILE))
-    with _storage_errors(folder.url + METRICS_FILE):
-        if tail_bytes is None:
-            download = blob.download_blob()
-            return _records(download.readall()), download.properties.last_modified
-        properties = blob.get_blob_properties()
-        start = max(0, properties.size - tail_bytes)
-        data = b""
-        if properties.size:
-            data = blob.download_blob(offset=start, length=properties.size - start).readall()
-        if start:
-            data = data.partition(b"\n")[2]  # the first line may be cut
-        return _records(data), properties.last_modified
-
-
-def _train(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("kind") == "train" and isinstance(r.get("step"), int)]
-
-
-def _value(record: dict[str, Any], key: str) -> float | None:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value
-
-
 def _number(record: dict[str, Any], key: str, spec: str) -> str:
-    value = _value(record, key)
+    value = number(record, key)
     return "-" if value is None else format(value, spec)
 
 
 def _mean_rate(records: list[dict[str, Any]]) -> float | None:
-    rates = [v for r in records if (v := _value(r, "images_per_sec_total")) is not None]
+    rates = [v for r in records if (v := number(r, "images_per_sec_total")) is not None]
     return sum(rates) / len(rates) if rates else None
 
 
@@ -398,7 +306,7 @@ def metrics(
 ) -> int:
     """The last ``last`` logged training steps and their mean throughput."""
     records, when = read_metrics(container, folder)
-    train = _train(records)
+    train = train_records(records)
     out.write(f"job {job.name} ({job.job_id}): {folder.url}{METRICS_FILE}{_uploaded(when)}\n")
     if not train:
         out.write("no training steps logged yet\n")
@@ -465,11 +373,10 @@ def list_jobs(
         step, rate = "-", "-"
         if job.metrics is not None:
             try:
-                records, _ = read_metrics(container_for(job.metrics), job.metrics, TAIL_BYTES)
-                train = _train(records)
-                if train:
-                    step = str(train[-1]["step"])
-                    rate = _number(train[-1], "images_per_sec_total", ".1f")
+                latest = latest_step(container_for(job.metrics), job.metrics)
+                if latest is not None:
+                    step = str(latest[0])
+                    rate = "-" if latest[1] is None else f"{latest[1]:.1f}"
             except NotUploaded:
                 pass
             except StorageError as error:
@@ -489,7 +396,7 @@ def sync_tensorboard(container: Any, folder: BlobFolder, dest: Path) -> tuple[in
     file renamed), so a running TensorBoard never reads half a file."""
     prefix = folder.blob(TENSORBOARD_FOLDER)
     url = folder.url + TENSORBOARD_FOLDER
-    with _storage_errors(url):
+    with storage_errors(url):
         blobs = list(container.list_blobs(name_starts_with=prefix))
     if not blobs:
         raise NotUploaded(
@@ -505,7 +412,7 @@ def sync_tensorboard(container: Any, folder: BlobFolder, dest: Path) -> tuple[in
         if target.is_file() and target.stat().st_size == blob.size:
             kept += 1
             continue
-        with _storage_errors(f"{folder.url}{relative}"):
+        with storage_errors(f"{folder.url}{relative}"):
             data = container.download_blob(blob.name).readall()
         target.parent.mkdir(parents=True, exist_ok=True)
         # Not write_atomic's ".<name>.partial-*": TensorBoard reads every file whose name holds
@@ -666,7 +573,7 @@ def main(
             name = "stderr.txt" if args.stderr else "stdout.txt"
             return logs(client, job.outputs, sys.stdout, file_name=name, follow=not args.no_follow)
         return cancel(client, job.outputs, sys.stdout)
-    except JobsError as err:
+    except (JobsError, StorageError) as err:
         fail(str(err), err.code)
     except AzureError as err:
         fail(f"{where}: {str(err).splitlines()[0]}", 1)

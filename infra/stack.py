@@ -168,7 +168,9 @@ def declare(s: StackSettings) -> dict[str, Any]:
             "job_log_url": job.log_url,
             "job_checkpoint_path": job.checkpoint_path,
             "node_count": settings.nodes,
-            "metrics_url": pulumi.Output.concat(job.log_url, "live/"),  # JobSpec.metrics_url
+            "metrics_url": job.metrics_url,
+            "step": job.step,
+            "images_per_sec": job.images_per_sec,
         }
     if jobs:
         outputs["jobs"] = jobs

@@ -1,0 +1,145 @@
+"""What a job's rank 0 uploaded while it trains (``trainer.live_upload``), read from the
+deployer's side: by the operator CLI (``infra.ops``) and by the job resource's refresh
+(``infra.job``), which puts the current step and images/s into the stack's outputs.
+
+The nodes and their NFS run folder are in a private network; the Blob account is reachable from
+the addresses in storageAllowedIps. Reads use the process's one ``DefaultAzureCredential``
+(``az login``; Storage Blob Data Reader).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from infra import batch
+from trainer.blob_folder import BlobFolder
+
+# The folder under a job's log folder (``JobSpec.log_url``) where its rank 0 uploads.
+LIVE_FOLDER = "live/"
+METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
+# A refresh and ``list`` read only the end of each job's metrics.jsonl: its last training record.
+TAIL_BYTES = 64 * 1024
+
+
+class StorageError(RuntimeError):
+    """Reading what the trainer uploaded failed (exit code 1: an environment fault)."""
+
+    code = 1
+
+
+class NotUploaded(StorageError):
+    """Nothing uploaded there yet."""
+
+
+def blob_container(folder: BlobFolder, *, timeout: float | None = None) -> Any:
+    """A client of the folder's container, with the one credential of this process;
+    ``timeout`` bounds each connect and read (seconds)."""
+    from azure.storage.blob import ContainerClient, LinearRetry
+
+    # Two quick retries: the SDK's default waits 15 s and more between tries, long for a
+    # command someone waits on (an address missing from storageAllowedIps fails at once anyway).
+    extra: dict[str, Any] = {}
+    if timeout is not None:
+        extra = {"connection_timeout": timeout, "read_timeout": timeout}
+    return ContainerClient(
+        folder.account_url,
+        folder.container,
+        credential=batch.credential(),
+        retry_policy=LinearRetry(backoff=1, retry_total=2, random_jitter_range=1),
+        **extra,
+    )
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """The SDK's exceptions as one line naming the URL and what to do."""
+    from azure.core.exceptions import (
+        AzureError,
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+    )
+
+    try:
+        yield
+    except ResourceNotFoundError:
+        raise NotUploaded(
+            f"{url}: nothing uploaded yet (rank 0 uploads every --metrics-upload-minutes once "
+            "training runs, when the job's trainer command has --metrics-upload-url)"
+        ) from None
+    except ClientAuthenticationError as err:
+        raise StorageError(
+            f"{url}: cannot authenticate ({first_line(err)}); log in with `az login`"
+        ) from None
+    except HttpResponseError as err:
+        hint = ""
+        if err.status_code == 403:
+            hint = (
+                "; reading needs Storage Blob Data Reader on the account and, from outside "
+                "the VNet, this machine's public IP in the stack's storageAllowedIps"
+            )
+        raise StorageError(f"{url}: {first_line(err)}{hint}") from None
+    except AzureError as err:
+        raise StorageError(f"{url}: cannot reach it ({first_line(err)})") from None
+
+
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def _records(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of metrics.jsonl; a line cut by a ranged read is skipped."""
+    records = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_metrics(
+    container: Any, folder: BlobFolder, tail_bytes: int | None = None
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """The uploaded metrics.jsonl's records (of its last ``tail_bytes`` only, if given) and
+    when it was uploaded."""
+    blob = container.get_blob_client(folder.blob(METRICS_FILE))
+    with storage_errors(folder.url + METRICS_FILE):
+        if tail_bytes is None:
+            download = blob.download_blob()
+            return _records(download.readall()), download.properties.last_modified
+        properties = blob.get_blob_properties()
+        start = max(0, properties.size - tail_bytes)
+        data = b""
+        if properties.size:
+            data = blob.download_blob(offset=start, length=properties.size - start).readall()
+        if start:
+            data = data.partition(b"\n")[2]  # the first line may be cut
+        return _records(data), properties.last_modified
+
+
+def train_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "train" and isinstance(r.get("step"), int)]
+
+
+def number(record: dict[str, Any], key: str) -> float | None:
+    """A numeric field of a record; None when absent or not a number (a bool is not one)."""
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None] | None:
+    """The last logged training step and its images/s (all ranks); None before the first."""
+    records, _ = read_metrics(container, folder, TAIL_BYTES)
+    train = train_records(records)
+    if not train:
+        return None
+    return train[-1]["step"], number(train[-1], "images_per_sec_total")

@@ -1,0 +1,106 @@
+"""A refresh of a job (every `pulumi up` and `pulumi preview --refresh`: Pulumi.yaml sets
+refresh: always) shows its current step and images/s, read the way the provider reads them in
+production: the real azure-batch client against the fake Batch server, and the real
+azure-storage-blob client against Azurite over HTTPS with a bearer token from
+DefaultAzureCredential (the managed identity of a fake metadata service standing in for the
+deployer's `az login`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra import batch as batch_module
+from infra import job as job_module
+from infra.job import TASK_ID, JobSpec, TrainingJobProvider
+from tests.conftest import _free_port
+from tests.infra.fake_batch import FakeBatch
+
+
+def _train(step, rate):
+    return {"kind": "train", "step": step, "epoch": 0, "loss": 2.0, "images_per_sec_total": rate}
+
+
+@pytest.fixture
+def cloud(tmp_path, entra_env, monkeypatch):
+    """The fake Batch account and Azurite, both trusted, with one job running on the fake."""
+    fake = FakeBatch(tmp_path / "tls")
+    bundle = tmp_path / "ca-bundle.pem"
+    bundle.write_bytes(fake.ca_path.read_bytes() + entra_env.ca_file.read_bytes())
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(bundle))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    batch_module.client.cache_clear()
+    logs = entra_env.container("logs")
+    if not logs.exists():
+        logs.create_container()
+    yield fake, entra_env, logs
+    fake.close()
+    batch_module.client.cache_clear()
+
+
+def _state(fake: FakeBatch, storage, stack: str) -> tuple[str, dict]:
+    """The state a job created by an earlier provider version left: inputs and the outputs of
+    then, without metrics_url (derived from log_url)."""
+    spec = JobSpec(
+        stack=stack,
+        endpoint=fake.url,
+        account_id="/subscriptions/s/resourceGroups/rg/providers/Microsoft.Batch/batchAccounts/b",
+        pool_id="ib-gpu",
+        node_count=2,
+        vm_size="Standard_ND96isr_H100_v5",
+        image_ref="acr.azurecr.io/trainer:abc@sha256:" + "a" * 64,
+        registry_server="acr.azurecr.io",
+        node_identity_id="/subscriptions/s/resourceGroups/rg/providers/x/identities/n",
+        node_identity_client_id="11111111-2222-3333-4444-555555555555",
+        blob_endpoint=storage.blob_endpoint + "/",
+        trainer_args=("--model", "resnet50"),
+        dataset_prefix="",
+    )
+    fake.add_job(spec.job_id, "active")
+    fake.tasks[spec.job_id] = [{"id": TASK_ID, "commandLine": "true"}]
+    props = {**spec.__dict__, "trainer_args": list(spec.trainer_args)}
+    return spec.job_id, {**props, "job_id": spec.job_id, "state": "active", "log_url": spec.log_url}
+
+
+def _upload(logs, job_id: str, records, tail: bytes = b"") -> None:
+    data = b"".join(json.dumps(r).encode() + b"\n" for r in records) + tail
+    logs.upload_blob(f"{job_id}/live/metrics.jsonl", data, overwrite=True)
+
+
+def test_a_refresh_shows_the_last_logged_step_and_images_per_second(cloud):
+    fake, storage, logs = cloud
+    job_id, state = _state(fake, storage, "progress")
+    records = [_train(step, 100.0 + step / 3) for step in range(1, 41)]
+    # An evaluation after the last training step, and a line the uploader was still writing.
+    _upload(logs, job_id, [*records, {"kind": "eval", "step": 40, "loss": 1.0}], b'{"kind": "tr')
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert (outs["state"], outs["task_state"], outs["retries"]) == ("active", "running", 0)
+    assert outs["step"] == 40 and outs["images_per_sec"] == round(100.0 + 40 / 3, 1)
+    assert outs["metrics_url"] == f"{storage.blob_endpoint}/logs/{job_id}/live/"
+
+
+def test_before_the_first_upload_a_refresh_shows_no_step_and_no_warning(cloud, monkeypatch):
+    fake, storage, _ = cloud
+    warnings: list[str] = []
+    monkeypatch.setattr(
+        job_module.pulumi.log, "warn", lambda message, *a, **k: warnings.append(message)
+    )
+    job_id, state = _state(fake, storage, "early")
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert outs["state"] == "active" and "step" not in outs and "images_per_sec" not in outs
+    assert warnings == []
+
+
+def test_storage_it_cannot_reach_warns_once_and_the_refresh_goes_on(cloud, monkeypatch):
+    fake, storage, _ = cloud
+    warnings: list[str] = []
+    monkeypatch.setattr(
+        job_module.pulumi.log, "warn", lambda message, *a, **k: warnings.append(message)
+    )
+    job_id, state = _state(fake, storage, "unreachable")
+    closed = f"https://127.0.0.1:{_free_port()}/devstoreaccount1/logs/{job_id}/live/"
+    outs = TrainingJobProvider().read(job_id, {**state, "metrics_url": closed}).outs
+    assert outs["state"] == "active" and "step" not in outs
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"job {job_id}: no current step: {closed}metrics.jsonl: ")
