@@ -26,7 +26,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, TypeVar
 
@@ -114,10 +114,7 @@ class JobSpec:
 
     @property
     def run_name(self) -> str:
-        """Names the checkpoint folder: the same training settings of the same job resume the
-        same run; two jobs never share one."""
-        settings = [self.trainer_args, self.dataset_prefix, *([self.name] if self.name else [])]
-        return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+        return run_name(self.trainer_args, self.dataset_prefix, self.name)
 
     @property
     def checkpoint_path(self) -> str:
@@ -143,6 +140,13 @@ class JobSpec:
         values["trainer_args"] = tuple(values["trainer_args"])
         values["node_count"] = int(values["node_count"])
         return cls(**values)
+
+
+def run_name(trainer_args: Sequence[str], dataset_prefix: str, name: str) -> str:
+    """Names a job's checkpoint folder: the same training settings of the same job resume the
+    same run; two jobs never share one."""
+    settings = [tuple(trainer_args), dataset_prefix, *([name] if name else [])]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
 
 
 # A word may start with one of Batch's variables (a folder on the node); bash expands only that.

@@ -79,9 +79,14 @@ class JobsError(RuntimeError):
 def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
     if outputs_file is not None:
         try:
-            outputs = json.loads(outputs_file.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise JobsError(f"outputs_file={outputs_file}: cannot read JSON ({err})") from None
+            outputs = json.loads(outputs_file.read_bytes())
+        except OSError as err:
+            raise JobsError(f"outputs_file={outputs_file}: cannot read it ({err})") from None
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            raise JobsError(
+                f"outputs_file={outputs_file}: not JSON ({err}); give the output of "
+                "`pulumi stack output --json`"
+            ) from None
     else:
         if shutil.which("pulumi") is None:
             raise JobsError(
@@ -96,7 +101,12 @@ def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
         if result.returncode != 0:
             reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise JobsError(f"stack={stack}: `pulumi stack output` failed ({reason})")
-        outputs = json.loads(result.stdout)
+        try:
+            outputs = json.loads(result.stdout)
+        except ValueError:
+            raise JobsError(
+                f"stack={stack}: `pulumi stack output --json` printed no JSON"
+            ) from None
     if not isinstance(outputs, dict):
         raise JobsError(
             f"stack={stack}: the outputs must be a JSON object (of `pulumi stack output --json`), "

@@ -20,6 +20,7 @@ import yaml
 from infra import cost, prices
 from infra.config import PROJECT, ConfigError, StackSettings, load_schema
 from infra.mocks import AzureMocks, DeclaredResource, RecordingMonitor
+from infra.ops import SHORTHAND_JOB
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "__main__.py"
@@ -130,9 +131,10 @@ def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Pl
     return Plan(settings, resources, resolved, depends_on, monitor.dependencies, options)
 
 
-def job_lines(plan: Plan) -> list[str]:
+def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list[str]:
     """Each job and the run folder it trains in: the same training settings resume the same
-    folder after a replace; other settings start a fresh run in another one."""
+    folder after a replace; other settings start a fresh run in another one. With
+    ``deployed`` (job name -> its deployed run folder), each job says which it does."""
     from infra.job import JobSpec
 
     specs = [
@@ -140,15 +142,39 @@ def job_lines(plan: Plan) -> list[str]:
         for r in plan.resources
         if r.typ == "pulumi-python:dynamic:Resource" and "trainer_args" in r.inputs
     ]
-    if not specs:
+    if not specs and not deployed:
         return []
     lines = ["Jobs (a replaced job resumes from its run folder while its training settings stay):"]
     for spec in specs:
-        lines.append(
-            f"  {spec.name or 'default'}: {spec.node_count} x {spec.vm_size}, job {spec.job_id}, "
+        name = spec.name or SHORTHAND_JOB
+        line = (
+            f"  {name}: {spec.node_count} x {spec.vm_size}, job {spec.job_id}, "
             f"run folder {spec.checkpoint_path}"
         )
+        if deployed is not None:
+            before = deployed.get(name, "")
+            if name not in deployed:
+                line += "; a new job"
+            elif before == spec.checkpoint_path:
+                line += "; continues the deployed run"
+            else:
+                line += f"; STARTS A FRESH RUN (the deployed job trains in {before})"
+        lines.append(line)
+    planned = {spec.name or SHORTHAND_JOB for spec in specs}
+    for name, folder in sorted((deployed or {}).items()):
+        if name not in planned:
+            lines.append(f"  {name}: deleted by this change (its checkpoints stay in {folder})")
     return [*lines, ""]
+
+
+def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
+    """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
+    from infra.ops import read_outputs, stack_jobs
+
+    outputs = read_outputs(stack, outputs_file)
+    if "jobs" not in outputs and not outputs.get("job_id"):
+        return {}  # a stack that submits no job
+    return {job.name: job.outputs.get("job_checkpoint_path") for job in stack_jobs(outputs, stack)}
 
 
 def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:
@@ -173,7 +199,7 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
     return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
 
-def render(plan: Plan, busy_hours: int) -> str:
+def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None = None) -> str:
     s = plan.settings
     lines = [
         f"Offline plan of stack '{s.stack}' ({len(plan.resources)} resources; evaluated with "
@@ -188,7 +214,13 @@ def render(plan: Plan, busy_hours: int) -> str:
             lines.append(f"    {json.dumps(shown, sort_keys=True)}")
     account = str(plan.outputs.get("batch_account_endpoint", "<account>")).split(".")[0]
     resource_group = str(plan.outputs.get("resource_group_name", "<resource group>"))
-    lines += ["", *quota_lines(s, account, resource_group), "", *job_lines(plan), "Outputs:"]
+    lines += [
+        "",
+        *quota_lines(s, account, resource_group),
+        "",
+        *job_lines(plan, deployed),
+        "Outputs:",
+    ]
     lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]
     mode = (
         "always on"
@@ -218,16 +250,28 @@ def main(argv: list[str] | None = None) -> int:
         default=160,
         help="GPU hours per month assumed for autoscaled pools (default 160)",
     )
+    parser.add_argument(
+        "--deployed",
+        type=Path,
+        metavar="OUTPUTS_JSON",
+        help="the deployed stack's `pulumi stack output --json` in a file: say per job whether "
+        "this config continues its run or starts a fresh one",
+    )
     args = parser.parse_args(argv)
+    from infra.ops import JobsError
+
     try:
         if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:
             raise ConfigError(f"--busy-hours={args.busy_hours}: must be in 0..730")
         values = read_stack_file(args.stack_file or REPO / f"Pulumi.{args.stack}.yaml")
         plan = evaluate(args.stack, values)
-    except ConfigError as err:
+        deployed = None
+        if args.deployed is not None:
+            deployed = deployed_run_folders(args.deployed, args.stack)
+    except (ConfigError, JobsError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(render(plan, args.busy_hours))
+        return getattr(err, "code", 2)
+    print(render(plan, args.busy_hours, deployed))
     return 0
 
 

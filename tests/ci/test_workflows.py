@@ -1,6 +1,7 @@
 """The GitHub workflows: actionlint clean, no long-lived secrets, and the changed-stack logic."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,3 +112,71 @@ def test_readme_config_reference_matches_the_schema():
     readme = README.read_text(encoding="utf-8")
     assert with_reference(readme) == readme, "run: python -m infra.docs --write"
     assert "| `vmSize` | string |" in readme
+
+
+def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):
+    """The summary step's script, run the way a runner runs it (bash -eo pipefail), with a stub
+    ``pulumi`` that answers ``preview --json`` with a digest of one replaced job."""
+    preview = yaml.safe_load((REPO / ".github/workflows/preview.yml").read_text())
+    steps = preview["jobs"]["preview"]["steps"]
+    index = next(i for i, s in enumerate(steps) if "infra.preview_jobs" in s.get("run", ""))
+    step, comment = steps[index], steps[index + 1]
+    assert comment["uses"].startswith("marocchino/sticky-pull-request-comment@")
+    assert comment["with"]["path"] == "jobs.md"
+    old = {
+        "type": "pulumi-python:dynamic:Resource",
+        "inputs": {
+            "name": "small",
+            "stack": "dev",
+            "trainer_args": ["--epochs", "1"],
+            "dataset_prefix": "",
+        },
+    }
+    new = {**old, "inputs": {**old["inputs"], "node_count": 2}}
+    digest = {
+        "steps": [
+            {
+                "op": "replace",
+                "urn": "urn:x::small",
+                "oldState": old,
+                "newState": new,
+                "replaceReasons": ["node_count"],
+            }
+        ]
+    }
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "digest.json").write_text(json.dumps(digest))
+    (bin_dir / "pulumi").write_text(
+        '#!/bin/sh\necho "$*" >> "$CALLS"\nif [ "$1" = preview ]; then cat "$DIGEST"; fi\n'
+    )
+    (bin_dir / "pulumi").chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".venv").symlink_to(REPO / ".venv")
+    (work / "infra").symlink_to(REPO / "infra")
+    (work / "trainer").symlink_to(REPO / "trainer")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(tmp_path / "calls"),
+        "DIGEST": str(tmp_path / "digest.json"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        "STACK": "dev",
+        "STATE_URL": "azblob://pulumi-state?storage_account=state",
+    }
+    script = tmp_path / "step.sh"
+    script.write_text(step["run"])
+    subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+        cwd=work,
+        env=env,
+        check=True,
+    )
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "login azblob://pulumi-state?storage_account=state",
+        "preview --json --stack organization/gpu-cluster/dev",
+    ]
+    summary = (work / "jobs.md").read_text()
+    assert "| small | replaced | node count changed | resumes from the newest checkpoint" in summary
+    assert (tmp_path / "summary.md").read_text() == summary

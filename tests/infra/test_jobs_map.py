@@ -4,6 +4,7 @@ does to the others as the job provider's diff decides it, and protectRunningJobs
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,80 @@ def test_the_plan_names_each_jobs_run_folder():
             f"run folder {spec.checkpoint_path}"
         )
         assert line in text.splitlines()
+
+
+def _deployed(tmp_path, plan, **jobs_changed) -> Path:
+    """The `pulumi stack output --json` of a stack deployed with ``plan``'s jobs."""
+    jobs = {
+        spec.name: {"job_id": spec.job_id, "job_checkpoint_path": spec.checkpoint_path}
+        for spec in (JobSpec.from_props(inputs) for inputs in _jobs(plan).values())
+    }
+    path = tmp_path / "outputs.json"
+    path.write_text(
+        json.dumps(
+            {"batch_account_endpoint": "b.eastus.batch.azure.com", "jobs": {**jobs, **jobs_changed}}
+        )
+    )
+    return path
+
+
+def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run(tmp_path, capsys):
+    from infra.plan import main
+
+    deployed = _deployed(
+        tmp_path,
+        evaluate("dev", _stack(TWO_JOBS)),
+        gone={"job_id": "dev-gone-1", "job_checkpoint_path": "shared/runs/dev/aaa"},
+    )
+    changed = {
+        "resnet": TWO_JOBS["resnet"],
+        "small": {"trainerConfig": DEMO, "nodes": 2},
+        "new": TWO_JOBS["small"],
+    }
+    stack_file = tmp_path / "Pulumi.dev.yaml"
+    values = {k: (json.loads(v) if k.endswith(":jobs") else v) for k, v in _stack(changed).items()}
+    stack_file.write_text(json.dumps({"config": values}))
+    assert (
+        main(["--stack", "dev", "--stack-file", str(stack_file), "--deployed", str(deployed)]) == 0
+    )
+    lines = capsys.readouterr().out.splitlines()
+
+    def line(name):
+        return next(entry for entry in lines if entry.startswith(f"  {name}: "))
+
+    assert line("resnet").endswith("; continues the deployed run")
+    assert line("small").endswith("; continues the deployed run")  # nodes do not change the run
+    assert line("new").endswith("; a new job")
+    assert (
+        line("gone")
+        == "  gone: deleted by this change (its checkpoints stay in shared/runs/dev/aaa)"
+    )
+
+    changed["small"] = {"trainerConfig": "trainer/presets/resnet50-cluster.yaml", "nodes": 1}
+    values = {k: (json.loads(v) if k.endswith(":jobs") else v) for k, v in _stack(changed).items()}
+    stack_file.write_text(json.dumps({"config": values}))
+    assert (
+        main(["--stack", "dev", "--stack-file", str(stack_file), "--deployed", str(deployed)]) == 0
+    )
+    small = next(
+        entry for entry in capsys.readouterr().out.splitlines() if entry.startswith("  small: ")
+    )
+    assert "; STARTS A FRESH RUN (the deployed job trains in shared/" in small
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"\xe9t\xe9", "not JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"jobs": {"a": null}}', "output jobs.a must be an object"),
+    ],
+)
+def test_a_bad_deployed_outputs_file_is_a_one_line_error(tmp_path, capsys, content, message):
+    from infra.plan import main
+
+    path = tmp_path / "outputs.json"
+    path.write_bytes(content)
+    assert main(["--stack", "dev", "--deployed", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

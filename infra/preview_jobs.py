@@ -1,0 +1,183 @@
+"""``python -m infra.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
+``pulumi preview --json`` would create, replace or delete, and why, as Markdown for the pull
+request's preview comment.
+
+A replaced job's new task resumes from the newest checkpoint in its run folder when the
+folder stays the same (same trainer settings, dataset and job name: ``infra.job.run_name``);
+otherwise it starts a fresh run in a new folder, and the summary says so.
+
+The input is the engine's preview digest (``pulumi preview --json``; its shape is the
+PreviewDigest/PreviewStep types of the Pulumi CLI's ``display`` package): ``steps``, each with
+``op``, ``urn``, ``oldState``/``newState`` (``inputs``, ``outputs``) and, on a replacement,
+``replaceReasons``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.cluster import NFS_RELATIVE_MOUNT
+from infra.job import run_name
+from trainer.cli import OneLineParser, fail
+
+DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+# A replacement shows as up to three steps of one URN (delete-before-replace: delete-replaced,
+# replace, create-replacement); a step of any of them makes the job "replaced".
+REPLACE_OPS = ("replace", "create-replacement", "delete-replaced")
+# Why a job is replaced, in the words of the stack settings that change these inputs.
+REASONS = {
+    "image_ref": "new trainer image (an image input changed)",
+    "trainer_args": "trainer settings changed",
+    "node_count": "node count changed",
+    "vm_size": "VM size changed",
+    "dataset_prefix": "dataset changed",
+    "priority": "priority changed",
+    "pool_id": "pool replaced",
+    "endpoint": "Batch account replaced",
+    "account_id": "Batch account replaced",
+    "registry_server": "registry replaced",
+    "node_identity_id": "node identity replaced",
+    "node_identity_client_id": "node identity replaced",
+    "blob_endpoint": "storage account replaced",
+}
+
+
+class PreviewError(ValueError):
+    """The file is not a preview digest."""
+
+
+@dataclass(frozen=True)
+class JobChange:
+    name: str
+    change: str  # created | replaced | deleted
+    reasons: tuple[str, ...]
+    training: str
+
+
+def _is_job(state: Any) -> bool:
+    return (
+        isinstance(state, dict)
+        and state.get("type") == DYNAMIC_TYPE
+        and isinstance(state.get("inputs"), dict)
+        and "trainer_args" in state["inputs"]
+    )
+
+
+def _run_folder(inputs: dict[str, Any]) -> str | None:
+    """The run folder these inputs train in; None when a value is unknown at preview."""
+    args, stack = inputs.get("trainer_args"), inputs.get("stack")
+    prefix, name = inputs.get("dataset_prefix", ""), inputs.get("name", "")
+    if not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        return None
+    if not (isinstance(prefix, str) and isinstance(name, str) and isinstance(stack, str)):
+        return None
+    return f"{NFS_RELATIVE_MOUNT}/runs/{stack}/{run_name(args, prefix, name)}"
+
+
+def _job_name(state: dict[str, Any], urn: str) -> str:
+    name = state["inputs"].get("name")
+    return name if isinstance(name, str) and name else urn.rsplit("::", 1)[-1]
+
+
+def _reasons(keys: list[str]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for key in keys:
+        seen.setdefault(REASONS.get(key, f"{key} changed"), None)
+    return tuple(seen)
+
+
+def _training(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    folder = _run_folder(new["inputs"])
+    if folder is None:
+        return "run folder known after the update"
+    if old is None:
+        return f"trains in {folder} (resumes if checkpoints are there)"
+    before = (old.get("outputs") or {}).get("checkpoint_path") or _run_folder(old["inputs"])
+    if before == folder:
+        return f"resumes from the newest checkpoint in {folder}"
+    return f"starts a fresh run in {folder} (the old run's checkpoints stay in {before})"
+
+
+def job_changes(digest: Any) -> list[JobChange]:
+    """The jobs the preview creates, replaces or deletes, in the order of its steps."""
+    if not isinstance(digest, dict) or not isinstance(digest.get("steps", []), list):
+        raise PreviewError("not a `pulumi preview --json` digest (no list of steps)")
+    by_urn: dict[str, dict[str, Any]] = {}
+    for step in digest.get("steps", []):
+        if not isinstance(step, dict) or not isinstance(step.get("urn"), str):
+            raise PreviewError("a step without a urn: not a `pulumi preview --json` digest")
+        old, new = step.get("oldState"), step.get("newState")
+        if not (_is_job(old) or _is_job(new)):
+            continue
+        entry = by_urn.setdefault(step["urn"], {"ops": [], "reasons": []})
+        entry["ops"].append(step.get("op"))
+        entry["reasons"] += [r for r in step.get("replaceReasons") or [] if isinstance(r, str)]
+        if _is_job(old):
+            entry.setdefault("old", old)
+        if _is_job(new):
+            entry["new"] = new
+    changes = []
+    for urn, entry in by_urn.items():
+        ops, old, new = entry["ops"], entry.get("old"), entry.get("new")
+        if any(op in REPLACE_OPS for op in ops) and new is not None:
+            training = _training(old, new)
+            changes.append(
+                JobChange(_job_name(new, urn), "replaced", _reasons(entry["reasons"]), training)
+            )
+        elif "create" in ops and new is not None:
+            changes.append(JobChange(_job_name(new, urn), "created", (), _training(None, new)))
+        elif "delete" in ops and old is not None:
+            folder = (old.get("outputs") or {}).get("checkpoint_path") or _run_folder(old["inputs"])
+            changes.append(
+                JobChange(_job_name(old, urn), "deleted", (), f"checkpoints stay in {folder}")
+            )
+    return changes
+
+
+def render(stack: str, changes: list[JobChange]) -> str:
+    title = f"### Training jobs: stack `{stack}`\n\n"
+    if not changes:
+        return title + "No training job is created, replaced or deleted.\n"
+    replaced = sum(c.change == "replaced" for c in changes)
+    lines = [
+        "| job | change | why | training |",
+        "|---|---|---|---|",
+        *(
+            f"| {c.name} | {c.change} | {'; '.join(c.reasons) or '-'} | {c.training} |"
+            for c in changes
+        ),
+    ]
+    note = ""
+    if replaced:
+        note = (
+            f"\n{replaced} running job(s) would be terminated (each checkpoints first) and "
+            "submitted again. With protectRunningJobs, `pulumi up` refuses to replace a job "
+            "that is still running unless it is listed in replaceJobs.\n"
+        )
+    return title + "\n".join(lines) + "\n" + note
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m infra.preview_jobs", description=__doc__)
+    parser.add_argument("--stack", required=True, help="the stack the preview is of")
+    parser.add_argument("preview", type=Path, help="the output of `pulumi preview --json`")
+    args = parser.parse_args(argv)
+    try:
+        digest = json.loads(args.preview.read_bytes())
+        changes = job_changes(digest)
+    except OSError as err:
+        fail(f"{args.preview}: cannot read it ({err.strerror or err})", 1)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        fail(f"{args.preview}: not JSON; give the output of `pulumi preview --json`", 2)
+    except PreviewError as err:
+        fail(f"{args.preview}: {err}", 2)
+    sys.stdout.write(render(args.stack, changes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
