@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from infra.image_inputs import IMAGE_INPUTS
+from trainer.cli import OneLineParser, fail
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = "gpu-cluster"
@@ -26,14 +27,16 @@ def all_stacks(repo: Path = REPO) -> list[str]:
 
 
 def job_stacks(stacks: Iterable[str], repo: Path = REPO) -> list[str]:
-    """The stacks that submit a job: a new image tag replaces their job."""
+    """The stacks that submit jobs (a `jobs` map, or the submitJob shorthand): a new image tag
+    replaces their jobs."""
     project = yaml.safe_load((repo / "Pulumi.yaml").read_text(encoding="utf-8"))
     default = project["config"][f"{PROJECT}:submitJob"].get("default", True)
     submitting = []
     for stack in stacks:
         path = repo / f"Pulumi.{stack}.yaml"
         config = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("config") or {}
-        if config.get(f"{PROJECT}:submitJob", default) not in (False, "false"):
+        shorthand = config.get(f"{PROJECT}:submitJob", default) not in (False, "false")
+        if config.get(f"{PROJECT}:jobs") or shorthand:
             submitting.append(stack)
     return submitting
 
@@ -56,25 +59,28 @@ def changed_stacks(
     return [s for s in existing if s in touched]
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) not in (2, 3) or argv[0] != "changed":
-        print("usage: python -m infra.stacks changed BASE [HEAD]", file=sys.stderr)
-        return 2
-    base, head = argv[1], argv[2] if len(argv) == 3 else "HEAD"
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m infra.stacks", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    changed = commands.add_parser("changed", help="JSON list of the stacks a change touches")
+    changed.add_argument("base", help="the commit the change is compared with (merge base)")
+    changed.add_argument("head", nargs="?", default="HEAD", help="the changed commit")
+    changed.error = parser.error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
     diff = subprocess.run(
-        ["git", "diff", "--name-only", f"{base}...{head}"],
+        ["git", "diff", "--name-only", f"{args.base}...{args.head}"],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
     )
     if diff.returncode != 0:
-        print(f"error: git diff {base}...{head} failed: {diff.stderr.strip()}", file=sys.stderr)
-        return 2
+        reason = (diff.stderr.strip().splitlines() or ["no output"])[0]
+        fail(f"git diff {args.base}...{args.head} failed: {reason}", 2)
     stacks = all_stacks()
     print(json.dumps(changed_stacks(diff.stdout.split(), stacks, job_stacks(stacks))))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -80,7 +80,10 @@ def test_stacks_that_submit_jobs_come_from_their_stack_files(tmp_path):
     )
     (tmp_path / "Pulumi.a.yaml").write_text("config:\n  gpu-cluster:team: a\n")
     (tmp_path / "Pulumi.b.yaml").write_text("config:\n  gpu-cluster:submitJob: false\n")
-    assert job_stacks(["a", "b"], tmp_path) == ["a"]
+    (tmp_path / "Pulumi.c.yaml").write_text(
+        "config:\n  gpu-cluster:submitJob: false\n  gpu-cluster:jobs:\n    small: {nodes: 1}\n"
+    )
+    assert job_stacks(["a", "b", "c"], tmp_path) == ["a", "c"]
     assert job_stacks(all_stacks(REPO)) == ["dev", "vision-prod"]
 
 
@@ -104,6 +107,20 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == ["dev", "vision-prod"]
+
+
+def test_bad_stacks_commands_are_one_line_errors():
+    for argv, message in (
+        ([], "required: command"),
+        (["changed"], "required: base"),
+        (["changed", "no-such-commit"], "git diff no-such-commit...HEAD failed: fatal: "),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "infra.stacks", *argv],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2 and message in result.stderr
+        assert result.stderr.count("\n") == 1 and not result.stdout
 
 
 def test_readme_config_reference_matches_the_schema():
