@@ -39,6 +39,7 @@ from infra.cluster import NFS_RELATIVE_MOUNT
 from infra.dynamic import changed_inputs
 from infra.live_metrics import LIVE_FOLDER
 from infra.sizes import size_of
+from trainer.launch.fabric import SIZES, preflight_floor
 
 T = TypeVar("T")
 MAX_TASK_RETRIES = 3
@@ -211,20 +212,37 @@ def _identity_env(spec: JobSpec):
     return [m.EnvironmentSetting(name="AZURE_CLIENT_ID", value=spec.node_identity_client_id)]
 
 
+def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
+    """The trainer command with the size's preflight floor (``trainer.launch.fabric``), unless
+    it sets one. None on a size without InfiniBand (the CPU acceptance size): there is no
+    baseline to hold it to; nor on a size this version does not know (an older stack's), which
+    the launcher refuses on the node with a one-line error."""
+    floor = preflight_floor(vm_size) if vm_size is not None and vm_size in SIZES else 0.0
+    flag = "--preflight-min-busbw"
+    if floor <= 0 or any(word == flag or word.startswith(f"{flag}=") for word in command):
+        return command
+    return [*command, flag, str(floor)]
+
+
 def trainer_command(spec: JobSpec) -> list[str]:
-    """The trainer's command line with the settings the job owns: the engine, the staged data,
-    the run folder on NFS, and where rank 0 copies its live metrics (the logs container, read
-    from outside the private network by `python -m infra.ops metrics|tensorboard`)."""
+    """The trainer's complete command line, as the launcher runs it on every node, with the
+    settings the job owns: the engine, the staged data, the run folder on NFS, where rank 0
+    copies its live metrics (the logs container, read from outside the private network by
+    `python -m infra.ops metrics|tensorboard`), and the VM size's preflight floor: what runs
+    follows from the job's inputs alone, and the launcher edits nothing. The command is not
+    part of the job id or the run name (those hash the ``JobSpec``), so a change here
+    replaces no job by itself."""
     args = ["python", "-m", "trainer", *spec.trainer_args, "--backend", "horovod"]
     if spec.dataset_prefix:
         args += ["--data", "shards", "--data-dir", f"{DATASET_ROOT}/{spec.dataset_prefix}"]
-    return [
+    command = [
         *args,
         "--output-dir",
         f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
         "--metrics-upload-url",
         spec.metrics_url,
     ]
+    return with_preflight_floor(command, spec.vm_size)
 
 
 def stage_command(spec: JobSpec) -> list[str]:

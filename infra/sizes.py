@@ -8,6 +8,11 @@ container toolkit. The 22.04 agent reaches end of life on 2027-06-30 (Azure/Batc
 is the default. Regions are the ones this project has tested or planned capacity in; add to them
 as quota is granted.
 
+Only Azure facts live here. What the launcher needs of a size (GPUs per node, NCCL/InfiniBand
+settings, the preflight's bandwidth baseline) is the one table in ``trainer/launch/fabric.py``
+(the package the launcher ships in); this module checks at import that both name exactly the
+same sizes, and ``GpuSize.gpus`` reads that table.
+
 ``CPU_ACCEPTANCE`` holds the size of the CPU acceptance profile (``acceptanceProfile: cpu``,
 python -m infra.acceptance): 0 GPUs and 0 InfiniBand ports, so the start task skips those checks
 and the job passes no InfiniBand device. It runs the same HPC image: ``microsoft-dsvm
@@ -24,7 +29,10 @@ root stays on the OS disk anyway (articles/batch/batch-docker-container-workload
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from trainer.launch.fabric import CPU_FABRICS, FABRICS, SIZES
 
 
 @dataclass(frozen=True)
@@ -41,17 +49,19 @@ UBUNTU_HPC_2204 = BatchImage("microsoft-dsvm", "ubuntu-hpc", "2204", "batch.node
 
 @dataclass(frozen=True)
 class GpuSize:
-    """A pool size. ``gpus == 0`` only for the CPU acceptance size."""
+    """A pool size's Azure facts. ``gpus == 0`` only for the CPU acceptance size."""
 
     name: str
     vcpus: int  # what the Batch account's per-family core quota counts
-    gpus: int
-    gpu: str
-    ib_gbps_per_gpu: int
     # InfiniBand ports the start task requires ACTIVE: one HCA per GPU on every ND IB size.
     ib_ports: int
     image: BatchImage
     regions: frozenset[str]
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per node, from the launcher's table (``trainer.launch.fabric``)."""
+        return SIZES[self.name].gpus
 
 
 _H100_REGIONS = frozenset(
@@ -64,23 +74,16 @@ _A100_REGIONS = frozenset(
 SUPPORTED: dict[str, GpuSize] = {
     s.name: s
     for s in (
-        GpuSize(
-            "Standard_ND96isr_H100_v5", 96, 8, "H100 80GB", 400, 8, UBUNTU_HPC_2404, _H100_REGIONS
-        ),
+        GpuSize("Standard_ND96isr_H100_v5", 96, 8, UBUNTU_HPC_2404, _H100_REGIONS),
         GpuSize(
             "Standard_ND96isr_H200_v5",
             96,
             8,
-            "H200 141GB",
-            400,
-            8,
             UBUNTU_HPC_2404,
             frozenset({"eastus2", "swedencentral", "westus3"}),
         ),
-        GpuSize("Standard_ND96asr_v4", 96, 8, "A100 40GB", 200, 8, UBUNTU_HPC_2404, _A100_REGIONS),
-        GpuSize(
-            "Standard_ND96amsr_A100_v4", 96, 8, "A100 80GB", 200, 8, UBUNTU_HPC_2404, _A100_REGIONS
-        ),
+        GpuSize("Standard_ND96asr_v4", 96, 8, UBUNTU_HPC_2404, _A100_REGIONS),
+        GpuSize("Standard_ND96amsr_A100_v4", 96, 8, UBUNTU_HPC_2404, _A100_REGIONS),
     )
 }
 
@@ -97,9 +100,37 @@ RETIRED: dict[str, str] = {
 # the GPU acceptance profile fits the CPU one.
 CPU_ACCEPTANCE: dict[str, GpuSize] = {
     "Standard_D2s_v5": GpuSize(
-        "Standard_D2s_v5", 2, 0, "none (CPU)", 0, 0, UBUNTU_HPC_2404, _H100_REGIONS | _A100_REGIONS
+        "Standard_D2s_v5", 2, 0, UBUNTU_HPC_2404, _H100_REGIONS | _A100_REGIONS
     )
 }
+
+
+def check_same_sizes(
+    azure_name: str, azure: Mapping[str, object], launcher_name: str, launcher: Mapping[str, object]
+) -> None:
+    """Raise ``RuntimeError`` (one line) unless both tables name the same VM sizes: a size with
+    Azure facts but no launcher settings (or the reverse) would deploy a pool no job can use."""
+    only_azure = sorted(set(azure) - set(launcher))
+    only_launcher = sorted(set(launcher) - set(azure))
+    if not only_azure and not only_launcher:
+        return
+    differences = [
+        *(f"{size} only in {azure_name}" for size in only_azure),
+        *(f"{size} only in {launcher_name}" for size in only_launcher),
+    ]
+    raise RuntimeError(
+        f"{azure_name} and {launcher_name} must name the same VM sizes: "
+        f"{'; '.join(differences)}; add the size to both tables or remove it from both"
+    )
+
+
+check_same_sizes("infra/sizes.py SUPPORTED", SUPPORTED, "trainer/launch/fabric.py FABRICS", FABRICS)
+check_same_sizes(
+    "infra/sizes.py CPU_ACCEPTANCE",
+    CPU_ACCEPTANCE,
+    "trainer/launch/fabric.py CPU_FABRICS",
+    CPU_FABRICS,
+)
 
 
 def size_of(name: str) -> GpuSize:

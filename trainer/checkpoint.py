@@ -1,9 +1,10 @@
 """Atomic checkpoints: written by rank 0, found again after a crash, never half-visible.
 
-A checkpoint is written to a hidden temporary file in the same folder, flushed and fsync'd, then
-renamed over its final name (``os.replace`` is atomic on POSIX file systems, NFS included), and
-the folder itself is fsync'd so the rename survives a power loss. A crash at any point leaves
-the previous checkpoint as the newest valid one. Only the newest ``keep`` are kept.
+A checkpoint is written with ``trainer.files.open_atomic`` (the one temp-name scheme): to a
+hidden temporary file in the same folder, flushed and fsync'd, then renamed over its final name
+(``os.replace`` is atomic on POSIX file systems, NFS included), and the folder itself is fsync'd
+so the rename survives a power loss. A crash at any point leaves the previous checkpoint as the
+newest valid one. Only the newest ``keep`` are kept.
 
 Each checkpoint has a ``.sha256`` file beside it, written before the checkpoint's rename. A
 checkpoint whose bytes no longer match (a flipped bit on a shared file system, a truncated
@@ -13,16 +14,14 @@ notice most flipped bytes itself.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.files import remove_partials, sha256_file, write_atomic
+from trainer.files import fsync_folder, open_atomic, remove_partials, sha256_file, write_atomic
 
 SCHEMA = 1
 _NAME = re.compile(r"^step-(\d{9,})\.pt$")
@@ -56,34 +55,29 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for ``step`` atomically, then prune to the newest ``keep`` checkpoints."""
     final = checkpoint_path(directory, step)
-    temporary = directory / f".{final.name}.{os.getpid()}.tmp"
     previous = list_checkpoints(directory)
+
+    def write_checksum(temporary: Path) -> None:
+        write_atomic(checksum_path(final), (sha256_file(temporary) + "\n").encode())
+
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as handle:
+        with open_atomic(final, before_replace=write_checksum) as handle:
             torch.save({"schema": SCHEMA, **state}, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        write_atomic(checksum_path(final), (sha256_file(temporary) + "\n").encode())
-        os.replace(temporary, final)
-        _fsync_directory(directory)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
-            raise CheckpointError(
-                f"cannot write checkpoint {final}: {err.strerror}; the previous checkpoint "
-                f"{kept}; free space or fix permissions, or use another --output-dir"
-            ) from None
-        raise
+        fsync_folder(directory)
+    except OSError as err:
+        kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {err.strerror}; the previous checkpoint "
+            f"{kept}; free space or fix permissions, or use another --output-dir"
+        ) from None
     for _, old in list_checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)
         checksum_path(old).unlink(missing_ok=True)
-    # Temporary files of writers that were killed mid-write are never loaded; tidy them up.
+    # Temporary files of writers that were killed mid-write are never loaded; tidy them up
+    # (``.step-*.tmp`` is the temp name earlier versions wrote checkpoints under).
     for stale in directory.glob(".step-*.tmp"):
-        if stale != temporary:
-            stale.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)
     remove_partials(directory)
     return final
 
@@ -125,11 +119,3 @@ def epoch_position(state: dict[str, Any]) -> tuple[int, int]:
     world = int(state["world_size"])
     per_step = int(saved["batch_size"]) * int(saved.get("accumulation_steps", 1)) * world
     return int(state["step_in_epoch"]) * per_step, world
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -72,7 +72,7 @@ HELP: dict[str, str] = {
     "log_every": "log metrics every N steps",
     "seed": "random seed (same on every worker)",
     "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
-    "0 skips (python -m trainer.launch sets it from the VM size)",
+    "0 skips (a Batch job sets it from its VM size, trainer/launch/fabric.py)",
     "metrics_upload_url": "rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder "
     "(https://<account>.blob.core.windows.net/<container>/<prefix>/) with the machine's "
     "identity, every --metrics-upload-minutes and at the end; empty: off",

@@ -2,15 +2,16 @@
 
 ``Dist`` is the interface the trainer uses; ``HorovodDist`` (the default engine), ``TorchDist``
 (torch.distributed DDP) and ``LocalDist`` (one process) implement it. This is the only module
-that imports Horovod, so the rest of the trainer runs wherever torch does.
+that imports ``horovod.torch``, so the rest of the trainer runs wherever torch does; the node
+launcher (``trainer.launch``) serves Horovod's rendezvous with ``horovod.runner``, in-worker
+communication is all here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from collections.abc import Callable
+from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
@@ -32,25 +33,34 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-class Dist:
-    """One process, no communication: the base that the multi-worker backends extend."""
+class Dist(ABC):
+    """How this worker talks to the others: the interface the trainer uses.
 
-    name = "local"
+    The collectives are abstract, so a backend that forgets one fails when it is created
+    instead of silently doing one process's maths. Every rank must make the same collective
+    calls in the same order. The model and optimizer hooks default to one process's behaviour
+    (nothing to wrap, nothing to reduce); backends override what their engine needs.
+    """
 
-    def __init__(self) -> None:
-        self.rank = 0
-        self.size = 1
-        self.local_rank = 0
-        self.local_size = 1
+    name: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
 
     @property
+    @abstractmethod
     def gpu_collectives(self) -> bool:
         """Whether gradients are reduced by NCCL (a plain sum, which LR scaling must count)."""
-        return False
+
+    def lr_scale(self, cfg: TrainConfig) -> int:
+        """How many gradient contributions the LR scaling rule counts (``scale_factor`` of
+        ``trainer.optim.build_schedule``): every worker's, as gradients are averaged."""
+        return self.size
 
     # ---------------------------------------------------------------- model and optimizer
     def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
@@ -84,10 +94,54 @@ class Dist:
             if not self.is_root:
                 optimizer.load_state_dict(state)
 
+    # ---------------------------------------------------------------- collectives
+    @abstractmethod
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        """Overwrite every rank's parameters and buffers with rank 0's."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled)."""
+
+    @abstractmethod
+    def allgather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+
+    @abstractmethod
+    def allreduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of ``tensor`` over all ranks (a new tensor)."""
+
+    @abstractmethod
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when any rank passes True (used to stop all ranks together)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Return when every rank has called it."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Leave the group; no collective may follow."""
+
+
+class LocalDist(Dist):
+    """One process, no communication: every collective is the identity."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.size = 1
+        self.local_rank = 0
+        self.local_size = 1
+
+    @property
+    def gpu_collectives(self) -> bool:
+        return False
+
     def broadcast_parameters(self, model: nn.Module) -> None:
         return None
 
-    # ---------------------------------------------------------------- collectives
     def broadcast_object(self, obj: Any) -> Any:
         return obj
 
@@ -98,7 +152,6 @@ class Dist:
         return tensor
 
     def any_rank(self, flag: bool) -> bool:
-        """True on every rank when any rank passes True (used to stop all ranks together)."""
         return flag
 
     def barrier(self) -> None:
@@ -108,14 +161,22 @@ class Dist:
         return None
 
 
-LocalDist = Dist
+def lr_scale_factor(world_size: int, local_size: int, adasum: bool, nccl: bool) -> int:
+    """How many gradient contributions the LR scaling rule counts under Horovod.
+
+    Horovod: with Adasum, only the local GPUs reduced by NCCL (a plain sum) count; across nodes
+    Adasum adapts by itself, so Horovod's examples do not scale the rate by the world size with
+    it. On CPU Adasum, nothing is summed, so the factor is 1. Averaging counts every worker.
+    """
+    if adasum:
+        return local_size if nccl else 1
+    return world_size
 
 
 class HorovodDist(Dist):
     name = "horovod"
 
     def __init__(self) -> None:
-        super().__init__()
         import horovod.torch as hvd
 
         hvd.init()
@@ -134,6 +195,9 @@ class HorovodDist(Dist):
     @property
     def gpu_collectives(self) -> bool:
         return torch.cuda.is_available() and bool(self._hvd.nccl_built())
+
+    def lr_scale(self, cfg: TrainConfig) -> int:
+        return lr_scale_factor(self.size, self.local_size, cfg.adasum, self.gpu_collectives)
 
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
@@ -200,7 +264,6 @@ class TorchDist(Dist):
     name = "ddp"
 
     def __init__(self) -> None:
-        super().__init__()
         import torch.distributed as td
 
         missing = [
@@ -277,50 +340,6 @@ def init_dist(backend: str) -> Dist:
     if backend == "ddp":
         return TorchDist()
     return LocalDist()
-
-
-# ---------------------------------------------------------------- multi-node launch (Gloo)
-def start_gloo_rendezvous(port: int, hosts: list[str], slots: int) -> Callable[[], None]:
-    """Serve Horovod's Gloo rendezvous (an HTTP key-value store) on ``port`` for ``slots``
-    workers on each of ``hosts``; returns a function that stops it. The launcher on the
-    master node runs it: no SSH, no MPI daemon. The store also holds the launchers' own keys
-    (see ``trainer.launch``)."""
-    from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
-    server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
-    plan = get_host_assignments([HostInfo(host, slots) for host in hosts], len(hosts) * slots)
-    server.init(plan)
-    thread = threading.Thread(target=server.serve_forever, name="gloo-rendezvous", daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-    return stop
-
-
-def gloo_worker_env(
-    master_ip: str, port: int, iface: str, hosts: list[str], node: int, slots: int, local: int
-) -> dict[str, str]:
-    """The variables ``horovodrun --gloo`` would give worker ``local`` on ``hosts[node]``."""
-    return {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": master_ip,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-        "HOROVOD_CONTROLLER": "gloo",
-        "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_IFACE": iface,
-        "HOROVOD_HOSTNAME": hosts[node],
-        "HOROVOD_RANK": str(node * slots + local),
-        "HOROVOD_SIZE": str(len(hosts) * slots),
-        "HOROVOD_LOCAL_RANK": str(local),
-        "HOROVOD_LOCAL_SIZE": str(slots),
-        "HOROVOD_CROSS_RANK": str(node),
-        "HOROVOD_CROSS_SIZE": str(len(hosts)),
-        "PYTHONUNBUFFERED": "1",
-    }
 
 
 def peer_failure_errors() -> tuple[type[BaseException], ...]:

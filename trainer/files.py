@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 _HASH_CHUNK = 1 << 20
 
@@ -17,19 +20,50 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file, fsync, rename: readers see the old file or the new one, never a part. A write
-    that fails (a full disk) removes its temp file."""
-    temp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+def partial_path(path: Path) -> Path:
+    """The hidden name ``path`` is written under until its rename: the one temp-name scheme of
+    every all-or-nothing writer, so ``remove_partials`` finds what any of them left behind."""
+    return path.with_name(f".{path.name}.partial-{os.getpid()}")
+
+
+@contextmanager
+def open_atomic(
+    path: Path, before_replace: Callable[[Path], None] | None = None
+) -> Iterator[BinaryIO]:
+    """Temp file, fsync, rename: readers see the old file or the new one, never a part.
+
+    Yields the temp file opened for writing. When the block ends without an exception the bytes
+    are flushed and fsync'd, ``before_replace`` (if given) is called with the temp file's path
+    (a checksum written beside the file before it becomes visible), and the temp file is renamed
+    over ``path``. A write that fails (a full disk, an interrupt) removes its temp file."""
+    temp = partial_path(path)
     try:
         with open(temp, "wb") as file:
-            file.write(data)
+            yield file
             file.flush()
             os.fsync(file.fileno())
+        if before_replace is not None:
+            before_replace(temp)
         os.replace(temp, path)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        with suppress(OSError):  # the write's own error is the one to report
+            temp.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` all or nothing (see ``open_atomic``)."""
+    with open_atomic(path) as file:
+        file.write(data)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the renames done in ``folder`` survive a power loss."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def remove_partials(folder: Path) -> int:

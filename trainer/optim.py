@@ -2,8 +2,8 @@
 
 - Scaling: Goyal et al. 2017 ("Accurate, Large Minibatch SGD") scale the single-worker rate
   linearly with the number of workers; sqrt scaling (Krizhevsky 2014) suits adaptive optimizers.
-  Adasum combines gradients instead of averaging them, so Horovod's examples do not scale the rate
-  by the world size with it (only by the GPUs that NCCL sums within a node).
+  How many workers the rule counts is the engine's answer (``Dist.lr_scale``): Adasum combines
+  gradients instead of averaging them, so Horovod counts only the GPUs NCCL sums within a node.
 - Warmup: the rate ramps linearly from the single-worker rate to the scaled rate over the first
   epochs (Goyal et al., section 2.2), then decays by steps, a cosine or a polynomial.
 - LARS: You, Gitman and Ginsburg 2017, the layer-wise trust ratio that trains ResNet-50 with
@@ -33,17 +33,6 @@ def scaled_lr(base_lr: float, rule: str, world_size: int) -> float:
     if rule == "none":
         return base_lr
     raise ValueError(f"unknown lr scaling rule {rule!r}")
-
-
-def lr_scale_factor(world_size: int, local_size: int, adasum: bool, nccl: bool) -> int:
-    """How many gradient contributions the scaling rule counts.
-
-    Horovod: with Adasum, only the local GPUs reduced by NCCL (a plain sum) count; across nodes
-    Adasum adapts by itself. On CPU Adasum, nothing is summed, so the factor is 1.
-    """
-    if adasum:
-        return local_size if nccl else 1
-    return world_size
 
 
 @dataclass(frozen=True)
@@ -97,15 +86,16 @@ def build_lr_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR over the schedule, positioned at ``start_step`` (the next step's rate is set).
 
-    Every group's initial rate is the peak rate; the lambda returns the fraction of it. A
-    resumed run builds a new scheduler at its position rather than loading the saved one: the
-    saved ``base_lrs`` (and the optimizer's saved ``lr``/``initial_lr``) hold the peak of the
-    world size that wrote the checkpoint, and LambdaLR would multiply the new fraction by that
-    old peak. Built here, the peak always follows the current world size; on an unchanged size
-    the rates equal the uninterrupted run's bit for bit (the same ``peak * fraction(step)``).
+    The schedule owns the rate: the optimizer is built at ``schedule.lr_at(start_step)`` and
+    the scheduler sets every group's rate to ``peak * fraction(step)`` from here on, the
+    fraction being the lambda. ``initial_lr``, what LambdaLR multiplies, is the peak. A resumed
+    run builds a new scheduler at its position rather than loading the saved one: the saved
+    ``base_lrs`` (and the optimizer's saved ``lr``/``initial_lr``) hold the peak of the world
+    size that wrote the checkpoint, and LambdaLR would multiply the new fraction by that old
+    peak. Built here, the peak always follows the current world size; on an unchanged size the
+    rates equal the uninterrupted run's bit for bit (the same ``peak * fraction(step)``).
     """
     for group in optimizer.param_groups:
-        group["lr"] = schedule.peak_lr
         group["initial_lr"] = schedule.peak_lr
 
     # A plain function, not a callable object: LambdaLR saves callable objects' __dict__ into
@@ -198,20 +188,25 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(
+    cfg: TrainConfig, model: nn.Module, lr: float | None = None
+) -> torch.optim.Optimizer:
+    """The configured optimizer at rate ``lr``: the schedule's rate at the step training starts
+    from (``LRSchedule.lr_at``); ``cfg.lr``, the single-worker rate, when no schedule is given."""
+    lr = cfg.lr if lr is None else lr
     groups = parameter_groups(model, cfg.weight_decay)
     if cfg.optimizer == "sgd":
         for g in groups:
             g.pop("lars_adapt")
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=False)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=False)
     if cfg.optimizer == "adamw":
         for g in groups:
             g.pop("lars_adapt")
-        return torch.optim.AdamW(groups, lr=cfg.lr)
+        return torch.optim.AdamW(groups, lr=lr)
     if cfg.optimizer == "lars":
         return LARS(
             groups,
-            lr=cfg.lr,
+            lr=lr,
             momentum=cfg.momentum,
             weight_decay=cfg.weight_decay,
             trust_coefficient=cfg.lars_trust_coefficient,

@@ -23,13 +23,7 @@ from trainer.distributed import Dist
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
 from trainer.model import build_model
-from trainer.optim import (
-    LRSchedule,
-    build_lr_scheduler,
-    build_optimizer,
-    build_schedule,
-    lr_scale_factor,
-)
+from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.signals import StopRequest
 
 log = logging.getLogger(__name__)
@@ -92,10 +86,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class _Run:
-    """The state of one invocation; split into methods so each phase reads on its own.
-
-    The position of the run, saved in every checkpoint:
+@dataclass
+class RunPosition:
+    """Where the run is: the resume keys every checkpoint saves, written and read only by
+    ``state_dict()`` / ``load_state_dict()``.
 
     - ``step``: optimizer steps taken, over every invocation and whatever world size took
       them. It names checkpoints, and ``--max-steps`` / ``--run-steps`` count it: after a
@@ -109,6 +103,42 @@ class _Run:
       The schedule runs on ``epoch * steps_per_epoch + step_in_epoch``, so warmup, decay epochs
       and the end fall on the same epochs whatever size the earlier steps had.
     """
+
+    epoch_world: int
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    epoch_offset: int = 0
+
+    def schedule_step(self, steps_per_epoch: int) -> int:
+        """The LR schedule's step at this position (``steps_per_epoch`` of this world size)."""
+        return self.epoch * steps_per_epoch + self.step_in_epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "epoch_offset": self.epoch_offset,
+            "epoch_world_size": self.epoch_world,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Read a checkpoint's position (older checkpoints lack the offsets; see
+        ``checkpoint.epoch_position``)."""
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.step_in_epoch = int(state["step_in_epoch"])
+        self.epoch_offset, self.epoch_world = checkpoint.epoch_position(state)
+
+
+# Checkpoint entries that reach the other ranks as tensors (``Dist.broadcast_training_state``),
+# not in the pickled broadcast of the rest of the checkpoint.
+_TENSOR_ENTRIES = ("model", "optimizer")
+
+
+class _Run:
+    """The state of one invocation; split into methods so each phase reads on its own. What a
+    checkpoint holds is written by ``state_dict()`` and read back by ``load_state_dict()``."""
 
     def __init__(self, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
         self.cfg, self.dist, self.stop = cfg, dist, stop
@@ -134,20 +164,19 @@ class _Run:
                 f"accumulation_steps={cfg.accumulation_steps}: more than the "
                 f"{self.loaders.batches_per_epoch} batches per epoch; lower it"
             )
-        self.step = self.epoch = self.step_in_epoch = self.epoch_offset = 0
-        self.epoch_world = dist.size
+        self.position = RunPosition(epoch_world=dist.size)
 
         model = build_model(cfg.model, cfg.num_classes).to(self.device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        optimizer = build_optimizer(cfg, model)
-        optimizer = dist.wrap_optimizer(optimizer, model, cfg)
-        self.lr_scale = lr_scale_factor(
-            dist.size, dist.local_size, cfg.adasum, dist.gpu_collectives
-        )
+        self.lr_scale = dist.lr_scale(cfg)
         self.total_steps, self.schedule = self._plan()
-        scheduler = build_lr_scheduler(optimizer, self.schedule)
+        # The optimizer starts at the schedule's rate; the scheduler moves it from there.
+        start = self.position.schedule_step(self.steps_per_epoch)
+        optimizer = build_optimizer(cfg, model, lr=self.schedule.lr_at(start))
+        optimizer = dist.wrap_optimizer(optimizer, model, cfg)
+        scheduler = build_lr_scheduler(optimizer, self.schedule, start)
         scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
         train_model = dist.wrap_model(model, cfg)
         if cfg.compile:
@@ -166,63 +195,85 @@ class _Run:
         self.last_saved_step = -1
         self.writer: MetricsWriter | None = None
 
+    # ------------------------------------------------------------------ run state
+    def state_dict(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+        """What a checkpoint holds; ``rng`` is every rank's RNG state, in rank order."""
+        return {
+            "config": self.cfg.to_dict(),
+            **self.position.state_dict(),
+            "world_size": self.dist.size,
+            "model": self.model.state_dict(),
+            "optimizer": self.parts.optimizer.state_dict(),
+            # Not read back (the schedule is rebuilt at the position); kept for readers
+            # of checkpoints written before offsets were recorded.
+            "scheduler": self.parts.scheduler.state_dict(),
+            "scaler": self.parts.scaler.state_dict(),
+            "rng": rng,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint on this rank. Rank 0 passes the whole checkpoint; the other
+        ranks pass it without ``_TENSOR_ENTRIES``, which ``broadcast_training_state`` brings
+        them. ``resume`` then rebuilds the LR schedule at the position."""
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+            self.parts.optimizer.load_state_dict(state["optimizer"])
+        self.position.load_state_dict(state)
+        self.parts.scaler.load_state_dict(state["scaler"])
+        if int(state["world_size"]) == self.dist.size:
+            _set_rng_state(state["rng"][self.dist.rank])
+        # Otherwise the RNG streams start afresh on the new ranks: data order and augmentations
+        # depend on (seed, epoch, index) only, not on them.
+
     # ------------------------------------------------------------------ resume
     def resume(self) -> None:
         """Rank 0 loads the newest valid checkpoint; its position and state reach every rank."""
-        found: dict[str, Any] | None = None
-        error = None
+        shared: dict[str, Any] | None = None
+        path = error = None
         if self.dist.is_root:
             latest = checkpoint.load_latest(self.checkpoint_dir)
             if latest is not None:
                 path, state = latest
                 error = self._check_compatible(path, state["config"])
                 if error is None:
-                    self.model.load_state_dict(state["model"])
-                    self.parts.optimizer.load_state_dict(state["optimizer"])
-                    found = {k: state[k] for k in ("step", "epoch", "scaler", "rng", "world_size")}
-                    found["offset"], found["layout"] = checkpoint.epoch_position(state)
-                    found["path"] = str(path)
-        found, error = self.dist.broadcast_object((found, error))
+                    self.load_state_dict(state)
+                    shared = {k: v for k, v in state.items() if k not in _TENSOR_ENTRIES}
+        shared, path, error = self.dist.broadcast_object((shared, path, error))
         if error:
             raise ConfigError(error)
-        self.dist.broadcast_training_state(self.model, self.parts.optimizer, found is not None)
-        if found is None:
+        self.dist.broadcast_training_state(self.model, self.parts.optimizer, shared is not None)
+        if shared is None:
             return
-        self.parts.scaler.load_state_dict(found["scaler"])
-        self.step, self.epoch = found["step"], found["epoch"]
-        self.epoch_offset, self.epoch_world = found["offset"], found["layout"]
+        if not self.dist.is_root:
+            self.load_state_dict(shared)
+        pos = self.position
         sampler = self.loaders.train.sampler
-        sampler.set_epoch(self.epoch, offset=self.epoch_offset, layout_replicas=self.epoch_world)
+        sampler.set_epoch(pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world)
         steps_left = sampler.batches_left // self.cfg.accumulation_steps
-        self.step_in_epoch = self.steps_per_epoch - steps_left
+        pos.step_in_epoch = self.steps_per_epoch - steps_left
         self.total_steps, self.schedule = self._plan()
         # The rate follows this world size's peak, not the saved scheduler's (see there).
         self.parts.scheduler = build_lr_scheduler(
-            self.parts.optimizer,
-            self.schedule,
-            self.epoch * self.steps_per_epoch + self.step_in_epoch,
+            self.parts.optimizer, self.schedule, pos.schedule_step(self.steps_per_epoch)
         )
-        if found["world_size"] == self.dist.size:
-            _set_rng_state(found["rng"][self.dist.rank])
-        elif self.dist.is_root:
-            # Data order and augmentations depend on (seed, epoch, index) only; the RNG
-            # streams, which they do not use, start afresh on the new ranks.
+        saved_world = int(shared["world_size"])
+        if saved_world != self.dist.size and self.dist.is_root:
             global_batch = sampler.global_batch * self.cfg.accumulation_steps
-            dropped = sampler.order_length - self.epoch_offset - steps_left * global_batch
+            dropped = sampler.order_length - pos.epoch_offset - steps_left * global_batch
             spread = ""
-            if self.cfg.data == "shards" and steps_left and self.epoch_world != self.dist.size:
+            if self.cfg.data == "shards" and steps_left and pos.epoch_world != self.dist.size:
                 spread = (
-                    f"; until it ends, ranks read the {self.epoch_world}-worker layout's rest "
+                    f"; until it ends, ranks read the {pos.epoch_world}-worker layout's rest "
                     "across all its shards"
                 )
             log.info(
                 "resized: checkpoint from %d workers resumed on %d: epoch %d continues at "
                 "sample %d of %d with %d steps of %d samples (the last %d dropped), "
                 "%d steps per epoch, peak lr %.6g (lr_scaling=%s)%s",
-                found["world_size"],
+                saved_world,
                 self.dist.size,
-                self.epoch,
-                self.epoch_offset,
+                pos.epoch,
+                pos.epoch_offset,
                 sampler.order_length,
                 steps_left,
                 global_batch,
@@ -232,29 +283,27 @@ class _Run:
                 self.cfg.lr_scaling,
                 spread,
             )
-        self.last_saved_step = self.step
+        self.last_saved_step = pos.step
         if self.dist.is_root:
-            print(
-                f"resumed from {found['path']} at step {self.step} (epoch {self.epoch})", flush=True
-            )
+            print(f"resumed from {path} at step {pos.step} (epoch {pos.epoch})", flush=True)
 
     def _plan(self) -> tuple[int, LRSchedule]:
         """The step this run ends at and the LR schedule, from the position and world size."""
-        cfg = self.cfg
-        left = max(0, (cfg.epochs - self.epoch) * self.steps_per_epoch - self.step_in_epoch)
-        total = self.step + left
+        cfg, pos = self.cfg, self.position
+        left = max(0, (cfg.epochs - pos.epoch) * self.steps_per_epoch - pos.step_in_epoch)
+        total = pos.step + left
         if cfg.max_steps is not None:
             total = min(total, cfg.max_steps)
-        position = self.epoch * self.steps_per_epoch + self.step_in_epoch
-        schedule = build_schedule(
-            cfg, self.steps_per_epoch, position + total - self.step, self.lr_scale
-        )
-        return total, schedule
+        end = pos.schedule_step(self.steps_per_epoch) + total - pos.step
+        return total, build_schedule(cfg, self.steps_per_epoch, end, self.lr_scale)
 
     def _epoch_end_due(self) -> bool:
         """After a resize, the rest of an epoch can be less than one global batch: no steps
         are left in it, but its evaluation and the epoch count still are."""
-        return self.epoch < self.cfg.epochs and self.step_in_epoch >= self.steps_per_epoch
+        return (
+            self.position.epoch < self.cfg.epochs
+            and self.position.step_in_epoch >= self.steps_per_epoch
+        )
 
     def _check_compatible(self, path: Path, saved: dict[str, Any]) -> str | None:
         for key in _CHECKPOINT_IDENTITY:
@@ -271,25 +320,10 @@ class _Run:
         rng = self.dist.allgather_object(_rng_state())
         error = None
         if self.dist.is_root:
-            state = {
-                "config": self.cfg.to_dict(),
-                "step": self.step,
-                "epoch": self.epoch,
-                "step_in_epoch": self.step_in_epoch,
-                "epoch_offset": self.epoch_offset,
-                "epoch_world_size": self.epoch_world,
-                "world_size": self.dist.size,
-                "model": self.model.state_dict(),
-                "optimizer": self.parts.optimizer.state_dict(),
-                # Not read back (the schedule is rebuilt at the position); kept for readers
-                # of checkpoints written before offsets were recorded.
-                "scheduler": self.parts.scheduler.state_dict(),
-                "scaler": self.parts.scaler.state_dict(),
-                "rng": rng,
-            }
+            state = self.state_dict(rng)
             try:
                 path = checkpoint.save(
-                    self.checkpoint_dir, self.step, state, self.cfg.keep_checkpoints
+                    self.checkpoint_dir, self.position.step, state, self.cfg.keep_checkpoints
                 )
                 log.info(CHECKPOINT_WRITTEN, path, os.getuid())
             except checkpoint.CheckpointError as err:
@@ -297,7 +331,7 @@ class _Run:
         error = self.dist.broadcast_object(error)
         if error:
             raise checkpoint.CheckpointError(error)
-        self.last_saved_step = self.step
+        self.last_saved_step = self.position.step
 
     def log(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
@@ -305,14 +339,14 @@ class _Run:
 
     # ------------------------------------------------------------------ training
     def train(self) -> RunResult:
-        cfg, dist = self.cfg, self.dist
-        start_step = self.step
+        cfg, dist, pos = self.cfg, self.dist, self.position
+        start_step = pos.step
         if dist.is_root:
             self.writer = MetricsWriter(self.output_dir)
         progress = Progress(start_step, self.total_steps) if dist.is_root else None
         meter = WindowMeter(self.device)
         last: dict[str, float] = {}
-        due = self.step < self.total_steps or self._epoch_end_due()
+        due = pos.step < self.total_steps or self._epoch_end_due()
         stopped_by: str | None = None if due else "already_complete"
         global_batch = cfg.batch_size * cfg.accumulation_steps * dist.size
         run_images = 0
@@ -320,71 +354,67 @@ class _Run:
 
         def after_step() -> bool:
             nonlocal last, stopped_by, run_images
-            self.step += 1
-            self.step_in_epoch += 1
-            self.epoch_offset += global_batch
+            pos.step += 1
+            pos.step_in_epoch += 1
+            pos.epoch_offset += global_batch
             run_images += cfg.batch_size * cfg.accumulation_steps
             signalled = dist.any_rank(self.stop.requested)
             reasons = [
                 ("signal", signalled),
-                ("max_steps", self.step >= self.total_steps and cfg.max_steps == self.total_steps),
-                ("epochs", self.step >= self.total_steps),
+                ("max_steps", pos.step >= self.total_steps and cfg.max_steps == self.total_steps),
+                ("epochs", pos.step >= self.total_steps),
                 (
                     "run_steps",
-                    cfg.run_steps is not None and self.step - start_step >= cfg.run_steps,
+                    cfg.run_steps is not None and pos.step - start_step >= cfg.run_steps,
                 ),
             ]
             final = next((name for name, hit in reasons if hit), None)
             record = None
-            if (
-                self.step % cfg.log_every == 0
-                or final
-                or self.step_in_epoch == self.steps_per_epoch
-            ):
+            if pos.step % cfg.log_every == 0 or final or pos.step_in_epoch == self.steps_per_epoch:
                 last = meter.reduce(dist)
                 record = {
                     "kind": "train",
-                    "step": self.step,
-                    "epoch": self.epoch,
+                    "step": pos.step,
+                    "epoch": pos.epoch,
                     "lr": self.parts.optimizer.param_groups[0]["lr"],
                     **last,
                 }
                 self.log(record)
             if progress is not None:
-                progress.update(self.step, record)
+                progress.update(pos.step, record)
             if final:
                 stopped_by = final
                 return False
             # At an epoch's last step the epoch-end checkpoint (same step, next epoch's start)
             # follows at once: writing this one too would only be overwritten.
-            epoch_ends = self.step_in_epoch >= self.steps_per_epoch
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and not epoch_ends:
+            epoch_ends = pos.step_in_epoch >= self.steps_per_epoch
+            if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 and not epoch_ends:
                 self.save_checkpoint()
             return True
 
         try:
-            while (self.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
+            while (pos.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
                 self.loaders.train.sampler.set_epoch(
-                    self.epoch, offset=self.epoch_offset, layout_replicas=self.epoch_world
+                    pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world
                 )
-                if self.step_in_epoch < self.steps_per_epoch:
+                if pos.step_in_epoch < self.steps_per_epoch:
                     train_one_epoch(self.parts, self.loaders.train, meter, after_step)
-                if self.step_in_epoch >= self.steps_per_epoch:
+                if pos.step_in_epoch >= self.steps_per_epoch:
                     if self.loaders.val is not None:
-                        self.loaders.val.set_epoch(self.epoch)
+                        self.loaders.val.set_epoch(pos.epoch)
                         self.log(
                             {
                                 "kind": "eval",
-                                "step": self.step,
-                                "epoch": self.epoch,
+                                "step": pos.step,
+                                "epoch": pos.epoch,
                                 **evaluate(self.parts, self.loaders.val),
                             }
                         )
-                    self.epoch += 1
-                    self.step_in_epoch = self.epoch_offset = 0
-                    self.epoch_world = dist.size
+                    pos.epoch += 1
+                    pos.step_in_epoch = pos.epoch_offset = 0
+                    pos.epoch_world = dist.size
                     self.save_checkpoint()
-            if self.last_saved_step != self.step:
+            if self.last_saved_step != pos.step:
                 self.save_checkpoint()
         finally:
             if progress is not None:
@@ -399,8 +429,8 @@ class _Run:
             ).item()
         )
         return RunResult(
-            step=self.step,
-            epoch=self.epoch,
+            step=pos.step,
+            epoch=pos.epoch,
             start_step=start_step,
             stopped_by=stopped_by or "epochs",
             last_metrics=last,

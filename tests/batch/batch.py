@@ -88,7 +88,7 @@ class PoolSpec:
             vm_size=inputs["vmSize"],
             gpus=size.gpus,
             ib_ports=getattr(size, "ib_ports", size.gpus),
-            gpu_name=size.gpu,
+            gpu_name="emulated GPU",  # only what nvidia-smi prints; nothing reads it
             start_task=inputs.get("startTask") or {},
             nfs_relative_mount=nfs["relativeMountPath"] if nfs else None,
             task_slots_per_node=int(inputs.get("taskSlotsPerNode") or 1),

@@ -56,7 +56,7 @@ for label, overrides in json.loads(sys.argv[1]).items():
     values = {**read_stack_file(REPO / "Pulumi.dev.yaml"), **overrides}
     plan = evaluate("dev", values)
     out[label] = {
-        "compute_subnet": plan.settings.compute_subnet_cidr,
+        "compute_subnet": plan.settings.network.compute_subnet_cidr,
         "resources": [{"typ": r.typ, "name": r.name, "inputs": r.inputs}
                       for r in plan.resources if r.typ in keep],
     }

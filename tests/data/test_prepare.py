@@ -6,7 +6,7 @@ import tarfile
 import pytest
 
 from tests.conftest import make_dataset
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.prepare import prepare
 from trainer.files import sha256_file

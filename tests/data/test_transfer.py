@@ -1,7 +1,7 @@
 import pytest
 
 from tests.conftest import checksums
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.transfer import container_client, stage, stage_args, upload
 

@@ -46,7 +46,7 @@ from tests.infra.conftest import (
     one,
 )
 from trainer.cli import parse
-from trainer.launch import Outcome, RunRecords
+from trainer.launch.supervisor import Outcome, RunRecords
 from trainer.run import CHECKPOINT_WRITTEN
 
 PROJECT_PREFIX = "gpu-cluster:"

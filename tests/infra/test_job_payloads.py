@@ -23,6 +23,7 @@ from infra.job import (
     job_options,
     task_options,
     trainer_command,
+    with_preflight_floor,
 )
 from tests.infra.container import (
     base_path,
@@ -35,8 +36,8 @@ from tests.infra.container import (
 )
 from tests.infra.fake_batch import FakeBatch
 from trainer.cli import parse
-from trainer.launch import build_parser as launch_parser
-from trainer.launch import output_dir_of
+from trainer.launch.supervisor import build_parser as launch_parser
+from trainer.launch.supervisor import output_dir_of
 
 SPEC = JobSpec(
     stack="vision-prod",
@@ -120,6 +121,26 @@ def test_job_ids_change_with_any_input_and_checkpoints_follow_the_training_setti
     assert len(SPEC.job_id) <= 64
 
 
+def test_the_trainer_command_carries_the_sizes_preflight_floor_unless_it_sets_one():
+    """The job builds the whole command (``pulumi preview`` shows it); the launcher runs it."""
+    size = "Standard_D2s_v5"
+    trainer = ["python", "-m", "trainer", "--output-dir", "/r"]
+    assert with_preflight_floor(trainer, size) == trainer  # no bandwidth floor without IB
+    assert with_preflight_floor(trainer, None) == trainer
+    assert with_preflight_floor(trainer, "Standard_ND96asr_v4")[-2:] == [
+        "--preflight-min-busbw",
+        "126.0",
+    ]
+    own = [*trainer, "--preflight-min-busbw", "10"]
+    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own  # an explicit floor wins
+    own = [*trainer, "--preflight-min-busbw=10"]
+    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own
+    assert trainer_command(SPEC)[-2:] == ["--preflight-min-busbw", "245.0"]
+    assert "--preflight-min-busbw" not in trainer_command(_spec(vm_size="Standard_D2s_v5"))
+    with_own = _spec(trainer_args=("--preflight-min-busbw", "0"))
+    assert trainer_command(with_own).count("--preflight-min-busbw") == 1
+
+
 # ---------------------------------------------------------------- command lines, executed
 
 
@@ -191,6 +212,8 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         output_dir,
         "--metrics-upload-url",
         f"{SPEC.log_url}live/",
+        "--preflight-min-busbw",  # the H100 size's floor: 70% of its 350 GB/s baseline
+        "245.0",
     ]
     coordination = _run(node, task.multi_instance_settings.coordination_command_line)
     launch = ["-m", "trainer.launch", "--vm-size", "Standard_ND96isr_H100_v5"]
@@ -205,6 +228,7 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         request = parse(args.command[3:])  # and the trainer
         assert request.config.backend == "horovod" and request.config.fp16_allreduce
         assert request.config.output_dir == output_dir
+        assert request.config.preflight_min_busbw == 245.0
 
 
 def test_the_cpu_acceptance_size_gets_no_infiniband_device_or_hpc_mount(node):

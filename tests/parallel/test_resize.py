@@ -19,7 +19,7 @@ from tests.conftest import tiny_config
 from tests.parallel.conftest import horovodrun, read_metrics, small_config, torchrun
 from trainer import checkpoint
 from trainer.config import DEFAULTS
-from trainer.data.sampler import ShardSampler, StreamSampler
+from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
@@ -99,7 +99,7 @@ def test_resume_on_one_and_on_three_workers_continues_the_epoch_and_rescales_the
         assert rates(records) == pytest.approx([expected_lr(rule, 2, step)] * 2)
     shutil.copytree(tmp_path / "out-1", tmp_path / "out-3")
 
-    order = ShardSampler(SIZE, 1, 0, 1, seed=DEFAULTS.seed)
+    order = RankSampler(SIZE, 1, 0, 1, seed=DEFAULTS.seed)
     order.set_epoch(1)
     order = order.epoch_order()
     before = [i for records in steps_of(old, 1) for r in records for i in r["indices"]]

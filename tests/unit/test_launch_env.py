@@ -1,11 +1,13 @@
 import io
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
-from trainer.fabric import (
+from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, check_same_sizes
+from trainer.launch.fabric import (
     CPU_FABRICS,
     FABRICS,
     FORBIDDEN_ON_IB,
@@ -14,7 +16,7 @@ from trainer.fabric import (
     worker_environment,
     workers_per_node,
 )
-from trainer.launch import (
+from trainer.launch.supervisor import (
     DEFAULT_PORT,
     INTERRUPTED_EXIT,
     LaunchError,
@@ -23,7 +25,6 @@ from trainer.launch import (
     check_writable,
     output_dir_of,
     read_batch_environment,
-    with_preflight_floor,
 )
 
 BATCH = {
@@ -76,6 +77,27 @@ def test_every_supported_pool_size_has_fabric_settings():
         assert not set(fabric.env) & set(FORBIDDEN_ON_IB)
 
 
+def test_infra_sizes_refuses_at_import_a_size_the_launcher_table_lacks():
+    """One table per size: infra/sizes.py holds the Azure facts of the launcher's sizes only."""
+    check_same_sizes("a", {"Standard_X": 1}, "b", {"Standard_X": 2})
+    with pytest.raises(RuntimeError) as failure:
+        check_same_sizes("a", {"Standard_X": 1, "Standard_Y": 1}, "b", {"Standard_X": 1, "Z": 1})
+    assert str(failure.value) == (
+        "a and b must name the same VM sizes: Standard_Y only in a; Z only in b; add the size to "
+        "both tables or remove it from both"
+    )
+    script = "import trainer.launch.fabric as f; del f.FABRICS['Standard_ND96asr_v4']\n"
+    script += "import infra.sizes"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert (
+        "RuntimeError: infra/sizes.py SUPPORTED and trainer/launch/fabric.py FABRICS must name the "
+        "same VM sizes: Standard_ND96asr_v4 only in infra/sizes.py SUPPORTED"
+    ) in result.stderr
+
+
 def test_worker_environment_drops_ib_disable_and_lets_operators_tune():
     inherited = {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth1", "PATH": "/bin"}
     env = worker_environment("Standard_ND96isr_H100_v5", inherited)
@@ -117,15 +139,6 @@ def test_the_cpu_acceptance_size_runs_one_gloo_worker_per_node_with_no_nccl_or_f
     env = worker_environment(size, {"PATH": "/bin"}, exists=lambda path: True)
     assert env == {"PATH": "/bin"}  # no NCCL_*, UCX_* or topology file: Gloo over TCP
     assert preflight_floor(size) == 0.0
-    trainer = ["python", "-m", "trainer", "--output-dir", "/r"]
-    assert with_preflight_floor(trainer, size) == trainer  # no bandwidth floor without IB
-    assert with_preflight_floor(trainer, None) == trainer
-    assert with_preflight_floor(trainer, "Standard_ND96asr_v4")[-2:] == [
-        "--preflight-min-busbw",
-        "126.0",
-    ]
-    own = [*trainer, "--preflight-min-busbw", "10"]
-    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own  # an explicit floor wins
 
 
 def test_preflight_floor_and_unknown_sizes():

@@ -11,7 +11,6 @@ from trainer.optim import (
     build_lr_scheduler,
     build_optimizer,
     build_schedule,
-    lr_scale_factor,
     parameter_groups,
     scaled_lr,
 )
@@ -22,12 +21,6 @@ from trainer.optim import (
 )
 def test_scaled_lr(rule, world, expected):
     assert scaled_lr(0.1, rule, world) == pytest.approx(expected)
-
-
-def test_adasum_scales_by_local_nccl_gpus_only():
-    assert lr_scale_factor(16, 8, adasum=False, nccl=True) == 16
-    assert lr_scale_factor(16, 8, adasum=True, nccl=True) == 8
-    assert lr_scale_factor(16, 8, adasum=True, nccl=False) == 1
 
 
 def test_goyal_warmup_then_step_decay():

@@ -1,12 +1,12 @@
 import pytest
 
-from trainer.data.sampler import ShardSampler, StreamSampler
+from trainer.data.sampler import RankSampler, StreamSampler
 
 
 def shards(size, world, batch, epoch=0, skip=0):
     out = []
     for rank in range(world):
-        sampler = ShardSampler(size, world, rank, batch, seed=7)
+        sampler = RankSampler(size, world, rank, batch, seed=7)
         sampler.set_epoch(epoch, skip)
         out.append([index for index, _ in sampler])
     return out
@@ -34,7 +34,7 @@ def test_resume_mid_epoch_continues_the_same_order():
 
 
 def test_epoch_travels_with_each_index_and_len_counts_what_is_left():
-    sampler = ShardSampler(100, 2, 1, 8)
+    sampler = RankSampler(100, 2, 1, 8)
     sampler.set_epoch(5, skip_batches=1)
     items = list(sampler)
     assert len(items) == len(sampler) == 40
@@ -42,7 +42,7 @@ def test_epoch_travels_with_each_index_and_len_counts_what_is_left():
 
 
 def epoch_order(size, epoch, seed=7):
-    sampler = ShardSampler(size, 1, 0, 1, seed=seed)
+    sampler = RankSampler(size, 1, 0, 1, seed=seed)
     sampler.set_epoch(epoch)
     return sampler.epoch_order()
 
@@ -67,9 +67,9 @@ def global_batches(per_rank):
 
 def test_offset_is_skip_batches_in_samples():
     for rank in (0, 1):
-        by_skip = ShardSampler(100, 2, rank, 8, seed=7)
+        by_skip = RankSampler(100, 2, rank, 8, seed=7)
         by_skip.set_epoch(1, 3)
-        by_offset = ShardSampler(100, 2, rank, 8, seed=7)
+        by_offset = RankSampler(100, 2, rank, 8, seed=7)
         by_offset.set_epoch(1, offset=3 * 8 * 2)
         assert by_skip.rank_indices() == by_offset.rank_indices()
         assert len(by_skip) == len(by_offset) == (6 - 3) * 8
@@ -79,7 +79,7 @@ def test_offset_is_skip_batches_in_samples():
 
 def test_global_batch_k_is_the_kth_contiguous_run_of_the_epoch_order():
     order = epoch_order(100, 2)
-    per_rank = batches(lambda r: ShardSampler(100, 2, r, 8, seed=7), 2, 2)
+    per_rank = batches(lambda r: RankSampler(100, 2, r, 8, seed=7), 2, 2)
     for k, together in enumerate(global_batches(per_rank)):
         assert together == set(order[k * 16 : (k + 1) * 16])
 
@@ -99,10 +99,10 @@ def test_resume_on_another_world_size_continues_the_epoch_exactly(
 ):
     order = epoch_order(size, 4)
     offset = steps_done * accumulation * batch * old_world
-    old = batches(lambda r: ShardSampler(size, old_world, r, batch, seed=7), old_world, 4)
+    old = batches(lambda r: RankSampler(size, old_world, r, batch, seed=7), old_world, 4)
     trained = [i for rank in old for b in rank[: steps_done * accumulation] for i in b]
     new = batches(
-        lambda r: ShardSampler(size, new_world, r, batch, seed=7), new_world, 4, offset=offset
+        lambda r: RankSampler(size, new_world, r, batch, seed=7), new_world, 4, offset=offset
     )
     assert len({len(rank) for rank in new}) == 1  # every rank takes the same steps
     steps_left = len(new[0]) // accumulation
@@ -167,7 +167,7 @@ def test_stream_resume_on_another_world_size_twice_in_one_epoch_is_exact():
 
 def test_a_rest_smaller_than_a_global_batch_leaves_no_steps():
     # 2 workers trained 7 of 8 steps (offset 112 of 128); 16 left do not fill 3 x 8.
-    sampler = ShardSampler(128, 3, 2, 8, seed=7)
+    sampler = RankSampler(128, 3, 2, 8, seed=7)
     sampler.set_epoch(0, offset=112)
     assert (sampler.batches_left, len(sampler), sampler.rank_indices()) == (0, 0, [])
     sampler.set_epoch(0, offset=500)
@@ -179,7 +179,7 @@ def test_a_synthetic_epoch_with_no_samples_left_yields_no_batch():
 
     from trainer.data.synthetic import SyntheticLoader
 
-    sampler = ShardSampler(8, num_replicas=2, rank=0, batch_size=2)
+    sampler = RankSampler(8, num_replicas=2, rank=0, batch_size=2)
     loader = SyntheticLoader(
         sampler, pool=4, image_size=4, num_classes=3, device=torch.device("cpu"), seed=0
     )

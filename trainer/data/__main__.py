@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from trainer.cli import OneLineParser, fail, positive_int
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.data.prepare import DEFAULT_SHARD_MB, prepare
 from trainer.data.transfer import container_client, stage, upload
 

@@ -10,18 +10,17 @@ free memory of the node (times the ranks on it, each holds its own cache) before
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import Protocol
 
 import numpy as np
 import psutil
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.data.folder import DataError
-from trainer.data.transforms import eval_resize, pil_to_pixels, resize, short_side_shape
+from trainer.data.decode import decode_pixels, image_size
+from trainer.data.errors import DataError
+from trainer.data.transforms import eval_resize, resize, short_side_shape
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +31,6 @@ class Source(Protocol):
     def describe(self, index: int) -> str: ...
     def encoded_size(self, index: int) -> int: ...
     def read(self, index: int) -> bytes: ...
-
-
-def decode(data: bytes, where: str) -> Image.Image:
-    try:
-        with Image.open(io.BytesIO(data)) as raw:
-            return raw.convert("RGB")
-    except (OSError, SyntaxError, ValueError) as err:
-        raise DataError(f"cannot decode image {where}: {err}") from None
 
 
 def cached_shape(width: int, height: int, image_size: int) -> tuple[int, int]:
@@ -59,11 +50,7 @@ class _Header(Dataset[tuple[int, int]]):
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[int, int]:
-        try:
-            with Image.open(io.BytesIO(self.source.read(index))) as image:
-                return image.size
-        except (OSError, SyntaxError, ValueError) as err:
-            raise DataError(f"cannot decode image {self.source.describe(index)}: {err}") from None
+        return image_size(self.source.read(index), self.source.describe(index))
 
 
 class _Decode(Dataset[torch.Tensor]):
@@ -74,7 +61,7 @@ class _Decode(Dataset[torch.Tensor]):
         return len(self.source)
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        pixels = pil_to_pixels(decode(self.source.read(index), self.source.describe(index)))
+        pixels = decode_pixels(self.source.read(index), self.source.describe(index))
         height, width = (int(v) for v in self.shapes[index])
         if (height, width) != pixels.shape[:2]:
             pixels = resize(pixels, height, width).permute(1, 2, 0)
@@ -167,7 +154,7 @@ class MemoryCache:
 
     def pixels(self, index: int) -> torch.Tensor:
         if self.shapes is None:
-            return pil_to_pixels(decode(self.read(index), self.describe(index)))
+            return decode_pixels(self.read(index), self.describe(index))
         height, width = (int(v) for v in self.shapes[index])
         return self._slice(index).view(height, width, 3)  # a view: transforms never write to it
 
@@ -176,7 +163,7 @@ def load_pixels(source: Source | MemoryCache, index: int) -> torch.Tensor:
     """The (height, width, 3) uint8 pixels of one sample."""
     if isinstance(source, MemoryCache):
         return source.pixels(index)
-    return pil_to_pixels(decode(source.read(index), source.describe(index)))
+    return decode_pixels(source.read(index), source.describe(index))
 
 
-__all__ = ["MemoryCache", "Source", "cached_shape", "decode", "load_pixels"]
+__all__ = ["MemoryCache", "Source", "cached_shape", "load_pixels"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainer.data.errors import DataError
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-class DataError(ValueError):
-    """The data on disk cannot be used; the message is one line naming the path."""
 
 
 def scan_image_folder(root: Path) -> tuple[list[str], list[tuple[str, int]]]:

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader
 from trainer.config import TrainConfig
 from trainer.data.cache import MemoryCache, Source
 from trainer.data.dataset import ImageDataset
-from trainer.data.folder import DataError, FolderSource
+from trainer.data.errors import DataError
+from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
-from trainer.data.sampler import ShardSampler, StreamSampler
+from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
 from trainer.data.transforms import normalize
@@ -29,7 +30,7 @@ class Loader(Protocol):
     with ``sampler.set_epoch(epoch, offset=..., layout_replicas=...)``.
     """
 
-    sampler: ShardSampler
+    sampler: RankSampler
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
     def __len__(self) -> int: ...
@@ -44,10 +45,10 @@ class Loaders:
 
 
 class DeviceLoader:
-    """A DataLoader over a ``ShardSampler`` that hands out normalized batches on the device."""
+    """A DataLoader over a ``RankSampler`` that hands out normalized batches on the device."""
 
     def __init__(
-        self, loader: DataLoader, sampler: ShardSampler, device: torch.device, channels_last: bool
+        self, loader: DataLoader, sampler: RankSampler, device: torch.device, channels_last: bool
     ) -> None:
         self.loader, self.sampler, self.device = loader, sampler, device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -67,7 +68,7 @@ class DeviceLoader:
 
 def _file_loader(
     dataset: ImageDataset,
-    sampler: ShardSampler,
+    sampler: RankSampler,
     where: Path,
     cfg: TrainConfig,
     device: torch.device,
@@ -112,7 +113,7 @@ def _sources(cfg: TrainConfig, root: Path) -> tuple[list[str], Source, Source | 
 
 def _sampler(
     cfg: TrainConfig, source: Source, rank: int, world: int, *, shuffle: bool
-) -> ShardSampler:
+) -> RankSampler:
     if isinstance(source, ShardSource):
         return StreamSampler(
             source.shard_samples,
@@ -123,7 +124,7 @@ def _sampler(
             seed=cfg.seed,
             buffer=cfg.shuffle_buffer,
         )
-    return ShardSampler(len(source), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed)
+    return RankSampler(len(source), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed)
 
 
 def build_loaders(
@@ -137,7 +138,7 @@ def build_loaders(
     """Loaders for this rank's share. Raises ``DataError`` for unusable data; a memory cache
     is sized for ``ranks_per_node`` copies (one per rank on the node)."""
     if cfg.data == "synthetic":
-        sampler = ShardSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
+        sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
         if sampler.batches_per_epoch == 0:
             raise DataError(
                 f"synthetic_size={cfg.synthetic_size}: gives no full batch of {cfg.batch_size} "
@@ -150,7 +151,7 @@ def build_loaders(
             channels_last=channels_last,
         )
         train = SyntheticLoader(sampler, pool=cfg.synthetic_pool, seed=cfg.seed, **common)
-        val_sampler = ShardSampler(
+        val_sampler = RankSampler(
             max(cfg.synthetic_pool, cfg.batch_size * world),
             world,
             rank,

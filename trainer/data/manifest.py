@@ -8,12 +8,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.files import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "distributed-training-shards/1"
-SPLITS = ("train", "val")
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from PIL import Image
-
-from trainer.data.folder import IMAGE_SUFFIXES, DataError, scan_image_folder
+from trainer.data.decode import check_image
+from trainer.data.errors import DataError
+from trainer.data.folder import IMAGE_SUFFIXES, scan_image_folder
 from trainer.data.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -106,17 +106,6 @@ def scan_dataset(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]
         else:
             splits["val"] = _val_labels(val, classes)
     return classes, splits
-
-
-def check_image(path: str) -> str | None:
-    """None if the image decodes completely, else the reason (a decode reads every byte)."""
-    try:
-        with Image.open(path) as image:
-            image.draft("RGB", (64, 64))  # JPEG: decode at reduced scale, still reads it all
-            image.load()
-        return None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        return str(err) or type(err).__name__
 
 
 def _check_many(paths: list[str]) -> list[str | None]:

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import Sampler
 
 
-class ShardSampler(Sampler[tuple[int, int]]):
+class RankSampler(Sampler[tuple[int, int]]):
     """Each rank's disjoint share of a (shuffled) epoch, as ``(sample_index, epoch)`` pairs.
 
     The order depends only on (seed, epoch), never on a global RNG, so a run resumed at batch b
@@ -117,7 +117,7 @@ class ShardSampler(Sampler[tuple[int, int]]):
         return self.batches_left * self.batch_size
 
 
-class StreamSampler(ShardSampler):
+class StreamSampler(RankSampler):
     """Shard-friendly order: each rank reads its own run of shards, shuffled by a buffer.
 
     Per epoch the shard order is reshuffled (seeded by seed and epoch) and the concatenated

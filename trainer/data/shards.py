@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest
 
 

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 
 import torch
 
-from trainer.data.sampler import ShardSampler
+from trainer.data.sampler import RankSampler
 
 
 class SyntheticLoader:
     def __init__(
         self,
-        sampler: ShardSampler,
+        sampler: RankSampler,
         *,
         pool: int,
         image_size: int,

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.data.folder import DataError
+from trainer.data.errors import DataError
 from trainer.data.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
     shard_is_valid,
 )
-from trainer.files import remove_partials, write_atomic
+from trainer.files import partial_path, remove_partials, write_atomic
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -153,7 +153,9 @@ def _download(container: ContainerClient, name: str, target: Path, shard: ShardE
     one retry, then a clear failure."""
     got = ""
     for _ in range(DOWNLOAD_ATTEMPTS):
-        temp = target.with_name(f".{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+        # The shared temp-name scheme, per thread: remove_partials tidies what a kill leaves.
+        temp = partial_path(target)
+        temp = temp.with_name(f"{temp.name}-{threading.get_ident()}")
         digest = hashlib.sha256()
         try:
             with _azure_errors(f"{container.url}/{name}"), open(temp, "wb") as file:

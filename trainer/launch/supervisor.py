@@ -5,7 +5,9 @@ Runs on every node of a multi-instance task. From the Batch environment it learn
 it is the master; the master serves Horovod's Gloo rendezvous on ``MASTER_PORT`` (default 6105,
 or ``--port``), and every node starts one worker per GPU (one on a size without GPUs) with the
 variables ``horovodrun --gloo`` would set. No SSH daemon, keys or passwords; NCCL carries GPU
-tensors over InfiniBand with the VM size's settings (``trainer.fabric``).
+tensors over InfiniBand with the VM size's settings (``trainer.launch.fabric``). The worker
+command runs as given: the job (``infra/job.py``) builds it complete, the size's preflight
+floor included.
 
 Failures end the whole job, never hang it: a launcher whose worker fails records it in the
 rendezvous store and stops its workers; every launcher polls the store (and treats a master
@@ -44,8 +46,9 @@ from typing import IO, Any
 import psutil
 
 from trainer.cli import OneLineParser, fail
-from trainer.fabric import fabric_for, preflight_floor, worker_environment, workers_per_node
 from trainer.files import ensure_writable_folder, write_atomic
+from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
+from trainer.launch.rendezvous import gloo_worker_env, start_gloo_rendezvous
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
@@ -489,7 +492,9 @@ def build_parser() -> OneLineParser:
         description="Start this node's Horovod workers for a Batch multi-instance task.",
         allow_abbrev=False,
     )
-    parser.add_argument("--vm-size", help="pool VM size: InfiniBand/NCCL settings and preflight")
+    parser.add_argument(
+        "--vm-size", help="pool VM size: workers per node and InfiniBand/NCCL settings"
+    )
     parser.add_argument(
         "--workers-per-node", type=int, help="default: the VM size's GPUs, else visible GPUs or 1"
     )
@@ -521,15 +526,6 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("command", nargs="+", help="the worker command, after --")
     return parser
-
-
-def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
-    """The worker command with the size's preflight floor, unless it sets one. None on a size
-    without InfiniBand (the CPU acceptance size): there is no baseline to hold it to."""
-    floor = preflight_floor(vm_size) if vm_size else 0.0
-    if floor <= 0 or "--preflight-min-busbw" in command:
-        return command
-    return [*command, "--preflight-min-busbw", str(floor)]
 
 
 def _default_workers(vm_size: str | None) -> int:
@@ -570,9 +566,6 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 2)
     records = RunRecords(output_dir) if output_dir is not None else None
     log = RunLog(node.name, keep_early=records is not None)
-    # Imported late: --help and input errors never wait for Horovod.
-    from trainer.distributed import gloo_worker_env, start_gloo_rendezvous
-
     store = Store(node.master_ip, node.port)
     stop_server = None
     if node.is_master:
@@ -599,7 +592,6 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    command = with_preflight_floor(command, args.vm_size)
     base = worker_environment(args.vm_size, env)
     envs = [
         {
@@ -643,7 +635,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
             return outcome.code or 1
     return 0 if args.defer_exit_code else outcome.code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

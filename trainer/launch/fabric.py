@@ -1,4 +1,9 @@
-"""InfiniBand and NCCL settings per VM size, and the bandwidth the preflight expects.
+"""The one table per VM size the launcher runs on: GPUs per node (one worker each), the NCCL
+and InfiniBand settings, and the bus bandwidth a healthy pool reaches, whose fraction is the
+preflight floor. ``infra/sizes.py`` keeps only the Azure facts of the same sizes (vCPUs, Batch
+image, regions) and checks at import that it names exactly these; the job (``infra/job.py``)
+puts the floor on the trainer's command line. Standard library only: the Pulumi program and the
+dynamic provider host import this module.
 
 The values follow the Azure HPC images' own configuration: NCCL reads the VM's PCIe/NUMA
 topology from the file the image ships (the container mounts /opt/microsoft read-only), relaxed
@@ -6,9 +11,10 @@ PCIe ordering lets GPUDirect RDMA reach line rate on these virtualized hosts, an
 HPC-X/OpenMPI) gets the same hint. NCCL_IB_DISABLE is never set on an InfiniBand size: that
 would silently route every gradient over TCP (the mistake an earlier reference made).
 
-``CPU_FABRICS`` holds the CPU acceptance size (infra/sizes.py ``CPU_ACCEPTANCE``): no GPU, no
-InfiniBand, so one worker per node, Gloo over the VNet, no NCCL or UCX settings and no preflight
-floor (there is no InfiniBand baseline to hold it to).
+``FABRICS`` are the InfiniBand GPU sizes (infra/sizes.py ``SUPPORTED``); ``CPU_FABRICS`` the
+CPU acceptance size (infra/sizes.py ``CPU_ACCEPTANCE``): no GPU, no InfiniBand, so one worker
+per node, Gloo over the VNet, no NCCL or UCX settings and no preflight floor (there is no
+InfiniBand baseline to hold it to). Both are views of ``SIZES``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Fabric:
-    gpus: int
+    """What the launcher and the job know of a VM size."""
+
+    gpus: int  # per node; 0 only for the CPU acceptance size
     # Multi-node NCCL allreduce bus bandwidth (GB/s) a healthy pool reaches with large messages
     # (approximate, from published nccl-tests runs on these sizes); the preflight floor is a
     # fraction of it.
@@ -48,24 +56,24 @@ _NDV4 = dict(_COMMON)
 _NDV5_TOPO = ("/opt/microsoft/ndv5/topo.xml", "/opt/microsoft/ndv5-topo.xml")
 _NDV4_TOPO = ("/opt/microsoft/ndv4/topo.xml", "/opt/microsoft/ndv4-topo.xml")
 
-FABRICS: dict[str, Fabric] = {
+SIZES: dict[str, Fabric] = {
     "Standard_ND96isr_H100_v5": Fabric(8, 350.0, _NDV5, _NDV5_TOPO),
     "Standard_ND96isr_H200_v5": Fabric(8, 350.0, _NDV5, _NDV5_TOPO),
     "Standard_ND96asr_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
     "Standard_ND96amsr_A100_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO),
+    # The CPU acceptance size: one worker (Gloo) per node, nothing to tune, no bandwidth floor.
+    "Standard_D2s_v5": Fabric(0, 0.0),
 }
-# The CPU acceptance size: one worker (Gloo) per node, nothing to tune, no bandwidth floor.
-CPU_FABRICS: dict[str, Fabric] = {"Standard_D2s_v5": Fabric(0, 0.0)}
+FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if f.gpus}
+CPU_FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if not f.gpus}
 PREFLIGHT_FRACTION = 0.7
 # Settings that must not leak into a run on an InfiniBand size (from a base image or a user).
 FORBIDDEN_ON_IB = ("NCCL_IB_DISABLE", "NCCL_NET")
 
 
 def fabric_for(vm_size: str) -> Fabric:
-    if vm_size in CPU_FABRICS:
-        return CPU_FABRICS[vm_size]
     try:
-        return FABRICS[vm_size]
+        return SIZES[vm_size]
     except KeyError:
         known = ", ".join(FABRICS)
         raise ValueError(

@@ -1,0 +1,7 @@
+"""The one error every data module raises for data that cannot be used."""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """The data on disk cannot be used; the message is one line naming the path."""
