@@ -52,7 +52,7 @@ POLL_SECONDS = 30.0
 AUTH_WAIT_SECONDS = 600.0  # new role assignments and IP rules take minutes to apply
 LOG_WAIT_SECONDS = 300.0  # output files are uploaded as the task completes
 RUNNING_WAIT_SECONDS = 1800.0
-# The log lines the checks read: trainer/run.py, trainer/launch.py and trainer/launch's report.
+# The log lines the checks read: trainer/run.py, trainer/launch/supervisor.py and its report.
 _CHECKPOINT_LINE = re.compile(r"checkpoint written: (\S+) \(uid (\d+)\)")
 _WORKERS_LINE = re.compile(r"node (\d+)/(\d+): starting (\d+) worker\(s\)")
 _PREFLIGHT_LINE = re.compile(r"preflight: allreduce bus bandwidth ([0-9.]+) GB/s")
@@ -318,14 +318,14 @@ def run_cost(s: StackSettings, hours: float, node_hours: float) -> list[tuple[st
     """(item, USD) for a stack that existed ``hours`` with ``node_hours`` of pool nodes, at
     the list prices of infra/prices.py. A registry bills a fixed charge per started day."""
     days = max(1, math.ceil(hours / 24))
-    nfs_gb = s.nfs_disk_count * s.nfs_disk_size_gb
+    nfs_gb = s.nfs.disk_count * s.nfs.disk_size_gb
     network = prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR
     return [
         (
-            f"pool: {node_hours:.2f} node-hours of {s.vm_size}",
-            prices.VM_PER_HOUR[s.vm_size] * node_hours,
+            f"pool: {node_hours:.2f} node-hours of {s.cluster.vm_size}",
+            prices.VM_PER_HOUR[s.cluster.vm_size] * node_hours,
         ),
-        (f"NFS server {s.nfs_vm_size}, {hours:.2f} h", prices.VM_PER_HOUR[s.nfs_vm_size] * hours),
+        (f"NFS server {s.nfs.vm_size}, {hours:.2f} h", prices.VM_PER_HOUR[s.nfs.vm_size] * hours),
         (
             f"NFS premium disk {nfs_gb} GiB, {hours:.2f} h",
             nfs_gb * prices.PREMIUM_SSD_PER_GB_MONTH * hours / prices.HOURS_PER_MONTH,
@@ -394,7 +394,7 @@ def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
     )
     hours = profile.assumed_minutes / 60
     w("\n".join(cost_lines(settings, hours, _node_hours(settings, hours, hours))) + "\n")
-    if settings.scale_mode != "fixed":
+    if settings.cluster.scale_mode != "fixed":
         w("    (autoscaled pool: counted for the whole run, an upper bound)\n")
 
 
@@ -408,9 +408,9 @@ def _target_text(profile: Profile) -> str:
 def _node_hours(s: StackSettings, stack_hours: float, busy_hours: float) -> float:
     """Fixed pools run for the stack's whole life; autoscaled ones roughly while jobs are
     queued or running, plus the idle time before they scale to zero."""
-    if s.scale_mode == "fixed":
-        return s.node_count * stack_hours
-    return s.node_count * min(stack_hours, busy_hours + s.idle_minutes / 60)
+    if s.cluster.scale_mode == "fixed":
+        return s.cluster.node_count * stack_hours
+    return s.cluster.node_count * min(stack_hours, busy_hours + s.cluster.idle_minutes / 60)
 
 
 # ---------------------------------------------------------------- the real run
@@ -554,10 +554,13 @@ class Acceptance:
         if missing:
             raise CheckFailed(f"stack outputs lack {', '.join(missing)}")
         expectations = (
-            (o["vm_size"] == s.vm_size, f"vm_size={o['vm_size']}, configured {s.vm_size}"),
             (
-                int(o["node_count"]) == s.node_count,
-                f"node_count={o['node_count']}, configured {s.node_count}",
+                o["vm_size"] == s.cluster.vm_size,
+                f"vm_size={o['vm_size']}, configured {s.cluster.vm_size}",
+            ),
+            (
+                int(o["node_count"]) == s.cluster.node_count,
+                f"node_count={o['node_count']}, configured {s.cluster.node_count}",
             ),
             ("@sha256:" in o["image_ref"], f"image_ref={o['image_ref']} is not pinned by digest"),
             (
@@ -588,15 +591,15 @@ class Acceptance:
         ARM rights that created the account."""
         s, o = self.settings, self.outputs
         account, group = o["batch_account_endpoint"].split(".")[0], o["resource_group_name"]
-        need = s.node_count * s.gpu.vcpus
-        family_query = f"[?name=='{s.vm_size}'].family | [0]"
+        need = s.cluster.node_count * s.cluster.gpu.vcpus
+        family_query = f"[?name=='{s.cluster.vm_size}'].family | [0]"
         quotas = (
             "{total: dedicatedCoreQuota, families: dedicatedCoreQuotaPerVmFamily, "
             "enforced: dedicatedCoreQuotaPerVmFamilyEnforced}"
         )
         skus = self.shell(
             [
-                *("az", "vm", "list-skus", "-l", s.location, "--size", s.vm_size),
+                *("az", "vm", "list-skus", "-l", s.location, "--size", s.cluster.vm_size),
                 *("--query", family_query, "-o", "tsv"),
             ]
         )
@@ -618,11 +621,12 @@ class Acceptance:
         have = families.get(family, 0) if quota.get("enforced") and family else total
         if min(have, total) < need:
             raise CheckFailed(
-                f"Batch account {account} has {have} dedicated cores of {family or s.vm_size} "
+                f"Batch account {account} has {have} dedicated cores of "
+                f"{family or s.cluster.vm_size} "
                 f"({total} in total); the pool needs {need}: request more for this region "
                 "(az batch account show shows the quotas; portal: Batch account > Quotas)"
             )
-        return f"{need} cores needed; {family or s.vm_size}: {have}, total: {total}"
+        return f"{need} cores needed; {family or s.cluster.vm_size}: {have}, total: {total}"
 
     def _job(self) -> str:
         job_id = self.outputs["job_id"]
@@ -682,7 +686,7 @@ class Acceptance:
                 )
             nodes.add(getattr(sub.node_info, "node_id", None))
         nodes.discard(None)
-        expected = self.settings.node_count
+        expected = self.settings.cluster.node_count
         if len(subtasks) != expected - 1 or len(nodes) != expected:
             raise CheckFailed(
                 f"{len(subtasks)} subtasks on {len(nodes)} distinct nodes; a job of "
@@ -730,13 +734,13 @@ class Acceptance:
         return f"{', '.join(n.rsplit('/', 1)[1] for n in names)} ({len(data):,} bytes of stdout)"
 
     def _workers(self) -> str:
-        text, count = self.stdout_text, self.settings.node_count
+        text, count = self.stdout_text, self.settings.cluster.node_count
         sections = {int(m.group(1)) for m in _NODE_SECTION.finditer(text)}
         if sections != set(range(1, count + 1)):
             raise CheckFailed(
                 f"the report has logs of nodes {sorted(sections)}, not of all {count} nodes"
             )
-        per_node = max(1, size_of(self.settings.vm_size).gpus)
+        per_node = max(1, size_of(self.settings.cluster.vm_size).gpus)
         started = {int(m.group(1)): int(m.group(3)) for m in _WORKERS_LINE.finditer(text)}
         wrong = {node: n for node, n in started.items() if n != per_node}
         if set(started) != set(range(1, count + 1)) or wrong:
@@ -771,16 +775,17 @@ class Acceptance:
         return f"{', '.join(wanted)} under {run_folder} by uid {', '.join(map(str, uids))}"
 
     def _gpu_checks(self) -> str:
-        size = size_of(self.settings.vm_size)
+        size = size_of(self.settings.cluster.vm_size)
         return (
-            f"{self.settings.node_count} nodes ran the task, so each passed its start task: "
+            f"{self.settings.cluster.node_count} nodes ran the task, so each passed its start "
+            "task: "
             f"{size.gpus} GPUs, driver, {size.ib_ports} active InfiniBand ports"
         )
 
     def _preflight(self) -> str:
-        from trainer.fabric import preflight_floor
+        from trainer.launch.fabric import preflight_floor
 
-        floor = preflight_floor(self.settings.vm_size)
+        floor = preflight_floor(self.settings.cluster.vm_size)
         found = [float(v) for v in _PREFLIGHT_LINE.findall(self.stdout_text)]
         if not found:
             raise CheckFailed("no 'preflight: allreduce bus bandwidth' line in the job's stdout")

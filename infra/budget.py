@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import consumption
 
-from infra.config import current_month
+from infra.config import BudgetSettings, current_month
 
 BUDGET_START_PROPERTY = "timePeriod.startDate"
 
@@ -20,6 +20,12 @@ class BudgetArgs:
     amount: int
     start_month: str  # YYYY-MM; "" starts the budget in the month it is created
     emails: Sequence[str]
+
+    @classmethod
+    def from_settings(
+        cls, resource_group_id: pulumi.Input[str], budget: BudgetSettings
+    ) -> BudgetArgs:
+        return cls(resource_group_id, budget.amount, budget.start_month, budget.emails)
 
 
 class CostBudget(pulumi.ComponentResource):

@@ -17,7 +17,7 @@ import pulumi
 from pulumi_azure_native import authorization, batch
 
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
-from infra.config import StackSettings
+from infra.config import ClusterSettings
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role, deployer_principal_type
 from infra.naming import Placement
 from infra.nfs import NfsServer
@@ -136,7 +136,8 @@ class GpuClusterArgs:
     def from_settings(
         cls,
         placement: Placement,
-        s: StackSettings,
+        cluster: ClusterSettings,
+        *,
         account_name: str,
         subnet_id: pulumi.Input[str],
         node_identity_id: pulumi.Input[str],
@@ -144,16 +145,17 @@ class GpuClusterArgs:
         registry_server: pulumi.Input[str],
         nfs: NfsServer,
         client: pulumi.Output[Any],
+        acceptance_profile: str,
     ) -> GpuClusterArgs:
         """``client`` is ``authorization.get_client_config_output()``: the deployer."""
         return cls(
             placement=placement,
             account_name=account_name,
-            size=s.gpu,
-            node_count=s.node_count,
-            spot_nodes=s.spot_nodes,
-            scale_mode=s.scale_mode,
-            idle_minutes=s.idle_minutes,
+            size=cluster.gpu,
+            node_count=cluster.node_count,
+            spot_nodes=cluster.spot_nodes,
+            scale_mode=cluster.scale_mode,
+            idle_minutes=cluster.idle_minutes,
             subnet_id=subnet_id,
             node_identity_id=node_identity_id,
             storage_account_id=storage_account_id,
@@ -162,15 +164,18 @@ class GpuClusterArgs:
             nfs_mount_options=nfs.mount_options,
             deployer_object_id=client.object_id,
             deployer_type=deployer_principal_type(),
-            team_object_id=s.job_submitter_object_id,
-            team_type=s.job_submitter_type,
+            team_object_id=cluster.job_submitter_object_id,
+            team_type=cluster.job_submitter_type,
             subscription_id=client.subscription_id,
-            checkpointing=s.checkpointing,
-            acceptance_profile=s.acceptance_profile,
+            checkpointing=cluster.checkpointing,
+            acceptance_profile=acceptance_profile,
         )
 
 
 class GpuCluster(pulumi.ComponentResource):
+    """The Batch account, its pool and the roles that submit jobs to it; one private step per
+    concern."""
+
     account_endpoint: pulumi.Output[str]
     pool_id: pulumi.Output[str]
 
@@ -179,11 +184,25 @@ class GpuCluster(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpucluster:infra:GpuCluster", name, None, opts)
         identity_ref = batch.ComputeNodeIdentityReferenceArgs(resource_id=args.node_identity_id)
-        account = batch.BatchAccount(
+        account = self._account(name, args, identity_ref)
+        pool = self._pool(name, args, account, identity_ref)
+        self._grant_submitters(name, args, account)
+        self.account_id = account.id
+        self.account_endpoint = account.account_endpoint
+        self.pool_id = pool.name
+        self.register_outputs({"account_endpoint": self.account_endpoint, "pool_id": self.pool_id})
+
+    def _account(
+        self,
+        name: str,
+        args: GpuClusterArgs,
+        identity_ref: batch.ComputeNodeIdentityReferenceArgs,
+    ) -> batch.BatchAccount:
+        """Entra auth only; auto-storage through the nodes' identity (no account keys)."""
+        return batch.BatchAccount(
             f"{name}-batch",
             account_name=args.account_name,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
+            **args.placement.kwargs(),
             pool_allocation_mode=batch.PoolAllocationMode.BATCH_SERVICE,
             allowed_authentication_modes=[batch.AuthenticationMode.AAD],
             identity=batch.BatchAccountIdentityArgs(
@@ -196,28 +215,18 @@ class GpuCluster(pulumi.ComponentResource):
                 node_identity_reference=identity_ref,
             ),
             public_network_access=batch.PublicNetworkAccessType.ENABLED,
-            tags=args.placement.tag_map(),
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-        if args.scale_mode == "fixed":
-            scale = batch.ScaleSettingsArgs(
-                fixed_scale=batch.FixedScaleSettingsArgs(
-                    target_dedicated_nodes=args.node_count,
-                    target_low_priority_nodes=args.spot_nodes,
-                    resize_timeout="PT30M",
-                    node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
-                )
-            )
-        else:
-            scale = batch.ScaleSettingsArgs(
-                auto_scale=batch.AutoScaleSettingsArgs(
-                    formula=autoscale_formula(args.node_count, args.spot_nodes, args.idle_minutes),
-                    evaluation_interval="PT5M",
-                )
-            )
+    def _pool(
+        self,
+        name: str,
+        args: GpuClusterArgs,
+        account: batch.BatchAccount,
+        identity_ref: batch.ComputeNodeIdentityReferenceArgs,
+    ) -> batch.Pool:
         image = args.size.image
-        pool = batch.Pool(
+        return batch.Pool(
             f"{name}-pool",
             pool_name=POOL_ID,
             account_name=account.name,
@@ -271,7 +280,7 @@ class GpuCluster(pulumi.ComponentResource):
                     )
                 )
             ],
-            scale_settings=scale,
+            scale_settings=scale_settings(args),
             # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs, and the
             # CPU acceptance size only on a pool that says it is an acceptance pool.
             metadata=[
@@ -295,11 +304,14 @@ class GpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-        # Job Submitter, nothing more: it creates, updates, terminates and deletes jobs and reads
-        # task files, but cannot resize or delete pools (Batch Data Contributor could).
-        # Whoever runs `pulumi up` submits the job (TrainingJob), so the deployer always gets
-        # it, with its real principal type: the same stack is deployed by people (User) and by
-        # CI (ServicePrincipal). The team's principal is granted separately.
+    def _grant_submitters(
+        self, name: str, args: GpuClusterArgs, account: batch.BatchAccount
+    ) -> None:
+        """Job Submitter, nothing more: it creates, updates, terminates and deletes jobs and
+        reads task files, but cannot resize or delete pools (Batch Data Contributor could).
+        Whoever runs `pulumi up` submits the job (TrainingJob), so the deployer always gets it,
+        with its real principal type: the same stack is deployed by people (User) and by CI
+        (ServicePrincipal). The team's principal is granted separately."""
         submitters: list[tuple[str, pulumi.Input[str], authorization.PrincipalType]] = [
             ("deployer", args.deployer_object_id, authorization.PrincipalType(args.deployer_type))
         ]
@@ -307,7 +319,7 @@ class GpuCluster(pulumi.ComponentResource):
             submitters.append(
                 ("team", args.team_object_id, authorization.PrincipalType(args.team_type))
             )
-        self.submitter_roles = [
+        for label, principal, principal_type in submitters:
             assign_role(
                 f"{name}-{label}-submitter",
                 role=BATCH_JOB_SUBMITTER,
@@ -317,9 +329,22 @@ class GpuCluster(pulumi.ComponentResource):
                 principal_type=principal_type,
                 parent=self,
             )
-            for label, principal, principal_type in submitters
-        ]
-        self.account_id = account.id
-        self.account_endpoint = account.account_endpoint
-        self.pool_id = pool.name
-        self.register_outputs({"account_endpoint": self.account_endpoint, "pool_id": self.pool_id})
+
+
+def scale_settings(args: GpuClusterArgs) -> batch.ScaleSettingsArgs:
+    """A fixed pool, or the autoscale formula that drops to zero when idle."""
+    if args.scale_mode == "fixed":
+        return batch.ScaleSettingsArgs(
+            fixed_scale=batch.FixedScaleSettingsArgs(
+                target_dedicated_nodes=args.node_count,
+                target_low_priority_nodes=args.spot_nodes,
+                resize_timeout="PT30M",
+                node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
+            )
+        )
+    return batch.ScaleSettingsArgs(
+        auto_scale=batch.AutoScaleSettingsArgs(
+            formula=autoscale_formula(args.node_count, args.spot_nodes, args.idle_minutes),
+            evaluation_interval="PT5M",
+        )
+    )

@@ -21,6 +21,7 @@ import yaml
 
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import CUDA, cuda_of_base
+from infra.trainer_settings import TrainerSettings, TrainerSettingsError
 from trainer.config import one_line
 
 PROJECT = "gpu-cluster"
@@ -67,47 +68,33 @@ def load_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:
 
 
 @dataclass(frozen=True)
-class StackSettings:
-    stack: str
-    team: str
-    cost_center: str
-    location: str
+class NetworkSettings:
+    """The VNet and its subnets, and the public addresses storage and the registry admit."""
+
     vnet_cidr: str
     compute_subnet_cidr: str
     storage_subnet_cidr: str
+    storage_allowed_ips: tuple[str, ...]
+    registry_allowed_ips: tuple[str, ...]
+
+    @property
+    def nfs_server_ip(self) -> str:
+        """The NFS server's static address: the first host Azure does not reserve."""
+        return str(ipaddress.ip_network(self.storage_subnet_cidr)[4])
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The Batch pool: its size and scaling, and who besides the deployer submits jobs."""
+
     vm_size: str
     node_count: int
     spot_nodes: int
     scale_mode: str
     idle_minutes: int
-    nfs_mode: str
-    nfs_vm_size: str
-    nfs_disk_count: int
-    nfs_disk_size_gb: int
-    nfs_share_quota_gb: int
-    ssh_public_key: str
-    storage_allowed_ips: tuple[str, ...]
-    registry_allowed_ips: tuple[str, ...]
-    log_retention_days: int
-    protect_data: bool
     checkpointing: bool
-    budget: int
-    budget_start_month: str
-    budget_emails: tuple[str, ...]
     job_submitter_object_id: str
     job_submitter_type: str
-    image_builder: str
-    image_source_repo: str
-    image_base: str
-    image_base_digest: str
-    submit_job: bool
-    trainer_config: str
-    dataset_prefix: str
-    # The stack's training jobs: the `jobs` map, or the one job of the three settings above.
-    jobs: tuple[JobSettings, ...]
-    protect_running_jobs: bool
-    replace_jobs: tuple[str, ...]
-    acceptance_profile: str = ""
 
     @property
     def gpu(self) -> GpuSize:
@@ -118,6 +105,60 @@ class StackSettings:
     @property
     def max_nodes(self) -> int:
         return self.node_count + self.spot_nodes
+
+
+@dataclass(frozen=True)
+class NfsSettings:
+    """The shared file system: an NFS server VM or an Azure Files NFS share."""
+
+    mode: str
+    vm_size: str
+    disk_count: int
+    disk_size_gb: int
+    share_quota_gb: int
+    ssh_public_key: str
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """How the trainer image is built, and on which base."""
+
+    builder: str
+    source_repo: str
+    base: str
+    base_digest: str
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """The monthly budget on the resource group; ``amount`` 0 declares none."""
+
+    amount: int
+    start_month: str
+    emails: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """The stack's settings, one section per component (each component takes its own)."""
+
+    stack: str
+    team: str
+    cost_center: str
+    location: str
+    log_retention_days: int
+    protect_data: bool
+    network: NetworkSettings
+    cluster: ClusterSettings
+    nfs: NfsSettings
+    image: ImageSettings
+    budget: BudgetSettings
+    # The stack's training jobs: the `jobs` map, or the one job of submitJob/trainerConfig/
+    # datasetPrefix.
+    jobs: tuple[JobSettings, ...]
+    protect_running_jobs: bool
+    replace_jobs: tuple[str, ...]
+    acceptance_profile: str = ""
 
     @classmethod
     def from_mapping(
@@ -133,7 +174,7 @@ class StackSettings:
                     f"unknown setting {key!r}; valid settings are {', '.join(sorted(schema))}"
                 )
             merged[key] = value
-        kwargs: dict[str, Any] = {}
+        flat: dict[str, Any] = {}
         for key, spec in schema.items():
             if key in SECRET_SETTINGS:
                 _check_encrypted(key, merged.get(key))
@@ -141,65 +182,116 @@ class StackSettings:
             if key not in merged and "default" not in spec and "value" not in spec:
                 raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
             value = merged.get(key, schema_default(spec))
-            kwargs[_snake(key)] = _typed(key, value, spec)
-        kwargs["jobs"] = job_settings(kwargs, set(merged))
-        kwargs["replace_jobs"] = tuple(kwargs["replace_jobs"])
-        kwargs["registry_allowed_ips"] = tuple(kwargs["registry_allowed_ips"])
-        kwargs["storage_allowed_ips"] = tuple(kwargs["storage_allowed_ips"])
-        kwargs["budget_emails"] = tuple(kwargs["budget_emails"])
-        return cls(stack=stack, **kwargs)
+            flat[_snake(key)] = _typed(key, value, spec)
+        jobs = job_settings(flat, set(merged))
+        take = flat.pop
+        settings = cls(
+            stack=stack,
+            team=take("team"),
+            cost_center=take("cost_center"),
+            location=take("location"),
+            log_retention_days=take("log_retention_days"),
+            protect_data=take("protect_data"),
+            network=NetworkSettings(
+                vnet_cidr=take("vnet_cidr"),
+                compute_subnet_cidr=take("compute_subnet_cidr"),
+                storage_subnet_cidr=take("storage_subnet_cidr"),
+                storage_allowed_ips=tuple(take("storage_allowed_ips")),
+                registry_allowed_ips=tuple(take("registry_allowed_ips")),
+            ),
+            cluster=ClusterSettings(
+                vm_size=take("vm_size"),
+                node_count=take("node_count"),
+                spot_nodes=take("spot_nodes"),
+                scale_mode=take("scale_mode"),
+                idle_minutes=take("idle_minutes"),
+                checkpointing=take("checkpointing"),
+                job_submitter_object_id=take("job_submitter_object_id"),
+                job_submitter_type=take("job_submitter_type"),
+            ),
+            nfs=NfsSettings(
+                mode=take("nfs_mode"),
+                vm_size=take("nfs_vm_size"),
+                disk_count=take("nfs_disk_count"),
+                disk_size_gb=take("nfs_disk_size_gb"),
+                share_quota_gb=take("nfs_share_quota_gb"),
+                ssh_public_key=take("ssh_public_key"),
+            ),
+            image=ImageSettings(
+                builder=take("image_builder"),
+                source_repo=take("image_source_repo"),
+                base=take("image_base"),
+                base_digest=take("image_base_digest"),
+            ),
+            budget=BudgetSettings(
+                amount=take("budget"),
+                start_month=take("budget_start_month"),
+                emails=tuple(take("budget_emails")),
+            ),
+            jobs=jobs,
+            protect_running_jobs=take("protect_running_jobs"),
+            replace_jobs=tuple(take("replace_jobs")),
+            acceptance_profile=take("acceptance_profile"),
+        )
+        # The shorthand's settings live on its job (job_settings).
+        unplaced = sorted(set(flat) - {"jobs", "submit_job", "trainer_config", "dataset_prefix"})
+        if unplaced:
+            raise TypeError(f"settings with no home in StackSettings: {', '.join(unplaced)}")
+        return settings
 
     def __post_init__(self) -> None:
+        cluster, nfs = self.cluster, self.nfs
         if not _TEAM.match(self.team):
             raise ConfigError(
                 f"team={self.team!r}: use 2-12 lowercase letters and digits, starting with a "
                 "letter (it becomes part of storage account names)"
             )
-        if self.vm_size in RETIRED:
+        if cluster.vm_size in RETIRED:
             raise ConfigError(
-                f"vmSize={self.vm_size}: {RETIRED[self.vm_size]}; use one of {', '.join(SUPPORTED)}"
-            )
-        self._check_acceptance()
-        if self.vm_size not in SUPPORTED and not self._cpu_acceptance:
-            raise ConfigError(
-                f"vmSize={self.vm_size}: not an InfiniBand GPU size we support; "
+                f"vmSize={cluster.vm_size}: {RETIRED[cluster.vm_size]}; "
                 f"use one of {', '.join(SUPPORTED)}"
             )
-        if self.location not in self.gpu.regions:
+        self._check_acceptance()
+        if cluster.vm_size not in SUPPORTED and not self._cpu_acceptance:
             raise ConfigError(
-                f"location={self.location}: {self.vm_size} is not offered there "
-                f"in our table; use one of {', '.join(sorted(self.gpu.regions))}"
+                f"vmSize={cluster.vm_size}: not an InfiniBand GPU size we support; "
+                f"use one of {', '.join(SUPPORTED)}"
             )
-        _range("nodeCount", self.node_count, 0, 100)
-        _range("spotNodes", self.spot_nodes, 0, 100)
-        if self.max_nodes < 1:
-            raise ConfigError("nodeCount=0 with spotNodes=0: the pool needs at least one node")
-        if self.scale_mode not in SCALE_MODES:
-            raise ConfigError(f"scaleMode={self.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
-        _range("idleMinutes", self.idle_minutes, 5, 1440)
-        if self.nfs_mode not in NFS_MODES:
-            raise ConfigError(f"nfsMode={self.nfs_mode!r}: use {' or '.join(NFS_MODES)}")
-        _range("nfsDiskCount", self.nfs_disk_count, 1, 16)
-        _range("nfsDiskSizeGb", self.nfs_disk_size_gb, 32, 32767)
-        _range("nfsShareQuotaGb", self.nfs_share_quota_gb, 100, 102400)
-        _range("logRetentionDays", self.log_retention_days, 30, 730)
-        if self.nfs_mode == "vm" and not _SSH_KEY.match(self.ssh_public_key):
+        if self.location not in cluster.gpu.regions:
             raise ConfigError(
-                f"sshPublicKey={self.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "
+                f"location={self.location}: {cluster.vm_size} is not offered there "
+                f"in our table; use one of {', '.join(sorted(cluster.gpu.regions))}"
+            )
+        _range("nodeCount", cluster.node_count, 0, 100)
+        _range("spotNodes", cluster.spot_nodes, 0, 100)
+        if cluster.max_nodes < 1:
+            raise ConfigError("nodeCount=0 with spotNodes=0: the pool needs at least one node")
+        if cluster.scale_mode not in SCALE_MODES:
+            raise ConfigError(f"scaleMode={cluster.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
+        _range("idleMinutes", cluster.idle_minutes, 5, 1440)
+        if nfs.mode not in NFS_MODES:
+            raise ConfigError(f"nfsMode={nfs.mode!r}: use {' or '.join(NFS_MODES)}")
+        _range("nfsDiskCount", nfs.disk_count, 1, 16)
+        _range("nfsDiskSizeGb", nfs.disk_size_gb, 32, 32767)
+        _range("nfsShareQuotaGb", nfs.share_quota_gb, 100, 102400)
+        _range("logRetentionDays", self.log_retention_days, 30, 730)
+        if nfs.mode == "vm" and not _SSH_KEY.match(nfs.ssh_public_key):
+            raise ConfigError(
+                f"sshPublicKey={nfs.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "
                 'key; run pulumi config set sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
             )
-        if self.spot_nodes and not self.checkpointing:
+        if cluster.spot_nodes and not cluster.checkpointing:
             raise ConfigError(
-                f"spotNodes={self.spot_nodes} with checkpointing=false: Spot nodes "
+                f"spotNodes={cluster.spot_nodes} with checkpointing=false: Spot nodes "
                 "are evicted at any time; turn checkpointing on or use 0 Spot nodes"
             )
-        if self.job_submitter_type not in PRINCIPAL_TYPES:
+        if cluster.job_submitter_type not in PRINCIPAL_TYPES:
             raise ConfigError(
-                f"jobSubmitterType={self.job_submitter_type!r}: use {', '.join(PRINCIPAL_TYPES)}"
+                f"jobSubmitterType={cluster.job_submitter_type!r}: use {', '.join(PRINCIPAL_TYPES)}"
             )
-        if self.job_submitter_object_id and not _GUID.match(self.job_submitter_object_id):
+        if cluster.job_submitter_object_id and not _GUID.match(cluster.job_submitter_object_id):
             raise ConfigError(
-                f"jobSubmitterObjectId={self.job_submitter_object_id!r}: an Entra "
+                f"jobSubmitterObjectId={cluster.job_submitter_object_id!r}: an Entra "
                 "object id is a GUID (az ad group show -g <name> --query id)"
             )
         self._check_budget()
@@ -209,20 +301,20 @@ class StackSettings:
 
     @property
     def _cpu_acceptance(self) -> bool:
-        return self.acceptance_profile == "cpu" and self.vm_size in CPU_ACCEPTANCE
+        return self.acceptance_profile == "cpu" and self.cluster.vm_size in CPU_ACCEPTANCE
 
     def _check_acceptance(self) -> None:
         """The CPU size exists for acceptance stacks only: any other stack that names it gets
         the same error as any other non-InfiniBand size (checked by the caller)."""
-        profile = self.acceptance_profile
+        profile, vm_size = self.acceptance_profile, self.cluster.vm_size
         if profile not in ACCEPTANCE_PROFILES:
             raise ConfigError(
                 f"acceptanceProfile={profile!r}: use cpu or gpu (python -m infra.acceptance sets "
                 "it), or leave it empty for a team stack"
             )
-        if profile == "cpu" and self.vm_size not in CPU_ACCEPTANCE:
+        if profile == "cpu" and vm_size not in CPU_ACCEPTANCE:
             raise ConfigError(
-                f"vmSize={self.vm_size}: acceptanceProfile cpu runs on the CPU acceptance size; "
+                f"vmSize={vm_size}: acceptanceProfile cpu runs on the CPU acceptance size; "
                 f"use {', '.join(CPU_ACCEPTANCE)}"
             )
         if profile and self.protect_data:
@@ -232,46 +324,40 @@ class StackSettings:
             )
 
     def _check_image(self) -> None:
-        if self.image_builder not in IMAGE_BUILDERS:
+        image = self.image
+        if image.builder not in IMAGE_BUILDERS:
+            raise ConfigError(f"imageBuilder={image.builder!r}: use {' or '.join(IMAGE_BUILDERS)}")
+        if image.builder == "acr" and not _GIT_URL.match(image.source_repo):
             raise ConfigError(
-                f"imageBuilder={self.image_builder!r}: use {' or '.join(IMAGE_BUILDERS)}"
-            )
-        if self.image_builder == "acr" and not _GIT_URL.match(self.image_source_repo):
-            raise ConfigError(
-                f"imageSourceRepo={self.image_source_repo!r}: the acr builder clones this "
+                f"imageSourceRepo={image.source_repo!r}: the acr builder clones this "
                 "repository; give its https://.../<name>.git URL (or use imageBuilder docker)"
             )
-        if not _IMAGE_REF.match(self.image_base):
+        if not _IMAGE_REF.match(image.base):
             raise ConfigError(
-                f"imageBase={self.image_base!r}: give <registry>/<repository>:<tag>, "
+                f"imageBase={image.base!r}: give <registry>/<repository>:<tag>, "
                 "for example nvidia/cuda:13.0.1-devel-ubuntu22.04"
             )
-        cuda = cuda_of_base(self.image_base)
+        cuda = cuda_of_base(image.base)
         if cuda is not None and cuda != CUDA:
             raise ConfigError(
-                f"imageBase={self.image_base}: CUDA {cuda}, but torch's wheel is built for CUDA "
+                f"imageBase={image.base}: CUDA {cuda}, but torch's wheel is built for CUDA "
                 f"{CUDA}; use a {CUDA}.x base such as nvidia/cuda:13.0.1-devel-ubuntu22.04"
             )
-        if self.image_base_digest and not _DIGEST.match(self.image_base_digest):
+        if image.base_digest and not _DIGEST.match(image.base_digest):
             raise ConfigError(
-                f"imageBaseDigest={self.image_base_digest!r}: give sha256:<64 hex digits> "
+                f"imageBaseDigest={image.base_digest!r}: give sha256:<64 hex digits> "
                 "(docker buildx imagetools inspect <imageBase>) or leave it empty"
-            )
-        if self.dataset_prefix and not _PREFIX.match(self.dataset_prefix):
-            raise ConfigError(
-                f"datasetPrefix={self.dataset_prefix!r}: use letters, digits, '.', '_', '-' "
-                "and '/' (the folder you uploaded with python -m trainer.data upload)"
             )
 
     def _check_jobs(self) -> None:
         names = [job.name for job in self.jobs]
+        max_nodes = self.cluster.max_nodes
         for job in self.jobs:
-            if job.nodes > self.max_nodes:
+            if job.nodes > max_nodes:
                 raise ConfigError(
-                    f"jobs.{job.name}.nodes={job.nodes}: the pool has {self.max_nodes} nodes "
+                    f"jobs.{job.name}.nodes={job.nodes}: the pool has {max_nodes} nodes "
                     "(nodeCount + spotNodes); use at most that many"
                 )
-            job.trainer_settings()  # a bad trainer config stops the plan before any resource
         unknown = sorted(set(self.replace_jobs) - set(names))
         if unknown:
             raise ConfigError(
@@ -280,35 +366,37 @@ class StackSettings:
             )
 
     def _check_budget(self) -> None:
-        _range("budget", self.budget, 0, 10_000_000)
-        if not self.budget:
+        budget = self.budget
+        _range("budget", budget.amount, 0, 10_000_000)
+        if not budget.amount:
             return
-        if self.budget_start_month and not _MONTH.match(self.budget_start_month):
+        if budget.start_month and not _MONTH.match(budget.start_month):
             raise ConfigError(
-                f"budgetStartMonth={self.budget_start_month!r}: give the first "
+                f"budgetStartMonth={budget.start_month!r}: give the first "
                 "month as YYYY-MM, or leave it empty to start in the month it is created"
             )
         # Azure refuses a budget whose period starts before the current one. The start only
         # matters when the budget is created (later changes are ignored, infra/budget.py).
         this_month = current_month()
-        if self.budget_start_month and self.budget_start_month < this_month:
+        if budget.start_month and budget.start_month < this_month:
             raise ConfigError(
-                f"budgetStartMonth={self.budget_start_month}: before the current month "
+                f"budgetStartMonth={budget.start_month}: before the current month "
                 f"{this_month}, which Azure refuses for a new budget; leave it empty (the budget "
                 "starts in the month it is created and keeps that start)"
             )
-        if not self.budget_emails or not all(_EMAIL.match(e) for e in self.budget_emails):
+        if not budget.emails or not all(_EMAIL.match(e) for e in budget.emails):
             raise ConfigError(
-                f"budgetEmails={list(self.budget_emails)}: a budget needs at least "
+                f"budgetEmails={list(budget.emails)}: a budget needs at least "
                 "one valid e-mail address to alert"
             )
 
     def _check_network(self) -> None:
-        vnet = _network("vnetCidr", self.vnet_cidr)
+        net, max_nodes = self.network, self.cluster.max_nodes
+        vnet = _network("vnetCidr", net.vnet_cidr)
         if not vnet.is_private:
-            raise ConfigError(f"vnetCidr={self.vnet_cidr}: must be private (RFC 1918)")
-        compute = _network("computeSubnetCidr", self.compute_subnet_cidr)
-        storage = _network("storageSubnetCidr", self.storage_subnet_cidr)
+            raise ConfigError(f"vnetCidr={net.vnet_cidr}: must be private (RFC 1918)")
+        compute = _network("computeSubnetCidr", net.compute_subnet_cidr)
+        storage = _network("storageSubnetCidr", net.storage_subnet_cidr)
         for key, subnet in (("computeSubnetCidr", compute), ("storageSubnetCidr", storage)):
             if not subnet.subnet_of(vnet):  # type: ignore[arg-type]
                 raise ConfigError(f"{key}={subnet}: must lie inside vnetCidr={vnet}")
@@ -319,22 +407,16 @@ class StackSettings:
             )
         # Azure keeps 5 addresses per subnet; Batch needs one per node plus headroom for
         # replacing nodes.
-        if compute.num_addresses - 5 < 2 * self.max_nodes:
+        if compute.num_addresses - 5 < 2 * max_nodes:
             raise ConfigError(
-                f"computeSubnetCidr={compute}: too small for {self.max_nodes} "
-                "nodes; use a larger range"
+                f"computeSubnetCidr={compute}: too small for {max_nodes} nodes; use a larger range"
             )
         if storage.prefixlen > 28:
             raise ConfigError(f"storageSubnetCidr={storage}: use /28 or larger")
-        for ip in self.registry_allowed_ips:
+        for ip in net.registry_allowed_ips:
             _network("registryAllowedIps", ip)
-        for ip in self.storage_allowed_ips:
+        for ip in net.storage_allowed_ips:
             _storage_ip_rule(ip)
-
-    @property
-    def nfs_server_ip(self) -> str:
-        """The NFS server's static address: the first host Azure does not reserve."""
-        return str(ipaddress.ip_network(self.storage_subnet_cidr)[4])
 
 
 def _snake(key: str) -> str:
@@ -343,36 +425,21 @@ def _snake(key: str) -> str:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """One training job of the stack: its trainer settings file, its node count, the dataset it
-    stages and its Batch priority."""
+    """One training job of the stack: its trainer settings (read and validated when the stack's
+    settings load), its node count, the dataset it stages and its Batch priority."""
 
     name: str
-    trainer_config: str
+    trainer: TrainerSettings
     nodes: int
     dataset_prefix: str = ""
     priority: int = 0
 
-    def trainer_settings(self) -> dict[str, Any]:
-        """The trainer YAML, validated by the trainer itself; the keys the job sets removed."""
-        from trainer.config import ConfigError as TrainerConfigError
-        from trainer.config import TrainConfig
 
-        key = "trainerConfig" if self.name == SHORTHAND_JOB else f"jobs.{self.name}.trainerConfig"
-        path = REPO / self.trainer_config
-        try:
-            values = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"{key}={self.trainer_config}: cannot read ({err})") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{key}={self.trainer_config}: must be a mapping")
-        try:
-            TrainConfig.from_mapping(values)
-        except TrainerConfigError as err:
-            raise ConfigError(f"{key}={self.trainer_config}: {err}") from None
-        job_owned = {"output_dir", "backend"}
-        if self.dataset_prefix:
-            job_owned |= {"data", "data_dir"}
-        return {key: value for key, value in values.items() if key not in job_owned}
+def _read_trainer_settings(key: str, path: str) -> TrainerSettings:
+    try:
+        return TrainerSettings.read(path, REPO)
+    except TrainerSettingsError as err:
+        raise ConfigError(f"{key}={path}: {err}") from None
 
 
 def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSettings, ...]:
@@ -381,13 +448,12 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
     jobs = values["jobs"]
     node_count = values["node_count"] + values["spot_nodes"]
     if not jobs:
+        prefix = values["dataset_prefix"]
+        _check_prefix("datasetPrefix", prefix)
         if not values["submit_job"]:
             return ()
-        return (
-            JobSettings(
-                SHORTHAND_JOB, values["trainer_config"], node_count, values["dataset_prefix"]
-            ),
-        )
+        trainer = _read_trainer_settings("trainerConfig", values["trainer_config"])
+        return (JobSettings(SHORTHAND_JOB, trainer, node_count, prefix),)
     both = sorted(given & {"submitJob", "trainerConfig", "datasetPrefix"})
     if both:
         raise ConfigError(
@@ -419,13 +485,18 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         _range(f"jobs.{name}.nodes", nodes, 1, 100)
         # Batch job priorities run from -1000 (lowest) to 1000 (highest).
         _range(f"jobs.{name}.priority", priority, -1000, 1000)
-        if prefix and not _PREFIX.match(prefix):
-            raise ConfigError(
-                f"jobs.{name}.datasetPrefix={prefix!r}: use letters, digits, '.', '_', '-' "
-                "and '/' (the folder you uploaded with python -m trainer.data upload)"
-            )
-        parsed.append(JobSettings(name, trainer_config, nodes, prefix, priority))
+        _check_prefix(f"jobs.{name}.datasetPrefix", prefix)
+        trainer = _read_trainer_settings(f"jobs.{name}.trainerConfig", trainer_config)
+        parsed.append(JobSettings(name, trainer, nodes, prefix, priority))
     return tuple(parsed)
+
+
+def _check_prefix(key: str, prefix: str) -> None:
+    if prefix and not _PREFIX.match(prefix):
+        raise ConfigError(
+            f"{key}={prefix!r}: use letters, digits, '.', '_', '-' "
+            "and '/' (the folder you uploaded with python -m trainer.data upload)"
+        )
 
 
 def schema_type(spec: Mapping[str, Any]) -> str:

@@ -26,15 +26,16 @@ class CostInputs:
 
     @classmethod
     def from_settings(cls, s: StackSettings) -> CostInputs:
-        vm_mode = s.nfs_mode == "vm"
+        cluster, nfs = s.cluster, s.nfs
+        vm_mode = nfs.mode == "vm"
         return cls(
-            gpu_size=s.vm_size,
-            dedicated_nodes=s.node_count,
-            spot_nodes=s.spot_nodes,
-            always_on=s.scale_mode == "fixed",
-            nfs_vm_size=s.nfs_vm_size if vm_mode else None,
-            nfs_disk_gb=s.nfs_disk_count * s.nfs_disk_size_gb if vm_mode else 0,
-            files_share_gb=0 if vm_mode else s.nfs_share_quota_gb,
+            gpu_size=cluster.vm_size,
+            dedicated_nodes=cluster.node_count,
+            spot_nodes=cluster.spot_nodes,
+            always_on=cluster.scale_mode == "fixed",
+            nfs_vm_size=nfs.vm_size if vm_mode else None,
+            nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
+            files_share_gb=0 if vm_mode else nfs.share_quota_gb,
         )
 
 

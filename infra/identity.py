@@ -98,9 +98,7 @@ class Identities(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.nodes = managedidentity.UserAssignedIdentity(
             f"{name}-nodes",
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=child,
         )
         grants = (

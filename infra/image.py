@@ -31,11 +31,13 @@ import pulumi_docker_build as docker_build
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 from pulumi_azure_native import authorization, containerregistry
 
-from infra.config import ConfigError
+from infra.config import ConfigError, ImageSettings
 from infra.dynamic import changed_inputs
 from infra.identity import ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
+from infra.registry import Registry
+from infra.toolchain import base_reference
 from trainer.config import one_line
 
 IMAGE_REPOSITORY = "trainer"
@@ -320,6 +322,34 @@ class TrainerImageArgs:
     # What must be in place before the task writes to the registry (its bypass for tasks).
     registry_ready: Sequence[pulumi.Resource] = ()
 
+    @classmethod
+    def from_settings(
+        cls,
+        image: ImageSettings,
+        *,
+        placement: Placement,
+        subscription_id: pulumi.Input[str],
+        registry: Registry,
+        tag: str,
+        commit: str,
+        source_token: pulumi.Input[str] | None,
+    ) -> TrainerImageArgs:
+        """The ``image`` section, pushed to ``registry`` once its bypass for tasks is on."""
+        return cls(
+            builder=image.builder,
+            placement=placement,
+            subscription_id=subscription_id,
+            registry_name=registry.registry_name,
+            registry_id=registry.registry_id,
+            login_server=registry.login_server,
+            registry_ready=[registry.task_bypass],
+            base_image=base_reference(image.base, image.base_digest),
+            source_repo=image.source_repo,
+            tag=tag,
+            commit=commit,
+            source_token=source_token,
+        )
+
 
 class TrainerImage(pulumi.ComponentResource):
     """Builds and pushes ``<registry>/trainer:<content tag>``; ``ref`` carries the digest."""
@@ -371,9 +401,7 @@ class TrainerImage(pulumi.ComponentResource):
             f"{name}-build-task",
             task_name=BUILD_TASK_NAME,
             registry_name=args.registry_name,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             identity=containerregistry.IdentityPropertiesArgs(
                 type=containerregistry.ResourceIdentityType.SYSTEM_ASSIGNED
             ),

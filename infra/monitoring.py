@@ -35,13 +35,11 @@ class Monitoring(pulumi.ComponentResource):
         super().__init__("gpucluster:infra:Monitoring", name, None, opts)
         workspace = operationalinsights.Workspace(
             f"{name}-logs",
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
+            **args.placement.kwargs(),
             sku=operationalinsights.WorkspaceSkuArgs(
                 name=operationalinsights.WorkspaceSkuNameEnum.PER_GB2018
             ),
             retention_in_days=args.retention_days,
-            tags=args.placement.tag_map(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         all_logs = [monitor.DiagnosticsLogSettingsArgs(category_group="allLogs", enabled=True)]

@@ -7,6 +7,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 
@@ -80,3 +81,12 @@ class Placement:
 
     def tag_map(self) -> dict[str, str]:
         return dict(self.tags)
+
+    def kwargs(self) -> dict[str, Any]:
+        """``resource_group_name``, ``location`` and ``tags`` for a resource that takes all
+        three: ``network.NatGateway(name, ..., **placement.kwargs())``."""
+        return {
+            "resource_group_name": self.resource_group_name,
+            "location": self.location,
+            "tags": self.tag_map(),
+        }

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import network
 
+from infra.config import NetworkSettings
 from infra.naming import Placement
 
 NFS_PORTS = ["111", "2049"]
@@ -18,6 +19,15 @@ class NetworkArgs:
     vnet_cidr: str
     compute_subnet_cidr: str
     storage_subnet_cidr: str
+
+    @classmethod
+    def from_settings(cls, placement: Placement, network: NetworkSettings) -> NetworkArgs:
+        return cls(
+            placement=placement,
+            vnet_cidr=network.vnet_cidr,
+            compute_subnet_cidr=network.compute_subnet_cidr,
+            storage_subnet_cidr=network.storage_subnet_cidr,
+        )
 
 
 def _deny_internet_inbound() -> network.SecurityRuleArgs:
@@ -51,9 +61,7 @@ class Network(pulumi.ComponentResource):
             f"{name}-nat-ip",
             sku=network.PublicIPAddressSkuArgs(name=network.PublicIPAddressSkuName.STANDARD),
             public_ip_allocation_method=network.IPAllocationMethod.STATIC,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=child,
         )
         nat = network.NatGateway(
@@ -61,18 +69,14 @@ class Network(pulumi.ComponentResource):
             sku=network.NatGatewaySkuArgs(name=network.NatGatewaySkuName.STANDARD),
             public_ip_addresses=[network.SubResourceArgs(id=nat_ip.id)],
             idle_timeout_in_minutes=10,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=child,
         )
 
         compute_nsg = network.NetworkSecurityGroup(
             f"{name}-compute-nsg",
             security_rules=[_deny_internet_inbound()],
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=child,
         )
         storage_nsg = network.NetworkSecurityGroup(
@@ -102,18 +106,14 @@ class Network(pulumi.ComponentResource):
                 ),
                 _deny_internet_inbound(),
             ],
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=child,
         )
 
         vnet = network.VirtualNetwork(
             f"{name}-vnet",
             address_space=network.AddressSpaceArgs(address_prefixes=[args.vnet_cidr]),
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             # Subnets are separate resources; an inline list would fight them on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
@@ -140,7 +140,6 @@ class Network(pulumi.ComponentResource):
             )
         compute_subnet, storage_subnet = subnets
 
-        self.vnet_id = vnet.id
         self.compute_subnet_id = compute_subnet.id
         self.storage_subnet_id = storage_subnet.id
         self.nat_public_ip = nat_ip.ip_address.apply(lambda ip: ip or "")

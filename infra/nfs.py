@@ -16,7 +16,7 @@ import pulumi
 from pulumi_azure_native import compute, network, storage
 
 from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
-from infra.config import StackSettings
+from infra.config import NetworkSettings, NfsSettings
 from infra.naming import Placement
 from infra.network import Network
 
@@ -43,22 +43,31 @@ class NfsArgs:
 
     @classmethod
     def from_settings(
-        cls, placement: Placement, s: StackSettings, net: Network, files_account_name: str
+        cls,
+        placement: Placement,
+        nfs: NfsSettings,
+        network: NetworkSettings,
+        net: Network,
+        *,
+        files_account_name: str,
+        protect_data: bool,
     ) -> NfsArgs:
+        """The ``nfs`` section, placed in ``net``'s storage subnet and exported to its compute
+        subnet (``network``'s ranges)."""
         return cls(
             placement=placement,
-            mode=s.nfs_mode,
+            mode=nfs.mode,
             storage_subnet_id=net.storage_subnet_id,
             compute_subnet_id=net.compute_subnet_id,
-            compute_subnet_cidr=s.compute_subnet_cidr,
-            server_ip=s.nfs_server_ip,
-            vm_size=s.nfs_vm_size,
-            disk_count=s.nfs_disk_count,
-            disk_size_gb=s.nfs_disk_size_gb,
-            share_quota_gb=s.nfs_share_quota_gb,
-            ssh_public_key=s.ssh_public_key,
+            compute_subnet_cidr=network.compute_subnet_cidr,
+            server_ip=network.nfs_server_ip,
+            vm_size=nfs.vm_size,
+            disk_count=nfs.disk_count,
+            disk_size_gb=nfs.disk_size_gb,
+            share_quota_gb=nfs.share_quota_gb,
+            ssh_public_key=nfs.ssh_public_key,
             files_account_name=files_account_name,
-            protect_data=s.protect_data,
+            protect_data=protect_data,
         )
 
 
@@ -92,9 +101,7 @@ class NfsServer(pulumi.ComponentResource):
                 sku=compute.DiskSkuArgs(name=compute.DiskStorageAccountTypes.PREMIUM_LRS),
                 network_access_policy=compute.NetworkAccessPolicy.DENY_ALL,
                 public_network_access=compute.PublicNetworkAccess.DISABLED,
-                resource_group_name=args.placement.resource_group_name,
-                location=args.placement.location,
-                tags=args.placement.tag_map(),
+                **args.placement.kwargs(),
                 opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
             )
             for lun in range(args.disk_count)
@@ -110,9 +117,7 @@ class NfsServer(pulumi.ComponentResource):
                 )
             ],
             enable_accelerated_networking=True,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         user_data = render_nfs_cloud_init(args.disk_count, args.compute_subnet_cidr)
@@ -169,9 +174,7 @@ class NfsServer(pulumi.ComponentResource):
                     secure_boot_enabled=True, v_tpm_enabled=True
                 ),
             ),
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             # Azure refuses to change customData in place (PropertyChangeNotAllowed): a new
             # cloud-init replaces the VM. Its data disks are separate, protected resources
             # attached with deleteOption Detach, so they come back with their data.
@@ -193,9 +196,7 @@ class NfsServer(pulumi.ComponentResource):
             type_handler_version="2.1",
             auto_upgrade_minor_version=True,
             protected_settings={"commandToExecute": "cloud-init status --wait"},
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
-            tags=args.placement.tag_map(),
+            **args.placement.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.vm_id = vm.id
@@ -210,8 +211,7 @@ class NfsServer(pulumi.ComponentResource):
         account = storage.StorageAccount(
             f"{name}-files",
             account_name=args.files_account_name,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
+            **args.placement.kwargs(),
             kind=storage.Kind.FILE_STORAGE,
             sku=storage.SkuArgs(name=storage.SkuName.PREMIUM_ZRS),
             # NFS 4.1 on Azure Files has no in-transit encryption; the network is the boundary.
@@ -228,7 +228,6 @@ class NfsServer(pulumi.ComponentResource):
                     )
                 ],
             ),
-            tags=args.placement.tag_map(),
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         share = storage.FileShare(

@@ -7,7 +7,6 @@ monthly cost. A bad stack config prints its ConfigError and exits 2 before anyth
 
 from __future__ import annotations
 
-import argparse
 import json
 import runpy
 import sys
@@ -21,6 +20,7 @@ from infra import cost, prices
 from infra.config import PROJECT, ConfigError, StackSettings, load_schema
 from infra.mocks import AzureMocks, DeclaredResource, RecordingMonitor
 from infra.ops import SHORTHAND_JOB
+from trainer.cli import OneLineParser
 
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "__main__.py"
@@ -181,20 +181,21 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
     """The Batch account's core quota the pool needs. A Batch account in BatchService mode has
     its own per-VM-family quotas, separate from the subscription's and often 0 for new accounts
     (articles/batch/batch-quota-limit.md): a pool beyond them never gets its nodes."""
-    family = f"az vm list-skus -l {s.location} --size {s.vm_size} --query '[0].family' -o tsv"
+    c = s.cluster
+    family = f"az vm list-skus -l {s.location} --size {c.vm_size} --query '[0].family' -o tsv"
     account = (
         f"az batch account show -n {account} -g {resource_group} --query "
         "'{dedicated: dedicatedCoreQuotaPerVmFamily, lowPriority: lowPriorityCoreQuota}'"
     )
     lines = [
         "Batch account quota needed (request it before `pulumi up`; new accounts often have 0):",
-        f"  dedicated cores of the {s.vm_size} family: {s.node_count} nodes x "
-        f"{s.gpu.vcpus} vCPUs = {s.node_count * s.gpu.vcpus}",
+        f"  dedicated cores of the {c.vm_size} family: {c.node_count} nodes x "
+        f"{c.gpu.vcpus} vCPUs = {c.node_count * c.gpu.vcpus}",
     ]
-    if s.spot_nodes:
+    if c.spot_nodes:
         lines.append(
-            f"  Spot (low-priority) cores: {s.spot_nodes} nodes x {s.gpu.vcpus} vCPUs = "
-            f"{s.spot_nodes * s.gpu.vcpus}"
+            f"  Spot (low-priority) cores: {c.spot_nodes} nodes x {c.gpu.vcpus} vCPUs = "
+            f"{c.spot_nodes * c.gpu.vcpus}"
         )
     return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
@@ -224,7 +225,7 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
     lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]
     mode = (
         "always on"
-        if s.scale_mode == "fixed"
+        if s.cluster.scale_mode == "fixed"
         else f"autoscale: GPUs priced for {busy_hours} busy h/month (--busy-hours)"
     )
     lines += [
@@ -235,13 +236,13 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
     items = cost.monthly_cost(cost.CostInputs.from_settings(s), busy_hours)
     lines += [f"  {label:<55} ${cost:>12,.2f}" for label, cost in items]
     lines.append(f"  {'total':<55} ${cost.total(items):>12,.2f}")
-    if s.budget:
-        lines.append(f"  {'budget (gpu-cluster:budget)':<55} ${s.budget:>12,.2f}")
+    if s.budget.amount:
+        lines.append(f"  {'budget (gpu-cluster:budget)':<55} ${s.budget.amount:>12,.2f}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__)
+    parser = OneLineParser(prog="python -m infra.plan", description=__doc__)
     parser.add_argument("--stack", required=True, help="stack name (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--stack-file", type=Path, help="another stack file to read")
     parser.add_argument(

@@ -43,8 +43,7 @@ class Registry(pulumi.ComponentResource):
         registry = acr.Registry(
             f"{name}-acr",
             registry_name=args.registry_name,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
+            **args.placement.kwargs(),
             sku=acr.SkuArgs(name=acr.SkuName.PREMIUM),
             admin_user_enabled=False,
             anonymous_pull_enabled=False,
@@ -65,7 +64,6 @@ class Registry(pulumi.ComponentResource):
                 export_policy=acr.ExportPolicyArgs(status=acr.ExportPolicyStatus.ENABLED),
                 retention_policy=acr.RetentionPolicyArgs(days=30, status=acr.PolicyStatus.ENABLED),
             ),
-            tags=args.placement.tag_map(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.task_bypass = TaskBypass(

@@ -54,8 +54,7 @@ class Storage(pulumi.ComponentResource):
         account = storage.StorageAccount(
             f"{name}-account",
             account_name=args.account_name,
-            resource_group_name=args.placement.resource_group_name,
-            location=args.placement.location,
+            **args.placement.kwargs(),
             kind=storage.Kind.STORAGE_V2,
             sku=storage.SkuArgs(name=storage.SkuName.STANDARD_ZRS),
             enable_https_traffic_only=True,
@@ -83,7 +82,6 @@ class Storage(pulumi.ComponentResource):
                     for ip in args.allowed_ips
                 ],
             ),
-            tags=args.placement.tag_map(),
             # Datasets and checkpoints outlive compute: `pulumi destroy` leaves them unless the
             # stack opts out (protectData: false).
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
@@ -100,7 +98,7 @@ class Storage(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        self.containers = [
+        for container in CONTAINERS:
             storage.BlobContainer(
                 f"{name}-{container}",
                 account_name=account.name,
@@ -109,8 +107,6 @@ class Storage(pulumi.ComponentResource):
                 public_access=storage.PublicAccess.NONE,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[blob_service]),
             )
-            for container in CONTAINERS
-        ]
         file_service = storage.FileServiceProperties(
             f"{name}-file-service",
             account_name=account.name,
@@ -129,7 +125,7 @@ class Storage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[file_service]),
         )
 
-        self.reader_roles = [
+        for reader in args.readers:
             assign_role(
                 f"{name}-{reader.label}-blob-reader",
                 role=STORAGE_BLOB_DATA_READER,
@@ -139,8 +135,6 @@ class Storage(pulumi.ComponentResource):
                 principal_type=authorization.PrincipalType(reader.principal_type),
                 parent=self,
             )
-            for reader in args.readers
-        ]
         self.account_name = account.name
         self.account_id = account.id
         self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)

@@ -61,9 +61,9 @@ def _from_reference(build_args: dict[str, str]) -> str:
 def test_the_base_reference_the_stack_builds_from_is_a_valid_image_reference(stack, digest):
     values = {**stack_values(stack), "gpu-cluster:imageBaseDigest": digest}
     s = StackSettings.from_mapping(stack, values, load_schema())
-    reference = _from_reference({"BASE_IMAGE": base_reference(s.image_base, s.image_base_digest)})
+    reference = _from_reference({"BASE_IMAGE": base_reference(s.image.base, s.image.base_digest)})
     parsed = Reference.parse_normalized_named(reference)  # distribution's grammar; raises if bad
-    assert parsed["tag"] == s.image_base.rsplit(":", 1)[1]
+    assert parsed["tag"] == s.image.base.rsplit(":", 1)[1]
     assert parsed["digest"] == (digest or None)
 
 

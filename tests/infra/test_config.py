@@ -21,17 +21,17 @@ def test_stack_files_are_valid(schema, stack):
 
 def test_defaults_come_from_pulumi_yaml(schema):
     s = settings(schema)
-    assert (s.vm_size, s.node_count, s.scale_mode) == (
+    assert (s.cluster.vm_size, s.cluster.node_count, s.cluster.scale_mode) == (
         schema["vmSize"]["default"],
         schema["nodeCount"]["default"],
         schema["scaleMode"]["default"],
     )
-    assert s.nfs_server_ip == "10.20.16.4"
+    assert s.network.nfs_server_ip == "10.20.16.4"
 
 
 def test_cli_style_string_values_are_typed(schema):
     s = settings(schema, nodeCount="3", registryAllowedIps='["198.51.100.7"]')
-    assert (s.node_count, s.registry_allowed_ips) == (3, ("198.51.100.7",))
+    assert (s.cluster.node_count, s.network.registry_allowed_ips) == (3, ("198.51.100.7",))
 
 
 def test_every_schema_key_has_a_description(schema):
@@ -116,7 +116,7 @@ def test_team_is_required(schema):
 
 
 def test_ssh_key_is_not_needed_with_azure_files(schema):
-    assert settings(schema, nfsMode="azurefiles", sshPublicKey="").nfs_mode == "azurefiles"
+    assert settings(schema, nfsMode="azurefiles", sshPublicKey="").nfs.mode == "azurefiles"
 
 
 # ---------------------------------------------------------------- the acceptance profiles
@@ -138,10 +138,10 @@ def test_the_cpu_acceptance_size_gets_todays_error_on_any_other_stack(schema):
 
 def test_the_cpu_acceptance_profile_admits_the_cpu_size_with_no_gpus_or_infiniband(schema):
     s = settings(schema, **ACCEPTANCE_CPU)
-    assert (s.acceptance_profile, s.vm_size) == ("cpu", "Standard_D2s_v5")
-    assert (s.gpu.gpus, s.gpu.ib_ports, s.gpu.vcpus) == (0, 0, 2)
+    assert (s.acceptance_profile, s.cluster.vm_size) == ("cpu", "Standard_D2s_v5")
+    assert (s.cluster.gpu.gpus, s.cluster.gpu.ib_ports, s.cluster.gpu.vcpus) == (0, 0, 2)
     gpu = settings(schema, acceptanceProfile="gpu", protectData=False)
-    assert gpu.gpu.gpus == 8 and gpu.acceptance_profile == "gpu"
+    assert gpu.cluster.gpu.gpus == 8 and gpu.acceptance_profile == "gpu"
     assert settings(schema).acceptance_profile == ""  # team stacks: the default
 
 
@@ -167,3 +167,25 @@ def test_acceptance_profile_mistakes_are_one_line_errors(schema, changes, names,
         settings(schema, **changes)
     assert names in str(caught.value) and fix in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_the_trainer_file_is_read_once_and_the_job_sets_its_own_flags(schema, tmp_path):
+    from infra.trainer_settings import TrainerSettings, trainer_flags
+
+    (tmp_path / "t.yaml").write_text(
+        "model: resnet18\ndata: folder\ndata_dir: /d\nbackend: ddp\noutput_dir: o\n"
+        "epochs: 2\nwarmup_epochs: 1\n",
+        encoding="utf-8",
+    )
+    trainer = TrainerSettings.read("t.yaml", tmp_path)
+    (tmp_path / "t.yaml").unlink()  # the settings hold what was read and validated
+    assert (trainer.config.model, trainer.config.epochs) == ("resnet18", 2)
+    assert trainer_flags(trainer) == (
+        "--model", "resnet18", "--data", "folder", "--data-dir", "/d", "--epochs", "2",
+        "--warmup-epochs", "1",
+    )  # fmt: skip
+    assert trainer_flags(trainer, "imagenet") == (
+        "--model", "resnet18", "--epochs", "2", "--warmup-epochs", "1",
+    )  # fmt: skip
+    job = settings(schema).jobs[0]
+    assert job.trainer.path == schema["trainerConfig"]["default"]

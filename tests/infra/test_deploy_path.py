@@ -137,7 +137,7 @@ def test_a_budget_month_before_the_current_one_is_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"budgetStartMonth=2026-12: before the current month"):
         StackSettings.from_mapping("dev", values, load_schema())
     values["budgetStartMonth"] = "2027-01"
-    assert StackSettings.from_mapping("dev", values, load_schema()).budget_start_month
+    assert StackSettings.from_mapping("dev", values, load_schema()).budget.start_month
 
 
 def test_storage_admits_the_configured_public_addresses():

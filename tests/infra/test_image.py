@@ -60,12 +60,12 @@ def test_acr_builder_declares_a_named_task_with_its_own_identity(dev_plan):
     assert task["step"] == {
         "type": "Docker",
         "dockerFilePath": "docker/Dockerfile",
-        "contextPath": f"{s.image_source_repo}#{commit}",
+        "contextPath": f"{s.image.source_repo}#{commit}",
         "imageNames": [f"trainer:{content_tag()}"],
         "isPushEnabled": True,
         "noCache": False,
         "arguments": [
-            {"name": "BASE_IMAGE", "value": s.image_base, "isSecret": False},
+            {"name": "BASE_IMAGE", "value": s.image.base, "isSecret": False},
         ],
     }
     assert not any(r.typ == "azure-native:containerregistry:TaskRun" for r in dev_plan.resources)
@@ -94,7 +94,7 @@ def test_one_build_per_tag_after_the_task_and_grant_and_the_job_gets_its_digest(
     assert build.inputs["registry_name"] == task.inputs["registryName"]
     assert build.inputs["resource_group_name"] == "rg-platform-dev"
     assert build.inputs["subscription_id"] == SUBSCRIPTION_ID
-    assert build.inputs["build_args"] == {"BASE_IMAGE": s.image_base}
+    assert build.inputs["build_args"] == {"BASE_IMAGE": s.image.base}
     assert SECRET_ENVELOPE in build.inputs["__provider"]  # pickled provider, a secret
     stem = dev_plan.outputs["resource_group_name"][3:]
     assert sorted(dev_plan.depends_on[build.name]) == sorted(
@@ -166,7 +166,7 @@ def test_docker_builder_pushes_with_an_entra_token_never_the_admin_user(monkeypa
     assert built.inputs["dockerfile"] == {"location": str(REPO / "docker/Dockerfile")}
     # The digest pins the base inside the one reference FROM builds on.
     assert built.inputs["buildArgs"] == {
-        "BASE_IMAGE": f"{plan.settings.image_base}@sha256:{'ab' * 32}",
+        "BASE_IMAGE": f"{plan.settings.image.base}@sha256:{'ab' * 32}",
     }
     registries = built.inputs["registries"]
     assert registries[SECRET_ENVELOPE]  # the password makes the whole input a secret

@@ -3,6 +3,7 @@
 import json
 
 from infra.plan import evaluate
+from infra.trainer_settings import job_values
 from tests.infra.conftest import one, stack_values
 from trainer.cli import to_flags
 
@@ -17,9 +18,14 @@ def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_p
     assert job.inputs["pool_id"] == pool.inputs["poolName"] == "ib-gpu"
     assert job.inputs["endpoint"] == f"https://{dev_plan.outputs['batch_account_endpoint']}"
     assert job.inputs["account_id"].endswith(f"/batch/{account.inputs['accountName']}")
-    assert job.inputs["node_count"] == s.max_nodes and job.inputs["vm_size"] == s.vm_size
+    assert (
+        job.inputs["node_count"] == s.cluster.max_nodes
+        and job.inputs["vm_size"] == s.cluster.vm_size
+    )
     assert job.inputs["node_identity_client_id"] == f"client-{nodes.name}"
-    assert job.inputs["trainer_args"] == to_flags(s.jobs[0].trainer_settings())
+    assert job.inputs["trainer_args"] == to_flags(
+        job_values(s.jobs[0].trainer, s.jobs[0].dataset_prefix)
+    )
     assert job.inputs["dataset_prefix"] == ""
     assert job.inputs["blob_endpoint"].endswith(".blob.core.windows.net/")
     assert dev_plan.depends_on[job.name] == ["platform-dev"]  # the GpuCluster component

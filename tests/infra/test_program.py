@@ -48,8 +48,8 @@ def test_stack_outputs(plan):
         "jobs",
     }
     assert plan.outputs["storage_containers"] == ["datasets", "checkpoints", "logs", "outputs"]
-    assert plan.outputs["vm_size"] == plan.settings.vm_size
-    assert plan.outputs["node_count"] == plan.settings.node_count
+    assert plan.outputs["vm_size"] == plan.settings.cluster.vm_size
+    assert plan.outputs["node_count"] == plan.settings.cluster.node_count
 
 
 def test_only_the_nat_gateway_has_a_public_ip(plan):
@@ -70,13 +70,13 @@ def test_pool_nodes_have_no_public_ip_and_simplified_communication(plan):
 def test_pool_is_an_infiniband_multi_instance_pool(plan):
     pool = one(plan, "azure-native:batch:Pool").inputs
     s = plan.settings
-    assert pool["vmSize"] == s.vm_size
+    assert pool["vmSize"] == s.cluster.vm_size
     assert pool["interNodeCommunication"] == "Enabled"
     assert pool["taskSlotsPerNode"] == 1
     vm = pool["deploymentConfiguration"]["virtualMachineConfiguration"]
     assert vm["imageReference"]["publisher"] == "microsoft-dsvm"
     assert vm["imageReference"]["offer"] == "ubuntu-hpc"
-    assert vm["nodeAgentSkuId"] == s.gpu.image.node_agent_sku_id
+    assert vm["nodeAgentSkuId"] == s.cluster.gpu.image.node_agent_sku_id
     registry = vm["containerConfiguration"]["containerRegistries"][0]
     assert registry["registryServer"] == plan.outputs["registry_login_server"]
     assert registry["identityReference"]["resourceId"].endswith("-nodes")
@@ -84,7 +84,7 @@ def test_pool_is_an_infiniband_multi_instance_pool(plan):
     assert pool["identity"]["type"] == "UserAssigned"
     start = pool["startTask"]
     assert start["waitForSuccess"] is True
-    assert f"-eq {s.gpu.gpus} ]" in start["commandLine"]
+    assert f"-eq {s.cluster.gpu.gpus} ]" in start["commandLine"]
     assert "/sys/class/infiniband" in start["commandLine"]
 
 
@@ -155,7 +155,7 @@ def test_nfs_ports_are_open_to_the_compute_subnet_only(plan):
     nsg = one(plan, "azure-native:network:NetworkSecurityGroup", "-storage-nsg").inputs
     allows = [r for r in nsg["securityRules"] if r["access"] == "Allow"]
     assert len(allows) == 1
-    assert allows[0]["sourceAddressPrefix"] == plan.settings.compute_subnet_cidr
+    assert allows[0]["sourceAddressPrefix"] == plan.settings.network.compute_subnet_cidr
     assert sorted(allows[0]["destinationPortRanges"]) == ["111", "2049"]
     deny = next(r for r in nsg["securityRules"] if r["name"] == "deny-nfs-from-elsewhere")
     assert deny["priority"] > allows[0]["priority"]
@@ -175,9 +175,9 @@ def test_nfs_vm_is_private_key_only_and_exports_to_compute_only(dev_plan):
     linux = vm["osProfile"]["linuxConfiguration"]
     assert linux["disablePasswordAuthentication"] is True
     assert "adminPassword" not in vm["osProfile"]
-    assert linux["ssh"]["publicKeys"][0]["keyData"] == dev_plan.settings.ssh_public_key
+    assert linux["ssh"]["publicKeys"][0]["keyData"] == dev_plan.settings.nfs.ssh_public_key
     user_data = base64.b64decode(vm["osProfile"]["customData"]).decode()
-    export_line = f"/data {dev_plan.settings.compute_subnet_cidr}(rw,sync,no_subtree_check"
+    export_line = f"/data {dev_plan.settings.network.compute_subnet_cidr}(rw,sync,no_subtree_check"
     assert export_line in user_data
     nic = one(dev_plan, "azure-native:network:NetworkInterface").inputs
     assert nic["ipConfigurations"][0]["privateIPAddress"] == "10.20.16.4"
@@ -186,7 +186,7 @@ def test_nfs_vm_is_private_key_only_and_exports_to_compute_only(dev_plan):
 
 def test_nfs_data_disks_are_separate_protected_and_survive_the_vm(dev_plan):
     disks = of_type(dev_plan, "azure-native:compute:Disk")
-    assert len(disks) == dev_plan.settings.nfs_disk_count == 2
+    assert len(disks) == dev_plan.settings.nfs.disk_count == 2
     assert all(d.protect for d in disks)
     assert all(d.inputs["networkAccessPolicy"] == "DenyAll" for d in disks)
     attached = one(dev_plan, "azure-native:compute:VirtualMachine").inputs["storageProfile"]
@@ -261,13 +261,13 @@ def test_diagnostics_reach_the_log_analytics_workspace(dev_plan, prod_plan):
 
 def test_budget_alerts_the_stack_emails(plan):
     budget = one(plan, "azure-native:consumption:Budget").inputs
-    assert budget["amount"] == plan.settings.budget
+    assert budget["amount"] == plan.settings.budget.amount
     assert budget["timeGrain"] == "Monthly"
-    start = plan.settings.budget_start_month or current_month()  # empty: the month it is made
+    start = plan.settings.budget.start_month or current_month()  # empty: the month it is made
     assert budget["timePeriod"]["startDate"] == f"{start}-01"
     assert budget["scope"].endswith(plan.outputs["resource_group_name"])
     for notification in budget["notifications"].values():
-        assert notification["contactEmails"] == list(plan.settings.budget_emails)
+        assert notification["contactEmails"] == list(plan.settings.budget.emails)
     assert {n["thresholdType"] for n in budget["notifications"].values()} == {
         "Actual",
         "Forecasted",

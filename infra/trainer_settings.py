@@ -1,0 +1,64 @@
+"""A job's trainer settings: its YAML file, read and validated by the trainer once when the
+stack's settings load (``infra.config``), and the one function that turns them into the flags
+the job passes to ``python -m trainer``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.cli import to_flags
+from trainer.config import ConfigError as TrainerConfigError
+from trainer.config import TrainConfig
+
+# Settings the job gives the trainer itself (infra/job.py): the run folder on the shared mount
+# and the Horovod backend; with a staged dataset also its source and folder.
+JOB_OWNED = ("output_dir", "backend")
+STAGED_DATA_OWNED = ("data", "data_dir")
+
+
+class TrainerSettingsError(ValueError):
+    """The file cannot be read or the trainer refuses it; ``infra.config`` names the key."""
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    path: str  # as the stack gives it, relative to the repository
+    # The file's settings in the file's order: the job's flags follow it, and a job's id hashes
+    # its flags, so they must not change when the trainer's defaults do.
+    values: Mapping[str, Any] = field(hash=False)
+    config: TrainConfig  # the same settings as the trainer validated them
+
+    @classmethod
+    def read(cls, path: str, root: Path) -> TrainerSettings:
+        try:
+            values = yaml.safe_load((root / path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            raise TrainerSettingsError(f"cannot read ({err})") from None
+        except UnicodeDecodeError as err:
+            raise TrainerSettingsError(
+                f"not UTF-8 (byte {err.start}); save the file as UTF-8"
+            ) from None
+        if not isinstance(values, dict):
+            raise TrainerSettingsError("must be a mapping")
+        try:
+            config = TrainConfig.from_mapping(values)
+        except TrainerConfigError as err:
+            raise TrainerSettingsError(str(err)) from None
+        return cls(path, values, config)
+
+
+def job_values(settings: TrainerSettings, dataset_prefix: str = "") -> dict[str, Any]:
+    """The file's settings less those the job sets itself (``JOB_OWNED``, and
+    ``STAGED_DATA_OWNED`` when it stages ``dataset_prefix``), in the file's order."""
+    owned = JOB_OWNED + (STAGED_DATA_OWNED if dataset_prefix else ())
+    return {key: value for key, value in settings.values.items() if key not in owned}
+
+
+def trainer_flags(settings: TrainerSettings, dataset_prefix: str = "") -> tuple[str, ...]:
+    """The job's ``python -m trainer`` flags (the TrainingJob's ``trainer_args``)."""
+    return tuple(to_flags(job_values(settings, dataset_prefix)))
