@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from bench.common import save
 from infra import stack as stack_module
-from infra.plan import REPO, Plan, evaluate, read_stack_file
+from infra.tools.plan import REPO, Plan, evaluate, read_stack_file
 
 
 @contextmanager

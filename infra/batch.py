@@ -1,6 +1,8 @@
-"""The Batch data-plane contract the job resource (infra/job.py) and the operator CLI
-(infra/ops.py) share: the task's id, how Batch spells states, the one client factory, and the
-calls azure-batch 15.1 gets wrong.
+"""The Batch contract: what the job resource (infra/job.py) sends Batch and the operator CLI
+(infra/tools/ops.py) reads back. The task's id, how Batch spells states, the one client factory
+with the one endpoint convention, the calls azure-batch 15.1 gets wrong, and the pure payload
+builders: a job's fields (``JobFields``/``JobSpec``) -> the job and its multi-instance task, built
+from azure-batch's own model classes, so tests check them without Azure.
 
 Azure SDK imports stay inside functions: the job resource's provider host imports this module
 for every operation, and Pulumi pickles the provider by reference.
@@ -9,11 +11,48 @@ for every operation, and Pulumi pickles the provider by reference.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, Generic, TypeVar
+
+from infra.cloud_init import RUNS_DIR
+from infra.sizes import size_of
+from trainer.launch.fabric import SIZES, preflight_floor
 
 TASK_ID = "train"  # the multi-instance task in every job
+# Where every node mounts the shared file system, under $AZ_BATCH_NODE_MOUNTS_DIR (the pool's
+# mountConfiguration, infra/cluster.py).
+NFS_RELATIVE_MOUNT = "shared"
+# The folder under a job's log folder (``JobSpec.log_url``) where its rank 0 uploads while it
+# trains (the trainer command's --metrics-upload-url; infra/live_metrics.py reads it back).
+LIVE_FOLDER = "live/"
 # Batch's own default reason; also what makes the terminate request sendable (terminate_options).
 TERMINATE_REASON = "UserTerminate"
+# Job states in which tasks may still run: terminate before delete so the launchers get SIGTERM
+# and checkpoint (a delete removes the task data at once).
+RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
+MAX_TASK_RETRIES = 3
+# No --gpus: Batch enables the GPUs for container tasks on GPU pools itself and documents not
+# passing it (articles/batch/batch-docker-container-workloads.md).
+CONTAINER_RUN_OPTIONS = (
+    "--network host --ipc host --shm-size 64g "
+    "--ulimit memlock=-1 --ulimit stack=67108864 "
+    "--device /dev/infiniband --cap-add IPC_LOCK "
+    "-v /opt/microsoft:/opt/microsoft:ro"  # NCCL topology files of the Azure HPC image
+)
+# A size without InfiniBand (the CPU acceptance size) has no /dev/infiniband, and docker refuses
+# to create a container whose --device path is missing ("error gathering device information
+# while adding custom device ...: no such file or directory", moby/moby #41280); nor has it the
+# ND sizes' topology files. Host networking stays: the launchers meet on the nodes' addresses.
+CPU_CONTAINER_RUN_OPTIONS = (
+    "--network host --ipc host --shm-size 2g --ulimit memlock=-1 --ulimit stack=67108864"
+)
+NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
+DATASET_ROOT = "${AZ_BATCH_NODE_SHARED_DIR}/datasets"  # each node's local disk
 
 
 def endpoint_url(endpoint: str) -> str:
@@ -71,3 +110,296 @@ def terminate_job(batch: Any, job_id: str) -> None:
     """Terminate the job and wait until it is no longer terminating; raises what Batch said."""
     if not poll_succeeded(batch.begin_terminate_job(job_id, terminate_options())):
         batch.get_job(job_id)  # the poller swallowed an error: read once more to raise it
+
+
+# ---------------------------------------------------------------------- payloads
+# A field that is an Azure resource's property: a plain string in a JobSpec, possibly an Output
+# of the resource in the job resource's arguments (infra.job.TrainingJobArgs).
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class JobFields(Generic[S]):
+    """The one list of a job's fields: what the job resource takes and its payloads depend on."""
+
+    stack: str
+    endpoint: S  # https://<account>.<region>.batch.azure.com (endpoint_url)
+    account_id: S
+    pool_id: S
+    node_count: int
+    vm_size: str
+    image_ref: S  # <registry>/trainer:<tag>@sha256:...
+    registry_server: S
+    node_identity_id: S
+    node_identity_client_id: S
+    blob_endpoint: S  # https://<account>.blob.core.windows.net/
+    trainer_args: tuple[str, ...]  # python -m trainer flags (without --output-dir)
+    dataset_prefix: str  # "" trains on what trainer_args say; else staged shards
+    # A job of the stack's `jobs` map; "" for the one job of the submitJob shorthand. Left out
+    # of the hashes below at these defaults, so the shorthand's job id and run folder are the
+    # ones stacks had before the jobs map existed (no replaced job on upgrade).
+    name: str = ""
+    priority: int = 0  # Batch job priority, -1000..1000
+
+
+@dataclass(frozen=True)
+class JobSpec(JobFields[str]):
+    """Everything the job payloads depend on, as plain values."""
+
+    def _identity(self) -> dict[str, Any]:
+        values = asdict(self)
+        for field_ in fields(self):
+            if field_.default is not MISSING and values[field_.name] == field_.default:
+                del values[field_.name]
+        return values
+
+    @property
+    def job_id(self) -> str:
+        """Stable for the same inputs, new for any change (Batch ids cannot be reused at once)."""
+        payload = json.dumps(self._identity(), sort_keys=True).encode()
+        prefix = f"{self.stack}-{self.name}" if self.name else self.stack
+        return f"{prefix}-{hashlib.sha256(payload).hexdigest()[:10]}"[-64:]
+
+    @property
+    def run_name(self) -> str:
+        return run_name(self.trainer_args, self.dataset_prefix, self.name)
+
+    @property
+    def checkpoint_path(self) -> str:
+        return run_folder(self.stack, self.run_name)
+
+    @property
+    def log_url(self) -> str:
+        return f"{self.blob_endpoint.rstrip('/')}/logs/{self.job_id}/"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where rank 0 uploads metrics.jsonl and the TensorBoard events while it trains."""
+        return f"{self.log_url}{LIVE_FOLDER}"
+
+    @property
+    def portal_url(self) -> str:
+        return f"https://portal.azure.com/#resource{self.account_id}/jobs"
+
+    @classmethod
+    def from_props(cls, props: dict[str, Any]) -> JobSpec:
+        # A field this version added is absent from older state: its default, as then.
+        values = {f.name: props.get(f.name, f.default) for f in fields(cls)}
+        values["trainer_args"] = tuple(values["trainer_args"])
+        values["node_count"] = int(values["node_count"])
+        return cls(**values)
+
+
+def run_name(trainer_args: Sequence[str], dataset_prefix: str, name: str) -> str:
+    """Names a job's checkpoint folder: the same training settings of the same job resume the
+    same run; two jobs never share one."""
+    settings = [tuple(trainer_args), dataset_prefix, *([name] if name else [])]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+
+
+def run_folder(stack: str, run: str) -> str:
+    """A run's folder on the shared file system, relative to the node's mounts folder."""
+    return f"{NFS_RELATIVE_MOUNT}/{RUNS_DIR}/{stack}/{run}"
+
+
+# A word may start with one of Batch's variables (a folder on the node); bash expands only that.
+_BATCH_VARIABLE = re.compile(r"\$\{AZ_BATCH_[A-Z0-9_]+\}")
+
+
+def _word(part: str) -> str:
+    """One bash word: a leading ``${AZ_BATCH_...}`` in double quotes (expanded on the node),
+    everything else single-quoted, so no value (a dataset prefix, a trainer flag) is ever run
+    or expanded."""
+    variable = _BATCH_VARIABLE.match(part)
+    if variable is None:
+        return shlex.quote(part)
+    rest = part[variable.end() :]
+    return f'"{variable.group()}"' + (shlex.quote(rest) if rest else "")
+
+
+def _shell(*parts: str) -> str:
+    """A bash command line of ``parts``, one word each."""
+    return " ".join(_word(part) for part in parts)
+
+
+def _in_bash(command: str) -> str:
+    """A task command line: Batch runs it without a shell, as the container's CMD after the
+    image's ENTRYPOINT (MicrosoftDocs/azure-docs #94943; the trainer image has none), so bash
+    expands the Batch variables. ``exec``: the program becomes the container's first process
+    and receives the SIGTERM of a terminate itself."""
+    return f"/bin/bash -c {shlex.quote('exec ' + command)}"
+
+
+def container_run_options(vm_size: str) -> str:
+    """The InfiniBand options on an IB size, none of them on a size without InfiniBand ports.
+    A size this version does not know (an older stack's) keeps the InfiniBand options."""
+    try:
+        ib_ports = size_of(vm_size).ib_ports
+    except KeyError:
+        return CONTAINER_RUN_OPTIONS
+    return CONTAINER_RUN_OPTIONS if ib_ports else CPU_CONTAINER_RUN_OPTIONS
+
+
+def _container(spec: JobSpec):
+    from azure.batch import models as m
+
+    return m.BatchTaskContainerSettings(
+        image_name=spec.image_ref,
+        container_run_options=container_run_options(spec.vm_size),
+        registry=m.ContainerRegistryReference(
+            registry_server=spec.registry_server,
+            identity_reference=m.BatchNodeIdentityReference(resource_id=spec.node_identity_id),
+        ),
+        container_host_batch_bind_mounts=[
+            m.ContainerHostBatchBindMountEntry(source=source, is_read_only=False)
+            for source in ("Task", "Shared", "VfsMounts", "JobPrep")
+        ],
+    )
+
+
+def _identity_env(spec: JobSpec):
+    from azure.batch import models as m
+
+    # DefaultAzureCredential on the node picks the pool's user-assigned identity by client id.
+    return [m.EnvironmentSetting(name="AZURE_CLIENT_ID", value=spec.node_identity_client_id)]
+
+
+def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
+    """The trainer command with the size's preflight floor (``trainer.launch.fabric``), unless
+    it sets one. None on a size without InfiniBand (the CPU acceptance size): there is no
+    baseline to hold it to; nor on a size this version does not know (an older stack's), which
+    the launcher refuses on the node with a one-line error."""
+    floor = preflight_floor(vm_size) if vm_size is not None and vm_size in SIZES else 0.0
+    flag = "--preflight-min-busbw"
+    if floor <= 0 or any(word == flag or word.startswith(f"{flag}=") for word in command):
+        return command
+    return [*command, flag, str(floor)]
+
+
+def trainer_command(spec: JobSpec) -> list[str]:
+    """The trainer's complete command line, as the launcher runs it on every node, with the
+    settings the job owns: the engine, the staged data, the run folder on NFS, where rank 0
+    copies its live metrics (the logs container, read from outside the private network by
+    `python -m infra.tools.ops metrics|tensorboard`), and the VM size's preflight floor: what runs
+    follows from the job's inputs alone, and the launcher edits nothing. The command is not
+    part of the job id or the run name (those hash the ``JobSpec``), so a change here
+    replaces no job by itself."""
+    args = ["python", "-m", "trainer", *spec.trainer_args, "--backend", "horovod"]
+    if spec.dataset_prefix:
+        args += ["--data", "shards", "--data-dir", f"{DATASET_ROOT}/{spec.dataset_prefix}"]
+    command = [
+        *args,
+        "--output-dir",
+        f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
+        "--metrics-upload-url",
+        spec.metrics_url,
+    ]
+    return with_preflight_floor(command, spec.vm_size)
+
+
+def stage_command(spec: JobSpec) -> list[str]:
+    """``python -m trainer.data stage`` for the job's dataset (``trainer.data.transfer.stage_args``
+    builds the same; importing it here would import torch through ``trainer.data``)."""
+    return [
+        "python",
+        "-m",
+        "trainer.data",
+        "stage",
+        "--account-url",
+        spec.blob_endpoint,
+        "--container",
+        "datasets",
+        "--prefix",
+        spec.dataset_prefix,
+        "--dest",
+        f"{DATASET_ROOT}/{spec.dataset_prefix}",
+    ]
+
+
+def job_options(spec: JobSpec):
+    """The job: on the stack's pool, stages data first if asked. Created with ``noaction``:
+    Batch counts a job without tasks as complete, so ``terminatejob`` is set only once the task
+    exists (see ``TrainingJobProvider.create``)."""
+    from azure.batch import models as m
+
+    preparation = None
+    if spec.dataset_prefix:
+        preparation = m.BatchJobPreparationTask(
+            id="stage-data",
+            command_line=_in_bash(_shell(*stage_command(spec))),
+            container_settings=_container(spec),
+            environment_settings=_identity_env(spec),
+            wait_for_success=True,
+            rerun_on_node_reboot_after_success=False,
+            user_identity=m.UserIdentity(
+                auto_user=m.AutoUserSpecification(scope="pool", elevation_level="nonadmin")
+            ),
+        )
+    return m.BatchJobCreateOptions(
+        id=spec.job_id,
+        display_name=f"{spec.stack} {spec.name or 'training'}",
+        pool_info=m.BatchPoolInfo(pool_id=spec.pool_id),
+        priority=spec.priority,
+        all_tasks_complete_mode="noaction",
+        job_preparation_task=preparation,
+        metadata=[
+            m.BatchMetadataItem(name="stack", value=spec.stack),
+            m.BatchMetadataItem(name="run", value=spec.run_name),
+        ],
+    )
+
+
+def launch_command(spec: JobSpec, *mode: str) -> list[str]:
+    """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer."""
+    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *mode, "--"]
+    return [*launch, *trainer_command(spec)]
+
+
+def task_options(spec: JobSpec):
+    """The multi-instance task: one instance per node, ``trainer.launch`` on each."""
+    from azure.batch import models as m
+
+    # Batch runs the coordination command on every node (the primary too) at once, and the
+    # application command on the primary only, after every coordination command returned 0
+    # (articles/batch/batch-mpi.md). Whether a background process of the coordination command
+    # outlives it in a container is not documented, so nothing runs in the background: the
+    # launchers train in the foreground of the coordination command, tee their output into the
+    # run folder on NFS and record their outcome there (exiting 0 once it is recorded); the
+    # application command prints every node's log and exits with the recorded outcome, so a
+    # failure anywhere fails the task (and Batch retries it, resuming from the checkpoints).
+    # The training launchers also watch the VM's Scheduled Events: a Spot eviction's notice
+    # (about 30 s) is enough for a checkpoint.
+    coordination = _shell(*launch_command(spec, "--defer-exit-code", "--watch-scheduled-events"))
+    application = _shell(*launch_command(spec, "--report"))
+    return m.BatchTaskCreateOptions(
+        id=TASK_ID,
+        display_name=f"{spec.node_count} x {spec.vm_size}",
+        command_line=_in_bash(application),
+        container_settings=_container(spec),
+        environment_settings=_identity_env(spec),
+        multi_instance_settings=m.MultiInstanceSettings(
+            number_of_instances=spec.node_count,
+            coordination_command_line=_in_bash(coordination),
+        ),
+        # A retry resumes from the newest checkpoint on NFS (same run folder).
+        constraints=m.BatchTaskConstraints(max_task_retry_count=MAX_TASK_RETRIES),
+        user_identity=m.UserIdentity(
+            auto_user=m.AutoUserSpecification(scope="pool", elevation_level="nonadmin")
+        ),
+        output_files=[
+            m.OutputFile(
+                file_pattern=pattern,
+                destination=m.OutputFileDestination(
+                    container=m.OutputFileBlobContainerDestination(
+                        container_url=f"{spec.blob_endpoint.rstrip('/')}/logs",
+                        path=f"{spec.job_id}/{name}",
+                        identity_reference=m.BatchNodeIdentityReference(
+                            resource_id=spec.node_identity_id
+                        ),
+                    )
+                ),
+                upload_options=m.OutputFileUploadConfiguration(upload_condition="taskcompletion"),
+            )
+            for pattern, name in (("../stdout.txt", "stdout.txt"), ("../stderr.txt", "stderr.txt"))
+        ],
+    )

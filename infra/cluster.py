@@ -16,6 +16,7 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import authorization, batch
 
+from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.config import ClusterSettings
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role, deployer_principal_type
@@ -25,7 +26,6 @@ from infra.sizes import GpuSize
 from infra.toolchain import CUDA, MIN_DRIVER
 
 POOL_ID = "ib-gpu"
-NFS_RELATIVE_MOUNT = "shared"
 
 
 # What the start task prints on the CPU acceptance size (0 GPUs): the skip is visible in each

@@ -29,7 +29,7 @@ PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
-# "" for team stacks; the throwaway stacks of python -m infra.acceptance say which profile.
+# "" for team stacks; the throwaway stacks of python -m infra.tools.acceptance say which profile.
 ACCEPTANCE_PROFILES = ("", "cpu", "gpu")
 # Read only as secret Outputs (``secret_setting``), never into StackSettings as plain text.
 SECRET_SETTINGS = ("imageSourceToken",)
@@ -309,8 +309,8 @@ class StackSettings:
         profile, vm_size = self.acceptance_profile, self.cluster.vm_size
         if profile not in ACCEPTANCE_PROFILES:
             raise ConfigError(
-                f"acceptanceProfile={profile!r}: use cpu or gpu (python -m infra.acceptance sets "
-                "it), or leave it empty for a team stack"
+                f"acceptanceProfile={profile!r}: use cpu or gpu (python -m "
+                "infra.tools.acceptance sets it), or leave it empty for a team stack"
             )
         if profile == "cpu" and vm_size not in CPU_ACCEPTANCE:
             raise ConfigError(

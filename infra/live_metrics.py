@@ -1,5 +1,5 @@
 """What a job's rank 0 uploaded while it trains (``trainer.live_upload``), read from the
-deployer's side: by the operator CLI (``infra.ops``) and by the job resource's refresh
+deployer's side: by the operator CLI (``infra.tools.ops``) and by the job resource's refresh
 (``infra.job``), which puts the current step and images/s into the stack's outputs.
 
 The nodes and their NFS run folder are in a private network; the Blob account is reachable from
@@ -18,8 +18,6 @@ from typing import Any
 from infra import batch
 from trainer.blob_folder import BlobFolder
 
-# The folder under a job's log folder (``JobSpec.log_url``) where its rank 0 uploads.
-LIVE_FOLDER = "live/"
 METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
 # A refresh and ``list`` read only the end of each job's metrics.jsonl: its last training record.
 TAIL_BYTES = 64 * 1024

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from infra.batch import CONTAINER_RUN_OPTIONS
 from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
-from infra.job import CONTAINER_RUN_OPTIONS
 from tests.batch.batch import NfsExport, PoolSpec, _chmod, _command_argv, output_uploads
 from tests.batch.image import (
     NVIDIA_ENTRYPOINT,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.job import JobSpec, job_options, task_options
+from infra.batch import JobSpec, job_options, task_options
 from tests.batch.batch import Cluster, JobRun
 from tests.batch.conftest import REPO, blob
 from tests.conftest import write_image_folder

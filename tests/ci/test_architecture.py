@@ -154,3 +154,19 @@ def test_the_rules_catch_what_they_forbid():
 )
 def test_imports_are_resolved_as_python_resolves_them(source, module, is_package, expected):
     assert [name for _, name in imports_of(source, module, is_package)] == expected
+
+
+def test_the_readme_layout_names_every_module():
+    """The README's Layout section matches the tree: each module of the shipped packages is
+    named there (by file or module name)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## Layout") :]
+    layout = layout[: layout.index("```", layout.index("```") + 3)]
+    named = set(re.findall(r"[A-Za-z_]+", layout))
+    missing = [
+        str(path.relative_to(REPO))
+        for package in (*CHECKED, "trainer/data", "trainer/launch", "infra/tools")
+        for path in sorted((REPO / package).glob("*.py"))
+        if path.stem != "__init__" and path.stem not in named
+    ]
+    assert missing == [], f"README Layout does not name {missing}"

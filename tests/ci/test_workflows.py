@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.stacks import all_stacks, changed_stacks, job_stacks
+from infra.tools.stacks import all_stacks, changed_stacks, job_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
@@ -102,7 +102,7 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     (repo / "trainer" / "loop.py").write_text((repo / "trainer" / "loop.py").read_text() + "#\n")
     subprocess.run([*git, "commit", "-qam", "change"], check=True)
     result = subprocess.run(
-        [sys.executable, "-m", "infra.stacks", "changed", "HEAD~1"],
+        [sys.executable, "-m", "infra.tools.stacks", "changed", "HEAD~1"],
         cwd=repo, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -116,7 +116,7 @@ def test_bad_stacks_commands_are_one_line_errors():
         (["changed", "no-such-commit"], "git diff no-such-commit...HEAD failed: fatal: "),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "infra.stacks", *argv],
+            [sys.executable, "-m", "infra.tools.stacks", *argv],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 2 and message in result.stderr
@@ -124,10 +124,10 @@ def test_bad_stacks_commands_are_one_line_errors():
 
 
 def test_readme_config_reference_matches_the_schema():
-    from infra.docs import README, with_reference
+    from infra.tools.docs import README, with_reference
 
     readme = README.read_text(encoding="utf-8")
-    assert with_reference(readme) == readme, "run: python -m infra.docs --write"
+    assert with_reference(readme) == readme, "run: python -m infra.tools.docs --write"
     assert "| `vmSize` | string |" in readme
 
 
@@ -136,7 +136,7 @@ def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):
     ``pulumi`` that answers ``preview --json`` with a digest of one replaced job."""
     preview = yaml.safe_load((REPO / ".github/workflows/preview.yml").read_text())
     steps = preview["jobs"]["preview"]["steps"]
-    index = next(i for i, s in enumerate(steps) if "infra.preview_jobs" in s.get("run", ""))
+    index = next(i for i, s in enumerate(steps) if "infra.tools.preview_jobs" in s.get("run", ""))
     step, comment = steps[index], steps[index + 1]
     assert comment["uses"].startswith("marocchino/sticky-pull-request-comment@")
     assert comment["with"]["path"] == "jobs.md"

@@ -1,7 +1,7 @@
-"""python -m infra.acceptance at the Automation API boundary: a fake ``pulumi.automation.Stack``
-(its methods and keywords checked against the real class), autospecs of the real
-``BatchClient`` and ``ContainerClient`` answering with the SDK's own models, and the job's
-stdout made by the launcher's real report. Plus the dry run of both profiles as a subprocess,
+"""python -m infra.tools.acceptance at the Automation API boundary: a fake
+``pulumi.automation.Stack`` (its methods and keywords checked against the real class), autospecs
+of the real ``BatchClient`` and ``ContainerClient`` answering with the SDK's own models, and the
+job's stdout made by the launcher's real report. Plus the dry run of both profiles as a subprocess,
 the one-line failures, the cost and time summary, and the presets through the trainer."""
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 from pulumi import automation as auto
 
-from infra import acceptance, cost
-from infra.acceptance import (
+from infra import cost
+from infra.batch import CPU_CONTAINER_RUN_OPTIONS
+from infra.cluster import CPU_SKIP_MESSAGE
+from infra.tools import acceptance
+from infra.tools.acceptance import (
     CHECKS,
     JOB_TYPE,
     POLICY_PACK,
@@ -35,8 +38,6 @@ from infra.acceptance import (
     stack_values,
     validated,
 )
-from infra.cluster import CPU_SKIP_MESSAGE
-from infra.job import CPU_CONTAINER_RUN_OPTIONS
 from tests.infra.conftest import (
     CLIENT_IP,
     REPO,
@@ -583,7 +584,7 @@ def test_a_checkout_the_acr_builder_cannot_build_is_refused_before_anything_is_c
 
 def test_an_unknown_profile_is_argparses_one_line_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "infra.acceptance", "--profile", "tpu"],
+        [sys.executable, "-m", "infra.tools.acceptance", "--profile", "tpu"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -599,7 +600,7 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
     runs = {
         profile: subprocess.Popen(
-            [sys.executable, "-m", "infra.acceptance", "--profile", profile, "--dry-run"],
+            [sys.executable, "-m", "infra.tools.acceptance", "--profile", profile, "--dry-run"],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -657,7 +658,7 @@ def test_the_cpu_profile_stack_is_a_small_container_pool_marked_for_the_policy_p
     account = one(acceptance_plan, "azure-native:storage:StorageAccount")
     rules = account.inputs["networkRuleSet"]["ipRules"]
     assert [r["iPAddressOrRange"] for r in rules] == [CLIENT_IP]
-    from infra.job import container_run_options
+    from infra.batch import container_run_options
 
     assert container_run_options(job.inputs["vm_size"]) == CPU_CONTAINER_RUN_OPTIONS
 

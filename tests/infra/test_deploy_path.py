@@ -11,7 +11,7 @@ from infra.budget import BUDGET_START_PROPERTY
 from infra.config import ConfigError, StackSettings, load_schema
 from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
 from infra.nfs import CUSTOM_DATA_PROPERTY
-from infra.plan import evaluate, render
+from infra.tools.plan import evaluate, render
 from tests.infra.conftest import STACKS, of_type, one, stack_values
 
 TEAM_GROUP = "33333333-3333-3333-3333-333333333333"
@@ -74,7 +74,7 @@ def _submitters(plan):
 
 
 def test_the_deployer_always_submits_jobs_and_nobody_gets_pool_rights(plan):
-    from infra.mocks import DEPLOYER_OBJECT_ID
+    from infra.tools.mocks import DEPLOYER_OBJECT_ID
 
     (deployer,) = _submitters(plan)
     assert deployer.inputs["principalId"] == DEPLOYER_OBJECT_ID
@@ -114,7 +114,7 @@ def test_the_deployers_principal_type_is_the_one_azure_native_signs_in_as(
 
 
 def test_the_team_group_is_granted_besides_the_deployer():
-    from infra.mocks import DEPLOYER_OBJECT_ID
+    from infra.tools.mocks import DEPLOYER_OBJECT_ID
 
     plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:jobSubmitterObjectId": TEAM_GROUP})
     by_principal = {r.inputs["principalId"]: r for r in _submitters(plan)}

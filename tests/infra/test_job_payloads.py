@@ -13,18 +13,17 @@ from azure.core.credentials import AccessToken
 
 from infra import batch as batch_module
 from infra import job as job_module
-from infra.job import (
+from infra.batch import (
     CONTAINER_RUN_OPTIONS,
     CPU_CONTAINER_RUN_OPTIONS,
     TASK_ID,
-    JobError,
     JobSpec,
-    TrainingJobProvider,
     job_options,
     task_options,
     trainer_command,
     with_preflight_floor,
 )
+from infra.job import JobError, TrainingJobProvider
 from tests.infra.container import (
     base_path,
     container_argv,

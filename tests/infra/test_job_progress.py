@@ -13,9 +13,11 @@ import pytest
 
 from infra import batch as batch_module
 from infra import job as job_module
-from infra.job import TASK_ID, JobSpec, TrainingJobProvider
+from infra.batch import TASK_ID
+from infra.job import TrainingJobProvider
 from tests.conftest import _free_port
 from tests.infra.fake_batch import FakeBatch
+from tests.infra.test_job_payloads import _spec
 
 
 def _train(step, rate):
@@ -42,25 +44,21 @@ def cloud(tmp_path, entra_env, monkeypatch):
 def _state(fake: FakeBatch, storage, stack: str) -> tuple[str, dict]:
     """The state a job created by an earlier provider version left: inputs and the outputs of
     then, without metrics_url (derived from log_url)."""
-    spec = JobSpec(
-        stack=stack,
-        endpoint=fake.url,
-        account_id="/subscriptions/s/resourceGroups/rg/providers/Microsoft.Batch/batchAccounts/b",
-        pool_id="ib-gpu",
-        node_count=2,
-        vm_size="Standard_ND96isr_H100_v5",
-        image_ref="acr.azurecr.io/trainer:abc@sha256:" + "a" * 64,
-        registry_server="acr.azurecr.io",
-        node_identity_id="/subscriptions/s/resourceGroups/rg/providers/x/identities/n",
-        node_identity_client_id="11111111-2222-3333-4444-555555555555",
-        blob_endpoint=storage.blob_endpoint + "/",
-        trainer_args=("--model", "resnet50"),
-        dataset_prefix="",
-    )
+    spec = _spec(stack=stack, endpoint=fake.url, blob_endpoint=storage.blob_endpoint + "/")
     fake.add_job(spec.job_id, "active")
     fake.tasks[spec.job_id] = [{"id": TASK_ID, "commandLine": "true"}]
     props = {**spec.__dict__, "trainer_args": list(spec.trainer_args)}
     return spec.job_id, {**props, "job_id": spec.job_id, "state": "active", "log_url": spec.log_url}
+
+
+@pytest.fixture
+def warnings(monkeypatch) -> list[str]:
+    """What the provider tells the engine as warnings."""
+    told: list[str] = []
+    monkeypatch.setattr(
+        job_module.pulumi.log, "warn", lambda message, *a, **k: told.append(message)
+    )
+    return told
 
 
 def _upload(logs, job_id: str, records, tail: bytes = b"") -> None:
@@ -80,24 +78,16 @@ def test_a_refresh_shows_the_last_logged_step_and_images_per_second(cloud):
     assert outs["metrics_url"] == f"{storage.blob_endpoint}/logs/{job_id}/live/"
 
 
-def test_before_the_first_upload_a_refresh_shows_no_step_and_no_warning(cloud, monkeypatch):
+def test_before_the_first_upload_a_refresh_shows_no_step_and_no_warning(cloud, warnings):
     fake, storage, _ = cloud
-    warnings: list[str] = []
-    monkeypatch.setattr(
-        job_module.pulumi.log, "warn", lambda message, *a, **k: warnings.append(message)
-    )
     job_id, state = _state(fake, storage, "early")
     outs = TrainingJobProvider().read(job_id, state).outs
     assert outs["state"] == "active" and "step" not in outs and "images_per_sec" not in outs
     assert warnings == []
 
 
-def test_storage_it_cannot_reach_warns_once_and_the_refresh_goes_on(cloud, monkeypatch):
+def test_storage_it_cannot_reach_warns_once_and_the_refresh_goes_on(cloud, warnings):
     fake, storage, _ = cloud
-    warnings: list[str] = []
-    monkeypatch.setattr(
-        job_module.pulumi.log, "warn", lambda message, *a, **k: warnings.append(message)
-    )
     job_id, state = _state(fake, storage, "unreachable")
     closed = f"https://127.0.0.1:{_free_port()}/devstoreaccount1/logs/{job_id}/live/"
     outs = TrainingJobProvider().read(job_id, {**state, "metrics_url": closed}).outs

@@ -1,5 +1,5 @@
-"""``python -m infra.ops`` against an autospec of the real BatchClient, and ``cancel`` with the
-real SDK against a fake Batch server (the SDK's own request building is what broke it)."""
+"""``python -m infra.tools.ops`` against an autospec of the real BatchClient, and ``cancel``
+with the real SDK against a fake Batch server (the SDK's own request building is what broke it)."""
 
 import io
 import json
@@ -15,7 +15,7 @@ from azure.batch.models._patch import BatchFileProperties
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ResourceNotFoundError
 
-from infra import ops as jobs
+from infra.tools import ops as jobs
 from tests.infra.fake_batch import FakeBatch
 
 OUTPUTS = {

@@ -1,5 +1,5 @@
-"""``python -m infra.ops list|metrics|tensorboard`` and ``--job``: the stack's ``jobs`` output,
-the Batch state from an autospec of the real BatchClient, and what the trainer uploaded from
+"""``python -m infra.tools.ops list|metrics|tensorboard`` and ``--job``: the stack's ``jobs``
+output, the Batch state from an autospec of the real BatchClient, and what the trainer uploaded from
 Azurite over HTTPS, read with DefaultAzureCredential (a managed identity here, as ``az login``
 would be on a laptop)."""
 
@@ -19,7 +19,7 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.exceptions import ResourceNotFoundError
 
-from infra import ops
+from infra.tools import ops
 from tests.conftest import _free_port
 
 ENDPOINT = "platformbatch.eastus.batch.azure.com"
@@ -316,7 +316,7 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
 
     def start(command):
         with open(log_path, "w") as log:
-            # Another working directory: the command finds infra.tensorboard_cli by itself.
+            # Another working directory: the command finds infra.tools.tensorboard_cli by itself.
             process = ops.start_tensorboard(command, stderr=log, cwd=tmp_path)
         started.append(process)
         return process
@@ -354,7 +354,7 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
     assert result == [started[0].returncode]  # TensorBoard's own exit code: it stopped
     assert started[0].args[1:] == [
         "-m",
-        "infra.tensorboard_cli",
+        "infra.tools.tensorboard_cli",
         "--logdir",
         str(dest),
         "--port",

@@ -6,7 +6,7 @@ from tests.infra.conftest import REPO
 
 def plan(*args, cwd=REPO):
     return subprocess.run(
-        [sys.executable, "-m", "infra.plan", *args],
+        [sys.executable, "-m", "infra.tools.plan", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,9 +14,10 @@ import json
 
 import pytest
 
-from infra import preview_jobs
-from infra.job import JobSpec, TrainingJobProvider
-from infra.plan import evaluate
+from infra.batch import JobSpec
+from infra.job import TrainingJobProvider
+from infra.tools import preview_jobs
+from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"

@@ -8,9 +8,9 @@ import uuid
 
 from infra.config import current_month
 from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
-from infra.mocks import DEPLOYER_OBJECT_ID
 from infra.naming import REQUIRED_TAGS, TAGGABLE
-from infra.plan import evaluate
+from infra.tools.mocks import DEPLOYER_OBJECT_ID
+from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, one, stack_values
 
 

@@ -29,7 +29,8 @@ from pulumi.runtime import rpc
 from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-from infra.job import TASK_ID, JobSpec, TrainingJobProvider
+from infra.batch import TASK_ID, JobSpec
+from infra.job import TrainingJobProvider
 from tests.infra.fake_batch import FakeBatch
 
 REPO = Path(__file__).resolve().parents[2]

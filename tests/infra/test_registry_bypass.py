@@ -13,13 +13,13 @@ import pulumi
 import pytest
 
 from infra import registry as registry_module
-from infra.mocks import AzureMocks
 from infra.naming import Placement
 from infra.registry import (
     TASK_BYPASS_API_VERSION,
     TaskBypassError,
     TaskBypassProvider,
 )
+from infra.tools.mocks import AzureMocks
 from tests.infra.conftest import REPO
 from tests.infra.fake_arm import serving_arm
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_MODE
-from infra.cluster import CPU_SKIP_MESSAGE, NFS_RELATIVE_MOUNT
+from infra.cluster import CPU_SKIP_MESSAGE
 from infra.toolchain import MIN_DRIVER
 from tests.infra.conftest import one
 

@@ -6,7 +6,7 @@ import signal
 import time
 from pathlib import Path
 
-from infra.job import JobSpec, task_options
+from infra.batch import JobSpec, task_options
 from tests.fake_imds import event as fake_event
 from tests.fake_imds import serving
 from tests.infra.container import one_node_pool, run_in_container

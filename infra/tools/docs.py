@@ -1,18 +1,17 @@
 """The config reference in README.md, generated from the typed schema in Pulumi.yaml.
 
-python -m infra.docs            # print the table
-python -m infra.docs --write    # rewrite it in README.md between the markers
+python -m infra.tools.docs            # print the table
+python -m infra.tools.docs --write    # rewrite it in README.md between the markers
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from infra.config import load_schema, schema_default, schema_type
+from infra.config import REPO, load_schema, schema_default, schema_type
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 

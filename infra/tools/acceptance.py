@@ -1,4 +1,4 @@
-"""``python -m infra.acceptance --profile cpu|gpu``: prove the stack on a real subscription.
+"""``python -m infra.tools.acceptance --profile cpu|gpu``: prove the stack on a real subscription.
 
 ``make azure-check``. With the Pulumi CLI logged in to a state backend and ``az login`` done, it
 creates a throwaway stack (``acceptance-<profile>-<UTC time>``) from a small profile, runs
@@ -6,7 +6,7 @@ creates a throwaway stack (``acceptance-<profile>-<UTC time>``) from a small pro
 the stack submits (the same ``TrainingJob``), checks what it did, checks that ``pulumi destroy``
 terminates a running job, then destroys the stack and removes it, printing the time taken and
 an estimated cost. ``--dry-run`` prints the stack it would create (the offline plan of
-``infra.plan``) and the checks in order, with no Azure, CLI or network needed.
+``infra.tools.plan``) and the checks in order, with no Azure, CLI or network needed.
 
 Profiles: ``cpu`` (2 x Standard_D2s_v5 with containers and inter-node communication, the NFS
 server on a D2s_v5; no GPU and no InfiniBand, so those checks are skipped, visibly) and ``gpu``
@@ -349,7 +349,7 @@ def cost_lines(s: StackSettings, hours: float, node_hours: float) -> list[str]:
 # ---------------------------------------------------------------- the dry run
 def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
     """What a real run would create and check, in order (the offline plan under mocks)."""
-    from infra.plan import evaluate, render
+    from infra.tools.plan import evaluate, render
 
     profile = opts.profile
     settings = validated(opts, values)
@@ -1071,7 +1071,7 @@ def _logs_container(account_url: str) -> Any:
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="python -m infra.acceptance",
+        prog="python -m infra.tools.acceptance",
         description="Create a throwaway stack, run a small training job through it, check the "
         "outcome, check destroy stops a running job, destroy the stack.",
         allow_abbrev=False,

@@ -1,5 +1,5 @@
-"""``python -m infra.ops list|status|logs|cancel|metrics|tensorboard --stack NAME [--job NAME]``:
-follow the stack's training jobs.
+"""``python -m infra.tools.ops list|status|logs|cancel|metrics|tensorboard --stack NAME
+[--job NAME]``: follow the stack's training jobs.
 
 An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
 
@@ -29,9 +29,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
 from infra import batch
-from infra.batch import TASK_ID, state_text, terminate_job
+from infra.batch import LIVE_FOLDER, TASK_ID, state_text, terminate_job
+from infra.image_inputs import REPO
 from infra.live_metrics import (
-    LIVE_FOLDER,
     METRICS_FILE,
     NotUploaded,
     StorageError,
@@ -438,11 +438,11 @@ def sync_tensorboard(container: Any, folder: BlobFolder, dest: Path) -> tuple[in
 
 
 def tensorboard_command(logdir: Path, port: int) -> list[str]:
-    """TensorBoard of this environment, through infra.tensorboard_cli (see there why)."""
+    """TensorBoard of this environment, through infra.tools.tensorboard_cli (see there why)."""
     return [
         sys.executable,
         "-m",
-        "infra.tensorboard_cli",
+        "infra.tools.tensorboard_cli",
         "--logdir",
         str(logdir),
         "--port",
@@ -451,8 +451,8 @@ def tensorboard_command(logdir: Path, port: int) -> list[str]:
 
 
 def start_tensorboard(command: list[str], **popen: Any) -> subprocess.Popen[Any]:
-    # The repository root on the path, so ``-m infra.tensorboard_cli`` imports from anywhere.
-    root = str(Path(__file__).resolve().parents[1])
+    # The repository root on the path, so ``-m infra.tools.tensorboard_cli`` imports from anywhere.
+    root = str(REPO)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, **popen)
 
@@ -502,7 +502,7 @@ def tensorboard(
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m infra.ops", allow_abbrev=False)
+    parser = OneLineParser(prog="python -m infra.tools.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (
         ("list", "every job of the stack: state, nodes, retries, current step, images/s"),

@@ -1,4 +1,4 @@
-"""``python -m infra.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
+"""``python -m infra.tools.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
 ``pulumi preview --json`` would create, replace or delete, and why, as Markdown for the pull
 request's preview comment.
 
@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.cluster import NFS_RELATIVE_MOUNT
-from infra.job import run_name
+from infra.batch import run_folder, run_name
 from trainer.cli import OneLineParser, fail
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
@@ -75,7 +74,7 @@ def _run_folder(inputs: dict[str, Any]) -> str | None:
         return None
     if not (isinstance(prefix, str) and isinstance(name, str) and isinstance(stack, str)):
         return None
-    return f"{NFS_RELATIVE_MOUNT}/runs/{stack}/{run_name(args, prefix, name)}"
+    return run_folder(stack, run_name(args, prefix, name))
 
 
 def _job_name(state: dict[str, Any], urn: str) -> str:
@@ -162,7 +161,7 @@ def render(stack: str, changes: list[JobChange]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.preview_jobs", description=__doc__)
+    parser = OneLineParser(prog="python -m infra.tools.preview_jobs", description=__doc__)
     parser.add_argument("--stack", required=True, help="the stack the preview is of")
     parser.add_argument("preview", type=Path, help="the output of `pulumi preview --json`")
     args = parser.parse_args(argv)

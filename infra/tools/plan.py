@@ -1,4 +1,4 @@
-"""``python -m infra.plan --stack dev``: what a stack declares, offline.
+"""``python -m infra.tools.plan --stack dev``: what a stack declares, offline.
 
 Evaluates the Pulumi program with mocks (no credentials, no network, no Pulumi CLI) and prints
 the resources (type token, name, the properties that matter), the stack outputs and an estimated
@@ -17,12 +17,11 @@ from typing import Any
 import yaml
 
 from infra import cost, prices
-from infra.config import PROJECT, ConfigError, StackSettings, load_schema
-from infra.mocks import AzureMocks, DeclaredResource, RecordingMonitor
-from infra.ops import SHORTHAND_JOB
+from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
+from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor
+from infra.tools.ops import SHORTHAND_JOB
 from trainer.cli import OneLineParser
 
-REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "__main__.py"
 SHOWN_PROPERTIES = (
     "location",
@@ -135,7 +134,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
     """Each job and the run folder it trains in: the same training settings resume the same
     folder after a replace; other settings start a fresh run in another one. With
     ``deployed`` (job name -> its deployed run folder), each job says which it does."""
-    from infra.job import JobSpec
+    from infra.batch import JobSpec
 
     specs = [
         JobSpec.from_props(r.inputs)
@@ -169,7 +168,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
     """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
-    from infra.ops import read_outputs, stack_jobs
+    from infra.tools.ops import read_outputs, stack_jobs
 
     outputs = read_outputs(stack, outputs_file)
     if "jobs" not in outputs and not outputs.get("job_id"):
@@ -242,7 +241,7 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.plan", description=__doc__)
+    parser = OneLineParser(prog="python -m infra.tools.plan", description=__doc__)
     parser.add_argument("--stack", required=True, help="stack name (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--stack-file", type=Path, help="another stack file to read")
     parser.add_argument(
@@ -259,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         "this config continues its run or starts a fresh one",
     )
     args = parser.parse_args(argv)
-    from infra.ops import JobsError
+    from infra.tools.ops import JobsError
 
     try:
         if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:

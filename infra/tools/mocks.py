@@ -120,7 +120,8 @@ class AzureMocks(pulumi.runtime.Mocks):
         if typ == "docker-build:index:Image":
             return {"digest": _fake_digest(str(inputs.get("tags")))}
         if typ == "pulumi-python:dynamic:Resource" and "trainer_args" in inputs:
-            from infra.job import JobSpec, _outputs
+            from infra.batch import JobSpec
+            from infra.job import _outputs
 
             return _outputs(JobSpec.from_props(inputs), "active")
         if typ == "azure-native:network:PublicIPAddress":
