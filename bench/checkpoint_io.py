@@ -7,7 +7,6 @@ benchmark: prints and saves, asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -17,11 +16,12 @@ import torch
 
 from bench.common import save
 from trainer import checkpoint
+from trainer.cli import OneLineParser
 from trainer.model import build_model
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     model = build_model("resnet50", 1000)

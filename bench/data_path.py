@@ -11,7 +11,6 @@ in this process; the caches are filled first and their fill time is reported apa
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from PIL import Image
 
 from bench.common import save
+from trainer.cli import OneLineParser
 from trainer.data.cache import MemoryCache
 from trainer.data.dataset import ImageDataset
 from trainer.data.folder import FolderSource
@@ -78,7 +78,7 @@ def run(images: int, image_size: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--images", type=int, default=600)
     parser.add_argument("--image-size", type=int, default=224)
     args = parser.parse_args()

@@ -7,19 +7,19 @@ H100 target (3,000). On a machine without a GPU it says so and records nothing m
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 from bench.common import run_trainer, save
+from trainer.cli import OneLineParser
 
 NVIDIA_A100_AMP = 2470
 H100_TARGET = 3000
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=256)
     args = parser.parse_args()

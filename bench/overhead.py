@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from bench.common import REPO, run_trainer, save
+from trainer.cli import OneLineParser
 from trainer.model import build_model
 
 MODEL, CLASSES, SIZE, BATCH, POOL = "resnet18", 100, 64, 32, 64
@@ -97,7 +98,7 @@ def trainer_run(steps: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--bare-loop", type=int, metavar="STEPS", help=argparse.SUPPRESS)

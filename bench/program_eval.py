@@ -11,7 +11,6 @@ Batch account and pool each), which is how a program with N pools grows.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import time
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from bench.common import save
 from infra import stack as stack_module
 from infra.tools.plan import REPO, Plan, evaluate, read_stack_file
+from trainer.cli import OneLineParser
 
 
 @contextmanager
@@ -53,7 +53,7 @@ def timed(run: Callable[[], Plan], repeat: int) -> tuple[list[float], int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--pools", default="1,2,5,10")
     args = parser.parse_args()

@@ -9,12 +9,12 @@ Each worker gets one thread (OMP_NUM_THREADS=1) so N workers use N cores, as N G
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
 
 from bench.common import REPO, horovodrun, run_trainer, save, torchrun
+from trainer.cli import OneLineParser
 
 MODEL = [
     "--model",
@@ -87,7 +87,7 @@ def allreduce_ms(workers: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = OneLineParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=48)
     args = parser.parse_args()

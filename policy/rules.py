@@ -1,7 +1,9 @@
 """The guardrails every gpu-cluster stack must pass (mandatory).
 
-Each rule reads the camelCase inputs Pulumi hands to policies. They apply to any program in the
-organisation, not just ours, so they check what a resource says rather than how we build it.
+Each rule reads the camelCase inputs Pulumi hands to policies, so it checks what a resource says
+rather than how we build it. This is this program's own pack (ARCHITECTURE.md): the facts it
+checks against (supported sizes, required tags, prices) are the program's tables, imported, not
+a second copy; the tables answer to Azure's documented constraints in their own tests.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import json
 import sys
 
 from infra.config import REPO, load_schema, schema_default, schema_type
+from trainer.cli import OneLineParser
 
 README = REPO / "README.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
@@ -31,8 +32,16 @@ def with_reference(readme: str) -> str:
     return f"{head}{START}\n{config_reference()}\n{END}{tail}"
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m infra.tools.docs", description=__doc__)
+    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    args = parser.parse_args(argv)
+    if args.write:
         README.write_text(with_reference(README.read_text(encoding="utf-8")), encoding="utf-8")
     else:
         print(config_reference())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -33,3 +33,37 @@ def test_each_command_says_bad_input_in_one_line(name):
     )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
+# Every command a person or CI runs as `python -m ...` (bench.run_all and bench.plots take no
+# arguments; bench.allreduce_probe is started by bench.scaling, not by people).
+MODULES = (
+    "trainer",
+    "trainer.data",
+    "trainer.launch",
+    "infra.tools.plan",
+    "infra.tools.ops",
+    "infra.tools.stacks",
+    "infra.tools.preview_jobs",
+    "infra.tools.docs",
+    "infra.tools.acceptance",
+    "bench.checkpoint_io",
+    "bench.data_path",
+    "bench.gpu",
+    "bench.overhead",
+    "bench.program_eval",
+    "bench.scaling",
+)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_entry_point_has_the_one_parser_style(module):
+    """One style everywhere: an unknown flag is one line naming it, exit code 2, no usage."""
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--no-such-flag"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: unrecognized arguments: --no-such-flag (see --help)\n" or (
+        result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    )
