@@ -6,7 +6,8 @@ PROFILE ?= cpu
 
 .PHONY: demo test lint setup bench azure-check
 
-$(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh
+$(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh \
+		scripts/horovod-blocking-wait.patch
 	bash scripts/setup_env.sh
 	touch $@
 

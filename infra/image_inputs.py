@@ -17,7 +17,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = "docker/Dockerfile"
 # .dockerignore admits exactly these (tests/docker checks it).
-IMAGE_INPUTS = (DOCKERFILE, "docker/requirements.txt", "scripts/build_horovod.sh", "trainer")
+IMAGE_INPUTS = (
+    DOCKERFILE,
+    "docker/requirements.txt",
+    "scripts/build_horovod.sh",
+    "scripts/horovod-blocking-wait.patch",
+    "trainer",
+)
 
 
 def content_tag(root: Path = REPO) -> str:

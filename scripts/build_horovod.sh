@@ -10,25 +10,31 @@
 #   WHEEL_DIR  where the finished wheel is cached; an existing wheel for this torch is reused
 #   gpu        also build NCCL GPU operations (the Docker image uses this; needs CUDA + NCCL)
 # The local setup (Makefile) and docker/Dockerfile both call this script, so the two builds match.
+# It also applies scripts/horovod-blocking-wait.patch (a waiting caller sleeps instead of
+# spinning; see the patch's header). Build output goes to stderr; stdout is the wheel's path.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 python=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 wheel_dir=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 variant=${3:-cpu}
+wait_patch="$(cd "$(dirname "$0")" && pwd)/horovod-blocking-wait.patch"
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 py_tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-# The wheel links against one torch ABI: the cache key names torch, Python and the variant.
-cache_dir="$wheel_dir/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$variant"
+patch_id=$(sha256sum "$wait_patch" | cut -c1-12)
+# The wheel links against one torch ABI: the cache key names torch, Python, the variant and the
+# patch, so a changed patch never reuses a wheel built without it.
+cache_dir="$wheel_dir/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$variant-$patch_id"
 if compgen -G "$cache_dir/horovod-*.whl" >/dev/null; then
-  echo "horovod: cached wheel in $cache_dir"
+  echo "horovod: cached wheel in $cache_dir" >&2
+  echo "$cache_dir"/horovod-*.whl
   exit 0
 fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work"
+"$python" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" >&2
 tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
 src="$work/horovod-$HOROVOD_VERSION"
 for cmake_file in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
@@ -38,6 +44,10 @@ for cmake_file in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
   }
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$cmake_file"
 done
+patch --forward --batch --quiet -p1 -d "$src" <"$wait_patch" >&2 || {
+  echo "horovod: $wait_patch no longer applies to $HOROVOD_VERSION; review the patch" >&2
+  exit 1
+}
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
@@ -48,10 +58,11 @@ else
   export HOROVOD_CPU_OPERATIONS=GLOO
 fi
 
-echo "horovod: building $HOROVOD_VERSION ($variant) for torch $torch_version, a few minutes"
+echo "horovod: building $HOROVOD_VERSION ($variant) for torch $torch_version, a few minutes" >&2
 # Build into a temporary folder and move the finished wheel, so an interrupted build never
 # leaves a half-written wheel in the cache.
-"$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist"
+"$python" -m pip wheel --no-build-isolation --no-deps "$src" -w "$work/dist" >&2
 mkdir -p "$cache_dir"
 mv "$work"/dist/horovod-*.whl "$cache_dir/"
-echo "horovod: wheel cached in $cache_dir"
+echo "horovod: wheel cached in $cache_dir" >&2
+echo "$cache_dir"/horovod-*.whl

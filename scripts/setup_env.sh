@@ -19,11 +19,12 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install --quiet "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
 "${pip[@]}" install --quiet --no-build-isolation --editable ".[infra,dev]"
 
-scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels"
-if ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
-  torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
-  "${pip[@]}" install --quiet --no-deps --force-reinstall \
-    "$cache_dir"/wheels/horovod-0.28.1-torch"$torch_version"-cp311-cpu/horovod-*.whl
+wheel=$(scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels")
+# Installed unless this very wheel is (a changed patch or torch builds another one).
+if [ "$(cat "$venv/.horovod-wheel" 2>/dev/null)" != "$wheel" ] \
+  || ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
+  "${pip[@]}" install --quiet --no-deps --force-reinstall "$wheel"
+  echo "$wheel" >"$venv/.horovod-wheel"
 fi
 # Capture first: `grep -q` exits at the first match and would break horovodrun's pipe.
 build_info=$("$venv/bin/horovodrun" --check-build)

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = StopRequest().install()
     try:
-        dist = init_dist(cfg.backend)
+        dist = init_dist(cfg)
     except (RuntimeError, ValueError) as err:
         fail(f"backend={cfg.backend}: cannot start ({err})", 2)
     logging.basicConfig(

@@ -76,6 +76,12 @@ class TrainConfig:
     backend: str = "horovod"
     fp16_allreduce: bool = False
     adasum: bool = False
+    # Horovod's background loop: every cycle it fuses the gradients ready into one buffer and
+    # reduces them. A longer cycle fuses more per allreduce (fewer, larger messages) at the cost
+    # of latency. 0: chosen by the engine (trainer.distributed.HorovodDist: Horovod's own 1 ms
+    # with NCCL on GPUs, the measured best for Gloo on CPUs; README, "Benchmarks").
+    horovod_cycle_time_ms: float = 0.0
+    horovod_fusion_mb: int = 128  # the fusion buffer (Horovod's default); 0: each tensor alone
     accumulation_steps: int = 1
     # Precision and speed.
     device: str = "auto"
@@ -175,6 +181,8 @@ class TrainConfig:
             raise ConfigError(
                 "fp16_allreduce=true with backend=local: compression needs horovod or ddp"
             )
+        _float_range("horovod_cycle_time_ms", self.horovod_cycle_time_ms, 0.0, 1000.0)
+        _int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
         _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
         _choice("device", self.device, DEVICES)
         _choice("amp", self.amp, AMP_MODES)

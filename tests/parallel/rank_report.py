@@ -6,6 +6,7 @@ a digest of its parameters and the averaged metrics it holds, so a test can comp
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from trainer.config import TrainConfig
 from trainer.distributed import init_dist
 from trainer.run import train
 
+HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
+
 
 def main() -> None:
     report_dir, config = Path(sys.argv[1]), TrainConfig.from_mapping(json.loads(sys.argv[2]))
-    dist = init_dist(config.backend)
+    dist = init_dist(config)
     result = train(config, dist)
     digest = hashlib.sha256()
     for name, param in sorted(result.model.named_parameters()):
@@ -28,6 +31,8 @@ def main() -> None:
         "step": result.step,
         "params_sha256": digest.hexdigest(),
         "metrics": result.last_metrics,
+        # What Horovod read at init (set from the config unless the environment had them).
+        "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},
     }
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
     dist.shutdown()

@@ -78,7 +78,7 @@ def main() -> None:
 
     trainer.run.build_loaders = recording_build_loaders
     trainer.loop.train_step = recording_train_step
-    dist = init_dist(config.backend)
+    dist = init_dist(config)
     logging.basicConfig(level=logging.WARNING if dist.rank else logging.INFO)  # as __main__
     result = trainer.run.train(config, dist)
     report = {

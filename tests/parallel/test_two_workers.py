@@ -42,6 +42,9 @@ def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend,
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
     assert reports[0]["metrics"] == reports[1]["metrics"]
     assert reports[0]["metrics"]["loss"] > 0
+    if backend == "horovod":  # the engine's own choices reach Horovod on every rank
+        knobs = {"HOROVOD_CYCLE_TIME": "50", "HOROVOD_FUSION_THRESHOLD": str(128 * 1024 * 1024)}
+        assert [r["horovod_env"] for r in reports] == [knobs, knobs]
     # Rank 0 logged exactly what every rank computed.
     logged = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "train"]
     assert logged[-1]["loss"] == reports[0]["metrics"]["loss"]
@@ -55,12 +58,17 @@ def test_horovod_compression_accumulation_and_lars(tmp_path, repo):
         accumulation_steps=2,
         optimizer="lars",
         epochs=1,
+        horovod_cycle_time_ms=2.5,
+        horovod_fusion_mb=16,
     )
     script = str(repo / "tests" / "parallel" / "rank_report.py")
     run(horovodrun(script, str(tmp_path), json.dumps(config)), repo)
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert reports[0]["step"] == 128 // 2 // 8 // 2
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
+    # The config's cycle time and fusion buffer reach Horovod on every rank.
+    knobs = {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(16 * 1024 * 1024)}
+    assert [r["horovod_env"] for r in reports] == [knobs, knobs]
 
 
 def test_adasum_without_mpi_is_a_clear_error_on_every_rank(tmp_path, repo):

@@ -46,6 +46,8 @@ INVALID = [
     ({"backend": "ddp", "adasum": True}, "adasum=true with backend=ddp", "horovod"),
     ({"backend": "local", "fp16_allreduce": True}, "fp16_allreduce=true", "horovod or ddp"),
     ({"accumulation_steps": 0}, "accumulation_steps=0", "1..1024"),
+    ({"horovod_cycle_time_ms": -1}, "horovod_cycle_time_ms=-1", "[0, 1000]"),
+    ({"horovod_fusion_mb": 5000}, "horovod_fusion_mb=5000", "0..4096"),
     ({"device": "tpu"}, "device='tpu'", "cuda"),
     ({"amp": "fp8"}, "amp='fp8'", "bf16"),
     ({"channels_last": "maybe"}, "channels_last='maybe'", "auto"),
