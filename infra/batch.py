@@ -175,7 +175,7 @@ class JobSpec(JobFields[str]):
     @property
     def metrics_url(self) -> str:
         """Where rank 0 uploads metrics.jsonl and the TensorBoard events while it trains."""
-        return f"{self.log_url}{LIVE_FOLDER}"
+        return live_folder_url(self.log_url)
 
     @property
     def portal_url(self) -> str:
@@ -195,6 +195,11 @@ def run_name(trainer_args: Sequence[str], dataset_prefix: str, name: str) -> str
     same run; two jobs never share one."""
     settings = [tuple(trainer_args), dataset_prefix, *([name] if name else [])]
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
+
+
+def live_folder_url(log_url: str) -> str:
+    """The folder under a job's log folder URL where its rank 0 uploads while it trains."""
+    return f"{log_url.rstrip('/')}/{LIVE_FOLDER}"
 
 
 def run_folder(stack: str, run: str) -> str:

@@ -31,17 +31,18 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 
 from infra import batch
 from infra.batch import (
-    LIVE_FOLDER,
     RUNNING_STATES,
     TASK_ID,
     JobFields,
     JobSpec,
     job_options,
+    live_folder_url,
     poll_succeeded,
     state_text,
     task_options,
     terminate_options,
 )
+from infra.config import SHORTHAND_JOB
 from infra.dynamic import changed_inputs
 
 T = TypeVar("T")
@@ -189,7 +190,7 @@ class TrainingJobProvider(ResourceProvider):
                 pass
         if state not in RUNNING_STATES:
             return
-        name = news.get("name") or "default"
+        name = news.get("name") or SHORTHAND_JOB
         raise JobError(
             f"job {name} ({id_}) is {state}, and this change would replace it "
             f"({', '.join(sorted(changed))}): let it finish, cancel it "
@@ -283,7 +284,7 @@ def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
 
 
 def _metrics_url(log_url: Any) -> str | None:
-    return f"{log_url}{LIVE_FOLDER}" if isinstance(log_url, str) and log_url else None
+    return live_folder_url(log_url) if isinstance(log_url, str) and log_url else None
 
 
 def _progress(job_id: str, metrics_url: str) -> dict[str, Any]:

@@ -176,6 +176,15 @@ def azurite_entra(tmp_path_factory) -> Iterator[EntraStorage]:
 
 
 @pytest.fixture
+def logs(azurite_entra, request):
+    """An empty container on the emulator (what the stack's ``logs`` container is)."""
+    client = azurite_entra.container("l" + str(abs(hash(request.node.nodeid)))[:12])
+    client.create_container()
+    yield client
+    client.delete_container()
+
+
+@pytest.fixture
 def entra_env(azurite_entra, monkeypatch) -> EntraStorage:
     """This process authenticates to ``azurite_entra`` with DefaultAzureCredential."""
     from infra import batch

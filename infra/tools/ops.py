@@ -29,7 +29,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
 from infra import batch
-from infra.batch import LIVE_FOLDER, TASK_ID, state_text, terminate_job
+from infra.batch import TASK_ID, live_folder_url, state_text, terminate_job
+from infra.config import SHORTHAND_JOB
 from infra.image_inputs import REPO
 from infra.live_metrics import (
     METRICS_FILE,
@@ -46,9 +47,6 @@ from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
 
 POLL_SECONDS = 5.0
-# The name infra.config gives the one job of the submitJob shorthand; a stack that exports no
-# ``jobs`` map (deployed before it existed) has that one job at the top level.
-SHORTHAND_JOB = "default"
 # One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
 # asks Batch for the live ones); a single job's job_* outputs repeat at the top level.
 JOB_OUTPUTS = (
@@ -156,7 +154,7 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
     if url is None and isinstance(own.get("job_log_url"), str):
         # A stack deployed before metrics_url existed: the trainer's live folder in its logs.
         url, url_key = (
-            own["job_log_url"].rstrip("/") + "/" + LIVE_FOLDER,
+            live_folder_url(own["job_log_url"]),
             key("job_log_url") + " + live/",
         )
     folder = None

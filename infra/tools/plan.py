@@ -17,9 +17,8 @@ from typing import Any
 import yaml
 
 from infra import cost, prices
-from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
+from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor
-from infra.tools.ops import SHORTHAND_JOB
 from trainer.cli import OneLineParser
 
 PROGRAM = REPO / "__main__.py"

@@ -38,14 +38,6 @@ def _train(step, rate, loss=2.0, epoch=0):
     }
 
 
-@pytest.fixture
-def logs(azurite_entra, request):
-    client = azurite_entra.container("o" + str(abs(hash(request.node.nodeid)))[:12])
-    client.create_container()
-    yield client
-    client.delete_container()
-
-
 def _entry(job_id, metrics_url, nodes=2):
     return {
         "job_id": job_id,

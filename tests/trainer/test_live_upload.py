@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import _free_port, tiny_config
 from trainer import live_upload
 from trainer.blob_folder import BlobFolder
@@ -35,15 +33,6 @@ def _blobs(container, prefix=""):
 
 def _content(container, name):
     return container.download_blob(name).readall()
-
-
-@pytest.fixture
-def logs(azurite_entra, request):
-    """An empty container on the emulator (what the stack's ``logs`` container is)."""
-    client = azurite_entra.container("l" + str(abs(hash(request.node.nodeid)))[:12])
-    client.create_container()
-    yield client
-    client.delete_container()
 
 
 def _record(folder: Path) -> None:
