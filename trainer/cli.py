@@ -60,7 +60,6 @@ HELP: dict[str, str] = {
     "label_smoothing": "label smoothing for the cross-entropy loss",
     "backend": f"distributed engine: {', '.join(BACKENDS)}",
     "fp16_allreduce": "compress gradients to fp16 on the wire",
-    "adasum": "Horovod Adasum instead of averaging gradients",
     "horovod_cycle_time_ms": "Horovod: milliseconds between fusing and reducing ready gradients "
     "(0: 1 with NCCL on GPUs, 50 with Gloo on CPUs)",
     "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own)",
@@ -81,7 +80,7 @@ HELP: dict[str, str] = {
     "identity, every --metrics-upload-minutes and at the end; empty: off",
     "metrics_upload_minutes": "minutes between live uploads (fractions allowed)",
 }
-_BOOLEAN = {"fp16_allreduce", "adasum", "compile"}
+_BOOLEAN = {"fp16_allreduce", "compile"}
 
 
 class OneLineParser(argparse.ArgumentParser):

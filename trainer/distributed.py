@@ -57,11 +57,6 @@ class Dist(ABC):
     def gpu_collectives(self) -> bool:
         """Whether gradients are reduced by NCCL (a plain sum, which LR scaling must count)."""
 
-    def lr_scale(self, cfg: TrainConfig) -> int:
-        """How many gradient contributions the LR scaling rule counts (``scale_factor`` of
-        ``trainer.optim.build_schedule``): every worker's, as gradients are averaged."""
-        return self.size
-
     # ---------------------------------------------------------------- model and optimizer
     def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
         return model
@@ -161,18 +156,6 @@ class LocalDist(Dist):
         return None
 
 
-def lr_scale_factor(world_size: int, local_size: int, adasum: bool, nccl: bool) -> int:
-    """How many gradient contributions the LR scaling rule counts under Horovod.
-
-    Horovod: with Adasum, only the local GPUs reduced by NCCL (a plain sum) count; across nodes
-    Adasum adapts by itself, so Horovod's examples do not scale the rate by the world size with
-    it. On CPU Adasum, nothing is summed, so the factor is 1. Averaging counts every worker.
-    """
-    if adasum:
-        return local_size if nccl else 1
-    return world_size
-
-
 # Horovod's cycle time when the config leaves it to the engine. With NCCL on GPUs: Horovod's own
 # default (steps take tens of milliseconds there; a longer cycle delays the last gradients; not
 # measured here, no GPU). With Gloo on CPUs: 50 ms, the best of 10/25/50/100 ms in one
@@ -212,28 +195,17 @@ class HorovodDist(Dist):
     def gpu_collectives(self) -> bool:
         return torch.cuda.is_available() and bool(self._hvd.nccl_built())
 
-    def lr_scale(self, cfg: TrainConfig) -> int:
-        return lr_scale_factor(self.size, self.local_size, cfg.adasum, self.gpu_collectives)
-
     def wrap_optimizer(
         self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
     ) -> torch.optim.Optimizer:
         hvd = self._hvd
-        if cfg.adasum and not hvd.mpi_built():
-            # Horovod: Adasum's reduction is implemented over MPI only (on CPU and across GPU
-            # nodes); a Gloo-only build fails at the first allreduce, so refuse up front.
-            raise ConfigError(
-                "adasum=true: this Horovod build has no MPI, which Adasum needs; rebuild "
-                "Horovod with MPI (HOROVOD_WITH_MPI=1) or drop --adasum"
-            )
-        # Horovod: compression halves the bytes on the wire; Adasum combines gradients so that
-        # larger batches need less LR tuning; backward_passes_per_step accumulates locally and
-        # reduces once per optimizer step.
+        # Horovod: compression halves the bytes on the wire; backward_passes_per_step
+        # accumulates locally and reduces once per optimizer step.
         return hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-            op=hvd.Adasum if cfg.adasum else hvd.Average,
+            op=hvd.Average,
             backward_passes_per_step=cfg.accumulation_steps,
         )
 

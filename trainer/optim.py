@@ -2,8 +2,7 @@
 
 - Scaling: Goyal et al. 2017 ("Accurate, Large Minibatch SGD") scale the single-worker rate
   linearly with the number of workers; sqrt scaling (Krizhevsky 2014) suits adaptive optimizers.
-  How many workers the rule counts is the engine's answer (``Dist.lr_scale``): Adasum combines
-  gradients instead of averaging them, so Horovod counts only the GPUs NCCL sums within a node.
+  Every engine averages gradients over all workers, so the rule counts them all.
 - Warmup: the rate ramps linearly from the single-worker rate to the scaled rate over the first
   epochs (Goyal et al., section 2.2), then decays by steps, a cosine or a polynomial.
 - LARS: You, Gitman and Ginsburg 2017, the layer-wise trust ratio that trains ResNet-50 with

@@ -170,7 +170,7 @@ class _Run:
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        self.lr_scale = dist.lr_scale(cfg)
+        self.lr_scale = dist.size  # gradients are averaged over every worker
         self.total_steps, self.schedule = self._plan()
         # The optimizer starts at the schedule's rate; the scheduler moves it from there.
         start = self.position.schedule_step(self.steps_per_epoch)

@@ -106,4 +106,4 @@ def test_to_flags_reproduces_the_settings_it_was_given():
         "max_steps": None,
     }
     assert parse(to_flags(values)).config == TrainConfig.from_mapping(values)
-    assert to_flags({"adasum": False}) == ["--no-adasum"]
+    assert to_flags({"compile": False}) == ["--no-compile"]
