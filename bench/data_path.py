@@ -1,12 +1,14 @@
 """Input pipeline speed: images/sec decoded and augmented on one core for an image folder,
-prepared shards, and the two memory caches, on the same generated dataset (a benchmark: prints,
-asserts nothing).
+prepared shards (as stored by default and scaled down to a 256 px short side), and the two
+memory caches, on the same generated dataset (a benchmark: prints, asserts nothing).
 
     .venv/bin/python -m bench.data_path [--images 600] [--image-size 224]
 
 The dataset is ImageNet-like: 500x375 JPEGs (quality 90) of smooth random scenes. Every mode
-runs one training epoch (RandomResizedCrop + flip + normalize) through the same dataset class
-in this process; the caches are filled first and their fill time is reported apart.
+runs one training epoch (RandomResizedCrop + flip) in this process; the caches are filled
+first and their fill time is reported apart. The baseline is the folder decoded by Pillow alone
+(the path before libjpeg-turbo's direct decode). The per-GPU budget compares each path's rate
+per core with what one GPU of an ND H100 v5 node consumes, from the vCPUs it has beside it.
 """
 
 from __future__ import annotations
@@ -18,14 +20,25 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from bench.common import save
+from bench.gpu import H100_TARGET
+from infra.sizes import size_of
 from trainer.cli import OneLineParser
 from trainer.data.cache import MemoryCache
 from trainer.data.dataset import ImageDataset
+from trainer.data.decode import decode_pixels_pil
 from trainer.data.folder import FolderSource
 from trainer.data.prepare import prepare
 from trainer.data.shards import ShardSource
+from trainer.data.transforms import train_transform
+from trainer.launch.fabric import fabric_for
+
+BUDGET_SIZE = "Standard_ND96isr_H100_v5"
+# What this path is held to: images/s per core against the Pillow folder path.
+GOAL_SPEEDUP = 2.5
+SCALED_SHORT_SIDE = 256  # as fast loaders (FFCV) store ImageNet; loses detail in small crops
 
 
 def write_dataset(root: Path, images: int, classes: int = 10) -> int:
@@ -45,7 +58,23 @@ def write_dataset(root: Path, images: int, classes: int = 10) -> int:
     return total
 
 
-def epoch_rate(dataset: ImageDataset) -> float:
+class PillowFolder(Dataset):
+    """The baseline: ``ImageDataset``'s training path with every image decoded by Pillow."""
+
+    def __init__(self, source: FolderSource, image_size: int) -> None:
+        self.source, self.image_size = source, image_size
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, epoch = key
+        pixels = decode_pixels_pil(self.source.read(index), self.source.describe(index))
+        generator = torch.Generator().manual_seed(hash((0, epoch, index)) & 0x7FFF_FFFF)
+        return train_transform(pixels, self.image_size, generator), self.source.label(index)
+
+
+def epoch_rate(dataset: Dataset) -> float:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for index in range(len(dataset)):
@@ -58,12 +87,16 @@ def run(images: int, image_size: int) -> dict:
         root = Path(temp)
         size = write_dataset(root / "src", images)
         prepare(root / "src", root / "shards", log=lambda _: None)
+        scaled = f"shards_{SCALED_SHORT_SIDE}"
+        prepare(root / "src", root / scaled, max_short_side=SCALED_SHORT_SIDE, log=lambda _: None)
+        folder = FolderSource(root / "src" / "train")
         sources = {
-            "folder": FolderSource(root / "src" / "train"),
+            "folder": folder,
             "shards": ShardSource(root / "shards", "train"),
+            scaled: ShardSource(root / scaled, "train"),
         }
         results = {"images": images, "image_size": image_size, "dataset_mb": size / 2**20}
-        rates = {}
+        rates = {"folder_pillow": epoch_rate(PillowFolder(folder, image_size))}
         for name, source in sources.items():
             rates[name] = epoch_rate(ImageDataset(source, image_size, train=True, seed=0))
         for mode in ("bytes", "decoded"):
@@ -73,7 +106,14 @@ def run(images: int, image_size: int) -> dict:
             results[f"cache_{mode}_mb"] = cache.data.numel() / 2**20
             rates[f"cache_{mode}"] = epoch_rate(ImageDataset(cache, image_size, train=True, seed=0))
         results["images_per_sec"] = rates
-        results["speedup_vs_folder"] = {k: v / rates["folder"] for k, v in rates.items()}
+        results["speedup_vs_folder"] = {k: v / rates["folder_pillow"] for k, v in rates.items()}
+        fabric, vm = fabric_for(BUDGET_SIZE), size_of(BUDGET_SIZE)
+        results["budget"] = {
+            "vm_size": BUDGET_SIZE,
+            "images_per_sec_per_gpu": H100_TARGET,
+            "vcpus_per_gpu": vm.vcpus / fabric.gpus,
+            "needed_per_vcpu": H100_TARGET / (vm.vcpus / fabric.gpus),
+        }
         return results
 
 
@@ -87,9 +127,24 @@ def main() -> None:
         f"{args.images} JPEGs 500x375 ({results['dataset_mb']:.1f} MB), {args.image_size} px "
         f"crops, one core"
     )
-    print(f"{'source':<16}{'images/s':>10}{'vs folder':>11}")
+    budget = results["budget"]
+    print(
+        f"{'source':<16}{'images/s':>10}{'vs Pillow folder':>18}"
+        f"{'cores per GPU':>15} (an {budget['vm_size']} GPU: {budget['vcpus_per_gpu']:.0f} vCPUs, "
+        f"{budget['images_per_sec_per_gpu']} images/s)"
+    )
     for name, rate in results["images_per_sec"].items():
-        print(f"{name:<16}{rate:>10.1f}{results['speedup_vs_folder'][name]:>10.2f}x")
+        print(
+            f"{name:<16}{rate:>10.1f}{results['speedup_vs_folder'][name]:>17.2f}x"
+            f"{budget['images_per_sec_per_gpu'] / rate:>15.1f}"
+        )
+    speedup = results["speedup_vs_folder"]
+    print(
+        f"budget: {budget['needed_per_vcpu']:.0f} images/s per vCPU needed; goal "
+        f">= {GOAL_SPEEDUP}x the Pillow folder per core: "
+        f"shards at {SCALED_SHORT_SIDE} px {speedup[f'shards_{SCALED_SHORT_SIDE}']:.2f}x, "
+        f"shards as stored by default {speedup['shards']:.2f}x"
+    )
     for mode in ("bytes", "decoded"):
         print(
             f"cache={mode}: {results[f'cache_{mode}_mb']:.1f} MB in RAM, "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from trainer.cli import OneLineParser, fail, positive_int
 from trainer.data.errors import DataError
-from trainer.data.prepare import DEFAULT_SHARD_MB, prepare
+from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepare
 from trainer.data.transfer import container_client, stage, upload
 
 
@@ -22,6 +22,13 @@ def build_parser() -> OneLineParser:
     prep.add_argument("src", type=Path, help="dataset root with train/<class>/ and val/")
     prep.add_argument("out", type=Path, help="output folder (empty, or an earlier prepare's)")
     prep.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="shard size")
+    prep.add_argument(
+        "--max-short-side",
+        type=int,
+        default=DEFAULT_MAX_SHORT_SIDE,
+        help="store larger images scaled down to this short side in px (0: as they are); the "
+        f"default, {DEFAULT_MAX_SHORT_SIDE}, keeps every 224 px training crop a downscale",
+    )
     prep.add_argument("--processes", type=positive_int, default=None, help="default: all cores")
     prep.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
     for name, helptext in (("upload", "shards -> Blob"), ("stage", "Blob -> local/NFS folder")):
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.src,
                 args.out,
                 shard_mb=args.shard_mb,
+                max_short_side=args.max_short_side,
                 processes=args.processes,
                 strict=args.strict,
             )

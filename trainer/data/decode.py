@@ -1,18 +1,24 @@
-"""Encoded image files -> pixels: every place a sample's bytes are opened with PIL.
+"""Encoded image files -> pixels: every place a sample's bytes are decoded.
 
-A file that does not decode is a ``DataError`` naming it (``where``), whether it is found while
-training, while filling a memory cache, or while ``prepare`` checks a dataset.
+JPEGs go to libjpeg-turbo through simplejpeg, straight into the array that becomes the tensor
+(the same library Pillow's wheels bundle, so the same pixels, measured bit-identical; about 1.3x
+faster, as it skips Pillow's image object and its copy out). Anything simplejpeg declines (PNG,
+CMYK JPEG, a damaged file) goes through Pillow, which either decodes it or names why
+not. A file that does not decode is a ``DataError`` naming it (``where``), whether it is found
+while training, while filling a memory cache, or while ``prepare`` checks a dataset.
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 
+import numpy as np
+import simplejpeg
 import torch
 from PIL import Image
 
 from trainer.data.errors import DataError
-from trainer.data.transforms import pil_to_pixels
 
 # What PIL raises for a truncated, corrupt or unknown image file.
 _UNREADABLE = (OSError, SyntaxError, ValueError)
@@ -27,9 +33,31 @@ def decode(data: bytes, where: str) -> Image.Image:
         raise DataError(f"cannot decode image {where}: {err}") from None
 
 
+_JPEG_MAGIC = b"\xff\xd8"
+# libjpeg-turbo converts these to RGB itself (CMYK and YCCK it would convert with another
+# formula than Pillow's, one level apart), so only these take the fast path.
+_FAST_COLORSPACES = ("YCbCr", "Gray", "RGB")
+
+
 def decode_pixels(data: bytes, where: str) -> torch.Tensor:
     """The (height, width, 3) uint8 pixels encoded in ``data`` (the file ``where``)."""
-    return pil_to_pixels(decode(data, where))
+    if data[:2] == _JPEG_MAGIC:
+        try:
+            if simplejpeg.decode_jpeg_header(data)[2] in _FAST_COLORSPACES:
+                return torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB"))
+        except ValueError:
+            pass  # a damaged file: Pillow decodes what it can or names the problem
+    return decode_pixels_pil(data, where)
+
+
+def decode_pixels_pil(data: bytes, where: str) -> torch.Tensor:
+    """``decode_pixels`` through Pillow only (its fallback, and the benchmarks' baseline)."""
+    # np.asarray takes Pillow's one copy out of its image memory as it is (read-only); the
+    # transforms never write into the pixels, so no second, writable copy is made.
+    pixels = np.asarray(decode(data, where))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(pixels)
 
 
 def image_size(data: bytes, where: str) -> tuple[int, int]:

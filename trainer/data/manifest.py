@@ -34,6 +34,9 @@ class SplitEntry:
 class Manifest:
     classes: tuple[str, ...]
     splits: dict[str, SplitEntry] = field(default_factory=dict)
+    # prepare's --max-short-side: images with a longer short side were stored scaled down to
+    # it; 0: every image is stored as it was.
+    max_short_side: int = 0
 
     @property
     def shards(self) -> tuple[ShardEntry, ...]:
@@ -44,6 +47,7 @@ class Manifest:
         body = {
             "format": FORMAT,
             "classes": list(self.classes),
+            "max_short_side": self.max_short_side,
             "splits": {name: asdict(split) for name, split in self.splits.items()},
         }
         return json.dumps(body, indent=2, sort_keys=True) + "\n"
@@ -65,7 +69,11 @@ class Manifest:
                 )
                 for name, split in body["splits"].items()
             }
-            return cls(classes=tuple(body["classes"]), splits=splits)
+            return cls(
+                classes=tuple(body["classes"]),
+                splits=splits,
+                max_short_side=int(body.get("max_short_side", 0)),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise DataError(f"{source}: not a valid shard manifest ({err})") from None
 

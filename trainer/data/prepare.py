@@ -4,7 +4,13 @@ Many small files starve GPUs on network file systems; shards of tens of MB read 
 bandwidth. Shards are tar files with WebDataset member names (``<key>.jpg``/``<key>.png`` and
 ``<key>.cls``), so WebDataset and ``tar tf`` read them too. The output is a pure function of the
 input: samples sorted, tar headers without times or owners, a manifest without timestamps; the
-same dataset gives byte-identical shards on any machine, however many processes write them.
+same dataset gives byte-identical shards on any machine with the same Pillow, however many
+processes write them.
+
+Images whose short side exceeds ``max_short_side`` are stored scaled down to it (decoding is
+most of a sample's cost, and it grows with the pixels). The default keeps every 224 px training
+crop a downscale (``lossless_short_side``), so it changes nothing a crop sees; a smaller value
+is faster and loses detail in the small crops (README, "Datasets").
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
+from PIL import Image
+
 from trainer.data.decode import check_image
 from trainer.data.errors import DataError
 from trainer.data.folder import IMAGE_SUFFIXES, scan_image_folder
@@ -28,9 +36,15 @@ from trainer.data.manifest import (
     ShardEntry,
     SplitEntry,
 )
+from trainer.data.transforms import lossless_short_side, short_side_shape
 from trainer.files import remove_partials, sha256_file, write_atomic
 
 DEFAULT_SHARD_MB = 64
+# For the standard 224 px training crops: 915.
+DEFAULT_MAX_SHORT_SIDE = lossless_short_side(224)
+# A scaled-down JPEG is encoded again; at 95 its own error is below what the originals' (ImageNet
+# is mostly quality ~90) already carry. PNGs stay PNG (lossless).
+RESIZED_JPEG_QUALITY = 95
 # Labels files for a flat val/ folder: ImageNet's Kaggle CSV, or "<file> <class>" lines.
 VAL_LABEL_FILES = ("LOC_val_solution.csv", "labels.txt")
 _TAR_BLOCK = 512
@@ -40,7 +54,34 @@ _TAR_BLOCK = 512
 class Sample:
     path: str
     label: int
-    size: int
+    size: int  # bytes as stored in the shard
+
+
+def scaled_down(path: str, max_short_side: int) -> bytes | None:
+    """The image at ``path`` encoded again with its short side at ``max_short_side`` (same
+    format), or None when it is no larger and is stored as it is (also when 0: never scale)."""
+    with Image.open(path) as image:
+        width, height = image.size
+        if not max_short_side or min(width, height) <= max_short_side:
+            return None
+        new_height, new_width = short_side_shape(width, height, max_short_side)
+        # JPEG: decode at the smallest DCT scale still at least the target (exact, and much
+        # faster than decoding every pixel), then resample to the target with Lanczos.
+        image.draft("RGB", (new_width, new_height))
+        rgb = image.convert("RGB").resize((new_width, new_height), Image.Resampling.LANCZOS)
+        is_png = image.format == "PNG"
+    out = io.BytesIO()
+    if is_png:
+        rgb.save(out, "PNG")
+    else:
+        rgb.save(out, "JPEG", quality=RESIZED_JPEG_QUALITY)
+    return out.getvalue()
+
+
+def stored_bytes(path: str, max_short_side: int) -> bytes:
+    """What the shard holds for the image at ``path``."""
+    data = scaled_down(path, max_short_side)
+    return data if data is not None else Path(path).read_bytes()
 
 
 @dataclass(frozen=True)
@@ -108,8 +149,20 @@ def scan_dataset(src: Path) -> tuple[list[str], dict[str, list[tuple[str, int]]]
     return classes, splits
 
 
-def _check_many(paths: list[str]) -> list[str | None]:
-    return [check_image(path) for path in paths]
+def _inspect(path: str, max_short_side: int) -> tuple[str | None, int]:
+    """(why the image is unreadable or None, its size as stored)."""
+    problem = check_image(path)
+    if problem is not None:
+        return problem, 0
+    # Encoded here only to learn the size shards are planned with, and again when written (it
+    # is deterministic): holding every encoded image until then would not fit in memory.
+    data = scaled_down(path, max_short_side)
+    return None, len(data) if data is not None else os.path.getsize(path)
+
+
+def _inspect_many(job: tuple[list[str], int]) -> list[tuple[str | None, int]]:
+    paths, max_short_side = job
+    return [_inspect(path, max_short_side) for path in paths]
 
 
 def plan_shards(samples: list[Sample], target_bytes: int) -> list[list[int]]:
@@ -138,14 +191,16 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
     return info
 
 
-def write_shard(path: Path, members: list[tuple[int, str, int]]) -> ShardEntry:
+def write_shard(
+    path: Path, members: list[tuple[int, str, int]], max_short_side: int = 0
+) -> ShardEntry:
     """Write (key, image path, label) members to ``path`` atomically; return its entry."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for key, image_path, label in members:
             suffix = Path(image_path).suffix.lower()
             extension = "png" if suffix == ".png" else "jpg"
-            data = Path(image_path).read_bytes()
+            data = stored_bytes(image_path, max_short_side)
             tar.addfile(_member(f"{key:09d}.{extension}", len(data)), io.BytesIO(data))
             label_bytes = str(label).encode()
             tar.addfile(_member(f"{key:09d}.cls", len(label_bytes)), io.BytesIO(label_bytes))
@@ -153,8 +208,8 @@ def write_shard(path: Path, members: list[tuple[int, str, int]]) -> ShardEntry:
     return ShardEntry(path.name, path.stat().st_size, len(members), sha256_file(path))
 
 
-def _write_shard_job(job: tuple[str, list[tuple[int, str, int]]]) -> ShardEntry:
-    return write_shard(Path(job[0]), job[1])
+def _write_shard_job(job: tuple[str, list[tuple[int, str, int]], int]) -> ShardEntry:
+    return write_shard(Path(job[0]), job[1], job[2])
 
 
 def _check_output_folder(out: Path, src: Path) -> None:
@@ -182,15 +237,22 @@ def prepare(
     out: Path,
     *,
     shard_mb: float = DEFAULT_SHARD_MB,
+    max_short_side: int = DEFAULT_MAX_SHORT_SIDE,
     processes: int | None = None,
     strict: bool = False,
     log: Callable[[str], None] = print,
 ) -> PrepareResult:
     """Shard ``src`` (train/<class>/..., optional val/) into ``out``. Unreadable images are
     skipped, counted and listed in the manifest, or with ``strict`` stop the run naming the file.
+    Images with a short side over ``max_short_side`` (0: none) are stored scaled down to it.
     All checks run before the first shard is written."""
     if shard_mb <= 0:
         raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if max_short_side < 0:
+        raise DataError(
+            f"max_short_side={max_short_side}: give a size in pixels, or 0 to store images as "
+            f"they are"
+        )
     _check_output_folder(out, src)
     classes, found = scan_dataset(src)
     processes = processes or os.cpu_count() or 1
@@ -201,13 +263,13 @@ def prepare(
         for split, pairs in found.items():
             paths = [path for path, _ in pairs]
             step = max(1, len(paths) // (processes * 8))
-            chunks = [paths[i : i + step] for i in range(0, len(paths), step)]
-            problems = [reason for chunk in pool.map(_check_many, chunks) for reason in chunk]
+            chunks = [(paths[i : i + step], max_short_side) for i in range(0, len(paths), step)]
+            found_images = [each for chunk in pool.map(_inspect_many, chunks) for each in chunk]
             kept, bad = [], []
-            for (path, label), problem in zip(pairs, problems, strict=True):
+            for (path, label), (problem, size) in zip(pairs, found_images, strict=True):
                 relative = os.path.relpath(path, src)
                 if problem is None:
-                    kept.append(Sample(path, label, os.path.getsize(path)))
+                    kept.append(Sample(path, label, size))
                 elif strict:
                     raise DataError(f"cannot decode image {relative}: {problem} (--strict)")
                 else:
@@ -225,11 +287,12 @@ def prepare(
             layout[split] = [f"{split}-{n:06d}.tar" for n in range(len(plan))]
             for name, indices in zip(layout[split], plan, strict=True):
                 members = [(i, samples[i].path, samples[i].label) for i in indices]
-                jobs.append((str(out / name), members))
+                jobs.append((str(out / name), members, max_short_side))
         entries = {entry.name: entry for entry in pool.map(_write_shard_job, jobs)}
 
     manifest = Manifest(
         classes=tuple(classes),
+        max_short_side=max_short_side,
         splits={
             split: SplitEntry(
                 samples=len(samples),

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# RandomResizedCrop's range: the crop's share of the image's area, and its width/height.
+CROP_SCALE = (0.08, 1.0)
+CROP_RATIO = (3 / 4, 4 / 3)
 
 
 def _uniform(generator: torch.Generator, low: float, high: float) -> float:
@@ -30,8 +31,8 @@ def random_resized_crop_box(
     width: int,
     height: int,
     generator: torch.Generator,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    scale: tuple[float, float] = CROP_SCALE,
+    ratio: tuple[float, float] = CROP_RATIO,
 ) -> tuple[int, int, int, int]:
     """(left, top, right, bottom) of a random crop; falls back to a center crop after 10 tries."""
     area = width * height
@@ -56,9 +57,17 @@ def random_resized_crop_box(
     return left, top, left + w, top + h
 
 
-def pil_to_pixels(image: Image.Image) -> torch.Tensor:
-    """An RGB Pillow image as a (height, width, 3) uint8 tensor."""
-    return torch.from_numpy(np.array(image, dtype=np.uint8, copy=True))
+def lossless_short_side(size: int) -> int:
+    """The smallest short side at which every training crop still covers ``size`` pixels on
+    its short side, so that each ``size`` px crop is a downscale.
+
+    The narrowest crop takes CROP_SCALE[0] of the area at the extreme ratio: its short side is
+    sqrt(0.08 * 3/4) = 0.245 of the image's short side (less elongated images only widen it).
+    An image stored with at least this short side gives the same crops as its original, up to
+    resampling noise; a smaller one upsamples the small crops from fewer pixels.
+    """
+    narrowest = math.sqrt(CROP_SCALE[0] * min(CROP_RATIO[0], 1 / CROP_RATIO[1]))
+    return math.ceil(size / narrowest)
 
 
 def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -85,7 +94,8 @@ def train_transform(pixels: torch.Tensor, size: int, generator: torch.Generator)
     out = resize(pixels[top:bottom, left:right], size, size)
     if torch.rand((), generator=generator).item() < 0.5:
         out = out.flip(-1)
-    return out.contiguous()
+    # Not made contiguous here: collating the batch copies every sample once anyway.
+    return out
 
 
 def eval_transform(pixels: torch.Tensor, size: int) -> torch.Tensor:
@@ -96,7 +106,7 @@ def eval_transform(pixels: torch.Tensor, size: int) -> torch.Tensor:
     else:
         out = pixels.permute(2, 0, 1)
     top, left = (new_height - size) // 2, (new_width - size) // 2
-    return out[:, top : top + size, left : left + size].contiguous()
+    return out[:, top : top + size, left : left + size]  # collating copies it
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
