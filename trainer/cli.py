@@ -42,6 +42,8 @@ HELP: dict[str, str] = {
     "synthetic_pool": "distinct random images kept on the device for synthetic data",
     "loader_workers": "DataLoader processes per worker for folders and shards (forkserver)",
     "cache": f"keep the dataset in RAM after the first read: {', '.join(CACHE_MODES)}",
+    "cache_scope": "with --cache: node (one copy per node in shared memory, filled by the "
+    "node's ranks together) or rank (each rank caches only its fixed part of the samples)",
     "shuffle_buffer": "samples in the shuffle buffer over each rank's shards (--data shards)",
     "epochs": "epochs to train",
     "max_steps": "stop when the global optimizer step reaches N (steps before a resume count)",

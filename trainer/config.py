@@ -18,6 +18,7 @@ from trainer.blob_folder import BlobFolder
 MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
 DATA_SOURCES = ("synthetic", "folder", "shards")
 CACHE_MODES = ("none", "bytes", "decoded")
+CACHE_SCOPES = ("node", "rank")
 OPTIMIZERS = ("sgd", "adamw", "lars")
 BACKENDS = ("horovod", "ddp", "local")
 LR_SCALINGS = ("linear", "sqrt", "none")
@@ -63,6 +64,7 @@ class TrainConfig:
     synthetic_pool: int = 256
     loader_workers: int = 4
     cache: str = "none"
+    cache_scope: str = "node"
     shuffle_buffer: int = 1000
     # How long.
     epochs: int = 90
@@ -153,6 +155,7 @@ class TrainConfig:
             raise ConfigError(
                 f"cache={self.cache}: synthetic data is already in memory; use --cache none"
             )
+        _choice("cache_scope", self.cache_scope, CACHE_SCOPES)
         _int_range("shuffle_buffer", self.shuffle_buffer, 1, 10_000_000)
         _int_range("image_size", self.image_size, 16, 1024)
         _int_range("batch_size", self.batch_size, 1, 65_536)

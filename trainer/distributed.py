@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 
 
 def _to_cpu(value: Any) -> Any:

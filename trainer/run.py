@@ -156,7 +156,7 @@ class _Run:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed + dist.rank)
         self.loaders = build_loaders(
-            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size
+            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size, dist
         )
         self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
         if self.steps_per_epoch == 0:

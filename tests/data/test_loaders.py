@@ -8,6 +8,7 @@ from trainer.data.cache import MemoryCache
 from trainer.data.dataset import ImageDataset
 from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
+from trainer.data.node_memory import SHM_DIR
 from trainer.data.sampler import StreamSampler
 from trainer.data.shards import ShardSource
 
@@ -87,11 +88,14 @@ def test_decoded_cache_holds_downscaled_pixels_in_shared_memory(tmp_path):
 
     src = make_dataset(tmp_path / "big", per_class=2, size=120)
     cache = MemoryCache(FolderSource(src / "train"), "decoded", 32, workers=0)
-    assert cache.data.is_shared()
+    path = cache.segment.path
+    assert path.parent == SHM_DIR and path.stat().st_size == cache.offsets[-1] == cache.data.numel()
     short = round(32 * 256 / 224)
     assert all(min(int(h), int(w)) == short for h, w in cache.shapes)
     dataset = ImageDataset(cache, 32, train=True, seed=0)
     assert dataset[(0, 0)][0].shape == (3, 32, 32)
+    cache.close()
+    assert not path.exists()
 
 
 def test_cache_larger_than_free_memory_is_refused_before_filling(shards, monkeypatch):
@@ -99,8 +103,13 @@ def test_cache_larger_than_free_memory_is_refused_before_filling(shards, monkeyp
         available = 10_000
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: Tiny)
+    source = ShardSource(shards, "train")
+    with pytest.raises(DataError, match=r"cache=bytes: 36 images need .* GiB \(one copy for the"):
+        MemoryCache(source, "bytes", 32, workers=0)
+    # Rank scope, no collectives: this rank's part counted once for each rank on the node.
+    part = range(0, len(source), 2)
     with pytest.raises(DataError, match=r"cache=bytes: 36 images need .* GiB \(8 rank\(s\)"):
-        MemoryCache(ShardSource(shards, "train"), "bytes", 32, workers=0, ranks_per_node=8)
+        MemoryCache(source, "bytes", 32, workers=0, ranks_per_node=8, indices=part)
 
 
 def test_a_shard_that_does_not_match_the_manifest_is_named(shards):

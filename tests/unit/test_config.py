@@ -22,6 +22,12 @@ INVALID = [
     ({"data": "shards"}, "data_dir=None", "manifest.json"),
     ({"cache": "disk", "data": "folder", "data_dir": "d"}, "cache='disk'", "decoded"),
     ({"cache": "bytes"}, "cache=bytes", "synthetic data is already in memory"),
+    (
+        {"cache": "decoded", "cache_scope": "job", "data": "folder", "data_dir": "d"},
+        "cache_scope='job'",
+        "node, rank",
+    ),
+    ({"cache_scope": "gpu"}, "cache_scope='gpu'", "node, rank"),
     ({"shuffle_buffer": 0}, "shuffle_buffer=0", "1.."),
     ({"preflight_min_busbw": -1}, "preflight_min_busbw=-1", "[0, 100000]"),
     ({"image_size": 8}, "image_size=8", "16..1024"),

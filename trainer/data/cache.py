@@ -3,15 +3,32 @@
 ``bytes`` keeps the encoded files (the dataset's size on disk; decoding still costs CPU every
 epoch). ``decoded`` keeps pixels, downscaled so the short side is what the transforms use
 (``image_size * 256 / 224``, the validation resize), so later epochs only crop, flip and
-normalize. Both live in shared-memory tensors: DataLoader workers started by forkserver receive
-a handle, not a copy. The exact size is computed from the image headers and checked against the
-free memory of the node (times the ranks on it, each holds its own cache) before filling starts.
+normalize. The exact size is computed from the sizes or image headers before filling starts.
+
+Where it lives (``--cache-scope``):
+
+- ``node`` (every sample): one copy per node, a ``Segment`` in /dev/shm shared by the node's
+  ranks (a ``NodeGroup``). Each rank reads (and decodes) its contiguous run of the samples and
+  writes it into the segment; after the group's exchange every rank serves all samples from
+  the one copy. The memory check counts that one copy.
+- ``rank`` (``indices`` given): each rank caches only the samples its sampler gives it in every
+  epoch (``RankSampler.part``) in a segment of its own; together the node's ranks hold about one
+  copy, and the check, made by every rank before any allocates, counts all their parts. A
+  sample outside the part (the rest of an epoch resumed on another number of workers) is read
+  from the source and prepared exactly as the cache would have, so batches stay identical.
+
+Any rank's error (an unreadable image, no room) is raised on every rank at the next exchange,
+and the segment is removed (see ``node_memory`` for cleanup after SIGKILL).
+Either way DataLoader workers (forkserver) receive the segment's name when the cache is pickled
+and map the same pages: a worker never holds a copy.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import psutil
@@ -20,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.decode import decode_pixels, image_size
 from trainer.data.errors import DataError
+from trainer.data.node_memory import NodeGroup, Segment, free_bytes, own_prefix, split
 from trainer.data.transforms import eval_resize, resize, short_side_shape
 
 log = logging.getLogger(__name__)
@@ -42,41 +60,53 @@ def cached_shape(width: int, height: int, image_size: int) -> tuple[int, int]:
     return short_side_shape(width, height, short)
 
 
+def _downscaled(
+    source: Source, index: int, shape: tuple[int, int] | None, size: int
+) -> torch.Tensor:
+    """The (height, width, 3) pixels a decoded cache holds for ``index``."""
+    pixels = decode_pixels(source.read(index), source.describe(index))
+    if shape is None:
+        shape = cached_shape(pixels.shape[1], pixels.shape[0], size)
+    if shape != pixels.shape[:2]:
+        pixels = resize(pixels, *shape).permute(1, 2, 0)
+    return pixels
+
+
 class _Header(Dataset[tuple[int, int]]):
-    def __init__(self, source: Source) -> None:
-        self.source = source
+    def __init__(self, source: Source, indices: Sequence[int]) -> None:
+        self.source, self.indices = source, indices
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.indices)
 
-    def __getitem__(self, index: int) -> tuple[int, int]:
+    def __getitem__(self, position: int) -> tuple[int, int]:
+        index = self.indices[position]
         return image_size(self.source.read(index), self.source.describe(index))
 
 
 class _Decode(Dataset[torch.Tensor]):
-    def __init__(self, source: Source, shapes: np.ndarray) -> None:
-        self.source, self.shapes = source, shapes
+    def __init__(self, source: Source, indices: Sequence[int], shapes: np.ndarray, size: int):
+        self.source, self.indices, self.shapes, self.size = source, indices, shapes, size
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.indices)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        pixels = decode_pixels(self.source.read(index), self.source.describe(index))
-        height, width = (int(v) for v in self.shapes[index])
-        if (height, width) != pixels.shape[:2]:
-            pixels = resize(pixels, height, width).permute(1, 2, 0)
-        return pixels.flatten()
+    def __getitem__(self, position: int) -> torch.Tensor:
+        height, width = (int(v) for v in self.shapes[position])
+        index = self.indices[position]
+        return _downscaled(self.source, index, (height, width), self.size).flatten()
 
 
 class _Read(Dataset[torch.Tensor]):
-    def __init__(self, source: Source) -> None:
-        self.source = source
+    def __init__(self, source: Source, indices: Sequence[int]) -> None:
+        self.source, self.indices = source, indices
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self.indices)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(self.source.read(index)), dtype=torch.uint8)
+    def __getitem__(self, position: int) -> torch.Tensor:
+        data = bytearray(self.source.read(self.indices[position]))
+        return torch.frombuffer(data, dtype=torch.uint8)
 
 
 def _each(dataset: Dataset, workers: int) -> DataLoader:
@@ -90,47 +120,163 @@ def _each(dataset: Dataset, workers: int) -> DataLoader:
     )
 
 
-def _check_memory(need: int, ranks_per_node: int, mode: str, count: int) -> None:
-    total = need * ranks_per_node
+def _memory_error(need: int, copies: str, mode: str, count: int, group: NodeGroup) -> str | None:
+    """Why ``need`` bytes cannot be cached on this node, or None."""
     free = psutil.virtual_memory().available
-    if total > 0.9 * free:
-        raise DataError(
-            f"cache={mode}: {count} images need {total / 2**30:.1f} GiB "
-            f"({ranks_per_node} rank(s) on this node) but {free / 2**30:.1f} GiB is free: "
-            f"use --cache bytes or --cache none"
+    if need > 0.9 * free:
+        return (
+            f"cache={mode}: {count} images need {need / 2**30:.1f} GiB ({copies}) but "
+            f"{free / 2**30:.1f} GiB is free: use --cache bytes or --cache none"
         )
+    shm = free_bytes(group.directory)
+    if need > shm:
+        return (
+            f"cache={mode}: {count} images need {need / 2**30:.1f} GiB ({copies}) but "
+            f"{group.directory} has {shm / 2**30:.1f} GiB free: give the container more shared "
+            "memory (--shm-size, --ipc=host) or use --cache bytes or --cache none"
+        )
+    return None
 
 
 class MemoryCache:
-    """A ``Source`` (and, when decoded, an image store) held in shared memory."""
+    """A ``Source`` (and, when decoded, an image store) held in shared memory.
+
+    ``indices`` None (node scope): every sample, one copy shared by ``group``'s ranks, each
+    filling its run of the samples. ``indices`` given (rank scope): only those samples, in a
+    segment of this rank's own; ``group`` then only makes the memory check count the parts of
+    all the node's ranks (without it: this part times ``ranks_per_node``). Without ``group`` this
+    process is alone on its node (benchmarks, one-process use).
+    """
 
     def __init__(
-        self, source: Source, mode: str, image_size: int, workers: int, ranks_per_node: int = 1
+        self,
+        source: Source,
+        mode: str,
+        image_size: int,
+        workers: int,
+        ranks_per_node: int = 1,
+        *,
+        group: NodeGroup | None = None,
+        indices: Sequence[int] | None = None,
+        name: str = "train",
     ) -> None:
         if mode not in ("bytes", "decoded"):
             raise ValueError(f"cache mode {mode!r}")
-        self.source, self.mode = source, mode
+        self.source, self.mode, self.image_size = source, mode, image_size
         count = len(source)
-        if mode == "bytes":
-            sizes = np.array([source.encoded_size(i) for i in range(count)], dtype=np.int64)
-            self.shapes = None
-            fill: Dataset = _Read(source)
+        shared = indices is None
+        group = group or NodeGroup.alone()
+        if shared:
+            cached = list(range(count))
+            mine = split(count, group.size)[group.position]  # positions this rank fills
         else:
-            dims = np.array(list(_each(_Header(source), workers)), dtype=np.int64).reshape(-1, 2)
-            self.shapes = np.array(
-                [cached_shape(int(w), int(h), image_size) for w, h in dims], dtype=np.int64
-            ).reshape(-1, 2)
-            sizes = self.shapes[:, 0] * self.shapes[:, 1] * 3
-            fill = _Decode(source, self.shapes)
-        _check_memory(int(sizes.sum()), ranks_per_node, mode, count)
+            cached = sorted(set(indices))
+            mine = range(len(cached))
+        # slot[index]: the sample's position in the cache, -1 when it is not cached.
+        self.slots = np.full(count, -1, dtype=np.int64)
+        self.slots[cached] = np.arange(len(cached), dtype=np.int64)
+        filled = cached[mine.start : mine.stop]
+
+        # Sizes: each rank measures its run; a node cache's ranks exchange theirs.
+        shapes_part, error = None, None
+        try:
+            if mode == "bytes":
+                part = np.array([source.encoded_size(i) for i in filled], dtype=np.int64)
+            else:
+                dims = list(_each(_Header(source, filled), workers))
+                shapes_part = np.array(
+                    [cached_shape(int(w), int(h), image_size) for w, h in dims], dtype=np.int64
+                ).reshape(-1, 2)
+                part = shapes_part[:, 0] * shapes_part[:, 1] * 3
+        except (DataError, OSError) as err:
+            part, error = np.zeros(0, dtype=np.int64), str(err)
+        group.first_error(error)
+        if shared:
+            every = group.gather((part, shapes_part))
+            sizes = np.concatenate([p for p, _ in every]).astype(np.int64)
+            self.shapes = None if mode == "bytes" else np.concatenate([s for _, s in every])
+        else:
+            sizes, self.shapes = part, shapes_part
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.data = torch.empty(int(self.offsets[-1]), dtype=torch.uint8).share_memory_()
-        log.info("cache=%s: filling %.2f GiB for %d images", mode, self.data.numel() / 2**30, count)
-        for index, flat in enumerate(_each(fill, workers)):
-            start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-            if flat.numel() != end - start:
-                raise DataError(f"{source.describe(index)} changed while it was being cached")
-            self.data[start:end] = flat
+        total = int(self.offsets[-1])
+
+        # What the node will hold, checked before anything is allocated.
+        if shared:
+            need, copies = total, f"one copy for the node's {group.size} rank(s)"
+        elif group.dist is not None:
+            need, copies = sum(group.gather(total)), f"the parts of the node's {group.size} ranks"
+        else:
+            need, copies = total * ranks_per_node, f"{ranks_per_node} rank(s), each its part"
+
+        self.segment: Segment | None = None
+        try:
+            if shared:
+                # The leader checks and creates; the others open the segment after the
+                # exchange that reports the leader's outcome.
+                path = group.directory / f"{group.prefix}-{name}"
+                if group.is_leader:
+                    error = _memory_error(need, copies, mode, count, group)
+                    if error is None:
+                        error, self.segment = _create(path, total)
+                group.first_error(error)
+                if self.segment is None:
+                    self.segment = Segment.attach(path, total)
+            else:
+                # Every rank checks before any allocates: a rank's check must not count the
+                # parts its neighbours already hold.
+                group.first_error(_memory_error(need, copies, mode, count, group))
+                error, self.segment = _create(group.directory / f"{own_prefix()}-{name}", total)
+                group.first_error(error)
+            assert self.segment is not None
+            self.data = self.segment.tensor
+            mine_bytes = int(self.offsets[mine.stop]) - int(self.offsets[mine.start])
+            log.info(
+                "cache=%s: filling %.2f GiB for %d of %d images (%s)",
+                mode,
+                mine_bytes / 2**30,
+                len(filled),
+                count,
+                copies,
+            )
+            # Every run is written before any rank reads (the group's last exchange).
+            group.first_error(self._fill(filled, mine, shapes_part, workers))
+        except BaseException:
+            if self.segment is not None:
+                self.segment.close()
+            raise
+
+    def _fill(
+        self, filled: list[int], mine: range, shapes: np.ndarray | None, workers: int
+    ) -> str | None:
+        if self.mode == "bytes":
+            fill: Dataset = _Read(self.source, filled)
+        else:
+            assert shapes is not None
+            fill = _Decode(self.source, filled, shapes, self.image_size)
+        try:
+            for position, flat in zip(mine, _each(fill, workers), strict=True):
+                start, end = int(self.offsets[position]), int(self.offsets[position + 1])
+                if flat.numel() != end - start:
+                    index = filled[position - mine.start]
+                    return f"{self.source.describe(index)} changed while it was being cached"
+                self.data[start:end] = flat
+        except DataError as err:
+            return str(err)
+        return None
+
+    def close(self) -> None:
+        """Remove the segment now (the owner); also done when the cache is collected or the
+        process exits."""
+        if self.segment is not None:
+            self.segment.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ``segment`` pickles as its name; ``data`` is mapped again from it.
+        return {k: v for k, v in self.__dict__.items() if k != "data"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.data = self.segment.tensor if self.segment is not None else torch.empty(0)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -144,19 +290,36 @@ class MemoryCache:
     def encoded_size(self, index: int) -> int:
         return self.source.encoded_size(index)
 
-    def _slice(self, index: int) -> torch.Tensor:
-        return self.data[int(self.offsets[index]) : int(self.offsets[index + 1])]
+    def cached(self, index: int) -> bool:
+        return bool(self.slots[index] >= 0)
+
+    def _slice(self, slot: int) -> torch.Tensor:
+        return self.data[int(self.offsets[slot]) : int(self.offsets[slot + 1])]
 
     def read(self, index: int) -> bytes:
         if self.mode != "bytes":
             raise TypeError("a decoded cache holds pixels, not encoded bytes")
-        return self._slice(index).numpy().tobytes()
+        slot = int(self.slots[index])
+        if slot < 0:
+            return self.source.read(index)
+        return self._slice(slot).numpy().tobytes()
 
     def pixels(self, index: int) -> torch.Tensor:
-        if self.shapes is None:
+        if self.mode == "bytes":
             return decode_pixels(self.read(index), self.describe(index))
-        height, width = (int(v) for v in self.shapes[index])
-        return self._slice(index).view(height, width, 3)  # a view: transforms never write to it
+        slot = int(self.slots[index])
+        if slot < 0:
+            return _downscaled(self.source, index, None, self.image_size)
+        assert self.shapes is not None
+        height, width = (int(v) for v in self.shapes[slot])
+        return self._slice(slot).view(height, width, 3)  # a view: transforms never write to it
+
+
+def _create(path: Path, size: int) -> tuple[str | None, Segment | None]:
+    try:
+        return None, Segment.create(path, size)
+    except DataError as err:
+        return str(err), None
 
 
 def load_pixels(source: Source | MemoryCache, index: int) -> torch.Tensor:

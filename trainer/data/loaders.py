@@ -1,5 +1,6 @@
 """``build_loaders``: the train and validation batches for one rank, on its device, from
-synthetic tensors, an image folder or prepared shards, optionally through a memory cache."""
+synthetic tensors, an image folder or prepared shards, optionally through a memory cache
+(``--cache-scope node``: one copy per node, shared; ``rank``: each rank its fixed part)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from trainer.data.dataset import ImageDataset
 from trainer.data.errors import DataError
 from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
-from trainer.data.sampler import RankSampler, StreamSampler
+from trainer.data.node_memory import Collectives, NodeGroup
+from trainer.data.sampler import PartSampler, RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
 from trainer.data.transforms import normalize
@@ -114,6 +116,8 @@ def _sources(cfg: TrainConfig, root: Path) -> tuple[list[str], Source, Source | 
 def _sampler(
     cfg: TrainConfig, source: Source, rank: int, world: int, *, shuffle: bool
 ) -> RankSampler:
+    # A rank-scope cache holds only what its rank reads: that must be the same every epoch.
+    fixed = cfg.cache != "none" and cfg.cache_scope == "rank"
     if isinstance(source, ShardSource):
         return StreamSampler(
             source.shard_samples,
@@ -123,8 +127,35 @@ def _sampler(
             shuffle=shuffle,
             seed=cfg.seed,
             buffer=cfg.shuffle_buffer,
+            fixed_parts=fixed,
         )
+    if fixed and shuffle:
+        return PartSampler(len(source), world, rank, cfg.batch_size, seed=cfg.seed)
     return RankSampler(len(source), world, rank, cfg.batch_size, shuffle=shuffle, seed=cfg.seed)
+
+
+def _cache(
+    cfg: TrainConfig,
+    source: Source,
+    sampler: RankSampler,
+    group: NodeGroup | None,
+    ranks_per_node: int,
+    name: str,
+) -> MemoryCache:
+    part = None
+    if cfg.cache_scope == "rank":
+        part = sampler.part()
+        assert part is not None, "rank scope needs a sampler with fixed parts"
+    return MemoryCache(
+        source,
+        cfg.cache,
+        cfg.image_size,
+        cfg.loader_workers,
+        ranks_per_node,
+        group=group,
+        indices=part,
+        name=name,
+    )
 
 
 def build_loaders(
@@ -134,9 +165,13 @@ def build_loaders(
     device: torch.device,
     channels_last: bool,
     ranks_per_node: int = 1,
+    dist: Collectives | None = None,
 ) -> Loaders:
-    """Loaders for this rank's share. Raises ``DataError`` for unusable data; a memory cache
-    is sized for ``ranks_per_node`` copies (one per rank on the node)."""
+    """Loaders for this rank's share. Raises ``DataError`` for unusable data.
+
+    With a memory cache, ``dist`` (every rank's, all calling this together) finds the ranks
+    on this node; without it this process is alone on its node and ``ranks_per_node`` estimates
+    what a rank-scope cache's neighbours hold."""
     if cfg.data == "synthetic":
         sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
         if sampler.batches_per_epoch == 0:
@@ -168,6 +203,8 @@ def build_loaders(
             f"num_classes={cfg.num_classes}: {where} has {len(classes)} "
             f"classes; set --num-classes {len(classes)}"
         )
+    # The node's ranks: they share a node cache, and a rank cache's check counts their parts.
+    group = NodeGroup.form(dist) if cfg.cache != "none" and dist is not None else None
     loaders: list[DeviceLoader | None] = []
     for source, train in ((train_source, True), (val_source, False)):
         if source is None:
@@ -175,9 +212,8 @@ def build_loaders(
             continue
         sampler = _sampler(cfg, source, rank, world, shuffle=train)
         if cfg.cache != "none":
-            source = MemoryCache(
-                source, cfg.cache, cfg.image_size, cfg.loader_workers, ranks_per_node
-            )
+            name = "train" if train else "val"
+            source = _cache(cfg, source, sampler, group, ranks_per_node, name)
         dataset = ImageDataset(source, cfg.image_size, train=train, seed=cfg.seed)
         loaders.append(_file_loader(dataset, sampler, where, cfg, device, channels_last))
     train_loader, val_loader = loaders

@@ -9,6 +9,14 @@ workers. A run resumed at ``offset`` on ``world'`` workers splits the rest of th
 same way among its ranks; the epoch ends when the rest no longer fills a global batch, and
 that tail (fewer than ``batch * world'`` samples) is dropped, as the last partial global batch
 of every epoch always is.
+
+With a rank-scope memory cache (``--cache-scope rank``) each rank caches only what it reads, so
+its samples must be the same every epoch: ``PartSampler`` (folders) and ``StreamSampler`` with
+``fixed_parts`` (shards) cut the data into one fixed part per rank, drawn from the seed alone,
+and reshuffle only within each part, by (seed, epoch). ``part()`` names those samples. A run
+resumed mid-epoch on another number of workers still reads the exact rest of the old layout's
+order (samples outside a rank's new part are then read from disk, not the cache); from the next
+epoch on, the parts are those of the new number of workers, which is what the cache holds.
 """
 
 from __future__ import annotations
@@ -17,6 +25,13 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
+
+# The generator "epoch" that draws the fixed parts: no real epoch is negative.
+_LAYOUT = -1
+
+
+def _generator(seed: int, epoch: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 100_003 + epoch)
 
 
 class RankSampler(Sampler[tuple[int, int]]):
@@ -102,8 +117,17 @@ class RankSampler(Sampler[tuple[int, int]]):
         """The epoch's global order of sample indices."""
         if not self.shuffle:
             return list(range(self.dataset_size))
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        generator = _generator(self.seed, self.epoch)
         return torch.randperm(self.dataset_size, generator=generator).tolist()
+
+    def part(self) -> list[int] | None:
+        """The samples this rank reads in every epoch begun on ``num_replicas`` workers, or
+        None when they change from epoch to epoch (a shuffled global order)."""
+        if self.shuffle:
+            return None
+        return list(range(self.dataset_size))[self.rank :: self.num_replicas][
+            : self.batches_per_epoch * self.batch_size
+        ]
 
     def rank_indices(self) -> list[int]:
         """This rank's samples from ``offset`` to the end of the epoch, in order."""
@@ -117,70 +141,27 @@ class RankSampler(Sampler[tuple[int, int]]):
         return self.batches_left * self.batch_size
 
 
-class StreamSampler(RankSampler):
-    """Shard-friendly order: each rank reads its own run of shards, shuffled by a buffer.
-
-    Per epoch the shard order is reshuffled (seeded by seed and epoch) and the concatenated
-    samples are cut into one contiguous block per rank, so a rank reads about 1/world of the
-    shards, mostly sequentially. Within its block a shuffle buffer of ``buffer`` samples mixes
-    the order (WebDataset's recipe). It works on indices only, so the order is known without
-    reading anything and a resume skips ``skip_batches`` batches exactly.
+class _BlockSampler(RankSampler):
+    """An epoch made of one block of samples per rank, interleaved into the global order.
 
     The epoch's global order interleaves the blocks (rank r's m-th sample is at ``m * world +
     r``), so it depends on the number of workers the epoch began on (``layout_replicas``). On
     that number a rank computes only its own block. Resumed mid-epoch on another number, every
     rank computes all the blocks of that layout and reads its share of the rest of their
     interleaving: exact (no sample twice, none skipped but the final tail), but for the rest of
-    that epoch a rank reads from every block's shards rather than its own run of them.
+    that epoch a rank reads from every block rather than its own.
     """
 
-    def __init__(
-        self,
-        shard_samples: list[int],
-        num_replicas: int,
-        rank: int,
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        buffer: int = 1000,
-    ) -> None:
-        super().__init__(
-            sum(shard_samples), num_replicas, rank, batch_size, shuffle=shuffle, seed=seed
-        )
-        self.shard_starts = [sum(shard_samples[:i]) for i in range(len(shard_samples))]
-        self.shard_samples = shard_samples
-        self.buffer = buffer
+    fixed_parts = False
 
     @property
     def order_length(self) -> int:
-        # The stream's last (dataset_size % layout) samples are in no block.
+        # The last (dataset_size % layout) samples are in no block.
         return self.dataset_size // self.layout_replicas * self.layout_replicas
 
     def _blocks(self, ranks: range) -> list[list[int]]:
-        """The shuffled blocks of ``ranks`` in the layout on ``layout_replicas`` workers."""
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        shards = list(range(len(self.shard_samples)))
-        if self.shuffle:
-            shards = torch.randperm(len(shards), generator=generator).tolist()
-        stream = [
-            index
-            for shard in shards
-            for index in range(
-                self.shard_starts[shard], self.shard_starts[shard] + self.shard_samples[shard]
-            )
-        ]
-        per_rank = self.dataset_size // self.layout_replicas
-        after_shards = generator.get_state()
-        blocks = []
-        for rank in ranks:
-            block = stream[rank * per_rank : (rank + 1) * per_rank]
-            if self.shuffle and self.buffer > 1:
-                # Every block is shuffled from the same generator state, as each rank does.
-                generator.set_state(after_shards)
-                block = _buffer_shuffle(block, self.buffer, generator)
-            blocks.append(block)
-        return blocks
+        """This epoch's blocks of ``ranks`` in the layout on ``layout_replicas`` workers."""
+        raise NotImplementedError
 
     def epoch_order(self) -> list[int]:
         blocks = self._blocks(range(self.layout_replicas))
@@ -194,6 +175,118 @@ class StreamSampler(RankSampler):
         (mine,) = self._blocks(range(self.rank, self.rank + 1))
         start = self.offset // world
         return mine[start : start + self.batches_left * self.batch_size]
+
+    def part(self) -> list[int] | None:
+        """The rank's whole block (any epoch on ``num_replicas`` workers) when blocks are fixed;
+        each epoch reads all of it but the few its last partial batch drops."""
+        if self.shuffle and not self.fixed_parts:
+            return None
+        layout, self.layout_replicas = self.layout_replicas, self.num_replicas
+        try:
+            (mine,) = self._blocks(range(self.rank, self.rank + 1))
+        finally:
+            self.layout_replicas = layout
+        return sorted(mine)
+
+
+class PartSampler(_BlockSampler):
+    """Each rank a fixed part of a folder's samples, reshuffled within the part every epoch.
+
+    The parts are contiguous runs of one permutation drawn from the seed alone (so each holds
+    every class in about its share); the order within a part is a permutation drawn from
+    (seed, epoch). For ``--cache-scope rank``: a rank caches its part and never reads another.
+    """
+
+    fixed_parts = True
+
+    def _blocks(self, ranks: range) -> list[list[int]]:
+        per_rank = self.dataset_size // self.layout_replicas
+        if self.shuffle:
+            fixed = torch.randperm(self.dataset_size, generator=_generator(self.seed, _LAYOUT))
+            # One permutation of positions for every block: they hold different samples.
+            within = torch.randperm(per_rank, generator=_generator(self.seed, self.epoch))
+        else:
+            fixed, within = torch.arange(self.dataset_size), torch.arange(per_rank)
+        return [fixed[rank * per_rank : (rank + 1) * per_rank][within].tolist() for rank in ranks]
+
+
+class StreamSampler(_BlockSampler):
+    """Shard-friendly order: each rank reads its own run of shards, shuffled by a buffer.
+
+    Per epoch the shard order is reshuffled (seeded by seed and epoch) and the concatenated
+    samples are cut into one contiguous block per rank, so a rank reads about 1/world of the
+    shards, mostly sequentially. Within its block a shuffle buffer of ``buffer`` samples mixes
+    the order (WebDataset's recipe). It works on indices only, so the order is known without
+    reading anything and a resume skips ``skip_batches`` batches exactly.
+
+    ``fixed_parts`` (``--cache-scope rank``): the shard order is drawn from the seed alone, so a
+    rank's run of shards is the same every epoch; each epoch reorders the run's shards and
+    buffer-shuffles them, by (seed, epoch).
+    """
+
+    def __init__(
+        self,
+        shard_samples: list[int],
+        num_replicas: int,
+        rank: int,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        buffer: int = 1000,
+        fixed_parts: bool = False,
+    ) -> None:
+        super().__init__(
+            sum(shard_samples), num_replicas, rank, batch_size, shuffle=shuffle, seed=seed
+        )
+        self.shard_starts = [sum(shard_samples[:i]) for i in range(len(shard_samples))]
+        self.shard_samples = shard_samples
+        self.buffer = buffer
+        self.fixed_parts = fixed_parts
+
+    def _blocks(self, ranks: range) -> list[list[int]]:
+        generator = _generator(self.seed, self.epoch)
+        shards = list(range(len(self.shard_samples)))
+        if self.shuffle:
+            layout = _generator(self.seed, _LAYOUT) if self.fixed_parts else generator
+            shards = torch.randperm(len(shards), generator=layout).tolist()
+        # Runs of one shard's samples, in stream order.
+        stream = [
+            (shard, index)
+            for shard in shards
+            for index in range(
+                self.shard_starts[shard], self.shard_starts[shard] + self.shard_samples[shard]
+            )
+        ]
+        per_rank = self.dataset_size // self.layout_replicas
+        after_shards = generator.get_state()
+        blocks = []
+        for rank in ranks:
+            block = stream[rank * per_rank : (rank + 1) * per_rank]
+            if self.shuffle:
+                # Every block is shuffled from the same generator state, as each rank does.
+                generator.set_state(after_shards)
+                if self.fixed_parts:
+                    block = _reorder_runs(block, generator)
+            indices = [index for _, index in block]
+            if self.shuffle and self.buffer > 1:
+                indices = _buffer_shuffle(indices, self.buffer, generator)
+            blocks.append(indices)
+        return blocks
+
+
+def _reorder_runs(
+    block: list[tuple[int, int]], generator: torch.Generator
+) -> list[tuple[int, int]]:
+    """``block``'s runs of one shard each, in a random order (their samples keep theirs)."""
+    runs: list[list[tuple[int, int]]] = []
+    for item in block:
+        if runs and runs[-1][0][0] == item[0]:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    order = torch.randperm(len(runs), generator=generator).tolist()
+    return [item for k in order for item in runs[k]]
 
 
 def _buffer_shuffle(items: list[int], size: int, generator: torch.Generator) -> list[int]:
