@@ -12,6 +12,7 @@ BENCHMARKS = (
     ("bench.overhead", []),
     ("bench.scaling", []),
     ("bench.data_path", []),
+    ("bench.cache_memory", []),
     ("bench.checkpoint_io", []),
     ("bench.program_eval", []),
     ("bench.gpu", []),
