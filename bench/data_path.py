@@ -6,9 +6,10 @@ memory caches, on the same generated dataset (a benchmark: prints, asserts nothi
 
 The dataset is ImageNet-like: 500x375 JPEGs (quality 90) of smooth random scenes. Every mode
 runs training epochs (RandomResizedCrop + flip) in this process, in turns over 5 rounds (the
-median counts); the caches are filled first and their fill time is reported apart. The baseline is the folder decoded by Pillow alone
-(the path before libjpeg-turbo's direct decode). The per-GPU budget compares each path's rate
-per core with what one GPU of an ND H100 v5 node consumes, from the vCPUs it has beside it.
+median counts); the caches are filled first and their fill time is reported apart. The
+baseline is the folder decoded by Pillow alone (the path before libjpeg-turbo's direct
+decode). The per-GPU budget compares each path's rate per core with what one GPU of an ND H100
+v5 node consumes, from the vCPUs it has beside it.
 """
 
 from __future__ import annotations
