@@ -64,7 +64,8 @@ HELP: dict[str, str] = {
     "fp16_allreduce": "compress gradients to fp16 on the wire",
     "horovod_cycle_time_ms": "Horovod: milliseconds between fusing and reducing ready gradients "
     "(0: 1 with NCCL on GPUs, 50 with Gloo on CPUs)",
-    "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own)",
+    "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own; "
+    "default: 128 with NCCL on GPUs, 0 with Gloo on CPUs)",
     "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",
     "device": f"{', '.join(DEVICES)}",
     "amp": f"mixed precision: {', '.join(AMP_MODES)} (auto: bf16 on GPU, off on CPU)",

@@ -86,12 +86,14 @@ class TrainConfig:
     # Distribution.
     backend: str = "horovod"
     fp16_allreduce: bool = False
-    # Horovod's background loop: every cycle it fuses the gradients ready into one buffer and
-    # reduces them. A longer cycle fuses more per allreduce (fewer, larger messages) at the cost
-    # of latency. 0: chosen by the engine (trainer.distributed.HorovodDist: Horovod's own 1 ms
+    # Horovod's background loop: every cycle it reduces the gradients that are ready (fused into
+    # one buffer unless the fusion buffer is 0). A longer cycle batches more per round at the
+    # cost of latency. 0: chosen by the engine (trainer.distributed.HorovodDist: Horovod's own 1 ms
     # with NCCL on GPUs, the measured best for Gloo on CPUs; README, "Benchmarks").
     horovod_cycle_time_ms: float = 0.0
-    horovod_fusion_mb: int = 128  # the fusion buffer (Horovod's default); 0: each tensor alone
+    # The fusion buffer; 0: each tensor reduced on its own; None: chosen by the engine (Horovod's
+    # 128 with NCCL, none with Gloo on CPUs: HorovodDist).
+    horovod_fusion_mb: int | None = None
     accumulation_steps: int = 1
     # Precision and speed.
     device: str = "auto"
@@ -191,7 +193,8 @@ class TrainConfig:
                 "fp16_allreduce=true with backend=local: compression needs horovod or ddp"
             )
         _float_range("horovod_cycle_time_ms", self.horovod_cycle_time_ms, 0.0, 1000.0)
-        _int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
+        if self.horovod_fusion_mb is not None:
+            _int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
         _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
         _choice("device", self.device, DEVICES)
         _choice("amp", self.amp, AMP_MODES)

@@ -163,17 +163,26 @@ class LocalDist(Dist):
 # fused allreduce of the whole backward's gradients, as DDP's few buckets are, instead of many.
 NCCL_CYCLE_MS = 1.0
 GLOO_CPU_CYCLE_MS = 50.0
+# The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
+# kernel launch per fused batch matters on GPUs). With Gloo on CPUs: none. Copying every gradient
+# into the buffer and back costs the cores the ranks compute on, and Gloo reduces each tensor in
+# place: in 3 interleaved rounds of 2-worker bench.scaling runs, Horovod without fusion reached
+# 0.957 of DDP's throughput against 0.909 with the buffer (and it was ahead in every round).
+NCCL_FUSION_MB = 128
+GLOO_CPU_FUSION_MB = 0
 
 
 class HorovodDist(Dist):
     name = "horovod"
 
-    def __init__(self, cycle_time_ms: float = 0.0, fusion_mb: int = 128) -> None:
+    def __init__(self, cycle_time_ms: float = 0.0, fusion_mb: int | None = None) -> None:
         import horovod.torch as hvd
 
+        nccl = torch.cuda.is_available() and bool(hvd.nccl_built())
         if not cycle_time_ms:  # the config's "0: chosen by the engine"
-            nccl = torch.cuda.is_available() and bool(hvd.nccl_built())
             cycle_time_ms = NCCL_CYCLE_MS if nccl else GLOO_CPU_CYCLE_MS
+        if fusion_mb is None:  # the config's "chosen by the engine"
+            fusion_mb = NCCL_FUSION_MB if nccl else GLOO_CPU_FUSION_MB
         # Read by hvd.init(), on every rank (Horovod's documented knobs; an operator's own
         # setting in the environment, or horovodrun's --cycle-time-ms, wins).
         os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{cycle_time_ms:g}")
