@@ -34,7 +34,6 @@ from trainer.data.decode import decode_pixels_pil
 from trainer.data.folder import FolderSource
 from trainer.data.prepare import prepare
 from trainer.data.shards import ShardSource
-from trainer.data.transforms import train_transform
 from trainer.launch.fabric import fabric_for
 
 BUDGET_SIZE = "Standard_ND96isr_H100_v5"
@@ -61,20 +60,14 @@ def write_dataset(root: Path, images: int, classes: int = 10) -> int:
     return total
 
 
-class PillowFolder(Dataset):
+class PillowFolder(ImageDataset):
     """The baseline: ``ImageDataset``'s training path with every image decoded by Pillow."""
 
     def __init__(self, source: FolderSource, image_size: int) -> None:
-        self.source, self.image_size = source, image_size
+        super().__init__(source, image_size, train=True, seed=0)
 
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        index, epoch = key
-        pixels = decode_pixels_pil(self.source.read(index), self.source.describe(index))
-        generator = torch.Generator().manual_seed(hash((0, epoch, index)) & 0x7FFF_FFFF)
-        return train_transform(pixels, self.image_size, generator), self.source.label(index)
+    def pixels(self, index: int) -> torch.Tensor:
+        return decode_pixels_pil(self.source.read(index), self.source.describe(index))
 
 
 def epoch_rate(dataset: Dataset) -> float:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import make_dataset
-from trainer.config import DEFAULTS
+from tests.data.conftest import shard_config
 from trainer.data import DataError, build_loaders
 from trainer.data.cache import MemoryCache
 from trainer.data.folder import FolderSource
@@ -280,17 +280,7 @@ def test_node_scope_counts_one_copy_and_names_the_shared_memory_limit(tmp_path, 
 
 
 def test_rank_scope_loaders_cache_each_rank_its_fixed_run_of_shards(shards):
-    config = DEFAULTS.replace(
-        data="shards",
-        data_dir=str(shards),
-        image_size=32,
-        batch_size=4,
-        num_classes=3,
-        loader_workers=0,
-        shuffle_buffer=8,
-        cache="decoded",
-        cache_scope="rank",
-    )
+    config = shard_config(shards, cache="decoded", cache_scope="rank")
     held = []
     for rank in (0, 1):
         loaders = build_loaders(config, rank, 2, CPU, False)

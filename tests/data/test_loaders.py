@@ -2,7 +2,7 @@ import psutil
 import pytest
 import torch
 
-from trainer.config import DEFAULTS
+from tests.data.conftest import shard_config
 from trainer.data import DataError, build_loaders
 from trainer.data.cache import MemoryCache
 from trainer.data.dataset import ImageDataset
@@ -13,19 +13,6 @@ from trainer.data.sampler import StreamSampler
 from trainer.data.shards import ShardSource
 
 CPU = torch.device("cpu")
-
-
-def shard_config(root, **extra):
-    values = dict(
-        data="shards",
-        data_dir=str(root),
-        image_size=32,
-        batch_size=4,
-        num_classes=3,
-        loader_workers=0,
-        shuffle_buffer=8,
-    )
-    return DEFAULTS.replace(**{**values, **extra})
 
 
 def test_shard_source_serves_the_original_bytes_and_labels(shards, dataset):

@@ -9,11 +9,12 @@ the bytes its caches computed from the image headers, the samples they hold and 
 final parameters.
 """
 
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
+
+from rank_report import params_sha256  # the sibling script (this folder is on sys.path)
 
 import trainer.run
 from trainer.config import TrainConfig
@@ -77,16 +78,12 @@ def main() -> None:
     trainer.run.build_loaders = measuring_build_loaders
     dist = init_dist(config)
     result = trainer.run.train(config, dist)
-    digest = hashlib.sha256()
-    for name, param in sorted(result.model.named_parameters()):
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
     report = {
         "rank": dist.rank,
         "size": dist.size,
         "pid": os.getpid(),
         "step": result.step,
-        "params_sha256": digest.hexdigest(),
+        "params_sha256": params_sha256(result.model),
         "computed": {name: int(cache.offsets[-1]) for name, cache in _caches.items()},
         "cached": {
             name: [int(i) for i in (cache.slots >= 0).nonzero()[0]]

@@ -17,19 +17,24 @@ from trainer.run import train
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
 
 
+def params_sha256(model) -> str:
+    """A digest of every parameter's name and bytes: equal on ranks that hold the same model."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def main() -> None:
     report_dir, config = Path(sys.argv[1]), TrainConfig.from_mapping(json.loads(sys.argv[2]))
     dist = init_dist(config)
     result = train(config, dist)
-    digest = hashlib.sha256()
-    for name, param in sorted(result.model.named_parameters()):
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
     report = {
         "rank": dist.rank,
         "size": dist.size,
         "step": result.step,
-        "params_sha256": digest.hexdigest(),
+        "params_sha256": params_sha256(result.model),
         "metrics": result.last_metrics,
         # What Horovod read at init (set from the config unless the environment had them).
         "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},

@@ -24,9 +24,13 @@ class ImageDataset(Dataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return len(self.source)
 
+    def pixels(self, index: int) -> torch.Tensor:
+        """The (height, width, 3) uint8 pixels of one sample, before augmentation."""
+        return load_pixels(self.source, index)
+
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         index, epoch = key
-        pixels = load_pixels(self.source, index)
+        pixels = self.pixels(index)
         label = self.source.label(index)
         if not self.train:
             return eval_transform(pixels, self.image_size), label
