@@ -36,6 +36,10 @@ TERMINATE_REASON = "UserTerminate"
 # and checkpoint (a delete removes the task data at once).
 RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
 MAX_TASK_RETRIES = 3
+# The engine of a job whose trainer settings choose none (``trainer_args`` then carry no
+# --backend): Horovod, the engine every job ran before the settings could choose one, so such a
+# job's command line, id and run folder stay what they were.
+DEFAULT_BACKEND = "horovod"
 # No --gpus: Batch enables the GPUs for container tasks on GPU pools itself and documents not
 # passing it (articles/batch/batch-docker-container-workloads.md).
 CONTAINER_RUN_OPTIONS = (
@@ -133,7 +137,9 @@ class JobFields(Generic[S]):
     node_identity_id: S
     node_identity_client_id: S
     blob_endpoint: S  # https://<account>.blob.core.windows.net/
-    trainer_args: tuple[str, ...]  # python -m trainer flags (without --output-dir)
+    # python -m trainer flags (without --output-dir); --backend only for an engine other than
+    # DEFAULT_BACKEND (infra.trainer_settings.job_values)
+    trainer_args: tuple[str, ...]
     dataset_prefix: str  # "" trains on what trainer_args say; else staged shards
     # A job of the stack's `jobs` map; "" for the one job of the submitJob shorthand. Left out
     # of the hashes below at these defaults, so the shorthand's job id and run folder are the
@@ -281,15 +287,23 @@ def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
     return [*command, flag, str(floor)]
 
 
+def chooses_backend(trainer_args: Sequence[str]) -> bool:
+    """Whether the trainer flags name the engine (the stack's trainer settings chose one)."""
+    return any(word == "--backend" or word.startswith("--backend=") for word in trainer_args)
+
+
 def trainer_command(spec: JobSpec) -> list[str]:
     """The trainer's complete command line, as the launcher runs it on every node, with the
-    settings the job owns: the engine, the staged data, the run folder on NFS, where rank 0
-    copies its live metrics (the logs container, read from outside the private network by
-    `python -m infra.tools.ops metrics|tensorboard`), and the VM size's preflight floor: what runs
-    follows from the job's inputs alone, and the launcher edits nothing. The command is not
-    part of the job id or the run name (those hash the ``JobSpec``), so a change here
-    replaces no job by itself."""
-    args = ["python", "-m", "trainer", *spec.trainer_args, "--backend", "horovod"]
+    settings the job owns: the engine (``DEFAULT_BACKEND`` unless the trainer settings chose
+    one; the launcher reads ``--backend`` to start that engine's workers), the staged data, the
+    run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
+    outside the private network by `python -m infra.tools.ops metrics|tensorboard`), and the VM
+    size's preflight floor: what runs follows from the job's inputs alone, and the launcher
+    edits nothing. The command is not part of the job id or the run name (those hash the
+    ``JobSpec``), so a change here replaces no job by itself."""
+    args = ["python", "-m", "trainer", *spec.trainer_args]
+    if not chooses_backend(spec.trainer_args):
+        args += ["--backend", DEFAULT_BACKEND]
     if spec.dataset_prefix:
         args += ["--data", "shards", "--data-dir", f"{DATASET_ROOT}/{spec.dataset_prefix}"]
     command = [

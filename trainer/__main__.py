@@ -11,6 +11,7 @@ from trainer.checkpoint import CheckpointError
 from trainer.cli import fail, parse
 from trainer.config import ConfigError
 from trainer.data import DataError
+from trainer.data.text import BYTE_VOCAB
 from trainer.model import build_model, count_parameters
 from trainer.preflight import PreflightError
 
@@ -22,8 +23,15 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 2)
     cfg = request.config
     if request.dry_run:
-        params = count_parameters(build_model(cfg.model, cfg.num_classes))
-        print(f"config ok: {cfg.model} with {cfg.num_classes} classes has {params:,} parameters")
+        if cfg.language_model:
+            # The vocabulary of --data tokens is in its manifest, read when training starts.
+            vocab = cfg.vocab_size or BYTE_VOCAB
+            outputs = f"a {vocab}-token vocabulary"
+            params = count_parameters(build_model(cfg.model, vocab, device="meta"))
+        else:
+            outputs = f"{cfg.num_classes} classes"
+            params = count_parameters(build_model(cfg.model, cfg.num_classes))
+        print(f"config ok: {cfg.model} with {outputs} has {params:,} parameters")
         return 0
 
     # Imported here so --help, --dry-run and config errors never wait for torch.distributed.
@@ -79,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"done: step {result.step} (started at {result.start_step}, stopped by "
                 f"{result.stopped_by}), {dist.size} worker(s), "
-                f"{result.images_per_sec:.1f} images/sec per worker, "
-                f"{result.images_per_sec_total:.1f} images/sec total; outputs in "
+                f"{result.samples_per_sec:.1f} {result.unit}/sec per worker, "
+                f"{result.samples_per_sec_total:.1f} {result.unit}/sec total; outputs in "
                 f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/",
                 flush=True,
             )

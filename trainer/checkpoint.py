@@ -65,10 +65,15 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         with open_atomic(final, before_replace=write_checksum) as handle:
             torch.save({"schema": SCHEMA, **state}, handle)
         fsync_folder(directory)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:
+        # torch's zip writer reports a failed write (ENOSPC) as a RuntimeError raised while it
+        # closes the file, with the OSError as its context.
+        cause = os_error_in(err)
+        if cause is None:
+            raise
         kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
         raise CheckpointError(
-            f"cannot write checkpoint {final}: {err.strerror}; the previous checkpoint "
+            f"cannot write checkpoint {final}: {cause.strerror}; the previous checkpoint "
             f"{kept}; free space or fix permissions, or use another --output-dir"
         ) from None
     for _, old in list_checkpoints(directory)[keep:]:
@@ -80,6 +85,16 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         stale.unlink(missing_ok=True)
     remove_partials(directory)
     return final
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The OSError ``err`` is or was raised while handling (its cause or context chain)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -33,9 +33,13 @@ from trainer.config import (
 HELP: dict[str, str] = {
     "model": f"network: {', '.join(MODELS)}",
     "num_classes": "classifier outputs",
+    "context": "language models: tokens per sample (default: the model's context)",
+    "vocab_size": "language models: vocabulary (default: the token shards' manifest, or 257 "
+    "byte-level tokens with synthetic data)",
     "data": f"input: {', '.join(DATA_SOURCES)}",
     "data_dir": "--data folder: root with train/<class>/ (and val/); --data shards: the "
-    "folder with manifest.json (python -m trainer.data prepare)",
+    "folder with manifest.json (python -m trainer.data prepare); --data tokens: the folder "
+    "python -m trainer.data prepare-text wrote",
     "image_size": "training crop in pixels",
     "batch_size": "images per worker per step (the global batch multiplies by workers)",
     "synthetic_size": "images in one synthetic epoch (all workers together)",
@@ -66,7 +70,12 @@ HELP: dict[str, str] = {
     "(0: 1 with NCCL on GPUs, 50 with Gloo on CPUs)",
     "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own; "
     "default: 128 with NCCL on GPUs, 0 with Gloo on CPUs)",
+    "shard_within": "fsdp: shard over the ranks of each node and replicate across nodes "
+    "(node, hybrid sharding) or shard over every rank (world)",
     "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",
+    "grad_clip_norm": "clip the gradients' global L2 norm to this before each step (0: off)",
+    "activation_checkpointing": "recompute each block's activations in the backward pass "
+    "(less memory, about a third more compute)",
     "device": f"{', '.join(DEVICES)}",
     "amp": f"mixed precision: {', '.join(AMP_MODES)} (auto: bf16 on GPU, off on CPU)",
     "channels_last": f"NHWC memory format: {', '.join(SWITCHES)} (auto: on for GPU)",
@@ -74,6 +83,8 @@ HELP: dict[str, str] = {
     "output_dir": "folder for checkpoints/, metrics.jsonl and tensorboard/",
     "checkpoint_every": "also checkpoint every N steps (0: only at epoch ends and on exit)",
     "keep_checkpoints": "checkpoints to keep",
+    "checkpoint_async": "write checkpoints in the background while training goes on (at most "
+    "one in flight; the run's last save waits until written)",
     "log_every": "log metrics every N steps",
     "seed": "random seed (same on every worker)",
     "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
@@ -83,7 +94,7 @@ HELP: dict[str, str] = {
     "identity, every --metrics-upload-minutes and at the end; empty: off",
     "metrics_upload_minutes": "minutes between live uploads (fractions allowed)",
 }
-_BOOLEAN = {"fp16_allreduce", "compile"}
+_BOOLEAN = {"fp16_allreduce", "compile", "activation_checkpointing", "checkpoint_async"}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -95,7 +106,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="python -m trainer",
-        description="Data-parallel image-classification training (Horovod, DDP or one process).",
+        description="Distributed training (Horovod, DDP, FSDP or one process).",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )

@@ -14,13 +14,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.blob_folder import BlobFolder
+from trainer.lm.sizes import GPT_SIZES
 
-MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
-DATA_SOURCES = ("synthetic", "folder", "shards")
+IMAGE_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
+# GPT-style decoders (trainer.lm): next-token prediction on --data tokens or synthetic tokens.
+LM_MODELS = tuple(GPT_SIZES)
+MODELS = IMAGE_MODELS + LM_MODELS
+DATA_SOURCES = ("synthetic", "folder", "shards", "tokens")
+# The data each kind of model trains on.
+LM_DATA = ("synthetic", "tokens")
 CACHE_MODES = ("none", "bytes", "decoded")
 CACHE_SCOPES = ("node", "rank")
 OPTIMIZERS = ("sgd", "adamw", "lars")
-BACKENDS = ("horovod", "ddp", "local")
+BACKENDS = ("horovod", "ddp", "fsdp", "local")
+# The engines started the way torchrun starts workers (RANK, WORLD_SIZE, LOCAL_RANK,
+# LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT in each worker's environment); horovod is started
+# with Horovod's Gloo rendezvous variables instead, local with nothing.
+TORCH_DISTRIBUTED_BACKENDS = ("ddp", "fsdp")
+# FSDP's sharding group: every rank of the run (ZeRO-3 over the world), or the ranks of one node
+# (hybrid: shard over NVLink inside a node, replicate across nodes over InfiniBand).
+SHARD_GROUPS = ("world", "node")
 LR_SCALINGS = ("linear", "sqrt", "none")
 LR_DECAYS = ("step", "cosine", "poly")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
@@ -55,6 +68,10 @@ class TrainConfig:
     # What to train.
     model: str = "resnet50"
     num_classes: int = 1000
+    # Language models: tokens per sample (None: the model's context) and the vocabulary (None:
+    # the token shards' manifest says, or 257 byte-level tokens for synthetic data).
+    context: int | None = None
+    vocab_size: int | None = None
     # Data. ``batch_size`` is per worker; the global batch is batch_size x workers x accumulation.
     data: str = "synthetic"
     data_dir: str | None = None
@@ -94,7 +111,15 @@ class TrainConfig:
     # The fusion buffer; 0: each tensor reduced on its own; None: chosen by the engine (Horovod's
     # 128 with NCCL, none with Gloo on CPUs: HorovodDist).
     horovod_fusion_mb: int | None = None
+    # FSDP (backend fsdp): shard parameters, gradients and optimizer state over every rank
+    # ("world") or over the ranks of each node, replicated across nodes ("node", hybrid
+    # sharding: the all-gathers stay on NVLink, only gradient reductions cross InfiniBand).
+    shard_within: str = "node"
     accumulation_steps: int = 1
+    # Clip the gradients' global L2 norm to this before each step; 0: no clipping.
+    grad_clip_norm: float = 0.0
+    # Recompute each block's activations in the backward pass (less memory, ~1/3 more compute).
+    activation_checkpointing: bool = False
     # Precision and speed.
     device: str = "auto"
     amp: str = "auto"
@@ -103,6 +128,10 @@ class TrainConfig:
     # Output.
     output_dir: str = "runs/default"
     checkpoint_every: int = 0
+    # Write checkpoints in the background: a step waits only for an in-memory copy, training
+    # goes on while the bytes reach storage, at most one write in flight (the last save of a
+    # run, and a SIGTERM's, wait until written).
+    checkpoint_async: bool = True
     keep_checkpoints: int = 3
     log_every: int = 10
     seed: int = 42
@@ -141,11 +170,40 @@ class TrainConfig:
         out["lr_step_epochs"] = list(self.lr_step_epochs)
         return out
 
+    @property
+    def language_model(self) -> bool:
+        return self.model in LM_MODELS
+
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         _choice("model", self.model, MODELS)
         _int_range("num_classes", self.num_classes, 2, 1_000_000)
         _choice("data", self.data, DATA_SOURCES)
+        if self.language_model and self.data not in LM_DATA:
+            raise ConfigError(
+                f"data={self.data}: {self.model} trains on --data tokens (python -m trainer.data "
+                f"prepare-text) or synthetic"
+            )
+        if not self.language_model and self.data == "tokens":
+            raise ConfigError(
+                f"data=tokens: {self.model} classifies images; use a language model "
+                f"({', '.join(LM_MODELS)}) or --data folder/shards"
+            )
+        if self.data == "tokens" and not self.data_dir:
+            raise ConfigError(
+                "data_dir=None: --data tokens needs --data-dir DIR (python -m trainer.data "
+                "prepare-text's output, with manifest.json)"
+            )
+        for name in ("context", "vocab_size"):
+            if getattr(self, name) is not None and not self.language_model:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)}: only language models "
+                    f"({', '.join(LM_MODELS)}) have one; delete the setting"
+                )
+        if self.context is not None:
+            _int_range("context", self.context, 1, GPT_SIZES[self.model].context)
+        if self.vocab_size is not None:
+            _int_range("vocab_size", self.vocab_size, 2, 1_000_000)
         if self.data == "folder" and not self.data_dir:
             raise ConfigError("data_dir=None: --data folder needs --data-dir DIR (with train/)")
         if self.data == "shards" and not self.data_dir:
@@ -153,6 +211,11 @@ class TrainConfig:
                 "data_dir=None: --data shards needs --data-dir DIR (with manifest.json)"
             )
         _choice("cache", self.cache, CACHE_MODES)
+        if self.cache != "none" and self.data == "tokens":
+            raise ConfigError(
+                f"cache={self.cache}: token shards are memory-mapped (the page cache holds them); "
+                "use --cache none"
+            )
         if self.cache != "none" and self.data == "synthetic":
             raise ConfigError(
                 f"cache={self.cache}: synthetic data is already in memory; use --cache none"
@@ -195,7 +258,9 @@ class TrainConfig:
         _float_range("horovod_cycle_time_ms", self.horovod_cycle_time_ms, 0.0, 1000.0)
         if self.horovod_fusion_mb is not None:
             _int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
+        _choice("shard_within", self.shard_within, SHARD_GROUPS)
         _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
+        _float_range("grad_clip_norm", self.grad_clip_norm, 0.0, 1e6)
         _choice("device", self.device, DEVICES)
         _choice("amp", self.amp, AMP_MODES)
         _choice("channels_last", self.channels_last, SWITCHES)

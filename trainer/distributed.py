@@ -1,10 +1,11 @@
 """The one place that knows how workers talk to each other.
 
 ``Dist`` is the interface the trainer uses; ``HorovodDist`` (the default engine), ``TorchDist``
-(torch.distributed DDP) and ``LocalDist`` (one process) implement it. This is the only module
-that imports ``horovod.torch``, so the rest of the trainer runs wherever torch does; the node
-launcher (``trainer.launch``) serves Horovod's rendezvous with ``horovod.runner``, in-worker
-communication is all here.
+(torch.distributed DDP), ``FSDPDist`` (torch.distributed FSDP2: parameters, gradients and
+optimizer state sharded over the ranks) and ``LocalDist`` (one process) implement it. This is
+the only module that imports ``horovod.torch``, so the rest of the trainer runs wherever torch
+does; the node launcher (``trainer.launch``) serves Horovod's rendezvous with ``horovod.runner``,
+in-worker communication is all here.
 """
 
 from __future__ import annotations
@@ -18,19 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.background_save import cpu_copy
 from trainer.config import TrainConfig
 
 
-def _to_cpu(value: Any) -> Any:
-    """Copy tensors in a nested state dict to the CPU before pickling them to other ranks,
-    so a receiving rank never materialises them on rank 0's GPU."""
-    if torch.is_tensor(value):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
+def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Scale every gradient the optimizer steps on so that their global L2 norm is at most
+    ``max_norm``; returns the norm before clipping. With FSDP the gradients are DTensor shards
+    and torch computes the norm over all of them (every rank gets the same value)."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
 class Dist(ABC):
@@ -71,10 +69,22 @@ class Dist(ABC):
         return contextlib.nullcontext()
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
     ) -> None:
+        """Step on the reduced gradients, clipped to ``clip_norm`` (0: not clipped) after the
+        scaler unscaled them."""
+        if clip_norm:
+            scaler.unscale_(optimizer)  # a no-op when the scaler is disabled
+            clip_gradients(optimizer, clip_norm)
         scaler.step(optimizer)
         scaler.update()
+
+    @property
+    def sharded_state(self) -> bool:
+        """Whether each rank holds only its shard of the parameters and optimizer state (then
+        every rank writes and reads its own part of a checkpoint: ``trainer.sharded_checkpoint``);
+        otherwise rank 0 holds the whole state and writes it alone (``trainer.checkpoint``)."""
+        return False
 
     def broadcast_training_state(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, resuming: bool
@@ -85,7 +95,9 @@ class Dist(ABC):
             # Pickled rather than hvd.broadcast_optimizer_state: that helper runs a dummy
             # optimizer step on ranks with empty state, which moves parameters under weight
             # decay, and it works per option tensor rather than on the whole state.
-            state = self.broadcast_object(_to_cpu(optimizer.state_dict()) if self.is_root else None)
+            # Copied to the CPU, so a receiving rank never materialises it on rank 0's GPU.
+            state = cpu_copy(optimizer.state_dict()) if self.is_root else None
+            state = self.broadcast_object(state)
             if not self.is_root:
                 optimizer.load_state_dict(state)
 
@@ -219,15 +231,17 @@ class HorovodDist(Dist):
         )
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler
+        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
     ) -> None:
-        if not scaler.is_enabled():
+        if not scaler.is_enabled() and not clip_norm:
             optimizer.step()
             return
-        # Horovod: gradients must be reduced before the scaler unscales them, and step() must
-        # not reduce them a second time.
+        # Horovod: gradients must be reduced before the scaler unscales them or they are
+        # clipped, and step() must not reduce them a second time.
         optimizer.synchronize()  # type: ignore[attr-defined]
         scaler.unscale_(optimizer)
+        if clip_norm:
+            clip_gradients(optimizer, clip_norm)
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
             scaler.step(optimizer)
         scaler.update()
@@ -268,7 +282,8 @@ class TorchDist(Dist):
         ]
         if missing:
             raise RuntimeError(
-                f"backend=ddp: {', '.join(missing)} not set; start the trainer with torchrun"
+                f"backend={self.name}: {', '.join(missing)} not set; start the trainer with "
+                "torchrun"
             )
         self._td = td
         self._cuda = torch.cuda.is_available()
@@ -330,6 +345,83 @@ class TorchDist(Dist):
         self._td.destroy_process_group()
 
 
+class FSDPDist(TorchDist):
+    """torch.distributed with FSDP2 (``fully_shard``, ZeRO-3): each rank keeps 1/N of every
+    parameter, gradient and optimizer state; a block's full parameters exist only while it
+    runs. Started like DDP (torchrun, or ``trainer.launch`` on Batch).
+
+    The device mesh has one dimension ("shard") over every rank, or with ``shard_within=node``
+    on more than one node two: ("replicate", "shard"), nodes by ranks within a node. Hybrid
+    sharding gathers parameters over NVLink only; only the gradient reduction between replicas
+    crosses InfiniBand. Ranks are numbered node by node (``trainer.launch``, torchrun), so the
+    rows of the mesh are nodes.
+    """
+
+    name = "fsdp"
+
+    def __init__(self, shard_within: str) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        super().__init__()
+        nodes = self.size // self.local_size
+        if shard_within == "node" and nodes > 1:
+            if self.size % self.local_size:
+                raise RuntimeError(
+                    f"shard_within=node: {self.size} ranks do not split into nodes of "
+                    f"{self.local_size}; use --shard-within world"
+                )
+            shape, names = (nodes, self.local_size), ("replicate", "shard")
+        else:
+            shape, names = (self.size,), ("shard",)
+        self.mesh = init_device_mesh("cuda" if self._cuda else "cpu", shape, mesh_dim_names=names)
+        # Created here, on every rank in the same order (creating a group is a collective).
+        self._background_group = self._td.new_group(backend="gloo")
+
+    @property
+    def sharded_state(self) -> bool:
+        return True
+
+    @property
+    def background_group(self) -> Any:
+        """The process group background checkpoint writes talk over: Gloo (DCP's collectives
+        carry small Python objects), and apart from training's, so a write's collectives never
+        interleave with a step's (torch's advice for ``async_save``)."""
+        return self._background_group
+
+    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from trainer.model import sharding_units
+
+        # Every rank shards the same starting point: rank 0's full parameters, sent before
+        # they are cut into shards (the other engines broadcast them after wrapping).
+        TorchDist.broadcast_parameters(self, model)
+        policy = MixedPrecisionPolicy()
+        if self._cuda and cfg.amp in ("auto", "bf16") and torch.cuda.is_bf16_supported():
+            # bf16 compute and all-gathers, fp32 gradient reduction and master weights.
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in sharding_units(model):
+            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        return model
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        @contextlib.contextmanager
+        def accumulate() -> Any:
+            model.set_requires_gradient_sync(False)  # type: ignore[operator]
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+        return accumulate()
+
+    def broadcast_parameters(self, model: nn.Module) -> None:
+        # The shards already came from rank 0's parameters (wrap_model); a resume loads each
+        # rank's shards from the sharded checkpoint.
+        return None
+
+
 def init_dist(cfg: TrainConfig) -> Dist:
     """Start the configured backend (``trainer.config.BACKENDS``)."""
     backend = cfg.backend
@@ -337,6 +429,8 @@ def init_dist(cfg: TrainConfig) -> Dist:
         return HorovodDist(cfg.horovod_cycle_time_ms, cfg.horovod_fusion_mb)
     if backend == "ddp":
         return TorchDist()
+    if backend == "fsdp":
+        return FSDPDist(cfg.shard_within)
     return LocalDist()
 
 

@@ -28,6 +28,7 @@ class StepParts:
     device: torch.device
     amp_dtype: torch.dtype | None
     accumulation_steps: int = 1
+    clip_norm: float = 0.0  # the gradients' global L2 norm is clipped to this (0: not clipped)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -40,6 +41,7 @@ class WindowMeter:
     """Sums over a logging window, kept on the device so steps never wait for the host."""
 
     device: torch.device
+    unit: str = "images"  # what one sample is: an image, or a language model's target token
     sums: torch.Tensor = field(init=False)
     images: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -66,8 +68,8 @@ class WindowMeter:
         return {
             "loss": loss_sum / max(count, 1),
             "accuracy": correct / max(count, 1),
-            "images_per_sec": total_rate / dist.size,
-            "images_per_sec_total": total_rate,
+            f"{self.unit}_per_sec": total_rate / dist.size,
+            f"{self.unit}_per_sec_total": total_rate,
         }
 
 
@@ -77,6 +79,8 @@ def train_step(
     """Forward/backward over ``accumulation_steps`` micro-batches, then one optimizer step.
 
     Returns the summed loss, correct predictions and sample count (device tensors, no sync).
+    A sample is an image (logits [batch, classes], labels [batch]) or, for a language model,
+    one target token (logits [batch, time, vocabulary], labels [batch, time]).
     """
     loss_sum = torch.zeros((), device=parts.device)
     correct = torch.zeros((), device=parts.device, dtype=torch.long)
@@ -88,12 +92,12 @@ def train_step(
         with sync:
             with parts.autocast():
                 logits = parts.model(images)
-                loss = parts.criterion(logits, labels)
+                loss = parts.criterion(logits.flatten(0, -2), labels.flatten())
             parts.scaler.scale(loss / len(micro_batches)).backward()
-        loss_sum += loss.detach().float() * labels.shape[0]
-        correct += (logits.detach().argmax(dim=1) == labels).sum()
-        count += labels.shape[0]
-    parts.dist.optimizer_step(parts.optimizer, parts.scaler)
+        loss_sum += loss.detach().float() * labels.numel()
+        correct += (logits.detach().argmax(dim=-1) == labels).sum()
+        count += labels.numel()
+    parts.dist.optimizer_step(parts.optimizer, parts.scaler, parts.clip_norm)
     parts.optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
     parts.scheduler.step()
     return loss_sum, correct, count
@@ -131,10 +135,10 @@ def evaluate(
     for images, labels in batches:
         with parts.autocast():
             logits = parts.model(images)
-            loss = parts.criterion(logits, labels)
-        sums[0] += loss.double() * labels.shape[0]
-        sums[1] += (logits.argmax(dim=1) == labels).sum().double()
-        sums[2] += labels.shape[0]
+            loss = parts.criterion(logits.flatten(0, -2), labels.flatten())
+        sums[0] += loss.double() * labels.numel()
+        sums[1] += (logits.argmax(dim=-1) == labels).sum().double()
+        sums[2] += labels.numel()
     loss_sum, correct, count = parts.dist.allreduce_sum(sums).tolist()
     parts.model.train()
     return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}

@@ -27,7 +27,8 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, sort_keys=True) + "\n")
         self._file.flush()
-        prefix = "val" if record.get("kind") == "eval" else "train"
+        kind = record.get("kind", "train")
+        prefix = {"eval": "val"}.get(kind, kind)
         for key, value in record.items():
             if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                 self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
@@ -41,8 +42,11 @@ class Progress:
     """A tqdm bar on a terminal; plain lines when output goes to a pipe or a log (horovodrun
     prefixes and line-buffers each worker's output, so carriage-return bars would garble it)."""
 
-    def __init__(self, start_step: int, total_steps: int, stream: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, start_step: int, total_steps: int, stream: TextIO = sys.stderr, unit: str = "images"
+    ) -> None:
         self.total = total_steps
+        self.rate_key, self.rate_label = f"{unit}_per_sec", {"images": "img", "tokens": "tok"}[unit]
         self.stream = stream
         self.started = time.monotonic()
         self.start_step = start_step
@@ -61,7 +65,7 @@ class Progress:
                 self._bar.set_postfix(
                     loss=f"{record['loss']:.4f}",
                     lr=f"{record['lr']:.4g}",
-                    img_s=f"{record['images_per_sec']:.0f}",
+                    **{f"{self.rate_label}_s": f"{record[self.rate_key]:.0f}"},
                 )
             return
         if record is None:
@@ -72,7 +76,7 @@ class Progress:
         print(
             f"step {step}/{self.total} epoch {record['epoch']} loss {record['loss']:.4f} "
             f"acc {record['accuracy']:.3f} lr {record['lr']:.4g} "
-            f"{record['images_per_sec']:.1f} img/s eta {eta:.0f}s",
+            f"{record[self.rate_key]:.1f} {self.rate_label}/s eta {eta:.0f}s",
             file=self.stream,
             flush=True,
         )

@@ -1,4 +1,4 @@
-"""ResNet v1.5 (18/34/50/101) and a tiny CNN for tests.
+"""ResNet v1.5 (18/34/50/101), a tiny CNN for tests, and the GPT decoders of ``trainer.lm``.
 
 Written here rather than imported from torchvision, whose CPU wheels do not import against the
 pinned torch. The layer layout and parameter counts match torchvision's: ResNet-50 with 1000
@@ -10,9 +10,14 @@ Imports torch only: no I/O and no distributed code.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
+
+from trainer.lm.model import build_gpt
+from trainer.lm.sizes import GPT_SIZES
 
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
@@ -149,9 +154,38 @@ _BUILDERS: dict[str, Callable[[int], nn.Module]] = {
 }
 
 
-def build_model(name: str, num_classes: int) -> nn.Module:
-    """Build a model by name (one of ``trainer.config.MODELS``)."""
-    return _BUILDERS[name](num_classes)
+def build_model(name: str, outputs: int, device: torch.device | str | None = None) -> nn.Module:
+    """Build a model by name (one of ``trainer.config.MODELS``) with ``outputs`` classes, or
+    for a language model a vocabulary of ``outputs`` tokens. ``device="meta"`` allocates
+    nothing (to count a large model's parameters)."""
+    if name in GPT_SIZES:
+        return build_gpt(name, outputs, device=device)
+    with torch.device(device or "cpu"):
+        return _BUILDERS[name](outputs)
+
+
+def sharding_units(model: nn.Module) -> list[nn.Module]:
+    """The blocks FSDP shards one by one (each gathers its parameters just before it runs and
+    frees them after, so peak memory holds one block's full parameters, not the model's) and
+    activation checkpointing recomputes: ResNet's residual blocks, a GPT's transformer blocks
+    (``model.blocks``). The tiny test CNN has none; the root then holds everything."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return list(blocks)
+    return [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+
+
+def checkpoint_activations(units: list[nn.Module]) -> None:
+    """Recompute each unit's activations in the backward pass instead of keeping them: memory
+    for one unit's activations at a time, for about one more forward pass of compute. The
+    forward is replaced on the instance, so parameter names (and checkpoints) do not change."""
+    for unit in units:
+        forward = unit.forward
+
+        def recomputed(*args: Any, _forward: Callable[..., Any] = forward) -> Any:
+            return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False)
+
+        unit.forward = recomputed  # type: ignore[method-assign]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -16,13 +16,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint, preflight
+from trainer import checkpoint, preflight, sharded_checkpoint
+from trainer.background_save import BackgroundWriter, cpu_copy
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import build_loaders
 from trainer.distributed import Dist
+from trainer.lm.sizes import GPT_SIZES, flops_per_token
+from trainer.lm.throughput import peak_tflops, throughput_metrics
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
-from trainer.model import build_model
+from trainer.model import build_model, checkpoint_activations, sharding_units
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.signals import StopRequest
 
@@ -42,8 +45,10 @@ class RunResult:
     start_step: int
     stopped_by: str
     last_metrics: dict[str, float]
-    images_per_sec: float
-    images_per_sec_total: float
+    # Samples per second: images, or a language model's tokens (``unit``).
+    samples_per_sec: float
+    samples_per_sec_total: float
+    unit: str
     model: nn.Module
 
 
@@ -166,10 +171,30 @@ class _Run:
             )
         self.position = RunPosition(epoch_world=dist.size)
 
-        model = build_model(cfg.model, cfg.num_classes).to(self.device)
+        # A language model's outputs are its data's vocabulary.
+        outputs = self.loaders.vocab_size or cfg.num_classes
+        model = build_model(cfg.model, outputs).to(self.device)
+        self.unit = "tokens" if cfg.language_model else "images"
+        # Samples of one batch: images, or target tokens (the batch's windows x context).
+        self.samples_per_batch = cfg.batch_size
+        self.flops_per_token = 0
+        if cfg.language_model:
+            size = GPT_SIZES[cfg.model]
+            self.samples_per_batch = cfg.batch_size * (cfg.context or size.context)
+            self.flops_per_token = flops_per_token(size, outputs)
+        self.peak_tflops = (
+            peak_tflops(torch.cuda.get_device_name(self.device))
+            if self.device.type == "cuda"
+            else None
+        )
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if cfg.activation_checkpointing:
+            checkpoint_activations(sharding_units(model))
         self.model = model
+        # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
+        # and the optimizer must step on those.
+        train_model = dist.wrap_model(model, cfg)
         self.lr_scale = dist.size  # gradients are averaged over every worker
         self.total_steps, self.schedule = self._plan()
         # The optimizer starts at the schedule's rate; the scheduler moves it from there.
@@ -178,7 +203,6 @@ class _Run:
         optimizer = dist.wrap_optimizer(optimizer, model, cfg)
         scheduler = build_lr_scheduler(optimizer, self.schedule, start)
         scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
-        train_model = dist.wrap_model(model, cfg)
         if cfg.compile:
             train_model = torch.compile(train_model)
         self.parts = StepParts(
@@ -191,19 +215,28 @@ class _Run:
             device=self.device,
             amp_dtype=amp_dtype,
             accumulation_steps=cfg.accumulation_steps,
+            clip_norm=cfg.grad_clip_norm,
         )
         self.last_saved_step = -1
+        self.saves = BackgroundWriter()
         self.writer: MetricsWriter | None = None
 
     # ------------------------------------------------------------------ run state
     def state_dict(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
         """What a checkpoint holds; ``rng`` is every rank's RNG state, in rank order."""
         return {
+            **self.trainer_state(rng),
+            "model": self.model.state_dict(),
+            "optimizer": self.parts.optimizer.state_dict(),
+        }
+
+    def trainer_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+        """A checkpoint's entries other than the model's and optimizer's tensors (a sharded
+        checkpoint keeps those in every rank's shards)."""
+        return {
             "config": self.cfg.to_dict(),
             **self.position.state_dict(),
             "world_size": self.dist.size,
-            "model": self.model.state_dict(),
-            "optimizer": self.parts.optimizer.state_dict(),
             # Not read back (the schedule is rebuilt at the position); kept for readers
             # of checkpoints written before offsets were recorded.
             "scheduler": self.parts.scheduler.state_dict(),
@@ -227,25 +260,33 @@ class _Run:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> None:
-        """Rank 0 loads the newest valid checkpoint; its position and state reach every rank."""
+        """Rank 0 finds the newest valid checkpoint; its position and state reach every rank
+        (the tensors by broadcast, or with sharded state from each rank's own shards)."""
         shared: dict[str, Any] | None = None
         path = error = None
         if self.dist.is_root:
-            latest = checkpoint.load_latest(self.checkpoint_dir)
+            latest = self._latest_checkpoint()
             if latest is not None:
                 path, state = latest
                 error = self._check_compatible(path, state["config"])
                 if error is None:
-                    self.load_state_dict(state)
                     shared = {k: v for k, v in state.items() if k not in _TENSOR_ENTRIES}
+                    if not self.dist.sharded_state:
+                        self.load_state_dict(state)
         shared, path, error = self.dist.broadcast_object((shared, path, error))
         if error:
             raise ConfigError(error)
-        self.dist.broadcast_training_state(self.model, self.parts.optimizer, shared is not None)
-        if shared is None:
-            return
-        if not self.dist.is_root:
+        if self.dist.sharded_state:
+            if shared is None:
+                return
+            self._load_shards(path)
             self.load_state_dict(shared)
+        else:
+            self.dist.broadcast_training_state(self.model, self.parts.optimizer, shared is not None)
+            if shared is None:
+                return
+            if not self.dist.is_root:
+                self.load_state_dict(shared)
         pos = self.position
         sampler = self.loaders.train.sampler
         sampler.set_epoch(pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world)
@@ -315,23 +356,118 @@ class _Run:
         return None
 
     # ------------------------------------------------------------------ checkpoints and logs
-    def save_checkpoint(self) -> None:
-        """A collective: gathers every rank's RNG state; rank 0 writes; a failure stops all."""
+    def _latest_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0: the newest checkpoint that loads, with its trainer state (and, single-file,
+        its tensors); unreadable ones are skipped with a warning."""
+        if not self.dist.sharded_state:
+            return checkpoint.load_latest(self.checkpoint_dir)
+        for _, path in sharded_checkpoint.list_checkpoints(self.checkpoint_dir):
+            try:
+                return path, sharded_checkpoint.read_trainer_state(path)
+            except Exception as err:
+                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                log.warning("skipping unreadable checkpoint %s: %s", path, reason)
+        return None
+
+    def _sharded_tensors(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.parts.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def _load_shards(self, path: Path) -> None:
+        """Every rank: its shards of the model and optimizer from ``path``, resharded by DCP
+        when another number of ranks wrote them."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        tensors = self._sharded_tensors()
+        sharded_checkpoint.read_shards(path, tensors)
+        set_state_dict(
+            self.model,
+            self.parts.optimizer,
+            model_state_dict=tensors["model"],
+            optim_state_dict=tensors["optimizer"],
+        )
+
+    def _agree(self, error: str | None) -> None:
+        """Every rank learns whether any rank's save failed, and the failure rank 0 saw (a
+        collective); then every rank raises it."""
+        if self.dist.any_rank(error is not None):
+            first = self.dist.broadcast_object(error)
+            raise checkpoint.CheckpointError(
+                first or "cannot write a checkpoint: another rank failed (its log says why)"
+            )
+
+    def _finish_saves(self) -> None:
+        """Wait for the write in flight, if any; its failure stops every rank (a collective)."""
+        self._agree(self.saves.wait())
+
+    def save_checkpoint(self, *, final: bool = False) -> None:
+        """A collective. Waits for the write in flight, takes a copy of the state (the stall
+        training sees) and writes it, in the background unless ``--no-checkpoint-async`` or
+        ``final`` (the run's last save returns once its bytes are on disk). Rank 0 writes a
+        single-file checkpoint; with sharded state every rank writes its shards. A failure on
+        any rank stops all."""
+        started = time.monotonic()
+        self._finish_saves()
         rng = self.dist.allgather_object(_rng_state())
+        background = self.cfg.checkpoint_async and not final
+        if self.dist.sharded_state:
+            self._start_sharded_save(rng, background)
+        else:
+            self._start_full_save(rng, background)
+        if not background:
+            self._finish_saves()
+        self.last_saved_step = self.position.step
+        stall = time.monotonic() - started
+        self.log(
+            {"kind": "checkpoint", "step": self.position.step, "stall_sec": stall},
+        )
+
+    def _start_full_save(self, rng: list[dict[str, Any]], background: bool) -> None:
+        if not self.dist.is_root:
+            return
+        state = self.state_dict(rng)
+        if background:  # the next steps change the live tensors while the copy is written
+            state = cpu_copy(state)
+        folder, step, keep = self.checkpoint_dir, self.position.step, self.cfg.keep_checkpoints
+
+        def write() -> None:
+            path = checkpoint.save(folder, step, state, keep)
+            log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+
+        self.saves.submit(write)
+
+    def _start_sharded_save(self, rng: list[dict[str, Any]], background: bool) -> None:
+        path = sharded_checkpoint.checkpoint_path(self.checkpoint_dir, self.position.step)
         error = None
         if self.dist.is_root:
-            state = self.state_dict(rng)
             try:
-                path = checkpoint.save(
-                    self.checkpoint_dir, self.position.step, state, self.cfg.keep_checkpoints
-                )
-                log.info(CHECKPOINT_WRITTEN, path, os.getuid())
-            except checkpoint.CheckpointError as err:
-                error = str(err)
-        error = self.dist.broadcast_object(error)
-        if error:
-            raise checkpoint.CheckpointError(error)
-        self.last_saved_step = self.position.step
+                sharded_checkpoint.prepare_folder(path)
+            except OSError as err:
+                error = str(sharded_checkpoint.save_error(path, err))
+        self._agree(error)
+        try:
+            # In the background: DCP copies this rank's shards to memory now, writes them later.
+            group = self.dist.background_group if background else None
+            pending = sharded_checkpoint.start_writing(path, self._sharded_tensors(), group)
+        except Exception as err:
+            error = str(sharded_checkpoint.save_error(path, err))
+        self._agree(error)
+        state = cpu_copy(self.trainer_state(rng)) if self.dist.is_root else None
+        keep = self.cfg.keep_checkpoints
+
+        def write() -> None:
+            try:
+                if pending is not None:
+                    pending.result()  # every rank's shards and DCP's metadata are written
+                if state is not None:  # rank 0: the trainer state, then the marker
+                    sharded_checkpoint.complete(path, state, keep)
+                    log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+            except Exception as err:
+                raise sharded_checkpoint.save_error(path, err) from None
+
+        self.saves.submit(write)
 
     def log(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
@@ -343,21 +479,21 @@ class _Run:
         start_step = pos.step
         if dist.is_root:
             self.writer = MetricsWriter(self.output_dir)
-        progress = Progress(start_step, self.total_steps) if dist.is_root else None
-        meter = WindowMeter(self.device)
+        progress = Progress(start_step, self.total_steps, unit=self.unit) if dist.is_root else None
+        meter = WindowMeter(self.device, self.unit)
         last: dict[str, float] = {}
         due = pos.step < self.total_steps or self._epoch_end_due()
         stopped_by: str | None = None if due else "already_complete"
         global_batch = cfg.batch_size * cfg.accumulation_steps * dist.size
-        run_images = 0
+        run_samples = 0
         started = time.monotonic()
 
         def after_step() -> bool:
-            nonlocal last, stopped_by, run_images
+            nonlocal last, stopped_by, run_samples
             pos.step += 1
             pos.step_in_epoch += 1
             pos.epoch_offset += global_batch
-            run_images += cfg.batch_size * cfg.accumulation_steps
+            run_samples += self.samples_per_batch * cfg.accumulation_steps
             signalled = dist.any_rank(self.stop.requested)
             reasons = [
                 ("signal", signalled),
@@ -372,6 +508,12 @@ class _Run:
             record = None
             if pos.step % cfg.log_every == 0 or final or pos.step_in_epoch == self.steps_per_epoch:
                 last = meter.reduce(dist)
+                if self.flops_per_token:
+                    last.update(
+                        throughput_metrics(
+                            last["tokens_per_sec"], self.flops_per_token, self.peak_tflops
+                        )
+                    )
                 record = {
                     "kind": "train",
                     "step": pos.step,
@@ -415,8 +557,13 @@ class _Run:
                     pos.epoch_world = dist.size
                     self.save_checkpoint()
             if self.last_saved_step != pos.step:
-                self.save_checkpoint()
+                self.save_checkpoint(final=True)
+            else:  # the epoch-end save, maybe still in flight
+                self._finish_saves()
         finally:
+            # An error ended the run: a write in flight still finishes (it is atomic and
+            # complete, or it is never loaded); nothing waits for the other ranks any more.
+            self.saves.close()
             if progress is not None:
                 progress.close()
             if self.writer is not None:
@@ -425,7 +572,7 @@ class _Run:
         elapsed = max(time.monotonic() - started, 1e-9)
         total_rate = float(
             dist.allreduce_sum(
-                torch.tensor([run_images / elapsed], dtype=torch.float64, device=self.device)
+                torch.tensor([run_samples / elapsed], dtype=torch.float64, device=self.device)
             ).item()
         )
         return RunResult(
@@ -434,8 +581,9 @@ class _Run:
             start_step=start_step,
             stopped_by=stopped_by or "epochs",
             last_metrics=last,
-            images_per_sec=total_rate / dist.size,
-            images_per_sec_total=total_rate,
+            samples_per_sec=total_rate / dist.size,
+            samples_per_sec_total=total_rate,
+            unit=self.unit,
             model=self.model,
         )
 

@@ -114,7 +114,7 @@ def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(s
     second = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert second.returncode == 1
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "No space left on device" in errors[0]
+    assert len(errors) == 1 and "No space left on device" in errors[0], second.stderr[-3000:]
     assert "Traceback" not in second.stderr
     assert checkpoint.list_checkpoints(output / "checkpoints") == before
     assert checkpoint.load_latest(output / "checkpoints") is not None

@@ -36,7 +36,7 @@ from tests.infra.container import (
 from tests.infra.fake_batch import FakeBatch
 from trainer.cli import parse
 from trainer.launch.supervisor import build_parser as launch_parser
-from trainer.launch.supervisor import output_dir_of
+from trainer.launch.supervisor import engine_of, output_dir_of
 
 SPEC = JobSpec(
     stack="vision-prod",
@@ -282,6 +282,114 @@ def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_p
     (worker,) = ran.read_text().splitlines()
     assert worker.startswith("0/1 gloo nccl=0 -m trainer --model tiny --backend horovod")
     assert "--preflight-min-busbw" not in worker
+
+
+def _trainer_file(tmp_path, text: str):
+    """A stack's trainer settings file, read and validated as the stack reads it."""
+    from infra.trainer_settings import TrainerSettings
+
+    path = tmp_path / "trainer.yaml"
+    path.write_text(text, encoding="utf-8")
+    return TrainerSettings.read(path.name, tmp_path)
+
+
+def _spec_of(settings, **changes) -> JobSpec:
+    from infra.trainer_settings import trainer_flags
+
+    return _spec(trainer_args=trainer_flags(settings), **changes)
+
+
+def test_a_stack_that_chooses_ddp_runs_the_launcher_on_a_ddp_trainer(node):
+    """The trainer settings choose the engine; the job passes it once, where both the launcher
+    (which starts that engine's workers) and the trainer read it."""
+    tmp_path = node[3]
+    spec = _spec_of(_trainer_file(tmp_path, "model: resnet50\nbackend: ddp\nbatch_size: 256\n"))
+    task = task_options(spec)
+    coordination = _run(node, task.multi_instance_settings.coordination_command_line)
+    application = _run(node, task.command_line)
+    for argv in (coordination, application):
+        args = launch_parser().parse_args(argv[2:])
+        trainer = args.command
+        assert trainer[:3] == ["python", "-m", "trainer"]
+        assert trainer[3:9] == ["--model", "resnet50", "--backend", "ddp", "--batch-size", "256"]
+        assert trainer.count("--backend") == 1 and "horovod" not in trainer
+        assert engine_of(trainer) == "ddp"  # what the launcher starts
+        assert parse(trainer[3:]).config.backend == "ddp"  # what the trainer runs
+    # A new engine is a new job and a new run (an engine's checkpoints belong to its run).
+    horovod = _spec_of(_trainer_file(tmp_path, "model: resnet50\nbatch_size: 256\n"))
+    assert spec.job_id != horovod.job_id and spec.run_name != horovod.run_name
+
+
+def test_a_stack_that_chooses_no_engine_or_horovod_keeps_todays_command_line_and_ids(tmp_path):
+    """Existing stacks: no replaced job, no new run folder, the same command line."""
+    unset = _spec_of(_trainer_file(tmp_path, "model: resnet50\nbatch_size: 256\n"))
+    named = _spec_of(
+        _trainer_file(tmp_path, "model: resnet50\nbackend: horovod\nbatch_size: 256\n")
+    )
+    assert (
+        unset.trainer_args == named.trainer_args == ("--model", "resnet50", "--batch-size", "256")
+    )
+    assert (unset.job_id, unset.run_name) == (named.job_id, named.run_name)
+    command = trainer_command(named)
+    assert command[:9] == [
+        "python", "-m", "trainer", "--model", "resnet50", "--batch-size", "256",
+        "--backend", "horovod",
+    ]  # fmt: skip
+    assert command == trainer_command(unset) and command.count("--backend") == 1
+
+
+def test_a_stack_that_chooses_backend_local_is_refused_in_one_line(tmp_path):
+    from infra.config import ConfigError, job_settings
+
+    path = tmp_path / "local.yaml"
+    path.write_text("model: tiny\nbackend: local\n", encoding="utf-8")
+    values = {"jobs": {"small": {"trainerConfig": str(path)}}, "node_count": 2, "spot_nodes": 0}
+    with pytest.raises(ConfigError) as refused:
+        job_settings(values, {"jobs"})
+    message = str(refused.value)
+    assert message.startswith(f"jobs.small.trainerConfig={path}: backend=local: ")
+    assert "set backend to one of them" in message and "horovod, ddp, fsdp" in message
+    assert "\n" not in message
+
+
+# python on a CPU node, for a ddp job: a worker records the torch.distributed variables it got.
+DDP_WORKER_STUB = """#!/bin/bash
+if [ "$1" = -m ] && [ "$2" = trainer ]; then
+    echo "$RANK/$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE node=$GROUP_RANK" \\
+        "master=$MASTER_ADDR:$MASTER_PORT hvd=${HOROVOD_RANK:-none} $*" >> "$WORKERS_RAN"
+    exit 0
+fi
+exec %s "$@"
+"""
+
+
+def test_a_cpu_node_starts_a_ddp_jobs_worker_the_torchrun_way(tmp_path):
+    """The ddp job's task command lines run as a node runs them, the launcher for real: its
+    worker gets torch.distributed's variables, MASTER_PORT beside the launcher's own port."""
+    from tests.parallel.launch_nodes import free_port, held_port
+
+    trainer = _trainer_file(tmp_path, "model: tiny\nbackend: ddp\n")
+    spec = _spec_of(trainer, vm_size="Standard_D2s_v5", node_count=1)
+    task = task_options(spec)
+    rendezvous = free_port()
+    with held_port() as batch_port:
+        env, workdir, ran = one_node_pool(
+            tmp_path, DDP_WORKER_STUB, spec.job_id, batch_port, rendezvous
+        )
+        coordination = run_in_container(
+            task.multi_instance_settings.coordination_command_line, env, workdir
+        )
+        assert coordination.returncode == 0, coordination.stderr
+        report = run_in_container(task.command_line, env, workdir)
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "starting 1 worker(s) (attempt " in report.stdout
+    assert f", ddp on 127.0.0.1:{rendezvous + 1}" in report.stdout
+    assert "every node finished" in report.stdout.splitlines()[-1]
+    (worker,) = ran.read_text().splitlines()
+    assert worker.startswith(
+        f"0/1 local=0/1 node=0 master=127.0.0.1:{rendezvous + 1} hvd=none "
+        "-m trainer --model tiny --backend ddp --output-dir "
+    )
 
 
 def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):

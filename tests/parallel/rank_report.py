@@ -18,11 +18,19 @@ HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
 
 
 def params_sha256(model) -> str:
-    """A digest of every parameter's name and bytes: equal on ranks that hold the same model."""
+    """A digest of every parameter's name and bytes: equal on ranks that hold the same model.
+    FSDP's shards are gathered first (a collective: every rank calls this)."""
+    return named_tensors_sha256(
+        (name, param.full_tensor() if hasattr(param, "full_tensor") else param)
+        for name, param in model.named_parameters()
+    )
+
+
+def named_tensors_sha256(named) -> str:
     digest = hashlib.sha256()
-    for name, param in sorted(model.named_parameters()):
+    for name, tensor in sorted(named, key=lambda item: item[0]):
         digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -36,6 +44,7 @@ def main() -> None:
         "step": result.step,
         "params_sha256": params_sha256(result.model),
         "metrics": result.last_metrics,
+        "mesh": list(dist.mesh.shape) if hasattr(dist, "mesh") else None,
         # What Horovod read at init (set from the config unless the environment had them).
         "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},
     }

@@ -26,12 +26,15 @@ def test_two_step_run_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     result = train(tiny_config(tmp_path, max_steps=2, log_every=5), LocalDist())
     assert (result.step, result.stopped_by) == (2, "max_steps")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    last = records[-1]
+    last = [r for r in records if r["kind"] == "train"][-1]
     assert last["step"] == 2  # the last step is logged even off the log_every grid
+    # Each save's training-visible stall; the run's last save waits until written.
+    assert [(r["kind"], r["step"]) for r in records[-1:]] == [("checkpoint", 2)]
+    assert records[-1]["stall_sec"] > 0
     assert {"step", "epoch", "loss", "lr", "images_per_sec"} <= set(last)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [2]
-    assert result.images_per_sec > 0
+    assert result.samples_per_sec > 0
 
 
 def test_rerun_resumes_and_counts_earlier_steps(tmp_path):

@@ -100,3 +100,34 @@ def test_a_checkpoint_without_offsets_is_still_loaded(tmp_path):
     checkpoint.save(tmp_path, 3, older, keep=1)
     _, loaded = checkpoint.load_latest(tmp_path)
     assert checkpoint.epoch_position(loaded) == (3 * 4 * 2, 2)
+
+
+def test_a_background_copy_is_not_changed_by_the_steps_that_follow():
+    from trainer.background_save import cpu_copy
+
+    weights = torch.zeros(4)
+    state = {"model": {"w": weights}, "rng": [torch.ones(2)], "step": 3}
+    copy = cpu_copy(state)
+    weights.add_(1.0)  # the next optimizer step, in place
+    assert torch.equal(copy["model"]["w"], torch.zeros(4)) and copy["step"] == 3
+
+
+def test_at_most_one_background_write_is_in_flight_and_its_error_is_one_line():
+    import threading
+
+    from trainer.background_save import BackgroundWriter
+
+    release = threading.Event()
+    writer = BackgroundWriter()
+    writer.submit(release.wait)
+    with pytest.raises(RuntimeError, match="already in flight"):
+        writer.submit(lambda: None)
+    release.set()
+    assert writer.wait() is None and not writer.busy
+
+    def fails() -> None:
+        raise checkpoint.CheckpointError("cannot write /x/step-000000002.pt: No space left\nmore")
+
+    writer.submit(fails)
+    assert writer.wait() == "cannot write /x/step-000000002.pt: No space left"
+    writer.close()

@@ -16,15 +16,21 @@ from trainer.launch.fabric import (
     worker_environment,
     workers_per_node,
 )
+from trainer.launch.rendezvous import torch_worker_env
 from trainer.launch.supervisor import (
     DEFAULT_PORT,
     INTERRUPTED_EXIT,
     LaunchError,
+    Node,
     Outcome,
     RunRecords,
     check_writable,
+    engine_of,
+    main,
     output_dir_of,
     read_batch_environment,
+    torch_master_port,
+    worker_envs,
 )
 
 BATCH = {
@@ -217,3 +223,107 @@ def test_report_refuses_a_missing_or_stale_record(tmp_path):
         records.report(ENV, io.StringIO())
     assert json.loads(records.current.read_text())["hosts"] == ["10.0.0.9"]
     assert os.path.basename(records.root) == "logs"
+
+
+# ---------------------------------------------------------------- engines
+
+TRAINER = ["python", "-m", "trainer", "--model", "tiny", "--output-dir", "/r"]
+TORCH_VARIABLES = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+    "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME",
+}  # fmt: skip
+
+
+def test_the_engine_is_read_from_the_worker_command_as_the_trainer_reads_it(tmp_path):
+    assert engine_of(TRAINER) == "horovod"  # the trainer's default, as before engines
+    assert engine_of([*TRAINER, "--backend", "ddp"]) == "ddp"
+    assert engine_of([*TRAINER, "--backend=fsdp"]) == "fsdp"
+    assert engine_of([*TRAINER, "--backend", "ddp", "--backend", "horovod"]) == "horovod"
+    settings = tmp_path / "run.yaml"
+    settings.write_text("backend: fsdp\nmodel: tiny\n")
+    assert engine_of([*TRAINER, "--config", str(settings)]) == "fsdp"
+    assert engine_of([*TRAINER, "--config", str(settings), "--backend", "ddp"]) == "ddp"
+    settings.write_text("model: tiny\n")
+    assert engine_of([*TRAINER, "--config", str(settings)]) == "horovod"
+    # Not the trainer (a stand-in, a script): Horovod's variables, as the launcher always gave.
+    assert engine_of(["python", "-c", "print(1)", "--output-dir", "/r"]) == "horovod"
+    assert engine_of([*TRAINER, "--help", "--backend", "ddp"]) == "ddp"  # the worker answers
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--backend", "local"], "backend=local: the launcher starts horovod, ddp, fsdp workers"),
+        (["--backend", "mpi"], "backend=mpi: the launcher starts horovod, ddp, fsdp workers"),
+        (["--config", "/nonexistent/run.yaml"], r"config=/nonexistent/run\.yaml: cannot read"),
+    ],
+)
+def test_an_engine_the_launcher_cannot_start_is_one_line(extra, message):
+    with pytest.raises(LaunchError, match=message) as refused:
+        engine_of([*TRAINER, *extra])
+    assert "\n" not in str(refused.value)
+
+
+def test_backend_local_stops_the_launcher_before_anything_starts(monkeypatch, capsys):
+    for key, value in BATCH.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--workers-per-node", "1", "--", *TRAINER, "--backend", "local"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: backend=local: ") and err.count("\n") == 1
+    assert "run python -m trainer without the launcher" in err
+
+
+def _node(index: int, port: int = 6105) -> Node:
+    hosts = ["10.0.0.4", "10.0.0.5"]
+    return Node(hosts, index, "10.0.0.4", port, index == 0, "eth0")
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_torch_engines_get_torchruns_variables_with_global_ranks_node_by_node(engine):
+    base = {"PATH": "/bin", "MASTER_PORT": "6105", "NCCL_SOCKET_IFNAME": "eth0"}
+    port = torch_master_port(6105, {"AZ_BATCH_MASTER_NODE": "10.0.0.4:6000"})
+    assert port == 6106  # beside the launchers' own store, never Batch's 6000
+    assert torch_master_port(5999, {"AZ_BATCH_MASTER_NODE": "10.0.0.4"}) == 6000
+    envs = [env for index in (0, 1) for env in worker_envs(engine, _node(index), 8, base, port)]
+    assert [env["RANK"] for env in envs] == [str(rank) for rank in range(16)]
+    assert {env["WORLD_SIZE"] for env in envs} == {"16"}
+    assert [env["LOCAL_RANK"] for env in envs] == [str(local) for local in range(8)] * 2
+    assert {env["LOCAL_WORLD_SIZE"] for env in envs} == {"8"}
+    assert [env["GROUP_RANK"] for env in envs] == ["0"] * 8 + ["1"] * 8
+    assert all(env["NODE_RANK"] == env["GROUP_RANK"] for env in envs)
+    assert {env["GROUP_WORLD_SIZE"] for env in envs} == {"2"}
+    # Every rank meets rank 0's store on the master node, on the port after the rendezvous.
+    assert {(env["MASTER_ADDR"], env["MASTER_PORT"]) for env in envs} == {("10.0.0.4", "6106")}
+    assert {env["GLOO_SOCKET_IFNAME"] for env in envs} == {"eth0"}
+    assert all(env["PATH"] == "/bin" and env["NCCL_SOCKET_IFNAME"] == "eth0" for env in envs)
+    assert not any(key.startswith("HOROVOD_") for env in envs for key in env)
+    assert set(torch_worker_env("10.0.0.4", 6106, "eth0", 2, 1, 8, 7)) == TORCH_VARIABLES | {
+        "PYTHONUNBUFFERED"
+    }
+
+
+def test_horovod_workers_keep_horovods_variables_and_the_inherited_master_port():
+    base = {"PATH": "/bin", "MASTER_PORT": "6105"}
+    envs = [env for index in (0, 1) for env in worker_envs("horovod", _node(index), 8, base)]
+    assert [env["HOROVOD_RANK"] for env in envs] == [str(rank) for rank in range(16)]
+    assert {env["HOROVOD_GLOO_RENDEZVOUS_PORT"] for env in envs} == {"6105"}
+    assert {env["MASTER_PORT"] for env in envs} == {"6105"}  # inherited, untouched
+    assert not any(key in TORCH_VARIABLES - {"MASTER_PORT"} for env in envs for key in env)
+
+
+@pytest.mark.parametrize(
+    ("rendezvous", "batch_master", "message"),
+    [
+        (65535, "10.0.0.4:6000", "next port, 65536, which is not a TCP port"),
+        (5999, "10.0.0.4:6000", "next port, 6000, which is Batch's own"),
+    ],
+)
+def test_a_torch_port_that_cannot_be_used_is_one_line_naming_the_fix(
+    rendezvous, batch_master, message
+):
+    with pytest.raises(LaunchError, match=message) as refused:
+        torch_master_port(rendezvous, {"AZ_BATCH_MASTER_NODE": batch_master})
+    assert "set MASTER_PORT or --port to another port" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -1,7 +1,9 @@
-"""``python -m trainer.data prepare|upload|stage``: build, ship and stage sharded datasets.
+"""``python -m trainer.data prepare|prepare-text|upload|stage``: build, ship and stage sharded
+datasets.
 
 Bad input and failed transfers end with one line naming the file, blob or setting and exit
-code 2; prepare checks every image before it writes a shard.
+code 2; prepare checks every image before it writes a shard, prepare-text every text file
+before it replaces one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from pathlib import Path
 from trainer.cli import OneLineParser, fail, positive_int
 from trainer.data.errors import DataError
 from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepare
+from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
+from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
 
 
@@ -31,6 +35,23 @@ def build_parser() -> OneLineParser:
     )
     prep.add_argument("--processes", type=positive_int, default=None, help="default: all cores")
     prep.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
+    text = commands.add_parser("prepare-text", help="text files -> token shards + manifest.json")
+    text.add_argument("src", type=Path, help="a UTF-8 text file, or a folder of .txt files")
+    text.add_argument("out", type=Path, help="output folder (empty, or an earlier prepare-text's)")
+    text.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a tokenizer.json (tokenizers library) with an end-of-text token; default: UTF-8 "
+        "bytes plus end-of-text (257 ids)",
+    )
+    text.add_argument("--shard-mb", type=float, default=DEFAULT_TEXT_SHARD_MB, help="shard MB")
+    text.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        help="share of the tokens (the end of the stream) kept for validation",
+    )
     for name, helptext in (("upload", "shards -> Blob"), ("stage", "Blob -> local/NFS folder")):
         sub = commands.add_parser(name, help=helptext)
         if name == "upload":
@@ -57,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
                 max_short_side=args.max_short_side,
                 processes=args.processes,
                 strict=args.strict,
+            )
+        elif args.command == "prepare-text":
+            prepare_text(
+                args.src,
+                args.out,
+                tokenizer=args.tokenizer,
+                shard_mb=args.shard_mb,
+                val_fraction=args.val_fraction,
             )
         elif args.command == "upload":
             container = container_client(args.account_url, args.container)

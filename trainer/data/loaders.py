@@ -1,6 +1,7 @@
 """``build_loaders``: the train and validation batches for one rank, on its device, from
 synthetic tensors, an image folder or prepared shards, optionally through a memory cache
-(``--cache-scope node``: one copy per node, shared; ``rank``: each rank its fixed part)."""
+(``--cache-scope node``: one copy per node, shared; ``rank``: each rank its fixed part); for a
+language model, windows of tokens from ``prepare-text``'s shards or synthetic tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from trainer.config import TrainConfig
 from trainer.data.cache import MemoryCache, Source
@@ -22,7 +23,9 @@ from trainer.data.node_memory import Collectives, NodeGroup
 from trainer.data.sampler import PartSampler, RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
+from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
+from trainer.lm.sizes import GPT_SIZES
 
 
 class Loader(Protocol):
@@ -44,6 +47,8 @@ class Loaders:
     train: Loader
     val: Loader | None
     batches_per_epoch: int
+    # A language model's vocabulary (the token data's), None for images.
+    vocab_size: int | None = None
 
 
 class DeviceLoader:
@@ -66,6 +71,81 @@ class DeviceLoader:
             # uint8 travels to the device; normalizing there is one fused pass per batch.
             images = normalize(images.to(self.device, non_blocking=True))
             yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
+
+
+class TokenDeviceLoader(DeviceLoader):
+    """(inputs, targets) token windows on the device: nothing to normalize."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for inputs, targets in self.loader:
+            yield inputs.to(self.device, non_blocking=True), targets.to(self.device)
+
+
+class _Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """The samplers' ``(index, epoch)`` keys -> a token dataset's windows (no augmentation)."""
+
+    def __init__(self, windows: TokenDataset | SyntheticTokens) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.windows[key[0]]
+
+
+def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Loaders:
+    context = cfg.context or GPT_SIZES[cfg.model].context
+    if cfg.data == "tokens":
+        root = Path(cfg.data_dir or "")
+        train_set = TokenDataset(root, "train", context)
+        vocab = train_set.vocab_size
+        if cfg.vocab_size not in (None, vocab):
+            raise DataError(
+                f"vocab_size={cfg.vocab_size}: {root} holds tokens of a {vocab}-token "
+                f"vocabulary; leave --vocab-size unset or set it to {vocab}"
+            )
+        has_val = "val" in train_set.manifest.splits
+        val_set = TokenDataset(root, "val", context) if has_val else None
+        workers = cfg.loader_workers
+    else:
+        vocab = cfg.vocab_size or BYTE_VOCAB
+        train_set = SyntheticTokens(cfg.synthetic_size, context, vocab, seed=cfg.seed)
+        val_set = SyntheticTokens(cfg.batch_size * world, context, vocab, seed=cfg.seed + 1)
+        workers = 0  # made on the fly from (seed, index): nothing to overlap
+    loaders: list[TokenDeviceLoader | None] = []
+    for dataset, train in ((train_set, True), (val_set, False)):
+        sampler = RankSampler(
+            len(dataset) if dataset is not None else 0,
+            world,
+            rank,
+            cfg.batch_size,
+            shuffle=train,
+            seed=cfg.seed,
+        )
+        if dataset is None or sampler.batches_per_epoch == 0:
+            if train:
+                raise DataError(
+                    f"{cfg.data} data: {len(train_set)} windows of {context} tokens give no "
+                    f"full batch of {cfg.batch_size} per worker for {world} workers: lower "
+                    "--batch-size or --context, or add text"
+                )
+            loaders.append(None)  # too little validation text for one batch: no evaluation
+            continue
+        loader = DataLoader(
+            _Windows(dataset),
+            batch_size=cfg.batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            multiprocessing_context="forkserver" if workers else None,
+            persistent_workers=workers > 0,
+        )
+        loaders.append(TokenDeviceLoader(loader, sampler, device, channels_last=False))
+    train_loader, val_loader = loaders
+    assert train_loader is not None
+    return Loaders(train_loader, val_loader, train_loader.sampler.batches_per_epoch, vocab)
 
 
 def _file_loader(
@@ -172,6 +252,8 @@ def build_loaders(
     With a memory cache, ``dist`` (every rank's, all calling this together) finds the ranks
     on this node; without it this process is alone on its node and ``ranks_per_node`` estimates
     what a rank-scope cache's neighbours hold."""
+    if cfg.language_model:
+        return _token_loaders(cfg, rank, world, device)
     if cfg.data == "synthetic":
         sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
         if sampler.batches_per_epoch == 0:

@@ -1,6 +1,9 @@
-"""Horovod's Gloo rendezvous as the node launcher runs it: the master serves it, and every
-worker gets the variables ``horovodrun --gloo`` would set. Only the launcher package imports
-``horovod.runner``; the workers' own communication lives in ``trainer.distributed``.
+"""How the node launcher's workers meet, for each engine. Horovod: the master serves Horovod's
+Gloo rendezvous, and every worker gets the variables ``horovodrun --gloo`` would set.
+torch.distributed (``trainer.config.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
+variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
+launcher package imports ``horovod.runner``; the workers' own communication lives in
+``trainer.distributed``.
 """
 
 from __future__ import annotations
@@ -49,5 +52,30 @@ def gloo_worker_env(
         "HOROVOD_LOCAL_SIZE": str(slots),
         "HOROVOD_CROSS_RANK": str(node),
         "HOROVOD_CROSS_SIZE": str(len(hosts)),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def torch_worker_env(
+    master_ip: str, port: int, iface: str, nodes: int, node: int, slots: int, local: int
+) -> dict[str, str]:
+    """The variables ``torchrun --nnodes {nodes} --nproc-per-node {slots} --node-rank {node}``
+    would give worker ``local``: torch.distributed's ``env://`` rendezvous, where rank 0 serves
+    a TCPStore on ``master_ip:port`` and every other rank connects to it. Ranks are numbered as
+    Horovod's are (node by node), so rank 0 is on the master node, whose address this is."""
+    return {
+        "MASTER_ADDR": master_ip,
+        "MASTER_PORT": str(port),
+        "RANK": str(node * slots + local),
+        "WORLD_SIZE": str(nodes * slots),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(slots),
+        "GROUP_RANK": str(node),
+        "NODE_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        # Gloo (torch's CPU collectives) uses the interface of this node's Batch address, as
+        # HOROVOD_GLOO_IFACE makes Horovod's Gloo do; NCCL has its own setting from the VM size
+        # (trainer.launch.fabric).
+        "GLOO_SOCKET_IFNAME": iface,
         "PYTHONUNBUFFERED": "1",
     }

@@ -3,11 +3,14 @@
 Runs on every node of a multi-instance task. From the Batch environment it learns the nodes
 (``AZ_BATCH_HOST_LIST``), the master's address (the IP of ``AZ_BATCH_MASTER_NODE``) and whether
 it is the master; the master serves Horovod's Gloo rendezvous on ``MASTER_PORT`` (default 6105,
-or ``--port``), and every node starts one worker per GPU (one on a size without GPUs) with the
-variables ``horovodrun --gloo`` would set. No SSH daemon, keys or passwords; NCCL carries GPU
-tensors over InfiniBand with the VM size's settings (``trainer.launch.fabric``). The worker
-command runs as given: the job (``infra/job.py``) builds it complete, the size's preflight
-floor included.
+or ``--port``), which also holds the launchers' own keys, and every node starts one worker per
+GPU (one on a size without GPUs). The worker command's engine (its ``--backend``, read as the
+trainer reads it: ``engine_of``) decides their variables: for Horovod those ``horovodrun --gloo``
+would set; for a torch.distributed engine (ddp, fsdp) those ``torchrun`` would set, with
+``MASTER_PORT`` the rendezvous port + 1 (``torch_master_port``). No SSH daemon, keys or
+passwords; NCCL carries GPU tensors over InfiniBand with the VM size's settings
+(``trainer.launch.fabric``). The worker command runs as given: the job (``infra/job.py``) builds
+it complete, the engine and the size's preflight floor included.
 
 Failures end the whole job, never hang it: a launcher whose worker fails records it in the
 rendezvous store and stops its workers; every launcher polls the store (and treats a master
@@ -44,17 +47,29 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
+import yaml
 
 from trainer.cli import OneLineParser, fail
+from trainer.cli import build_parser as trainer_parser
+from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS
 from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
-from trainer.launch.rendezvous import gloo_worker_env, start_gloo_rendezvous
+from trainer.launch.rendezvous import gloo_worker_env, start_gloo_rendezvous, torch_worker_env
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
 # instead, "port 6105 is a good default choice"
 # (articles/batch/batch-compute-node-environment-variables.md).
 DEFAULT_PORT = 6105
+# torch.distributed's env:// rendezvous: rank 0 (on the master) serves torch's TCPStore on
+# MASTER_ADDR:MASTER_PORT. The master already listens on the rendezvous port (the launchers' own
+# store, which every engine's launchers use) and Batch on the port in AZ_BATCH_MASTER_NODE, so
+# the TCPStore takes the port after the rendezvous port: one setting (MASTER_PORT or --port)
+# places both, and the workers' inherited MASTER_PORT (the launchers') is replaced by it.
+TORCH_PORT_OFFSET = 1
+# The engines the launcher starts: Horovod, and those started the way torchrun starts them.
+# (``local`` is one process without a process group: nothing to launch on several nodes.)
+LAUNCHED_BACKENDS = ("horovod", *TORCH_DISTRIBUTED_BACKENDS)
 POLL_SECONDS = 0.5
 MASTER_WAIT_SECONDS = 300
 # The report's exit code when the workers were stopped by a signal (and checkpointed): the run
@@ -112,6 +127,20 @@ def rendezvous_port(env: dict[str, str], option: int | None) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise LaunchError(f"{source}={text}: expected a TCP port number 1-65535")
     return int(text)
+
+
+def torch_master_port(rendezvous: int, env: dict[str, str]) -> int:
+    """The ``MASTER_PORT`` of torch.distributed workers: the port after the rendezvous port
+    (``TORCH_PORT_OFFSET``), which must exist and must not be the one Batch reserves."""
+    port = rendezvous + TORCH_PORT_OFFSET
+    batch_port = env.get("AZ_BATCH_MASTER_NODE", "").partition(":")[2]
+    if port > 65535 or str(port) == batch_port:
+        why = "is not a TCP port" if port > 65535 else "is Batch's own (AZ_BATCH_MASTER_NODE)"
+        raise LaunchError(
+            f"rendezvous port {rendezvous}: torch.distributed's store takes the next port, "
+            f"{port}, which {why}; set MASTER_PORT or --port to another port"
+        )
+    return port
 
 
 def host_list(env: dict[str, str]) -> list[str]:
@@ -393,6 +422,67 @@ def output_dir_of(command: list[str]) -> Path | None:
     return Path(found) if found else None
 
 
+def engine_of(command: list[str]) -> str:
+    """The engine the worker command trains on, read as the trainer reads it (its own parser,
+    so ``--backend X``, ``--backend=X``, the last one winning): the flag, else the ``backend``
+    of its ``--config`` file, else the trainer's default. A command that is not the trainer
+    (a test's stand-in, a script) has no ``--backend`` and gets the default, Horovod's
+    variables, as it always has. The job (``infra/batch.py``) always writes ``--backend``."""
+    # --help would make the parser print and exit: the worker answers it, not the launcher.
+    words = [word for word in command if word not in ("-h", "--help")]
+    known = vars(trainer_parser().parse_known_args(words)[0])
+    backend = known.get("backend")
+    if backend is None and known.get("config") is not None:
+        path = known["config"]
+        try:
+            values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            reason = getattr(err, "strerror", None) or type(err).__name__
+            raise LaunchError(
+                f"config={path}: cannot read the worker's settings ({reason})"
+            ) from None
+        if isinstance(values, dict) and values.get("backend") is not None:
+            backend = str(values["backend"])
+    backend = backend or DEFAULTS.backend
+    if backend not in LAUNCHED_BACKENDS:
+        hint = " (local is one process: run python -m trainer without the launcher)"
+        raise LaunchError(
+            f"backend={backend}: the launcher starts {', '.join(LAUNCHED_BACKENDS)} workers on "
+            f"every node; choose one of them{hint if backend == 'local' else ''}"
+        )
+    return backend
+
+
+def worker_envs(
+    engine: str, node: Node, slots: int, base: dict[str, str], torch_port: int | None = None
+) -> list[dict[str, str]]:
+    """Each of this node's ``slots`` workers' environment: ``base`` (the inherited one with the
+    VM size's fabric settings) and the engine's rendezvous variables, ``torch_port`` being
+    ``MASTER_PORT`` for a torch.distributed engine (``torch_master_port``)."""
+    nodes = len(node.hosts)
+    if engine in TORCH_DISTRIBUTED_BACKENDS:
+        if torch_port is None:
+            raise ValueError(f"backend={engine}: needs torch_port")
+        return [
+            {
+                **base,
+                **torch_worker_env(
+                    node.master_ip, torch_port, node.iface, nodes, node.index, slots, local
+                ),
+            }
+            for local in range(slots)
+        ]
+    return [
+        {
+            **base,
+            **gloo_worker_env(
+                node.master_ip, node.port, node.iface, node.hosts, node.index, slots, local
+            ),
+        }
+        for local in range(slots)
+    ]
+
+
 def check_writable(folder: Path) -> None:
     """Fail before any worker starts when the run folder cannot be created or written: on
     Batch the task runs as a non-admin user, which an NFS export owned by root refuses."""
@@ -489,7 +579,8 @@ class RunRecords:
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="python -m trainer.launch",
-        description="Start this node's Horovod workers for a Batch multi-instance task.",
+        description="Start this node's workers (Horovod, or torch.distributed: ddp, fsdp) for a "
+        "Batch multi-instance task; the worker command's --backend chooses the engine.",
         allow_abbrev=False,
     )
     parser.add_argument(
@@ -503,7 +594,8 @@ def build_parser() -> OneLineParser:
         "--port",
         type=int,
         help=f"rendezvous port on the master (default: MASTER_PORT, else {DEFAULT_PORT}); never "
-        "the port in AZ_BATCH_MASTER_NODE, which Batch reserves",
+        "the port in AZ_BATCH_MASTER_NODE, which Batch reserves. ddp and fsdp workers also use "
+        "the next port (torch.distributed's store)",
     )
     parser.add_argument(
         "--watch-scheduled-events",
@@ -557,7 +649,11 @@ def main(argv: list[str] | None = None) -> int:
         slots = args.workers_per_node or _default_workers(args.vm_size)
         if slots < 1:
             raise LaunchError(f"workers_per_node={slots}: must be at least 1")
+        engine = engine_of(command)
         node = read_batch_environment(env, args.node_ip, args.port)
+        torch_port = None
+        if engine in TORCH_DISTRIBUTED_BACKENDS:
+            torch_port = torch_master_port(node.port, env)
         if output_dir is None and args.defer_exit_code:
             raise LaunchError("--defer-exit-code needs the worker command's --output-dir")
         if output_dir is not None:
@@ -592,18 +688,10 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    base = worker_environment(args.vm_size, env)
-    envs = [
-        {
-            **base,
-            **gloo_worker_env(
-                node.master_ip, node.port, node.iface, node.hosts, node.index, slots, local
-            ),
-        }
-        for local in range(slots)
-    ]
+    envs = worker_envs(engine, node, slots, worker_environment(args.vm_size, env), torch_port)
     log.say(
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
+        + ("" if engine == "horovod" else f", {engine} on {node.master_ip}:{torch_port}")
     )
     workers = Workers(command, envs, log)
     watcher = None

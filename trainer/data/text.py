@@ -1,0 +1,538 @@
+"""``prepare-text``: plain-text files become token shards plus a manifest; readers for them.
+
+A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... and ``manifest.json``. A
+shard is a raw little-endian array of token ids, so ``numpy.memmap`` reads any window of it
+without parsing; the manifest lists each shard's size, token count and SHA-256, the vocabulary
+size, the dtype and the tokenizer (its SHA-256, never its path, which differs between machines).
+
+Each file is one document; every document is followed by the end-of-text token, so a model
+learns where documents end and windows that span two documents show the boundary. Files are
+read in sorted order of their paths and each split is a contiguous stretch of the token
+stream: the last ``val_fraction`` of it (cut mid-document if the cut falls there) is ``val``.
+The output is a pure function of the input files and the tokenizer: the same bytes on any
+machine.
+
+Tokenizers: by default the UTF-8 bytes themselves (ids 0-255) plus 256 for end-of-text, 257 ids;
+or a ``tokenizer.json`` read with the ``tokenizers`` library (a file, never a download), whose
+own end-of-text token is used. Ids are stored as uint16 when the vocabulary fits (up to 65,536
+ids: bytes, GPT-2's 50,257) and as uint32 beyond. Bytes would fit uint8 were end-of-text not a
+257th id; two bytes per token keep end-of-text apart from every byte and one reader for all.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from trainer.data.errors import DataError
+from trainer.data.manifest import MANIFEST_NAME
+from trainer.files import (
+    fsync_folder,
+    open_atomic,
+    partial_path,
+    remove_partials,
+    sha256_file,
+    write_atomic,
+)
+
+FORMAT = "distributed-training-tokens/1"
+DEFAULT_SHARD_MB = 64
+DEFAULT_VAL_FRACTION = 0.01
+BYTE_VOCAB = 257
+BYTE_END_OF_TEXT = 256
+# Names tokenizers give their end-of-text token (GPT-2/GPT-NeoX, Llama 3, SentencePiece models).
+END_OF_TEXT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
+SHARD_SUFFIX = ".bin"
+_UTF8_BOM = b"\xef\xbb\xbf"
+# Characters per encode_batch call: enough work for the tokenizer's threads, bounded memory.
+_BATCH_BYTES = 16 << 20
+_COPY_TOKENS = 1 << 22
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class TokenShard:
+    name: str
+    bytes: int
+    tokens: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    tokens: int
+    shards: tuple[TokenShard, ...]
+
+
+@dataclass(frozen=True)
+class TokenManifest:
+    vocab_size: int
+    dtype: str  # numpy's name: "uint16" or "uint32", always little-endian
+    end_of_text: int
+    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"}
+    tokenizer: dict[str, str]
+    documents: int
+    splits: dict[str, TokenSplit] = field(default_factory=dict)
+    # Input files with no bytes, relative to the source: skipped (they hold no document).
+    skipped_empty: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        """Canonical text (sorted keys, no timestamps): the same input gives the same bytes."""
+        body = {"format": FORMAT, **asdict(self)}
+        body["skipped_empty"] = list(self.skipped_empty)
+        return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> TokenManifest:
+        try:
+            body = json.loads(text)
+            if body.get("format") != FORMAT:
+                raise DataError(
+                    f"{source}: format {body.get('format')!r} is not {FORMAT!r}; prepare the "
+                    f"text with `python -m trainer.data prepare-text`"
+                )
+            manifest = cls(
+                vocab_size=int(body["vocab_size"]),
+                dtype=str(body["dtype"]),
+                end_of_text=int(body["end_of_text"]),
+                tokenizer={str(k): str(v) for k, v in body["tokenizer"].items()},
+                documents=int(body["documents"]),
+                splits={
+                    name: TokenSplit(
+                        tokens=int(split["tokens"]),
+                        shards=tuple(TokenShard(**shard) for shard in split["shards"]),
+                    )
+                    for name, split in body["splits"].items()
+                },
+                skipped_empty=tuple(body.get("skipped_empty", ())),
+            )
+            if manifest.dtype not in ("uint16", "uint32"):
+                raise ValueError(f"dtype {manifest.dtype!r}")
+            return manifest
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            if isinstance(err, DataError):
+                raise
+            raise DataError(f"{source}: not a valid token manifest ({err})") from None
+
+    @classmethod
+    def load(cls, folder: Path) -> TokenManifest:
+        path = folder / MANIFEST_NAME
+        if not path.is_file():
+            raise DataError(
+                f"{path} does not exist: prepare the text with "
+                f"`python -m trainer.data prepare-text SRC {folder}`"
+            )
+        return cls.from_json(path.read_text(), str(path))
+
+    def split(self, name: str, folder: Path) -> TokenSplit:
+        entry = self.splits.get(name)
+        if entry is None or not entry.tokens:
+            raise DataError(f"{folder / MANIFEST_NAME} has no {name} tokens")
+        return entry
+
+
+# --- tokenizers -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    vocab_size: int
+    end_of_text: int
+    description: dict[str, str]  # what the manifest records
+    encode_batch: Callable[[list[str]], list[np.ndarray]]
+
+
+def _encode_bytes(texts: list[str]) -> list[np.ndarray]:
+    return [np.frombuffer(text.encode(), dtype=np.uint8) for text in texts]
+
+
+def byte_tokenizer() -> TextTokenizer:
+    return TextTokenizer(BYTE_VOCAB, BYTE_END_OF_TEXT, {"kind": "bytes"}, _encode_bytes)
+
+
+def load_tokenizer(path: Path) -> TextTokenizer:
+    """A ``tokenizer.json`` (the ``tokenizers`` library's format) from a file; nothing is
+    downloaded."""
+    from tokenizers import Tokenizer  # only prepare-text with --tokenizer needs it
+
+    if not path.is_file():
+        raise DataError(
+            f"tokenizer {path} is not a file: give a tokenizer.json saved with "
+            f"tokenizers' Tokenizer.save()"
+        )
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust side raises a bare Exception for every parse error
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"tokenizer {path} is not a valid tokenizer.json ({reason}): give a file saved "
+            f"with tokenizers' Tokenizer.save()"
+        ) from None
+    found = [(name, tokenizer.token_to_id(name)) for name in END_OF_TEXT_NAMES]
+    end_name, end_id = next(((n, i) for n, i in found if i is not None), (None, None))
+    if end_name is None or end_id is None:
+        raise DataError(
+            f"tokenizer {path} has no end-of-text token ({', '.join(END_OF_TEXT_NAMES)}): add "
+            f"one with add_special_tokens(['<|endoftext|>']) and save it again"
+        )
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    # Text that spells a special token ("<|endoftext|>" in a page about tokenizers) is tokenized
+    # as the characters it is: only prepare-text itself ends a document.
+    tokenizer.encode_special_tokens = True
+
+    def encode_batch(texts: list[str]) -> list[np.ndarray]:
+        # No special tokens: a post-processor's [CLS]/[SEP] or <s> would be stored as text.
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [np.asarray(encoding.ids, dtype=np.int64) for encoding in encodings]
+
+    description = {"kind": "tokenizers", "sha256": sha256_file(path), "end_of_text": end_name}
+    return TextTokenizer(max(vocab_size, end_id + 1), end_id, description, encode_batch)
+
+
+# --- reading the source ---------------------------------------------------------------------
+
+
+def find_text_files(src: Path) -> list[Path]:
+    """``src`` itself, or every ``*.txt`` under it in sorted order of the relative path."""
+    if not src.exists():
+        raise DataError(f"source {src} does not exist: give a text file or a folder of .txt files")
+    if src.is_file():
+        return [src]
+    files = sorted(
+        (path for path in src.rglob("*.txt") if path.is_file()),
+        key=lambda path: path.relative_to(src).as_posix(),
+    )
+    if not files:
+        raise DataError(f"source {src} holds no .txt files: give a text file or a folder of them")
+    return files
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path`` (UTF-8, a leading byte-order mark dropped), or a DataError naming
+    what makes it unusable: NUL bytes (a binary or UTF-16 file) or bytes that are not UTF-8."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path}: cannot be read ({err.strerror or err})") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise DataError(
+            f"{path}: is UTF-16 text: convert it to UTF-8, e.g. `iconv -f UTF-16 -t UTF-8`"
+        )
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise DataError(
+            f"{path}: byte {nul} is NUL, so this is a binary file, not text: remove it from "
+            f"the source"
+        )
+    # The byte-order mark says how the file is encoded; it is not part of the text.
+    bom = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        offset = bom + err.start
+        raise DataError(
+            f"{path}: byte {offset} (0x{data[offset]:02x}) is not UTF-8: convert the file, "
+            f"e.g. `iconv -f LATIN1 -t UTF-8` if it is Latin-1"
+        ) from None
+
+
+def _documents(
+    files: list[Path], src: Path, tokenizer: TextTokenizer, skipped: list[str]
+) -> Iterator[np.ndarray]:
+    """The documents (non-empty files) in file order, each as its tokens and end-of-text."""
+    end = np.array([tokenizer.end_of_text], dtype=np.int64)
+    batch: list[str] = []
+    size = 0
+
+    def flush() -> Iterator[np.ndarray]:
+        for tokens in tokenizer.encode_batch(batch):
+            yield np.concatenate([tokens.astype(np.int64), end])
+        batch.clear()
+
+    for path in files:
+        if path.stat().st_size == 0:
+            skipped.append(path.relative_to(src).as_posix() if path != src else path.name)
+            continue
+        text = read_text(path)
+        batch.append(text)
+        size += len(text)
+        if size >= _BATCH_BYTES:
+            yield from flush()
+            size = 0
+    yield from flush()
+
+
+# --- writing --------------------------------------------------------------------------------
+
+
+def _check_output_folder(out: Path, src: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output folder {out} is a file: pick a folder")
+    if src.is_dir() and out.resolve().is_relative_to(src.resolve()):
+        raise DataError(f"output folder {out} is inside the source {src}: pick a folder outside it")
+    if out.is_dir():
+        foreign = sorted(
+            entry.name
+            for entry in os.scandir(out)
+            if entry.name != MANIFEST_NAME
+            and not entry.name.endswith(SHARD_SUFFIX)
+            and ".partial-" not in entry.name
+        )
+        if foreign:
+            raise DataError(
+                f"output folder {out} holds {foreign[0]!r}, which prepare-text did not write: "
+                f"pick an empty folder"
+            )
+
+
+def _write_shards(
+    stream: np.ndarray, split: str, out: Path, tokens_per_shard: int
+) -> tuple[TokenShard, ...]:
+    shards = []
+    for number, start in enumerate(range(0, len(stream), tokens_per_shard)):
+        path = out / f"{split}-{number:05d}{SHARD_SUFFIX}"
+        part = stream[start : start + tokens_per_shard]
+        with open_atomic(path) as file:
+            for offset in range(0, len(part), _COPY_TOKENS):
+                file.write(part[offset : offset + _COPY_TOKENS].tobytes())
+        shards.append(TokenShard(path.name, path.stat().st_size, len(part), sha256_file(path)))
+    return tuple(shards)
+
+
+@dataclass(frozen=True)
+class PrepareTextResult:
+    manifest: TokenManifest
+    skipped_empty: int
+
+
+def prepare_text(
+    src: Path,
+    out: Path,
+    *,
+    tokenizer: Path | None = None,
+    shard_mb: float = DEFAULT_SHARD_MB,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    log: Callable[[str], None] = print,
+) -> PrepareTextResult:
+    """Tokenize ``src`` (a text file, or a folder searched for ``*.txt``) into shards of at most
+    ``shard_mb`` MB in ``out``. Empty files are skipped and counted; no text at all, a binary or
+    non-UTF-8 file stops the run naming the file, before ``out`` is changed.
+
+    Tokens are first appended to one hidden temp file in ``out`` (memory stays bounded and the
+    split point is known only at the end), then cut into shards, each written under a temp
+    name and renamed. The old manifest is removed before the first shard is replaced and the new
+    one written last, so a folder with a manifest is always complete; a rerun with the same
+    input writes the same bytes."""
+    if not (shard_mb > 0 and math.isfinite(shard_mb)):
+        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
+    _check_output_folder(out, src)
+    text_tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else byte_tokenizer()
+    dtype = token_dtype(text_tokenizer.vocab_size)
+    files = find_text_files(src)
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    remove_partials(out)
+    stream_path = partial_path(out / "tokens.stream")
+    skipped: list[str] = []
+    documents = 0
+    try:
+        with open(stream_path, "wb") as stream_file:
+            for tokens in _documents(files, src, text_tokenizer, skipped):
+                if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
+                    raise DataError(
+                        f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
+                        f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
+                    )
+                documents += 1
+                stream_file.write(tokens.astype(dtype).tobytes())
+        total = stream_path.stat().st_size // dtype.itemsize
+        if not total:
+            raise DataError(
+                f"source {src} has no text: {len(skipped)} empty file(s), nothing to tokenize"
+            )
+        val_tokens = math.ceil(total * val_fraction) if val_fraction else 0
+        if val_tokens >= total:
+            raise DataError(
+                f"source {src}: {total} tokens leave none for training with "
+                f"val_fraction={val_fraction}: give more text or a smaller val fraction"
+            )
+
+        (out / MANIFEST_NAME).unlink(missing_ok=True)
+        stream = np.memmap(stream_path, dtype=dtype, mode="r")
+        tokens_per_shard = max(1, int(shard_mb * (1 << 20)) // dtype.itemsize)
+        parts = {"train": stream[: total - val_tokens], "val": stream[total - val_tokens :]}
+        splits = {
+            split: TokenSplit(len(part), _write_shards(part, split, out, tokens_per_shard))
+            for split, part in parts.items()
+            if len(part)
+        }
+        del stream, parts
+    except BaseException:
+        stream_path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    stream_path.unlink()
+
+    manifest = TokenManifest(
+        vocab_size=text_tokenizer.vocab_size,
+        dtype=dtype.name,
+        end_of_text=text_tokenizer.end_of_text,
+        tokenizer=text_tokenizer.description,
+        documents=documents,
+        splits=splits,
+        skipped_empty=tuple(skipped),
+    )
+    write_atomic(out / MANIFEST_NAME, manifest.to_json().encode())
+    # Shards of an earlier prepare-text that this manifest no longer lists.
+    listed = {shard.name for split in splits.values() for shard in split.shards}
+    for stale in set(os.listdir(out)) - listed - {MANIFEST_NAME}:
+        (out / stale).unlink()
+    fsync_folder(out)
+    for split, entry in splits.items():
+        log(f"{split}: {entry.tokens} tokens in {len(entry.shards)} shards")
+    log(f"{documents} documents, vocabulary of {manifest.vocab_size} ({dtype.name} ids)")
+    if skipped:
+        log(f"skipped {len(skipped)} empty file(s), listed in {out / MANIFEST_NAME}")
+    return PrepareTextResult(manifest, len(skipped))
+
+
+# --- reading prepared tokens ----------------------------------------------------------------
+
+
+def _open_shards(folder: Path, manifest: TokenManifest, split: TokenSplit) -> list[np.ndarray]:
+    dtype = np.dtype(manifest.dtype).newbyteorder("<")
+    maps = []
+    for shard in split.shards:
+        path = folder / shard.name
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DataError(
+                f"shard {path} is missing: stage the dataset again or rerun prepare-text"
+            ) from None
+        if size != shard.bytes or size != shard.tokens * dtype.itemsize:
+            raise DataError(
+                f"shard {path} has {size} bytes, the manifest lists {shard.bytes} for "
+                f"{shard.tokens} tokens: stage the dataset again or rerun prepare-text"
+            )
+        maps.append(np.memmap(path, dtype=dtype, mode="r"))
+    return maps
+
+
+def read_split(folder: Path, split: str) -> np.ndarray:
+    """Every token of ``split`` in order, in memory (for tests and small corpora)."""
+    manifest = TokenManifest.load(folder)
+    maps = _open_shards(folder, manifest, manifest.split(split, folder))
+    return np.concatenate([np.asarray(m) for m in maps])
+
+
+class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sample ``i`` of a prepared split: the ``context + 1`` tokens from ``i * context`` (windows
+    do not overlap except for the one token each shares with the next, and may span two shards),
+    as (inputs, targets) int64 tensors of ``context`` tokens, targets shifted by one.
+
+    Shard sizes are checked against the manifest when the dataset is made (``check_sha256``
+    also hashes them: a full read). The shards are memory-mapped lazily in each process, so
+    DataLoader workers receive only the paths, never a copy of the data."""
+
+    def __init__(
+        self, folder: Path, split: str, context: int, *, check_sha256: bool = False
+    ) -> None:
+        if context < 1:
+            raise DataError(f"context={context}: must be at least 1 token")
+        self.folder = Path(folder)
+        self.manifest = TokenManifest.load(self.folder)
+        self.split = split
+        self.context = context
+        entry = self.manifest.split(split, self.folder)
+        self._shards = entry.shards
+        _open_shards(self.folder, self.manifest, entry)  # checks the sizes now
+        if check_sha256:
+            for shard in entry.shards:
+                if sha256_file(self.folder / shard.name) != shard.sha256:
+                    raise DataError(
+                        f"shard {self.folder / shard.name} does not match its SHA-256 in the "
+                        f"manifest: stage the dataset again or rerun prepare-text"
+                    )
+        self.tokens = entry.tokens
+        self._ends = np.cumsum([shard.tokens for shard in entry.shards]).tolist()
+        self._maps: list[np.ndarray] | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.vocab_size
+
+    def __len__(self) -> int:
+        return (self.tokens - 1) // self.context if self.tokens else 0
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """``length`` tokens of the split from ``start`` (across shard boundaries)."""
+        if self._maps is None:
+            self._maps = _open_shards(
+                self.folder, self.manifest, TokenSplit(self.tokens, self._shards)
+            )
+        pieces = []
+        shard = bisect.bisect_right(self._ends, start)
+        while length > 0:
+            begin = self._ends[shard - 1] if shard else 0
+            piece = self._maps[shard][start - begin : start - begin + length]
+            pieces.append(piece)
+            start += len(piece)
+            length -= len(piece)
+            shard += 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} of {len(self)}")
+        tokens = torch.from_numpy(
+            self.window(index * self.context, self.context + 1).astype(np.int64)
+        )
+        return tokens[:-1], tokens[1:]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to DataLoader workers: a memmap would be pickled as a full copy of the data.
+        return {**self.__dict__, "_maps": None}
+
+
+class SyntheticTokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``size`` windows of uniformly random tokens, for runs without data: window ``i`` is a pure
+    function of (seed, i), so every worker and every resumed run sees the same one."""
+
+    def __init__(self, size: int, context: int, vocab_size: int, seed: int = 0) -> None:
+        if min(size, context, vocab_size) < 1:
+            raise DataError(
+                f"synthetic tokens size={size}, context={context}, vocab_size={vocab_size}: "
+                f"each must be at least 1"
+            )
+        self.size, self.context, self.vocab_size, self.seed = size, context, vocab_size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.size:
+            raise IndexError(f"window {index} of {self.size}")
+        generator = np.random.default_rng([self.seed, index])
+        tokens = torch.from_numpy(
+            generator.integers(0, self.vocab_size, self.context + 1, dtype=np.int64)
+        )
+        return tokens[:-1], tokens[1:]

@@ -1,0 +1,131 @@
+"""Sharded checkpoints (``--backend fsdp``): every rank writes and reads only its own shards.
+
+With FSDP no rank holds the whole model, so the single-file checkpoint of ``trainer.checkpoint``
+(rank 0 writes everything) does not apply. A sharded checkpoint is a folder
+``step-000001200.dcp/`` holding:
+
+- the model's and optimizer's tensors, written by ``torch.distributed.checkpoint`` (DCP): each
+  rank writes the shards it owns, in parallel, plus DCP's ``.metadata`` (which rank wrote which
+  slice of each tensor, by parameter name). DCP reads them back onto any number of ranks: a run
+  checkpointed on 2 ranks resumes on 1 or on 3, each rank reading the slices its new shards
+  cover (resharding);
+- ``trainer_state.pt``: the run's position, config, grad scaler and every rank's RNG state
+  (small, written by rank 0; the same as the single-file checkpoint's non-tensor entries);
+- ``complete``, written last, by rank 0, once every rank's shards, DCP's metadata and the
+  trainer state are on disk. A folder without it (a crash between the shard writes and the
+  marker) is never loaded: the previous complete checkpoint is used, and the next save removes
+  the incomplete folder.
+
+The marker, like every small file here, is written with ``trainer.files.write_atomic`` (temp
+file, fsync, rename), and the checkpoints folder is fsync'd after it, so a power loss cannot
+leave a marker without the bytes it vouches for.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint import SCHEMA, CheckpointError, os_error_in
+from trainer.files import fsync_folder, write_atomic
+
+_NAME = re.compile(r"^step-(\d{9,})\.dcp$")
+COMPLETE = "complete"
+TRAINER_STATE = "trainer_state.pt"
+log = logging.getLogger(__name__)
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:09d}.dcp"
+
+
+def _step_folders(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), e) for e in directory.iterdir() if (m := _NAME.match(e.name))]
+    return sorted(found, reverse=True)
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete sharded checkpoint, newest first."""
+    return [(step, path) for step, path in _step_folders(directory) if is_complete(path)]
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and (path / COMPLETE).is_file()
+
+
+def start_writing(
+    path: Path, tensors: dict[str, Any], background_group: Any | None
+) -> Future[Any] | None:
+    """Every rank: write this rank's shards of ``tensors`` into ``path`` (a collective). With
+    ``background_group`` (a process group of its own, so the writes' collectives never
+    interleave with training's), DCP copies the shards to memory and writes them in the
+    background: returns the future of that write; otherwise returns None once written."""
+    import torch.distributed.checkpoint as dcp
+
+    if background_group is None:
+        dcp.save(tensors, checkpoint_id=path)
+        return None
+    return dcp.async_save(tensors, checkpoint_id=path, process_group=background_group)
+
+
+def prepare_folder(path: Path) -> None:
+    """Rank 0, before the shards are written: an empty folder for them (an incomplete folder
+    of the same step, left by a crash, is removed first)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def complete(path: Path, trainer_state: dict[str, Any], keep: int) -> None:
+    """Rank 0, after every rank's shards are written: the trainer state, then the marker that
+    makes the folder a checkpoint, then pruning to the newest ``keep``."""
+    buffer = io.BytesIO()
+    torch.save({"schema": SCHEMA, **trainer_state}, buffer)
+    write_atomic(path / TRAINER_STATE, buffer.getvalue())
+    fsync_folder(path)
+    write_atomic(path / COMPLETE, json.dumps({"step": trainer_state["step"]}).encode())
+    fsync_folder(path.parent)
+    newest = list_checkpoints(path.parent)
+    for _, old in newest[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    # Incomplete folders (a save that crashed before its marker) are never loaded; tidy them.
+    for step, folder in _step_folders(path.parent):
+        if not is_complete(folder) and folder != path:
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("removed incomplete sharded checkpoint %s (step %d)", folder, step)
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The non-tensor part of a complete checkpoint (any rank may read it)."""
+    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("schema") != SCHEMA:
+        raise ValueError(f"{TRAINER_STATE} is not a schema-{SCHEMA} trainer state")
+    return state
+
+
+def read_shards(path: Path, tensors: dict[str, Any]) -> None:
+    """Every rank: fill ``tensors`` (this rank's shards, as the model and optimizer are sharded
+    now) from the checkpoint, whatever number of ranks wrote it (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(tensors, checkpoint_id=path)
+
+
+def save_error(path: Path, err: BaseException) -> CheckpointError:
+    """One line for a failed sharded save, naming the folder."""
+    cause = os_error_in(err)
+    reason = cause.strerror if cause else (str(err).strip().splitlines() or [""])[0]
+    return CheckpointError(
+        f"cannot write sharded checkpoint {path}: {reason or type(err).__name__}; the previous "
+        "complete checkpoint is kept; free space or fix permissions, or use another --output-dir"
+    )
