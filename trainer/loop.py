@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ class StepParts:
 
 @dataclass
 class WindowMeter:
-    """Sums over a logging window, kept on the device so steps never wait for the host."""
+    """Sums over a logging window, kept on the device so steps never wait for the host. Its
+    averages also report each rank's peak memory (the mean over ranks)."""
 
     device: torch.device
     unit: str = "images"  # what one sample is: an image, or a language model's target token
@@ -58,10 +60,9 @@ class WindowMeter:
     def reduce(self, dist: Dist) -> dict[str, float]:
         """Average over every rank's samples (a collective: every rank must call it)."""
         rate = self.images / max(time.monotonic() - self.started, 1e-9)
-        packed = torch.cat(
-            [self.sums, torch.tensor([rate], dtype=torch.float64, device=self.device)]
-        )
-        loss_sum, correct, count, total_rate = dist.allreduce_sum(packed).tolist()
+        extra = torch.tensor([rate, peak_memory_gb(self.device)], dtype=torch.float64)
+        packed = torch.cat([self.sums, extra.to(self.device)])
+        loss_sum, correct, count, total_rate, memory = dist.allreduce_sum(packed).tolist()
         self.sums.zero_()
         self.images = 0
         self.started = time.monotonic()
@@ -70,7 +71,16 @@ class WindowMeter:
             "accuracy": correct / max(count, 1),
             f"{self.unit}_per_sec": total_rate / dist.size,
             f"{self.unit}_per_sec_total": total_rate,
+            "peak_memory_gb": memory / dist.size,
         }
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """This rank's peak memory so far: the GPU memory torch allocated on a GPU; on a CPU the
+    process's peak resident set (which includes torch's own libraries, about half a GB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB
 
 
 def train_step(
