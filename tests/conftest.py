@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,6 +40,25 @@ def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: i
                 suffix = ".png" if i % 2 else ".JPEG"
                 image.save(folder / f"img{i}{suffix}")
     return root
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
+    """The final checkpoint of ``SIGNAL_RUN`` run straight through on two Horovod workers:
+    what every interrupted and resumed run of it must end with (run once per session; saving
+    checkpoints more or less often changes nothing a run computes)."""
+    # Here, not in tests/parallel/conftest.py, so the fault tests share the same run.
+    from tests.parallel.conftest import REPO, SIGNAL_RUN, horovodrun, small_config
+    from trainer import checkpoint
+    from trainer.cli import to_flags
+
+    output = tmp_path_factory.mktemp("uninterrupted") / "out"
+    command = horovodrun("-m", "trainer", *to_flags(small_config(output, **SIGNAL_RUN)))
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = checkpoint.load_latest(output / "checkpoints")
+    assert found is not None
+    return found[1]
 
 
 @pytest.fixture

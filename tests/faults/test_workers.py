@@ -39,9 +39,9 @@ def _wait_for_step(launcher, log_path, output, step):
         time.sleep(0.05)
 
 
-def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(tmp_path, repo):
-    full = small_config(tmp_path / "full", **COMMON)
-    run(horovodrun(*trainer_args(full)), repo)
+def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
+    tmp_path, repo, uninterrupted_signal_run
+):
 
     config = small_config(tmp_path / "killed", **COMMON)
     launcher, log_path = _start(config, tmp_path, repo, "killed")
@@ -59,7 +59,7 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(tmp_path, repo
     assert last_logged - saved <= COMMON["checkpoint_every"]  # lost at most one interval
     resumed = run(horovodrun(*trainer_args(config)), repo)
     assert f"at step {saved}" in resumed.stdout
-    _, expected = checkpoint.load_latest(tmp_path / "full" / "checkpoints")
+    expected = uninterrupted_signal_run
     _, got = checkpoint.load_latest(tmp_path / "killed" / "checkpoints")
     assert expected["step"] == got["step"] == TOTAL
     for name, tensor in expected["model"].items():

@@ -83,9 +83,8 @@ def worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
     ]
 
 
-def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo):
+def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo, uninterrupted_signal_run):
     common, total = SIGNAL_RUN, SIGNAL_RUN_STEPS
-    run(horovodrun(*trainer_args(small_config(tmp_path / "full", **common))), repo)
 
     interrupted = small_config(tmp_path / "split", **common)
     # Output goes to a file: an unread pipe fills up and blocks the workers.
@@ -114,7 +113,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo):
 
     resumed = run(horovodrun(*trainer_args(interrupted)), repo)
     assert f"at step {stopped_at}" in resumed.stdout
-    _, full = checkpoint.load_latest(tmp_path / "full" / "checkpoints")
+    full = uninterrupted_signal_run
     _, split = checkpoint.load_latest(tmp_path / "split" / "checkpoints")
     assert full["step"] == split["step"] == total
     for name, tensor in full["model"].items():
