@@ -13,6 +13,7 @@ from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.data.text import BYTE_VOCAB
 from trainer.model import build_model, count_parameters
+from trainer.noise_scale import advice
 from trainer.preflight import PreflightError
 
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/",
                 flush=True,
             )
+            if result.noise_scale is not None:
+                print(advice(result.noise_scale, result.global_batch), flush=True)
     return 0
 
 

@@ -73,6 +73,8 @@ HELP: dict[str, str] = {
     "shard_within": "fsdp: shard over the ranks of each node and replicate across nodes "
     "(node, hybrid sharding) or shard over every rank (world)",
     "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",
+    "noise_scale_every": "estimate the gradient noise scale (the largest useful batch, "
+    "McCandlish et al. 2018) every N steps; horovod or ddp; 0: never",
     "grad_clip_norm": "clip the gradients' global L2 norm to this before each step (0: off)",
     "activation_checkpointing": "recompute each block's activations in the backward pass "
     "(less memory, about a third more compute)",

@@ -116,6 +116,8 @@ class TrainConfig:
     # sharding: the all-gathers stay on NVLink, only gradient reductions cross InfiniBand).
     shard_within: str = "node"
     accumulation_steps: int = 1
+    # Estimate the gradient noise scale every N steps (trainer.noise_scale); 0: never.
+    noise_scale_every: int = 0
     # Clip the gradients' global L2 norm to this before each step; 0: no clipping.
     grad_clip_norm: float = 0.0
     # Recompute each block's activations in the backward pass (less memory, ~1/3 more compute).
@@ -261,6 +263,18 @@ class TrainConfig:
         _choice("shard_within", self.shard_within, SHARD_GROUPS)
         _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
         _float_range("grad_clip_norm", self.grad_clip_norm, 0.0, 1e6)
+        _int_range("noise_scale_every", self.noise_scale_every, 0, 10**9)
+        if self.noise_scale_every and self.backend not in ("horovod", "ddp"):
+            raise ConfigError(
+                f"noise_scale_every={self.noise_scale_every} with backend={self.backend}: the "
+                "noise scale compares each worker's gradient with the reduced one, taken in "
+                "Horovod's or DDP's reduction hooks; use --backend horovod or ddp, or 0"
+            )
+        if self.noise_scale_every and self.amp == "fp16":
+            raise ConfigError(
+                f"noise_scale_every={self.noise_scale_every} with amp=fp16: the loss scale "
+                "changes the local gradients' norms; use --amp bf16 or off, or 0"
+            )
         _choice("device", self.device, DEVICES)
         _choice("amp", self.amp, AMP_MODES)
         _choice("channels_last", self.channels_last, SWITCHES)

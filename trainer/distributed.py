@@ -21,6 +21,7 @@ from torch import nn
 
 from trainer.background_save import cpu_copy
 from trainer.config import TrainConfig
+from trainer.noise_scale import GradientProbe
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -29,6 +30,21 @@ def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.T
     and torch computes the norm over all of them (every rank gets the same value)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+class _MeasuredCompression:
+    """Horovod: its compression hook sees every local gradient just before the allreduce; this
+    one shows it to the noise-scale probe, then compresses as configured."""
+
+    def __init__(self, inner: Any, probe: GradientProbe) -> None:
+        self.inner, self.probe = inner, probe
+
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        self.probe.local(tensor)
+        return self.inner.compress(tensor)
+
+    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return self.inner.decompress(tensor, ctx)
 
 
 class Dist(ABC):
@@ -56,11 +72,19 @@ class Dist(ABC):
         """Whether gradients are reduced by NCCL (a plain sum, which LR scaling must count)."""
 
     # ---------------------------------------------------------------- model and optimizer
-    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    def wrap_model(
+        self, model: nn.Module, cfg: TrainConfig, probe: GradientProbe | None = None
+    ) -> nn.Module:
+        """The model as this engine trains it. ``probe`` (``--noise-scale-every``) is shown
+        each local gradient before the engine reduces it, where the engine does that."""
         return model
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        cfg: TrainConfig,
+        probe: GradientProbe | None = None,
     ) -> torch.optim.Optimizer:
         return optimizer
 
@@ -69,12 +93,19 @@ class Dist(ABC):
         return contextlib.nullcontext()
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
+        self,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        clip_norm: float,
+        probe: GradientProbe | None = None,
     ) -> None:
         """Step on the reduced gradients, clipped to ``clip_norm`` (0: not clipped) after the
-        scaler unscaled them."""
-        if clip_norm:
+        scaler unscaled them; on a measuring step ``probe`` records their norm first."""
+        if clip_norm or probe is not None:
             scaler.unscale_(optimizer)  # a no-op when the scaler is disabled
+        if probe is not None:
+            probe.record_reduced(optimizer)
+        if clip_norm:
             clip_gradients(optimizer, clip_norm)
         scaler.step(optimizer)
         scaler.update()
@@ -217,29 +248,42 @@ class HorovodDist(Dist):
         return torch.cuda.is_available() and bool(self._hvd.nccl_built())
 
     def wrap_optimizer(
-        self, optimizer: torch.optim.Optimizer, model: nn.Module, cfg: TrainConfig
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        cfg: TrainConfig,
+        probe: GradientProbe | None = None,
     ) -> torch.optim.Optimizer:
         hvd = self._hvd
         # Horovod: compression halves the bytes on the wire; backward_passes_per_step
         # accumulates locally and reduces once per optimizer step.
+        compression: Any = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
+        if probe is not None:
+            compression = _MeasuredCompression(compression, probe)
         return hvd.DistributedOptimizer(
             optimizer,
             named_parameters=model.named_parameters(),
-            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            compression=compression,
             op=hvd.Average,
             backward_passes_per_step=cfg.accumulation_steps,
         )
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip_norm: float
+        self,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        clip_norm: float,
+        probe: GradientProbe | None = None,
     ) -> None:
-        if not scaler.is_enabled() and not clip_norm:
+        if not scaler.is_enabled() and not clip_norm and probe is None:
             optimizer.step()
             return
-        # Horovod: gradients must be reduced before the scaler unscales them or they are
-        # clipped, and step() must not reduce them a second time.
+        # Horovod: gradients must be reduced before the scaler unscales them, they are
+        # measured or clipped, and step() must not reduce them a second time.
         optimizer.synchronize()  # type: ignore[attr-defined]
         scaler.unscale_(optimizer)
+        if probe is not None:
+            probe.record_reduced(optimizer)
         if clip_norm:
             clip_gradients(optimizer, clip_norm)
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
@@ -303,14 +347,26 @@ class TorchDist(Dist):
             torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
         )
 
-    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    def wrap_model(
+        self, model: nn.Module, cfg: TrainConfig, probe: GradientProbe | None = None
+    ) -> nn.Module:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, device_ids=[self.local_rank] if self._cuda else None)
-        if cfg.fp16_allreduce:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        reduce = default_hooks.fp16_compress_hook if cfg.fp16_allreduce else None
+        if probe is not None:
+            inner = reduce or default_hooks.allreduce_hook
 
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            # No annotations: DDP checks a hook's annotations against its own types, and this
+            # module's are strings (postponed evaluation).
+            def measured(state, bucket):  # type: ignore[no-untyped-def]
+                probe.local(bucket.buffer())  # this rank's gradients, before the allreduce
+                return inner(state, bucket)
+
+            reduce = measured
+        if reduce is not None:
+            ddp.register_comm_hook(None, reduce)
         return ddp
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:
@@ -388,7 +444,9 @@ class FSDPDist(TorchDist):
         interleave with a step's (torch's advice for ``async_save``)."""
         return self._background_group
 
-    def wrap_model(self, model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    def wrap_model(
+        self, model: nn.Module, cfg: TrainConfig, probe: GradientProbe | None = None
+    ) -> nn.Module:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from trainer.model import sharding_units

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainer.distributed import Dist
+from trainer.noise_scale import GradientProbe
 
 
 @dataclass
@@ -30,6 +31,9 @@ class StepParts:
     amp_dtype: torch.dtype | None
     accumulation_steps: int = 1
     clip_norm: float = 0.0  # the gradients' global L2 norm is clipped to this (0: not clipped)
+    # --noise-scale-every: the probe the engine's hooks feed, and whether this step measures.
+    probe: GradientProbe | None = None
+    measure: bool = False
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -92,6 +96,9 @@ def train_step(
     A sample is an image (logits [batch, classes], labels [batch]) or, for a language model,
     one target token (logits [batch, time, vocabulary], labels [batch, time]).
     """
+    probe = parts.probe if parts.measure else None
+    if probe is not None:
+        probe.start()
     loss_sum = torch.zeros((), device=parts.device)
     correct = torch.zeros((), device=parts.device, dtype=torch.long)
     count = 0
@@ -107,7 +114,7 @@ def train_step(
         loss_sum += loss.detach().float() * labels.numel()
         correct += (logits.detach().argmax(dim=-1) == labels).sum()
         count += labels.numel()
-    parts.dist.optimizer_step(parts.optimizer, parts.scaler, parts.clip_norm)
+    parts.dist.optimizer_step(parts.optimizer, parts.scaler, parts.clip_norm, probe)
     parts.optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
     parts.scheduler.step()
     return loss_sum, correct, count

@@ -26,6 +26,7 @@ from trainer.lm.throughput import peak_tflops, throughput_metrics
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
 from trainer.model import build_model, checkpoint_activations, sharding_units
+from trainer.noise_scale import GradientProbe, NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.signals import StopRequest
 
@@ -48,6 +49,9 @@ class RunResult:
     # Samples per second: images, or a language model's tokens (``unit``).
     samples_per_sec: float
     samples_per_sec_total: float
+    global_batch: int
+    # The smoothed gradient noise scale at the end (--noise-scale-every), or None.
+    noise_scale: float | None
     unit: str
     model: nn.Module
 
@@ -194,13 +198,19 @@ class _Run:
         self.model = model
         # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
         # and the optimizer must step on those.
-        train_model = dist.wrap_model(model, cfg)
+        # --noise-scale-every: the engine's reduction hooks show the probe each local gradient.
+        probe = GradientProbe(self.device) if cfg.noise_scale_every else None
+        self.noise_scale: NoiseScale | None = None
+        if probe is not None:
+            per_worker = cfg.batch_size * cfg.accumulation_steps
+            self.noise_scale = NoiseScale(per_worker, per_worker * dist.size)
+        train_model = dist.wrap_model(model, cfg, probe)
         self.lr_scale = dist.size  # gradients are averaged over every worker
         self.total_steps, self.schedule = self._plan()
         # The optimizer starts at the schedule's rate; the scheduler moves it from there.
         start = self.position.schedule_step(self.steps_per_epoch)
         optimizer = build_optimizer(cfg, model, lr=self.schedule.lr_at(start))
-        optimizer = dist.wrap_optimizer(optimizer, model, cfg)
+        optimizer = dist.wrap_optimizer(optimizer, model, cfg, probe)
         scheduler = build_lr_scheduler(optimizer, self.schedule, start)
         scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
         if cfg.compile:
@@ -216,6 +226,7 @@ class _Run:
             amp_dtype=amp_dtype,
             accumulation_steps=cfg.accumulation_steps,
             clip_norm=cfg.grad_clip_norm,
+            probe=probe,
         )
         self.last_saved_step = -1
         self.saves = BackgroundWriter()
@@ -469,6 +480,16 @@ class _Run:
 
         self.saves.submit(write)
 
+    def _measure_noise_scale(self, step: int, global_batch: int) -> float | None:
+        """After a measuring step: the workers' mean squared local gradient norm (a collective)
+        and the reduced one into the estimate; logged; B_simple once it is defined."""
+        probe, estimate = self.parts.probe, self.noise_scale
+        assert probe is not None and estimate is not None
+        local_sq = self.dist.allreduce_sum(probe.local_sq).item() / self.dist.size
+        record = estimate.update(local_sq, probe.reduced_sq.item())
+        self.log({"kind": "noise", "step": step, "global_batch": global_batch, **record})
+        return record.get("noise_scale")
+
     def log(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
             self.writer.write(record)
@@ -486,10 +507,16 @@ class _Run:
         stopped_by: str | None = None if due else "already_complete"
         global_batch = cfg.batch_size * cfg.accumulation_steps * dist.size
         run_samples = 0
+        noise_scale: float | None = None
         started = time.monotonic()
+        every = cfg.noise_scale_every
+        self.parts.measure = bool(every) and (pos.step + 1) % every == 0
 
         def after_step() -> bool:
-            nonlocal last, stopped_by, run_samples
+            nonlocal last, stopped_by, run_samples, noise_scale
+            if self.parts.measure:
+                noise_scale = self._measure_noise_scale(pos.step + 1, global_batch) or noise_scale
+            self.parts.measure = bool(every) and (pos.step + 2) % every == 0
             pos.step += 1
             pos.step_in_epoch += 1
             pos.epoch_offset += global_batch
@@ -584,6 +611,8 @@ class _Run:
             samples_per_sec=total_rate / dist.size,
             samples_per_sec_total=total_rate,
             unit=self.unit,
+            global_batch=global_batch,
+            noise_scale=noise_scale,
             model=self.model,
         )
 

@@ -1,0 +1,46 @@
+import math
+
+import pytest
+
+from trainer.noise_scale import NoiseScale, advice
+
+
+def test_exact_norms_give_the_exact_noise_scale():
+    """Norms at their expectations, E|G_B|^2 = |G|^2 + tr(Sigma) / B, give back |G|^2,
+    tr(Sigma) and their ratio exactly, whatever the smoothing."""
+    grad_sq, trace = 2.0, 64.0
+    estimate = NoiseScale(small_batch=8, big_batch=32, decay=0.9)
+    for _ in range(3):
+        record = estimate.update(grad_sq + trace / 8, grad_sq + trace / 32)
+    assert record["grad_sq"] == pytest.approx(grad_sq)
+    assert record["grad_trace"] == pytest.approx(trace)
+    assert record["noise_scale"] == pytest.approx(32.0)
+
+
+def test_numerator_and_denominator_are_averaged_apart_and_unbiased_from_the_start():
+    estimate = NoiseScale(small_batch=1, big_batch=2, decay=0.5)
+    # |G|^2 = 2 big - small; tr(Sigma) = (small - big) / (1 - 1/2) = 2 (small - big)
+    first = estimate.update(3.0, 2.0)  # |G|^2 = 1, tr = 2
+    assert (first["grad_sq"], first["grad_trace"], first["noise_scale"]) == (1.0, 2.0, 2.0)
+    second = estimate.update(9.0, 5.0)  # |G|^2 = 1, tr = 8
+    assert second["grad_trace"] == pytest.approx((0.5 * 2 * 0.5 + 0.5 * 8) / 0.75)
+    assert second["noise_scale"] == pytest.approx(second["grad_trace"])  # ratio of averages
+
+
+def test_a_negative_gradient_estimate_reports_no_noise_scale_yet():
+    record = NoiseScale(small_batch=4, big_batch=8).update(1.0, 0.2)  # |G|^2 = -0.6
+    assert record["grad_sq"] < 0 and "noise_scale" not in record
+
+
+def test_one_worker_has_no_second_batch_size():
+    with pytest.raises(ValueError, match="more than one worker"):
+        NoiseScale(small_batch=8, big_batch=8)
+
+
+def test_the_advice_names_the_batch_and_the_useful_factor():
+    text = advice(2048.0, 256)
+    assert text == (
+        "global batch 256, noise scale ~ 2,048: scaling beyond about 8.0x the current batch "
+        "gives diminishing returns"
+    )
+    assert not math.isnan(float(text.split("about ")[1].split("x")[0]))
