@@ -47,7 +47,7 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     found = []
     for entry in directory.iterdir():
         match = _NAME.match(entry.name)
-        if match:
+        if match and entry.is_file():  # a folder of that name is no checkpoint
             found.append((int(match.group(1)), entry))
     return sorted(found, reverse=True)
 
@@ -71,10 +71,15 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         cause = os_error_in(err)
         if cause is None:
             raise
-        kept = f"{previous[0][1].name} is intact" if previous else "there is no earlier one"
+        intact = [path for _, path in previous if checksum_path(path).is_file()]
+        kept = f"{intact[0].name} is intact" if intact else "there is no earlier one"
+        fix = "free space or fix permissions, or use another --output-dir"
+        blocking = [p for p in (final, checksum_path(final)) if p.is_dir()]
+        if blocking:
+            fix = f"remove the folder {blocking[0]}, which sits where the file goes"
         raise CheckpointError(
             f"cannot write checkpoint {final}: {cause.strerror}; the previous checkpoint "
-            f"{kept}; free space or fix permissions, or use another --output-dir"
+            f"{kept}; {fix}"
         ) from None
     for _, old in list_checkpoints(directory)[keep:]:
         old.unlink(missing_ok=True)

@@ -139,6 +139,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise ConfigError(f"config={path}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"config={path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+            f"{err.start}); save it as UTF-8 (for example iconv -f latin1 -t utf-8)"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -295,16 +295,23 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------- helpers
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error quotes what was typed, not a
+    400-digit number."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{name}={value!r}: must be one of {', '.join(choices)}")
+        raise ConfigError(f"{name}={shown(value)}: must be one of {', '.join(choices)}")
 
 
 def _int_range(name: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={value!r}: must be an integer in {low}..{high}")
+        raise ConfigError(f"{name}={shown(value)}: must be an integer in {low}..{high}")
     if not low <= value <= high:
-        raise ConfigError(f"{name}={value}: must be in {low}..{high}")
+        raise ConfigError(f"{name}={shown(value)}: must be in {low}..{high}")
 
 
 def _float_range(
@@ -318,7 +325,7 @@ def _float_range(
 ) -> None:
     interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{name}={value!r}: must be a number in {interval}")
+        raise ConfigError(f"{name}={shown(value)}: must be a number in {interval}")
     too_low = value <= low if low_open else value < low
     too_high = value >= high if high_open else value > high
     if too_low or too_high:
@@ -349,10 +356,10 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         return str(value) if kind.startswith("str") else value
     except ConfigError:
         raise
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         expected = {"tuple": "integers, comma-separated", "int": "an integer", "float": "a number"}
         expected_text = next((v for k, v in expected.items() if kind.startswith(k)), kind)
-        raise ConfigError(f"{key}={value!r}: expected {expected_text}") from None
+        raise ConfigError(f"{key}={shown(value)}: expected {expected_text}") from None
 
 
 def _to_bool(key: str, value: Any) -> bool:

@@ -137,3 +137,26 @@ def test_an_output_folder_the_user_cannot_write_is_one_line_before_training(tmp_
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"error: output_dir={output}: cannot create or write it as uid ")
     assert "Traceback" not in result.stderr and not output.exists()
+
+
+@pytest.mark.parametrize("blocked", ["checkpoint", "sidecar"])
+def test_a_folder_where_the_checkpoint_or_its_sidecar_goes_is_named_as_the_fix(
+    two_checkpoints, blocked
+):
+    folder, _ = two_checkpoints
+    final = checkpoint.checkpoint_path(folder, 3)
+    (final if blocked == "checkpoint" else checkpoint.checksum_path(final)).mkdir()
+    with pytest.raises(CheckpointError) as failure:
+        checkpoint.save(folder, 3, _state(3.0), keep=5)
+    message = str(failure.value)
+    assert "step-000000002.pt is intact" in message and "remove the folder" in message
+    assert checkpoint.load_latest(folder)[1]["step"] == 2
+
+
+def test_a_folder_named_like_the_newest_checkpoint_is_not_called_intact(two_checkpoints):
+    folder, _ = two_checkpoints
+    (checkpoint.checkpoint_path(folder, 9)).mkdir()  # not a checkpoint: never listed
+    assert [s for s, _ in checkpoint.list_checkpoints(folder)] == [2, 1]
+    with read_only(folder), pytest.raises(CheckpointError) as failure:
+        checkpoint.save(folder, 3, _state(3.0), keep=5)
+    assert "step-000000002.pt is intact" in str(failure.value)
