@@ -36,12 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     # Imported here so --help, --dry-run and config errors never wait for torch.distributed.
-    from trainer.distributed import init_dist, peer_failure_errors
+    from trainer.distributed import init_dist, is_peer_failure
     from trainer.live_upload import uploading
     from trainer.run import train
-    from trainer.signals import StopRequest
+    from trainer.signals import StopRequest, die_with_parent
 
     stop = StopRequest().install()
+    die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
     try:
         dist = init_dist(cfg)
     except (RuntimeError, ValueError) as err:
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"share's runs folder must be mode 1777)",
                 1,
             )
-        except peer_failure_errors():
+        except Exception as err:
+            if not is_peer_failure(err):
+                raise
             fail(
                 f"rank {dist.rank}: another worker stopped (its log says why); stopping too; "
                 f"rerun to resume from the newest checkpoint in {cfg.output_dir}",

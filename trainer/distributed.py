@@ -492,10 +492,23 @@ def init_dist(cfg: TrainConfig) -> Dist:
     return LocalDist()
 
 
-def peer_failure_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions a worker sees when another worker died (Horovod shuts down collectives)."""
+# What Gloo says when the other end of a collective went away (gloo/transport/tcp/pair.cc); it
+# raises a plain RuntimeError, so the message is all there is to tell it from a bug.
+_GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` is what a worker sees when another worker died: Horovod shuts down its
+    collectives; torch.distributed raises its DistError family, or Gloo's RuntimeError."""
     try:
         from horovod.common.exceptions import HorovodInternalError
+
+        if isinstance(err, HorovodInternalError):
+            return True
     except ImportError:
-        return ()
-    return (HorovodInternalError,)
+        pass
+    import torch.distributed as td
+
+    if isinstance(err, (td.DistBackendError, td.DistNetworkError, td.DistStoreError)):
+        return True
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in _GLOO_PEER_GONE)

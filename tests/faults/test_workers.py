@@ -14,6 +14,7 @@ from tests.parallel.conftest import (
     horovodrun,
     read_metrics,
     small_config,
+    torchrun,
 )
 from tests.parallel.test_two_workers import run, trainer_args, worker_processes
 from trainer import checkpoint
@@ -78,3 +79,44 @@ def test_sigterm_to_all_workers_checkpoints_and_exits_0_within_30s(tmp_path, rep
     assert output.count("stopped by signal") >= 1
     stopped = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
     assert 5 <= stopped < TOTAL  # written at the stop, not at an epoch end
+
+
+def test_workers_whose_launcher_is_killed_stop_with_a_checkpoint_instead_of_training_on(
+    tmp_path, repo
+):
+    """torchrun (on Batch: the node launcher) killed with SIGKILL cannot stop its workers;
+    each worker asked the kernel for a SIGTERM when its parent dies, so both stop at the same
+    step, checkpoint it and exit: no process of the run outlives it."""
+    config = small_config(tmp_path / "run", **{**COMMON, "backend": "ddp", "checkpoint_every": 0})
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log_file:
+        launcher = subprocess.Popen(
+            torchrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    _wait_for_step(launcher, log_path, tmp_path / "run", 3)
+    workers = worker_processes(psutil.Process(launcher.pid))
+    assert len(workers) == 2
+    launcher.kill()
+    launcher.wait(timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=60)
+    assert not alive, f"workers outlived their launcher: {alive}\n{log_path.read_text()[-3000:]}"
+    stopped = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
+    assert 3 <= stopped < TOTAL
+    assert "stopped by signal" in log_path.read_text()
+
+
+def test_a_ddp_rank_killed_leaves_the_survivor_one_line_not_a_traceback(tmp_path, repo):
+    config = small_config(tmp_path / "run", **{**COMMON, "backend": "ddp", "checkpoint_every": 0})
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log_file:
+        launcher = subprocess.Popen(
+            torchrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    _wait_for_step(launcher, log_path, tmp_path / "run", 3)
+    workers = worker_processes(psutil.Process(launcher.pid))
+    workers[-1].kill()
+    launcher.wait(timeout=60)
+    output = log_path.read_text()
+    assert launcher.returncode != 0
+    assert "another worker stopped (its log says why)" in output
+    assert "[rank0]: Traceback" not in output, output[-3000:]
