@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from infra.ip_rules import ip_rule_problem
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import CUDA, cuda_of_base
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
@@ -296,6 +297,7 @@ class StackSettings:
             )
         self._check_budget()
         self._check_network()
+        self._check_tags()
         self._check_image()
         self._check_jobs()
 
@@ -413,10 +415,30 @@ class StackSettings:
             )
         if storage.prefixlen > 28:
             raise ConfigError(f"storageSubnetCidr={storage}: use /28 or larger")
-        for ip in net.registry_allowed_ips:
-            _network("registryAllowedIps", ip)
-        for ip in net.storage_allowed_ips:
-            _storage_ip_rule(ip)
+        for key, allowed, storage_rule in (
+            ("registryAllowedIps", net.registry_allowed_ips, False),
+            ("storageAllowedIps", net.storage_allowed_ips, True),
+        ):
+            for text in allowed:
+                _network(key, text)
+                problem = ip_rule_problem(text, storage=storage_rule)
+                if problem is not None:
+                    raise ConfigError(f"{key}={text!r}: {problem}")
+
+    def _check_tags(self) -> None:
+        """The tags every resource carries (``naming.default_tags``) within Azure's limits."""
+        from infra import naming  # naming imports this module
+
+        if not self.cost_center.strip():
+            raise ConfigError(
+                f"costCenter={self.cost_center!r}: every resource carries a cost-center tag "
+                "(the policy pack requires it); set one: pulumi config set costCenter cc-4711"
+            )
+        problem = naming.tag_problem(naming.default_tags(self))
+        if problem is not None:
+            tag, reason = problem
+            setting = {"cost-center": "costCenter", "stack": "stack", "team": "team"}.get(tag)
+            raise ConfigError(f"{setting or 'tag ' + tag}{reason}")
 
 
 def _snake(key: str) -> str:
@@ -545,23 +567,6 @@ def _check_encrypted(key: str, value: Any) -> None:
 def _range(key: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         raise ConfigError(f"{key}={value}: must be in {low}..{high}")
-
-
-def _storage_ip_rule(text: str) -> None:
-    """Storage IP network rules take public IPv4 addresses or ranges of /30 and larger: "/31 or
-    /32 are not supported ... use individual IP address rules", and private ranges are not
-    allowed (articles/storage/common/storage-network-security-ip-address-range.md)."""
-    network = _network("storageAllowedIps", text)
-    if "/" in text and network.prefixlen > 30:
-        raise ConfigError(
-            f"storageAllowedIps={text!r}: Azure storage takes /30 or larger ranges; give the "
-            f"address alone ({network.network_address})"
-        )
-    if not network.is_global:
-        raise ConfigError(
-            f"storageAllowedIps={text!r}: not a public address; storage IP rules admit public "
-            "addresses only (the VNet's subnets are already allowed)"
-        )
 
 
 def current_month() -> str:

@@ -34,6 +34,44 @@ TAGGABLE = frozenset(
     }
 )
 
+# Azure's tag limits ("Use tags to organize your Azure resources and management hierarchy",
+# articles/azure-resource-manager/management/tag-resources.md, Limitations): "The tag name has a
+# limit of 512 characters and the tag value has a limit of 256 characters. For storage accounts,
+# the tag name has a limit of 128 characters"; "Tag names can't contain these characters: <, >,
+# %, &, \, ?, /". Every resource carries the same tags, storage accounts included, so names are
+# held to 128. ARM would refuse a longer tag mid-deployment, after other resources exist.
+TAG_NAME_MAX = 128
+TAG_VALUE_MAX = 256
+TAG_NAME_FORBIDDEN = frozenset("<>%&\\?/")
+
+
+def tag_problem(tags: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The first tag Azure would refuse, as (name, why: starting ``=<value>: ``, ending with
+    the fix); None when all are accepted. Used by ``StackSettings`` and the policy pack."""
+    for name, value in tags.items():
+        name, text = str(name), str(value)
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+        if not name or len(name) > TAG_NAME_MAX:
+            return name, (
+                f"={shown}: the tag name {name[:40]!r} has {len(name)} characters; Azure takes "
+                f"1..{TAG_NAME_MAX} (storage accounts); use a shorter name"
+            )
+        bad = sorted(TAG_NAME_FORBIDDEN & set(name))
+        if bad:
+            return name, (
+                f"={shown}: the tag name {name!r} contains {' '.join(bad)}, which Azure refuses "
+                "in tag names (< > % & \\ ? /); rename it"
+            )
+        if not isinstance(value, str):
+            return name, f"={shown}: a tag value is a string"
+        if len(text) > TAG_VALUE_MAX:
+            return name, (
+                f"={shown}: Azure takes tag values of at most {TAG_VALUE_MAX} characters; "
+                "use a shorter value"
+            )
+    return None
+
+
 # A fixed namespace so role-assignment names are the same on every `pulumi up` (idempotent).
 _ROLE_NAMESPACE = uuid.UUID("0b9e3c2e-4a61-4d8e-9a55-6f7d2d1c5e10")
 

@@ -46,8 +46,12 @@ class TrainerSettings:
             raise TrainerSettingsError(f"cannot read ({err})") from None
         except UnicodeDecodeError as err:
             raise TrainerSettingsError(
-                f"not UTF-8 (byte {err.start}); save the file as UTF-8"
+                f"not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
+                "save it as UTF-8 (for example iconv -f latin1 -t utf-8)"
             ) from None
+        except (ValueError, RecursionError) as err:
+            # A NUL byte in the path, a date YAML cannot build (2026-02-30), deep nesting.
+            raise TrainerSettingsError(f"cannot read ({err or 'nested too deeply'})") from None
         if not isinstance(values, dict):
             raise TrainerSettingsError("must be a mapping")
         try:

@@ -24,7 +24,8 @@ from pulumi_policy import (
 )
 
 from infra import cost
-from infra.naming import REQUIRED_TAGS, TAGGABLE
+from infra.ip_rules import ip_rule_problem
+from infra.naming import REQUIRED_TAGS, TAGGABLE, tag_problem
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
 
 POOL = "azure-native:batch:Pool"
@@ -163,6 +164,19 @@ def _required_tags(args: ResourceValidationArgs, report: ReportViolation) -> Non
         report(f"missing tags: {', '.join(missing)}", None)
 
 
+@_for(TAGGABLE)
+def _tags_within_azure_limits(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Tag names of 1..128 characters without < > % & \\ ? /, values of at most 256 characters
+    (infra.naming.tag_problem; articles/azure-resource-manager/management/tag-resources.md)."""
+    tags = args.props.get("tags") or {}
+    if not isinstance(tags, Mapping):
+        report(f"tags={tags!r}: must map tag names to values", None)
+        return
+    problem = tag_problem(tags)
+    if problem is not None:
+        report(f"tag {problem[0][:40]!r}{problem[1]}", None)
+
+
 def _pool_nodes(pool: Mapping[str, Any], kind: str) -> int:
     """A pool's ``Dedicated`` or ``LowPriority`` (Spot) node count, fixed or the most its
     autoscale formula asks for."""
@@ -231,21 +245,40 @@ def _storage_service_metrics(args: ResourceValidationArgs, report: ReportViolati
             )
 
 
+def _ip_rule_violations(props: Mapping[str, Any], what: str, *, storage: bool) -> list[str]:
+    """Each IP rule of a storage account or registry that is not a public IPv4 address or range
+    of the size Azure and this design admit (``infra.ip_rules.ip_rule_problem``)."""
+    out = []
+    for rule in (props.get("networkRuleSet") or {}).get("ipRules") or []:
+        value = str((rule or {}).get("iPAddressOrRange") or "")
+        try:
+            ipaddress.IPv4Network(value, strict=False)
+        except ValueError:
+            out.append(f"{what} IP rule {value!r} is not an IPv4 address or range")
+            continue
+        problem = ip_rule_problem(value, storage=storage)
+        if problem is not None:
+            out.append(f"{what} IP rule {value}: {problem}")
+    return out
+
+
 @_for(STORAGE_ACCOUNT)
 def _storage_ip_rules(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Storage IP rules name public addresses, ranges /30 or larger
-    (articles/storage/common/storage-network-security-ip-address-range.md)."""
-    for rule in (args.props.get("networkRuleSet") or {}).get("ipRules") or []:
-        value = str(rule.get("iPAddressOrRange") or "")
-        try:
-            network = ipaddress.ip_network(value, strict=False)
-        except ValueError:
-            report(f"storage IP rule {value!r} is not an address or range", None)
-            continue
-        if "/" in value and network.prefixlen > 30:
-            report(f"storage IP rule {value}: /31 and /32 are refused; give the address", None)
-        elif not network.is_global:
-            report(f"storage IP rule {value}: private ranges are refused; use VNet rules", None)
+    (articles/storage/common/storage-network-security-ip-address-range.md) and no wider than a
+    /16 (infra.ip_rules.MIN_ALLOWED_PREFIX: the network rule set stays default-deny)."""
+    for violation in _ip_rule_violations(args.props, "storage", storage=True):
+        report(violation, None)
+
+
+@_for("azure-native:containerregistry:Registry")
+def _registry_ip_rules(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Registry IP rules name public addresses (they filter the public endpoint only; private
+    traffic comes through a private endpoint) no wider than a /16 (infra.config.
+    MIN_ALLOWED_PREFIX), so 0.0.0.0/0 cannot undo the default-deny rule set
+    (articles/container-registry/container-registry-access-selected-networks.md)."""
+    for violation in _ip_rule_violations(args.props, "registry", storage=False):
+        report(violation, None)
 
 
 @_for("azure-native:consumption:Budget")
@@ -315,6 +348,8 @@ RESOURCE_RULES: dict[str, Validate] = {
     "acr-export-policy-needs-private-registry": _acr_export_policy,
     "storage-service-metric-categories": _storage_service_metrics,
     "storage-ip-rules-public": _storage_ip_rules,
+    "registry-ip-rules-public": _registry_ip_rules,
+    "tags-within-azure-limits": _tags_within_azure_limits,
     "budget-starts-on-the-first": _budget_start,
 }
 ALL_POLICIES: list[Policy] = [

@@ -16,6 +16,7 @@ Those reads use ``DefaultAzureCredential`` too (``az login``; Storage Blob Data 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from infra.live_metrics import (
 )
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
+from trainer.config import one_line
 
 POLL_SECONDS = 5.0
 # One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
@@ -73,19 +75,56 @@ class JobsError(RuntimeError):
 
     code = 2
 
+    def __init__(self, message: str) -> None:
+        # One line even when it quotes the outputs (a job name may hold a newline).
+        super().__init__(one_line(message))
 
-def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
+
+class OutputsError(JobsError):
+    """The stack's outputs lack something or have the wrong shape; from ``--outputs-file`` the
+    message names the file."""
+
+
+def json_type(value: Any) -> str:
+    """``value``'s type in JSON's words (for errors about a file's shape)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def read_outputs(
+    stack: str, outputs_file: Path | None, label: str = "outputs_file"
+) -> dict[str, Any]:
+    """The stack's outputs: ``outputs_file`` (``label`` names its option in errors) or, without
+    one, ``pulumi stack output --json``. Anything but a JSON object is a one-line JobsError."""
     if outputs_file is not None:
+        where = f"{label}={outputs_file}"
         try:
-            outputs = json.loads(outputs_file.read_bytes())
-        except OSError as err:
-            raise JobsError(f"outputs_file={outputs_file}: cannot read it ({err})") from None
-        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            data = outputs_file.read_bytes()
+        except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+            reason = getattr(err, "strerror", None) or err
+            raise JobsError(f"{where}: cannot read it ({reason})") from None
+        try:
+            # bytes: json detects UTF-8, UTF-16 and UTF-32 itself; anything else is refused.
+            outputs = json.loads(data)
+        except UnicodeDecodeError as err:
             raise JobsError(
-                f"outputs_file={outputs_file}: not JSON ({err}); give the output of "
-                "`pulumi stack output --json`"
+                f"{where}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                f"{err.start}); give the output of `pulumi stack output --json` as it printed it"
+            ) from None
+        except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+            reason = "nested too deeply" if isinstance(err, RecursionError) else err
+            raise JobsError(
+                f"{where}: not JSON ({reason}); give the output of `pulumi stack output --json`"
             ) from None
     else:
+        where = f"stack={stack}"
         if shutil.which("pulumi") is None:
             raise JobsError(
                 "the pulumi CLI is not on PATH: install it, or pass --outputs-file with "
@@ -95,20 +134,21 @@ def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
             ["pulumi", "stack", "output", "--json", "--stack", stack],
             capture_output=True,
             text=True,
+            errors="replace",
         )
         if result.returncode != 0:
             reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
             raise JobsError(f"stack={stack}: `pulumi stack output` failed ({reason})")
         try:
             outputs = json.loads(result.stdout)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise JobsError(
                 f"stack={stack}: `pulumi stack output --json` printed no JSON"
             ) from None
     if not isinstance(outputs, dict):
-        raise JobsError(
-            f"stack={stack}: the outputs must be a JSON object (of `pulumi stack output --json`), "
-            f"got {type(outputs).__name__}"
+        raise OutputsError(
+            f"{where}: the outputs must be a JSON object (of `pulumi stack output --json`), "
+            f"got {json_type(outputs)}"
         )
     return outputs
 
@@ -116,7 +156,7 @@ def read_outputs(stack: str, outputs_file: Path | None) -> dict[str, Any]:
 def require(outputs: dict[str, Any], key: str, stack: str) -> str:
     value = outputs.get(key)
     if not value or not isinstance(value, str):
-        raise JobsError(f"stack={stack}: has no {key} output; is `pulumi up` done?")
+        raise OutputsError(f"stack={stack}: has no {key} output; is `pulumi up` done?")
     return value
 
 
@@ -140,14 +180,17 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
         return f"{where}.{name}" if where else name
 
     if not isinstance(own, dict):
-        raise JobsError(
-            f"stack={stack}: output {where} must be an object, got {type(own).__name__}"
+        raise OutputsError(
+            f"stack={stack}: output {where or 'job'} must be an object, got {json_type(own)}"
         )
     if not own.get("job_id") or not isinstance(own["job_id"], str):
-        raise JobsError(f"stack={stack}: output {where} has no job_id; is `pulumi up` done?")
+        raise OutputsError(
+            f"stack={stack}: output {where or 'job_id'} has no job_id (a string); is `pulumi up` "
+            "done?"
+        )
     node_count = own.get("node_count")
     if node_count is not None and (isinstance(node_count, bool) or not isinstance(node_count, int)):
-        raise JobsError(
+        raise OutputsError(
             f"stack={stack}: output {key('node_count')}={node_count!r}: must be an integer"
         )
     url, url_key = own.get("metrics_url"), key("metrics_url")
@@ -162,7 +205,7 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
         try:
             folder = BlobFolder.parse(url)
         except ValueError as err:
-            raise JobsError(f"stack={stack}: output {url_key}={url!r}: {err}") from None
+            raise OutputsError(f"stack={stack}: output {url_key}={url!r}: {err}") from None
     outputs = {**shared, **own, **({"metrics_url": folder.url} if folder else {})}
     return Job(name, outputs, folder)
 
@@ -172,7 +215,7 @@ def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
     shared = {k: v for k, v in outputs.items() if k not in (*JOB_OUTPUTS, "jobs")}
     if "jobs" not in outputs:
         if not outputs.get("job_id"):
-            raise JobsError(
+            raise OutputsError(
                 f"stack={stack}: has no job_id output (nor jobs); are jobs declared (or "
                 "submitJob true) and `pulumi up` done?"
             )
@@ -180,11 +223,11 @@ def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
         return [_job(stack, SHORTHAND_JOB, shared, own, "")]
     jobs = outputs["jobs"]
     if not isinstance(jobs, dict):
-        raise JobsError(
-            f"stack={stack}: output jobs must map job names to objects, got {type(jobs).__name__}"
+        raise OutputsError(
+            f"stack={stack}: output jobs must map job names to objects, got {json_type(jobs)}"
         )
     if not jobs:
-        raise JobsError(f"stack={stack}: has no jobs (its jobs output is empty)")
+        raise OutputsError(f"stack={stack}: has no jobs (its jobs output is empty)")
     return [_job(stack, str(name), shared, jobs[name], f"jobs.{name}") for name in sorted(jobs)]
 
 
@@ -499,6 +542,14 @@ def tensorboard(
             process.wait(timeout=30)
 
 
+def tcp_port(text: str) -> int:
+    """An argparse type for a port to listen on: 1..65535 (argparse makes the ValueError one
+    line naming the option and the value, exit 2), never a traceback from bind()."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give one in 1..65535")
+    return int(text)
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m infra.tools.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -528,7 +579,7 @@ def build_parser() -> OneLineParser:
             )
             sub.add_argument("--no-start", action="store_true", help="copy only")
             sub.add_argument(
-                "--port", type=positive_int, default=TENSORBOARD_PORT, help="TensorBoard's port"
+                "--port", type=tcp_port, default=TENSORBOARD_PORT, help="TensorBoard's port"
             )
         sub.error = parser.error  # type: ignore[method-assign]
     return parser
@@ -536,7 +587,7 @@ def build_parser() -> OneLineParser:
 
 def _metrics_folder(job: Job, stack: str) -> BlobFolder:
     if job.metrics is None:
-        raise JobsError(
+        raise OutputsError(
             f"stack={stack}: job {job.name} has no metrics_url (nor job_log_url) output; "
             "is `pulumi up` done with this version?"
         )
@@ -581,7 +632,14 @@ def main(
             name = "stderr.txt" if args.stderr else "stdout.txt"
             return logs(client, job.outputs, sys.stdout, file_name=name, follow=not args.no_follow)
         return cancel(client, job.outputs, sys.stdout)
-    except (JobsError, StorageError) as err:
+    except JobsError as err:
+        message = str(err)
+        where = f"outputs_file={args.outputs_file}"
+        if isinstance(err, OutputsError) and args.outputs_file and not message.startswith(where):
+            # The outputs came from the file: name it with what is wrong in it.
+            message = f"{where}: {message.removeprefix(f'stack={args.stack}: ')}"
+        fail(message, err.code)
+    except StorageError as err:
         fail(str(err), err.code)
     except AzureError as err:
         fail(f"{where}: {str(err).splitlines()[0]}", 1)

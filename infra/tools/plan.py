@@ -65,12 +65,32 @@ class Plan:
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"stack file {path.name} not found: create it with `pulumi stack init`")
+    """The ``config:`` mapping of a stack file; a file that is missing, unreadable, not UTF-8,
+    not YAML or of another shape is a one-line ConfigError naming it."""
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError:
-        raise ConfigError(f"stack file {path.name}: not valid YAML") from None
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(
+            f"stack file {path.name} not found: create it with `pulumi stack init`"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"stack file {path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+            f"{err.start}); save it as UTF-8 (for example iconv -f latin1 -t utf-8), as the "
+            "Pulumi CLI reads it"
+        ) from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise ConfigError(
+            f"stack file {path}: cannot read it ({getattr(err, 'strerror', None) or err})"
+        ) from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"stack file {path.name}: not valid YAML{line}") from None
+    except (ValueError, RecursionError) as err:  # a date such as 2026-02-30; nesting
+        raise ConfigError(f"stack file {path.name}: not valid YAML ({err or 'too deep'})") from None
     values = loaded.get("config", {}) if isinstance(loaded, dict) else None
     if not isinstance(values, dict):
         raise ConfigError(f"stack file {path.name}: `config:` must be a mapping")
@@ -167,12 +187,23 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
     """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
-    from infra.tools.ops import read_outputs, stack_jobs
+    from infra.tools.ops import OutputsError, read_outputs, stack_jobs
 
-    outputs = read_outputs(stack, outputs_file)
+    outputs = read_outputs(stack, outputs_file, label="--deployed")
     if "jobs" not in outputs and not outputs.get("job_id"):
         return {}  # a stack that submits no job
-    return {job.name: job.outputs.get("job_checkpoint_path") for job in stack_jobs(outputs, stack)}
+    try:
+        jobs = stack_jobs(outputs, stack)
+    except OutputsError as err:
+        raise OutputsError(f"--deployed={outputs_file}: {err}") from None
+    folders = {job.name: job.outputs.get("job_checkpoint_path") for job in jobs}
+    for name, folder in folders.items():
+        if folder is not None and not isinstance(folder, str):
+            raise OutputsError(
+                f"--deployed={outputs_file}: job {name}'s job_checkpoint_path={folder!r}: "
+                "must be a string; give the output of `pulumi stack output --json`"
+            )
+    return folders
 
 
 def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:

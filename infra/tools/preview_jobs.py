@@ -89,13 +89,19 @@ def _reasons(keys: list[str]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _outputs(state: dict[str, Any]) -> dict[str, Any]:
+    """A state's outputs; {} when the digest has none or another shape there."""
+    outputs = state.get("outputs")
+    return outputs if isinstance(outputs, dict) else {}
+
+
 def _training(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     folder = _run_folder(new["inputs"])
     if folder is None:
         return "run folder known after the update"
     if old is None:
         return f"trains in {folder} (resumes if checkpoints are there)"
-    before = (old.get("outputs") or {}).get("checkpoint_path") or _run_folder(old["inputs"])
+    before = _outputs(old).get("checkpoint_path") or _run_folder(old["inputs"])
     if before == folder:
         return f"resumes from the newest checkpoint in {folder}"
     return f"starts a fresh run in {folder} (the old run's checkpoints stay in {before})"
@@ -114,7 +120,10 @@ def job_changes(digest: Any) -> list[JobChange]:
             continue
         entry = by_urn.setdefault(step["urn"], {"ops": [], "reasons": []})
         entry["ops"].append(step.get("op"))
-        entry["reasons"] += [r for r in step.get("replaceReasons") or [] if isinstance(r, str)]
+        reasons = step.get("replaceReasons")
+        entry["reasons"] += (
+            [r for r in reasons if isinstance(r, str)] if isinstance(reasons, list) else []
+        )
         if _is_job(old):
             entry.setdefault("old", old)
         if _is_job(new):
@@ -130,7 +139,7 @@ def job_changes(digest: Any) -> list[JobChange]:
         elif "create" in ops and new is not None:
             changes.append(JobChange(_job_name(new, urn), "created", (), _training(None, new)))
         elif "delete" in ops and old is not None:
-            folder = (old.get("outputs") or {}).get("checkpoint_path") or _run_folder(old["inputs"])
+            folder = _outputs(old).get("checkpoint_path") or _run_folder(old["inputs"])
             changes.append(
                 JobChange(_job_name(old, urn), "deleted", (), f"checkpoints stay in {folder}")
             )
@@ -170,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         changes = job_changes(digest)
     except OSError as err:
         fail(f"{args.preview}: cannot read it ({err.strerror or err})", 1)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         fail(f"{args.preview}: not JSON; give the output of `pulumi preview --json`", 2)
     except PreviewError as err:
         fail(f"{args.preview}: {err}", 2)

@@ -70,6 +70,19 @@ INVALID = [
     ({"storageSubnetCidr": "10.20.16.0/30"}, "storageSubnetCidr=10.20.16.0/30", "/28"),
     ({"registryAllowedIps": ["not-an-ip"]}, "registryAllowedIps='not-an-ip'", "CIDR"),
     ({"registryAllowedIps": "1.2.3.4"}, "registryAllowedIps='1.2.3.4'", "array"),
+    # The allow-lists admit named public machines: never the internet, never a private range.
+    ({"registryAllowedIps": ["0.0.0.0/0"]}, "registryAllowedIps='0.0.0.0/0'", "whole internet"),
+    ({"storageAllowedIps": ["0.0.0.0/0"]}, "storageAllowedIps='0.0.0.0/0'", "whole internet"),
+    ({"registryAllowedIps": ["52.0.0.0/8"]}, "registryAllowedIps='52.0.0.0/8'", "own addresses"),
+    ({"registryAllowedIps": ["10.1.0.0/16"]}, "registryAllowedIps='10.1.0.0/16'", "public"),
+    ({"storageAllowedIps": ["100.64.0.9"]}, "storageAllowedIps='100.64.0.9'", "private endpoint"),
+    ({"storageAllowedIps": ["127.0.0.1"]}, "storageAllowedIps='127.0.0.1'", "public address"),
+    ({"registryAllowedIps": ["169.254.1.1"]}, "registryAllowedIps='169.254.1.1'", "public"),
+    ({"registryAllowedIps": ["192.168.1.0/24"]}, "registryAllowedIps='192.168.1.0/24'", "public"),
+    # Tag values are at most 256 characters (the cost-center tag carries costCenter).
+    ({"costCenter": "c" * 257}, "costCenter='cccc", "(257 characters): Azure takes tag values"),
+    ({"costCenter": ""}, "costCenter=''", "pulumi config set costCenter"),
+    ({"costCenter": 42}, "costCenter=42", "expected string"),
     ({"nodeSize": "big"}, "unknown setting 'nodeSize'", "vmSize"),
     (
         {"spotNodes": 2, "checkpointing": False},
@@ -190,3 +203,24 @@ def test_the_trainer_file_is_read_once_and_the_job_sets_its_own_flags(schema, tm
     )  # fmt: skip
     job = settings(schema).jobs[0]
     assert job.trainer.path == schema["trainerConfig"]["default"]
+
+
+def test_allow_lists_take_public_addresses_and_ranges_up_to_a_16(schema):
+    s = settings(
+        schema,
+        registryAllowedIps=["20.1.2.3", "52.10.0.0/16", "203.0.113.0/24"],
+        storageAllowedIps=["20.1.2.3", "52.10.0.0/30"],
+        costCenter="c" * 256,
+    )
+    assert s.network.registry_allowed_ips[1] == "52.10.0.0/16"
+    assert len(s.cost_center) == 256
+
+
+def test_tag_rules_follow_azures_documented_limits():
+    from infra.naming import tag_problem
+
+    assert tag_problem({"project": "p", "cost-center": "v" * 256}) is None
+    assert "at most 256" in tag_problem({"k": "v" * 257})[1]
+    assert "1..128" in tag_problem({"n" * 129: "v"})[1]
+    for bad in "<>%&\\?/":
+        assert "Azure refuses in tag names" in tag_problem({f"a{bad}b": "v"})[1]

@@ -223,7 +223,8 @@ def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run
 @pytest.mark.parametrize(
     "content, message",
     [
-        (b"\xe9t\xe9", "not JSON"),
+        (b"\xe9t\xe9", "--deployed=OUT: not UTF-8 text (byte 0xe9 at offset 0)"),
+        (b"{", "--deployed=OUT: not JSON"),
         (b"[]", "must be a JSON object"),
         (b'{"jobs": {"a": null}}', "output jobs.a must be an object"),
     ],
@@ -235,4 +236,4 @@ def test_a_bad_deployed_outputs_file_is_a_one_line_error(tmp_path, capsys, conte
     path.write_bytes(content)
     assert main(["--stack", "dev", "--deployed", str(path)]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
+    assert message.replace("OUT", str(path)) in err and err.count("\n") == 1

@@ -143,7 +143,7 @@ def test_missing_outputs_and_cli_are_one_line_errors(tmp_path, monkeypatch, caps
         jobs.main(["status", "--stack", "dev", "--outputs-file", str(no_job)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "stack=dev: has no job_id output" in err
+    assert err.count("\n") == 1 and f"outputs_file={no_job}: has no job_id output" in err
 
 
 def test_main_wires_the_stack_outputs_to_the_client(tmp_path, client, capsys):

@@ -125,22 +125,30 @@ def test_a_stack_without_a_jobs_output_has_its_one_job_at_the_top_level():
 
 
 WRONG_SHAPES = [
-    ({"jobs": ["a"]}, "stack=dev: output jobs must map job names to objects, got list"),
-    ({"jobs": {}}, "stack=dev: has no jobs (its jobs output is empty)"),
-    ({"jobs": {"a": "dev-a"}}, "stack=dev: output jobs.a must be an object, got str"),
-    ({"jobs": {"a": {"job_state": "active"}}}, "stack=dev: output jobs.a has no job_id"),
+    ({"jobs": ["a"]}, "output jobs must map job names to objects, got a list"),
+    ({"jobs": None}, "output jobs must map job names to objects, got null"),
+    ({"jobs": {}}, "has no jobs (its jobs output is empty)"),
+    ({"jobs": {"a": "dev-a"}}, "output jobs.a must be an object, got a string"),
+    ({"jobs": {"a": None}}, "output jobs.a must be an object, got null"),
+    ({"jobs": {"a": {"job_state": "active"}}}, "output jobs.a has no job_id"),
+    ({"jobs": {"a": {"job_id": 7}}}, "output jobs.a has no job_id (a string)"),
     (
         {"jobs": {"a": {"job_id": "dev-a", "node_count": "two"}}},
-        "stack=dev: output jobs.a.node_count='two': must be an integer",
+        "output jobs.a.node_count='two': must be an integer",
     ),
     (
         {"jobs": {"a": {"job_id": "dev-a", "metrics_url": "http://acct/logs/x/"}}},
-        "stack=dev: output jobs.a.metrics_url='http://acct/logs/x/': must be an https://",
+        "output jobs.a.metrics_url='http://acct/logs/x/': must be an https://",
     ),
-    ({}, "stack=dev: has no job_id output (nor jobs)"),
+    (
+        {"jobs": {"a": {"job_id": "dev-a", "metrics_url": ["x"]}}},
+        "output jobs.a.metrics_url=['x']: must be an https://",
+    ),
+    ({}, "has no job_id output (nor jobs)"),
+    ({"job_id": ["dev-a"]}, "output job_id has no job_id (a string)"),
     (
         {"job_id": "dev-a", "node_count": "two"},
-        "stack=dev: output node_count='two': must be an integer",
+        "output node_count='two': must be an integer",
     ),
 ]
 
@@ -152,20 +160,61 @@ def test_wrong_shaped_outputs_are_one_line_errors(tmp_path, capsys, command, out
     argv = [command, *_outputs(tmp_path, {"batch_account_endpoint": ENDPOINT, **outputs})]
     code, out, err = _run(capsys, argv, client_factory=lambda endpoint: client)
     assert code == 2
-    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    path = tmp_path / "outputs.json"
+    assert err.startswith(f"error: outputs_file={path}: {message}") and err.count("\n") == 1, err
     assert out == ""
     client.get_job.assert_not_called()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            b"[1, 2]",
+            "the outputs must be a JSON object (of `pulumi stack output --json`), got a list",
+        ),
+        (b"null", "the outputs must be a JSON object"),
+        (b'"dev"', "got a string"),
+        (b"42", "got a number"),
+        (b"true", "got a boolean"),
+        (b"{", "not JSON (Expecting property name"),
+        (b"", "not JSON (Expecting value"),
+        (b"[" * 100_000, "not JSON (nested too deeply)"),
+        ('{"job_id": "café"}'.encode("latin-1"), "not UTF-8 text (byte 0xe9 at offset 15)"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8 text (byte 0x89 at offset 0)"),
+    ],
+)
+def test_an_outputs_file_of_the_wrong_kind_is_one_line_naming_the_file(
+    tmp_path, capsys, content, message
+):
+    path = tmp_path / "outputs.json"
+    path.write_bytes(content)
+    for command in ("list", "status"):
+        code, out, err = _run(capsys, [command, "--stack", "dev", "--outputs-file", str(path)])
+        assert (code, out) == (2, "")
+        assert err.startswith(f"error: outputs_file={path}: ") and err.count("\n") == 1, err
+        assert message in err, err
+
+
+def test_an_outputs_file_in_utf16_is_read_as_json_reads_it(tmp_path, capsys):
+    path = tmp_path / "outputs.json"
+    path.write_bytes(json.dumps(["x"]).encode("utf-16"))
+    code, _, err = _run(capsys, ["list", "--stack", "dev", "--outputs-file", str(path)])
+    assert code == 2 and "got a list" in err
+    code, _, err = _run(capsys, ["list", "--stack", "dev", "--outputs-file", str(tmp_path)])
+    assert code == 2 and err.startswith(f"error: outputs_file={tmp_path}: cannot read it")
 
 
 def test_outputs_that_are_not_an_object_and_a_missing_endpoint_are_one_line_errors(
     tmp_path, capsys
 ):
+    path = tmp_path / "outputs.json"
     code, _, err = _run(capsys, ["list", *_outputs(tmp_path, ["x"])])
-    assert (code, err) == (2, "error: stack=dev: the outputs must be a JSON object (of `pulumi "
-                                  "stack output --json`), got list\n")  # fmt: skip
+    assert (code, err) == (2, f"error: outputs_file={path}: the outputs must be a JSON object (of "
+                                  "`pulumi stack output --json`), got a list\n")  # fmt: skip
     code, _, err = _run(capsys, ["list", *_outputs(tmp_path, {"jobs": {"a": {"job_id": "x"}}})])
-    assert (code, err) == (2, "error: stack=dev: has no batch_account_endpoint output; is "
-                                  "`pulumi up` done?\n")  # fmt: skip
+    assert (code, err) == (2, f"error: outputs_file={path}: has no batch_account_endpoint output; "
+                                  "is `pulumi up` done?\n")  # fmt: skip
 
 
 # ---------------------------------------------------------------------- metrics
@@ -408,3 +457,13 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
     ]
     assert err.count("\n") == 1 and err.startswith("note: job vit: metrics: https://127.0.0.1:")
     assert "cannot reach it" in err
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "-1", "http", "６００６"])
+def test_a_tensorboard_port_out_of_range_is_one_line_before_anything_runs(tmp_path, capsys, port):
+    argv = ["tensorboard", "--stack", "dev", "--outputs-file", str(tmp_path / "none.json")]
+    code, out, err = _run(capsys, [*argv, "--port", port])
+    assert (code, out) == (2, "")
+    assert err == (
+        f"error: argument --port: {port!r} is not a TCP port; give one in 1..65535 (see --help)\n"
+    )

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.infra.conftest import REPO
 
 
@@ -54,3 +56,77 @@ def test_acr_builder_outside_a_git_checkout_is_one_line_and_exit_2(monkeypatch):
         "run from a clone or use imageBuilder docker\n"
     )
     assert result.stdout == ""
+
+
+def _main(capsys, *argv):
+    from infra.tools.plan import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "config:\n  gpu-cluster:team: vision  # équipe\n".encode("latin-1"),
+            "not UTF-8 text (byte 0xe9 at offset 38); save it as UTF-8",
+        ),
+        ("config:\n  gpu-cluster:team: vision\n".encode("utf-16"), "not UTF-8 text (byte 0xff"),
+        (bytes(range(256)), "not UTF-8 text (byte 0x80 at offset 128)"),
+        (b"config: [1, 2]\n", "`config:` must be a mapping"),
+        (b"- a\n- b\n", "`config:` must be a mapping"),
+        (b"config:\n", "`config:` must be a mapping"),
+        (b"config: {a: [\n", "not valid YAML (line 2)"),
+        (b"config: {gpu-cluster:team: 2026-02-30}\n", "not valid YAML (day is out of range"),
+    ],
+)
+def test_a_stack_file_of_the_wrong_kind_is_one_line_naming_it(tmp_path, capsys, content, message):
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_bytes(content)
+    code, out, err = _main(capsys, "--stack", "bad", "--stack-file", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith("error: stack file ") and "Pulumi.bad.yaml" in err, err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_a_trainer_file_in_latin1_stops_the_plan_in_one_line(tmp_path, capsys):
+    trainer = tmp_path / "train.yaml"
+    trainer.write_bytes("model: resnet18  # café\n".encode("latin-1"))
+    stack = tmp_path / "Pulumi.bad.yaml"
+    stack.write_text(
+        f"config:\n  gpu-cluster:team: vision\n  gpu-cluster:trainerConfig: {trainer}\n"
+    )
+    code, out, err = _main(capsys, "--stack", "bad", "--stack-file", str(stack))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"error: trainerConfig={trainer}: not UTF-8 text (byte 0xe9 at offset 22); save it as "
+        "UTF-8 (for example iconv -f latin1 -t utf-8)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"null", "the outputs must be a JSON object (of `pulumi stack output --json`), got null"),
+        (b'{"jobs": [1]}', "output jobs must map job names to objects, got a list"),
+        (b'{"jobs": {"a": {"job_id": "j", "job_checkpoint_path": 3}}}', "must be a string"),
+        ('{"job_id": "é"}'.encode("cp1252"), "not UTF-8 text (byte 0xe9 at offset 12)"),
+    ],
+)
+def test_a_deployed_outputs_file_of_the_wrong_kind_is_one_line_naming_it(
+    tmp_path, content, message
+):
+    from infra.tools.ops import JobsError
+    from infra.tools.plan import deployed_run_folders
+
+    path = tmp_path / "deployed.json"
+    path.write_bytes(content)
+    with pytest.raises(JobsError) as refused:
+        deployed_run_folders(path, "dev")
+    assert str(refused.value).startswith(f"--deployed={path}: ") and refused.value.code == 2
+    assert message in str(refused.value)

@@ -281,14 +281,49 @@ CASES += [
         "azure-native:storage:StorageAccount",
         changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.0/24"}]),
         changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.4/32"}]),
-        "/31 and /32 are refused",
+        "Azure storage takes /30 or larger ranges",
     ),
     (
         "storage-ip-rules-public",
         "azure-native:storage:StorageAccount",
         changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.2.4"}]),
         changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "10.0.0.0/16"}]),
-        "private ranges are refused",
+        "not a public address (10.0.0.0/8",
+    ),
+    (
+        "storage-ip-rules-public",
+        "azure-native:storage:StorageAccount",
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "20.1.0.0/16"}]),
+        changed(STORAGE, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "0.0.0.0/0"}]),
+        "(the whole internet), wider than the /16",
+    ),
+    (
+        "registry-ip-rules-public",
+        "azure-native:containerregistry:Registry",
+        changed(REGISTRY, ["networkRuleSet"], {"ipRules": [{"iPAddressOrRange": "20.1.2.4"}]}),
+        changed(REGISTRY, ["networkRuleSet"], {"ipRules": [{"iPAddressOrRange": "0.0.0.0/0"}]}),
+        "registry IP rule 0.0.0.0/0: a /0 is 4,294,967,296 addresses (the whole internet)",
+    ),
+    (
+        "registry-ip-rules-public",
+        "azure-native:containerregistry:Registry",
+        REGISTRY,
+        changed(REGISTRY, ["networkRuleSet"], {"ipRules": [{"iPAddressOrRange": "52.0.0.0/8"}]}),
+        "wider than the /16",
+    ),
+    (
+        "tags-within-azure-limits",
+        "azure-native:storage:StorageAccount",
+        STORAGE,
+        changed(STORAGE, ["tags"], {**TAGS, "cost-center": "c" * 257}),
+        "at most 256 characters",
+    ),
+    (
+        "tags-within-azure-limits",
+        "azure-native:network:VirtualNetwork",
+        {"tags": TAGS},
+        {"tags": {**TAGS, "a/b": "x"}},
+        "contains /, which Azure refuses in tag names",
     ),
     (
         "budget-starts-on-the-first",
@@ -298,6 +333,49 @@ CASES += [
         "first day of a month",
     ),
 ]
+
+
+# Each address or range the registry and storage IP rules refuse, and why (the same function
+# refuses them in the stack's settings: tests/infra/test_config.py).
+REFUSED_RULES = [
+    ("0.0.0.0/0", "the whole internet"),
+    ("0.0.0.0/1", "wider than the /16"),
+    ("52.0.0.0/15", "wider than the /16"),
+    ("10.1.2.3", "10.0.0.0/8 is private"),
+    ("172.20.0.0/16", "172.16.0.0/12 is private"),
+    ("192.168.0.0/24", "192.168.0.0/16 is private"),
+    ("100.64.0.1", "100.64.0.0/10 is private"),
+    ("127.0.0.1", "127.0.0.0/8 is private"),
+    ("169.254.169.254", "169.254.0.0/16 is private"),
+    ("224.0.0.1", "224.0.0.0/4"),
+    ("2001:db8::/32", "not an IPv4 address or range"),
+    ("laptop", "not an IPv4 address or range"),
+]
+
+
+@pytest.mark.parametrize(("value", "message"), REFUSED_RULES)
+@pytest.mark.parametrize(
+    ("policy", "typ", "base"),
+    [
+        ("registry-ip-rules-public", "azure-native:containerregistry:Registry", REGISTRY),
+        ("storage-ip-rules-public", "azure-native:storage:StorageAccount", STORAGE),
+    ],
+)
+def test_ip_rules_refuse_private_and_internet_wide_ranges(policy, typ, base, value, message):
+    rules = [{"iPAddressOrRange": "20.1.2.4"}, {"iPAddressOrRange": value}]
+    props = changed(base, ["networkRuleSet"], {"defaultAction": "Deny", "ipRules": rules})
+    violations = check(policy, typ, props)
+    assert len(violations) == 1 and message in violations[0], violations
+    # The RFC 5737 documentation ranges stay usable (examples, and the plan's mocked NAT IP).
+    ok = changed(props, ["networkRuleSet", "ipRules"], [{"iPAddressOrRange": "203.0.113.10"}])
+    assert check(policy, typ, ok) == []
+
+
+def test_tag_names_over_128_characters_are_refused():
+    long_name = {"tags": {**TAGS, "n" * 129: "v"}}
+    violations = check("tags-within-azure-limits", "azure-native:compute:Disk", long_name)
+    assert violations and "has 129 characters; Azure takes 1..128" in violations[0]
+    assert check("tags-within-azure-limits", "azure-native:compute:Disk", {"tags": "x"})
 
 
 @pytest.mark.parametrize(("policy", "typ", "good", "bad", "message"), CASES)

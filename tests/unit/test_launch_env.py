@@ -327,3 +327,32 @@ def test_a_torch_port_that_cannot_be_used_is_one_line_naming_the_fix(
         torch_master_port(rendezvous, {"AZ_BATCH_MASTER_NODE": batch_master})
     assert "set MASTER_PORT or --port to another port" in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--workers-per-node", "0"], {}, "--workers-per-node=0: must be at least 1"),
+        (["--workers-per-node", "-2"], {}, "--workers-per-node=-2: must be at least 1"),
+        (["--workers-per-node", "two"], {}, "invalid int value: 'two'"),
+        (["--port", "0"], {}, "--port=0: expected a TCP port number 1-65535"),
+        (["--port", "65536"], {}, "--port=65536: expected a TCP port number 1-65535"),
+        (["--port", "-1"], {}, "--port=-1: expected a TCP port number 1-65535"),
+        (["--port", "http"], {}, "invalid int value: 'http'"),
+        ([], {"MASTER_PORT": "0"}, "MASTER_PORT=0: expected a TCP port number 1-65535"),
+        ([], {"MASTER_PORT": "99999"}, "MASTER_PORT=99999: expected a TCP port"),
+        ([], {"MASTER_PORT": "²"}, "MASTER_PORT=²: expected a TCP port"),
+        ([], {"MASTER_PORT": " 6105"}, "MASTER_PORT= 6105: expected a TCP port"),
+    ],
+)
+def test_bad_worker_counts_and_ports_stop_the_launcher_in_one_line(
+    monkeypatch, capsys, argv, env, message
+):
+    for key, value in {**BATCH, **env}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--node-ip", "127.0.0.2", "--", *TRAINER])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err

@@ -51,7 +51,7 @@ import yaml
 
 from trainer.cli import OneLineParser, fail
 from trainer.cli import build_parser as trainer_parser
-from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS
+from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS, one_line
 from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
 from trainer.launch.rendezvous import gloo_worker_env, start_gloo_rendezvous, torch_worker_env
@@ -124,8 +124,8 @@ def rendezvous_port(env: dict[str, str], option: int | None) -> int:
         source, text = "MASTER_PORT", env["MASTER_PORT"]
     else:
         return DEFAULT_PORT
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise LaunchError(f"{source}={text}: expected a TCP port number 1-65535")
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 65536:
+        raise LaunchError(f"{source}={one_line(text)}: expected a TCP port number 1-65535")
     return int(text)
 
 
@@ -646,9 +646,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.vm_size:
             fabric_for(args.vm_size)  # validate before anything starts
+        # Not `args.workers_per_node or ...`: that would turn an explicit 0 into the default.
+        if args.workers_per_node is not None and args.workers_per_node < 1:
+            raise LaunchError(
+                f"--workers-per-node={args.workers_per_node}: must be at least 1 (one worker "
+                "per GPU; leave it out to use the VM size's GPUs)"
+            )
         slots = args.workers_per_node or _default_workers(args.vm_size)
-        if slots < 1:
-            raise LaunchError(f"workers_per_node={slots}: must be at least 1")
         engine = engine_of(command)
         node = read_batch_environment(env, args.node_ip, args.port)
         torch_port = None
