@@ -23,7 +23,7 @@ lint: $(SETUP_STAMP)
 test: lint
 	$(VENV)/bin/pytest
 
-# Benchmarks print figures and save bench/results/*.json and *.png (about 20 minutes here).
+# Benchmarks print figures and save bench/results/*.json and *.png (about 45 minutes here).
 bench: $(SETUP_STAMP)
 	$(VENV)/bin/python -m bench.run_all
 

@@ -90,3 +90,43 @@ def torchrun(workers: int) -> list[str]:
         "--nproc_per_node",
         str(workers),
     ]
+
+
+def read_records(metrics_file: Path) -> list[dict[str, Any]]:
+    """Every record of a run's metrics.jsonl, in order."""
+    return [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+
+
+def steady_value(records: list[dict[str, Any]], key: str) -> float:
+    """Median of ``key`` over the "train" windows after the first (warm-up), as steady_rate."""
+    values = [r[key] for r in records if r.get("kind") == "train"]
+    return statistics.median(values[1:] or values)
+
+
+def run_records(
+    launcher: list[str], flags: list[str], env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run ``launcher -m trainer flags`` in a temp output folder; its metrics records."""
+    with tempfile.TemporaryDirectory() as temp:
+        command = [*launcher, "-m", "trainer", *flags, "--output-dir", temp]
+        log = Path(temp) / "launcher.log"
+        with open(log, "w") as out:  # a file, never an unread pipe: workers would block
+            result = subprocess.run(
+                command,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                timeout=900,
+            )
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
+        return read_records(Path(temp) / "metrics.jsonl")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

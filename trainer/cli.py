@@ -148,6 +148,11 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config={path}: not valid YAML{where}") from None
+    except (ValueError, RecursionError) as err:
+        # A value YAML parses but cannot build (a date like 2026-02-30), or nesting deeper
+        # than Python's recursion limit.
+        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"config={path}: not a usable YAML document ({reason})") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -10,6 +10,9 @@ from hypothesis import strategies as st
 from trainer.cli import parse
 from trainer.config import FIELD_NAMES, ConfigError
 
+ODD_YAML = st.sampled_from(
+    ["a: 2026-02-30\n", "epochs: 2026-13-01\n", "[" * 5000, "- " * 3000 + "x\n", "!!binary x\n"]
+)
 NUMERIC_EXTREMES = st.sampled_from(
     [".nan", ".inf", "-.inf", "1e999", "-1e999", "1" + "0" * 400, "-" + "9" * 400, "0x10", "1_000"]
 )
@@ -85,3 +88,11 @@ def test_a_latin1_comment_names_the_file_the_byte_and_the_fix(tmp_path):
         )
     else:
         raise AssertionError("a Latin-1 file must not parse as UTF-8")
+
+
+@FILE_EXAMPLES
+@given(document=ODD_YAML)
+def test_yaml_that_parses_but_cannot_be_built(tmp_path, document):
+    path = tmp_path / "train.yaml"
+    path.write_text(document, encoding="utf-8")
+    parses_or_one_line(path)

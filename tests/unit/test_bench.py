@@ -3,6 +3,8 @@ are drawn from results files."""
 
 import json
 
+import pytest
+
 from bench import common, plots
 
 
@@ -43,3 +45,70 @@ def test_plots_are_drawn_from_results(tmp_path, monkeypatch):
     plots.main()
     for name in ("scaling.png", "data_path.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_steady_value_skips_the_warm_up_window_and_other_records():
+    records = [
+        {"kind": "train", "tokens_per_sec_total": 1.0},
+        {"kind": "checkpoint", "step": 2, "stall_sec": 9.0},
+        {"kind": "train", "tokens_per_sec_total": 30.0},
+        {"kind": "train", "tokens_per_sec_total": 50.0},
+    ]
+    assert common.steady_value(records, "tokens_per_sec_total") == 40.0
+    assert common.steady_value(records[:1], "tokens_per_sec_total") == 1.0
+
+
+def test_read_records_keeps_every_record_in_order(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"kind": "train", "step": 1}\n\n{"kind": "checkpoint", "step": 1}\n')
+    assert [r["kind"] for r in common.read_records(metrics)] == ["train", "checkpoint"]
+
+
+def test_expected_state_is_16_bytes_per_parameter_over_the_shard_group():
+    from bench.engine_memory import state_bytes_per_rank
+
+    assert state_bytes_per_rank(124_439_808, 1) == 16 * 124_439_808
+    assert state_bytes_per_rank(1000, 2) == 8000
+    with pytest.raises(ValueError, match="shard_group=0"):
+        state_bytes_per_rank(1000, 0)
+
+
+def test_engine_memory_takes_the_largest_train_peak():
+    from bench.engine_memory import peak_memory_gb
+
+    records = [
+        {"kind": "train", "peak_memory_gb": 2.5},
+        {"kind": "train", "peak_memory_gb": 3.25},
+        {"kind": "checkpoint", "stall_sec": 1.0},
+    ]
+    assert peak_memory_gb(records) == 3.25
+
+
+def test_mid_run_stalls_leave_out_the_last_save():
+    from bench.checkpoint_stall import mid_run_stalls
+
+    records = [
+        {"kind": "train", "step": 10},
+        {"kind": "checkpoint", "step": 10, "stall_sec": 0.1},
+        {"kind": "checkpoint", "step": 20, "stall_sec": 0.2},
+        {"kind": "checkpoint", "step": 31, "stall_sec": 5.0},  # the final, synchronous save
+    ]
+    assert mid_run_stalls(records) == [0.1, 0.2]
+    assert mid_run_stalls(records[:2]) == []
+
+
+def test_scaling_efficiency_is_total_over_workers_times_one():
+    from bench.lm_throughput import efficiency
+
+    assert efficiency(180.0, 100.0, 2) == 0.9
+
+
+def test_the_memory_window_opens_at_the_first_step_and_closes_at_the_final_save(tmp_path):
+    from bench.engine_memory import training_window
+
+    metrics = tmp_path / "metrics.jsonl"
+    assert not training_window(metrics)  # not written yet
+    metrics.write_text('{"kind": "train", "step": 1}\n{"kind": "tra')  # a line being written
+    assert training_window(metrics)
+    metrics.write_text('{"kind": "train", "step": 1}\n{"kind": "checkpoint", "step": 3}\n')
+    assert not training_window(metrics)
