@@ -21,7 +21,6 @@ from torch import nn
 
 from trainer.background_save import cpu_copy
 from trainer.config import TrainConfig
-from trainer.noise_scale import GradientProbe
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -30,6 +29,36 @@ def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.T
     and torch computes the norm over all of them (every rank gets the same value)."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+class GradientProbe:
+    """Collects, on measuring steps, this rank's squared gradient norm before the reduction
+    (``local``, called by the engine's hook for every gradient or bucket) and after it
+    (``record_reduced``, called once the gradients are averaged, before clipping)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.active = False
+        self.local_sq = torch.zeros((), dtype=torch.float64, device=device)
+        self.reduced_sq = torch.zeros((), dtype=torch.float64, device=device)
+
+    def start(self) -> None:
+        self.active = True
+        self.local_sq.zero_()
+        self.reduced_sq.zero_()
+
+    def local(self, gradients: torch.Tensor) -> None:
+        if self.active:
+            self.local_sq += gradients.detach().double().pow(2).sum().to(self.device)
+
+    def record_reduced(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.active:
+            return
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self.reduced_sq += param.grad.detach().double().pow(2).sum()
+        self.active = False
 
 
 class _MeasuredCompression:

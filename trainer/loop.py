@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.distributed import Dist
-from trainer.noise_scale import GradientProbe
+from trainer.distributed import Dist, GradientProbe
 
 
 @dataclass

@@ -17,48 +17,17 @@ Each is noisy, and their ratio is biased when taken per step, so the paper avera
 denominator separately (an exponential moving average of each here) and divides the averages.
 
 The local norms are taken where the engine already holds the local gradients (a DDP
-communication hook, a Horovod compression hook; ``trainer.distributed``), so no extra backward
-pass runs. |G_small|^2 is the mean of the workers' squared norms.
+communication hook, a Horovod compression hook: ``trainer.distributed.GradientProbe``), so no
+extra backward pass runs. |G_small|^2 is the mean of the workers' squared norms. This module
+imports no torch: the job CLI prints the same advice from the uploaded metrics.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 # Smoothing of the two estimates: about the last 1 / (1 - 0.95) = 20 measurements count.
 EMA_DECAY = 0.95
-
-
-class GradientProbe:
-    """Collects, on measuring steps, this rank's squared gradient norm before the reduction
-    (``local``, called by the engine's hook for every gradient or bucket) and after it
-    (``record_reduced``, called once the gradients are averaged, before clipping)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.active = False
-        self.local_sq = torch.zeros((), dtype=torch.float64, device=device)
-        self.reduced_sq = torch.zeros((), dtype=torch.float64, device=device)
-
-    def start(self) -> None:
-        self.active = True
-        self.local_sq.zero_()
-        self.reduced_sq.zero_()
-
-    def local(self, gradients: torch.Tensor) -> None:
-        if self.active:
-            self.local_sq += gradients.detach().double().pow(2).sum().to(self.device)
-
-    def record_reduced(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.active:
-            return
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    self.reduced_sq += param.grad.detach().double().pow(2).sum()
-        self.active = False
 
 
 @dataclass

@@ -20,13 +20,13 @@ from trainer import checkpoint, preflight, sharded_checkpoint
 from trainer.background_save import BackgroundWriter, cpu_copy
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import build_loaders
-from trainer.distributed import Dist
+from trainer.distributed import Dist, GradientProbe
 from trainer.lm.sizes import GPT_SIZES, flops_per_token
 from trainer.lm.throughput import peak_tflops, throughput_metrics
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
 from trainer.model import build_model, checkpoint_activations, sharding_units
-from trainer.noise_scale import GradientProbe, NoiseScale
+from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.signals import StopRequest
 

@@ -47,6 +47,7 @@ from infra.live_metrics import (
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
 from trainer.config import one_line
+from trainer.noise_scale import advice
 
 POLL_SECONDS = 5.0
 # One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
@@ -328,8 +329,8 @@ def _number(record: dict[str, Any], key: str, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _mean_rate(records: list[dict[str, Any]]) -> float | None:
-    rates = [v for r in records if (v := number(r, "images_per_sec_total")) is not None]
+def _mean_rate(records: list[dict[str, Any]], key: str) -> float | None:
+    rates = [v for r in records if (v := number(r, key)) is not None]
     return sum(rates) / len(rates) if rates else None
 
 
@@ -363,30 +364,43 @@ def metrics(
         out.write("no training steps logged yet\n")
         return 0
     shown = train[-last:]
-    rows = [("step", "epoch", "loss", "images/s")]
+    # A language model's run counts tokens where an image model's counts images.
+    unit = "tokens" if any("tokens_per_sec_total" in r for r in shown) else "images"
+    key = f"{unit}_per_sec_total"
+    rows = [("step", "epoch", "loss", f"{unit}/s")]
     rows += [
         (
             str(r["step"]),
             _number(r, "epoch", "g"),
             _number(r, "loss", ".4f"),
-            _number(r, "images_per_sec_total", ".1f"),
+            _number(r, key, ".1f"),
         )
         for r in shown
     ]
     out.write(_table(rows, right={0, 1, 2, 3}))
-    recent, overall = _mean_rate(shown), _mean_rate(train)
+    recent, overall = _mean_rate(shown, key), _mean_rate(train, key)
     if recent is not None and overall is not None:
         out.write(
-            f"throughput: {recent:.1f} images/s total, mean of the last {len(shown)} logged "
+            f"throughput: {recent:.1f} {unit}/s total, mean of the last {len(shown)} logged "
             f"steps ({overall:.1f} over all {len(train)} in the file)\n"
         )
-    evals = [r for r in records if r.get("kind") == "eval"]
+    evals = [r for r in records if r.get("kind") == "eval"]  # trainer.run's val_* records
     if evals:
         e = evals[-1]
         out.write(
             f"last evaluation: step {e.get('step')}, epoch {e.get('epoch')}, loss "
-            f"{_number(e, 'loss', '.4f')}, accuracy {_number(e, 'accuracy', '.4f')}\n"
+            f"{_number(e, 'val_loss', '.4f')}, accuracy {_number(e, 'val_accuracy', '.4f')}\n"
         )
+    # --noise-scale-every: the latest smoothed estimate, as the run's own summary says it.
+    noise = [
+        r
+        for r in records
+        if r.get("kind") == "noise"
+        and number(r, "noise_scale") is not None
+        and isinstance(r.get("global_batch"), int)
+    ]
+    if noise:
+        out.write(advice(noise[-1]["noise_scale"], noise[-1]["global_batch"]) + "\n")
     return 0
 
 

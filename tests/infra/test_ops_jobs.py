@@ -21,6 +21,7 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from infra.tools import ops
 from tests.conftest import _free_port
+from trainer.noise_scale import advice
 
 ENDPOINT = "platformbatch.eastus.batch.azure.com"
 
@@ -221,7 +222,8 @@ def test_outputs_that_are_not_an_object_and_a_missing_endpoint_are_one_line_erro
 def test_metrics_prints_the_last_steps_and_the_throughput(tmp_path, capsys, entra_env, logs):
     outputs = _stack(_url(entra_env, logs), "resnet", "vit")
     records = [_train(step, 100.0 * step, loss=5 - step / 10) for step in range(1, 13)]
-    records.insert(6, {"kind": "eval", "step": 6, "epoch": 0, "loss": 4.2, "accuracy": 0.25})
+    evaluation = {"kind": "eval", "step": 6, "epoch": 0, "val_loss": 4.2, "val_accuracy": 0.25}
+    records.insert(6, evaluation)
     # An upload taken while the trainer appended a line: the cut line is skipped.
     _upload_metrics(logs, "resnet/live/", records, tail=b'{"kind": "train", "st')
     tokens = entra_env.imds.tokens_issued
@@ -243,6 +245,26 @@ def test_metrics_prints_the_last_steps_and_the_throughput(tmp_path, capsys, entr
     )
     assert lines[6] == "last evaluation: step 6, epoch 0, loss 4.2000, accuracy 0.2500"
     assert entra_env.imds.tokens_issued > tokens  # a bearer token, not a key
+
+
+def test_metrics_of_a_language_model_count_tokens_and_give_the_noise_scale_advice(
+    tmp_path, capsys, entra_env, logs
+):
+    outputs = _stack(_url(entra_env, logs), "resnet", "vit")
+    records = [
+        {"kind": "train", "step": step, "epoch": 0, "loss": 3.0, "tokens_per_sec_total": 5e4}
+        for step in (1, 2)
+    ]
+    records.append({"kind": "noise", "step": 2, "global_batch": 256, "noise_scale": 2048.0})
+    _upload_metrics(logs, "resnet/live/", records)
+    argv = ["metrics", *_outputs(tmp_path, outputs), "--job", "resnet"]
+    code, out, err = _run(capsys, argv)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1].split() == ["step", "epoch", "loss", "tokens/s"]
+    assert lines[4].startswith("throughput: 50000.0 tokens/s total")
+    assert lines[-1] == advice(2048.0, 256)
+    assert "scaling beyond about 8.0x" in lines[-1]
 
 
 def test_metrics_before_any_upload_and_without_credentials_are_one_line_errors(

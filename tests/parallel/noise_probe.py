@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from trainer.config import TrainConfig
-from trainer.distributed import init_dist
-from trainer.noise_scale import GradientProbe, NoiseScale
+from trainer.distributed import GradientProbe, init_dist
+from trainer.noise_scale import NoiseScale
 
 DIM, NOISE_STD, PER_WORKER = 8, 1.0, 4
 
