@@ -48,32 +48,12 @@ def save(name: str, results: dict[str, Any]) -> Path:
 
 def steady_rate(metrics_file: Path, key: str = "images_per_sec_total") -> float:
     """Median images/sec over the logged training windows after the first."""
-    windows = [
-        json.loads(line)
-        for line in metrics_file.read_text().splitlines()
-        if line.strip() and json.loads(line).get("kind") == "train"
-    ]
-    rates = [w[key] for w in windows[1:]] or [w[key] for w in windows]
-    return statistics.median(rates)
+    return steady_value(read_records(metrics_file), key)
 
 
 def run_trainer(launcher: list[str], flags: list[str], env: dict[str, str] | None = None) -> float:
     """Run ``launcher -m trainer flags`` in a temp output folder; steady images/sec."""
-    with tempfile.TemporaryDirectory() as temp:
-        command = [*launcher, "-m", "trainer", *flags, "--output-dir", temp]
-        log = Path(temp) / "launcher.log"
-        with open(log, "w") as out:  # a file, never an unread pipe: workers would block
-            result = subprocess.run(
-                command,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
-                timeout=900,
-            )
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
-        return steady_rate(Path(temp) / "metrics.jsonl")
+    return steady_value(run_records(launcher, flags, env), "images_per_sec_total")
 
 
 def horovodrun(workers: int) -> list[str]:
@@ -98,7 +78,7 @@ def read_records(metrics_file: Path) -> list[dict[str, Any]]:
 
 
 def steady_value(records: list[dict[str, Any]], key: str) -> float:
-    """Median of ``key`` over the "train" windows after the first (warm-up), as steady_rate."""
+    """Median of ``key`` over the "train" windows after the first (warm-up)."""
     values = [r[key] for r in records if r.get("kind") == "train"]
     return statistics.median(values[1:] or values)
 

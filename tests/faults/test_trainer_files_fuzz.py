@@ -96,3 +96,21 @@ def test_yaml_that_parses_but_cannot_be_built(tmp_path, document):
     path = tmp_path / "train.yaml"
     path.write_text(document, encoding="utf-8")
     parses_or_one_line(path)
+
+
+def test_a_manifest_that_is_not_utf8_is_one_line_for_shards_and_tokens(tmp_path):
+    from trainer.data.errors import DataError
+    from trainer.data.manifest import Manifest
+    from trainer.data.text import TokenManifest
+
+    (tmp_path / "manifest.json").write_bytes('{"format": "café"}'.encode("latin-1"))
+    for reader, what in ((Manifest, "dataset"), (TokenManifest, "text")):
+        try:
+            reader.load(tmp_path)
+        except DataError as err:
+            assert str(err) == (
+                f"{tmp_path / 'manifest.json'}: cannot read it (not UTF-8 text); "
+                f"prepare the {what} again"
+            )
+        else:
+            raise AssertionError(f"{reader.__name__} read a Latin-1 manifest")

@@ -23,11 +23,11 @@ COMMON = {**SIGNAL_RUN, "checkpoint_every": 4}
 TOTAL = SIGNAL_RUN_STEPS
 
 
-def _start(config, tmp_path, repo, name):
+def _start(config, tmp_path, repo, name, launch=horovodrun):
     log_path = tmp_path / f"{name}.log"
     with open(log_path, "w") as log_file:  # a file: an unread pipe would block the workers
         launcher = subprocess.Popen(
-            horovodrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
+            launch(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
         )
     return launcher, log_path
 
@@ -88,11 +88,7 @@ def test_workers_whose_launcher_is_killed_stop_with_a_checkpoint_instead_of_trai
     each worker asked the kernel for a SIGTERM when its parent dies, so both stop at the same
     step, checkpoint it and exit: no process of the run outlives it."""
     config = small_config(tmp_path / "run", **{**COMMON, "backend": "ddp", "checkpoint_every": 0})
-    log_path = tmp_path / "run.log"
-    with open(log_path, "w") as log_file:
-        launcher = subprocess.Popen(
-            torchrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
-        )
+    launcher, log_path = _start(config, tmp_path, repo, "run", launch=torchrun)
     _wait_for_step(launcher, log_path, tmp_path / "run", 3)
     workers = worker_processes(psutil.Process(launcher.pid))
     assert len(workers) == 2
@@ -107,11 +103,7 @@ def test_workers_whose_launcher_is_killed_stop_with_a_checkpoint_instead_of_trai
 
 def test_a_ddp_rank_killed_leaves_the_survivor_one_line_not_a_traceback(tmp_path, repo):
     config = small_config(tmp_path / "run", **{**COMMON, "backend": "ddp", "checkpoint_every": 0})
-    log_path = tmp_path / "run.log"
-    with open(log_path, "w") as log_file:
-        launcher = subprocess.Popen(
-            torchrun(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
-        )
+    launcher, log_path = _start(config, tmp_path, repo, "run", launch=torchrun)
     _wait_for_step(launcher, log_path, tmp_path / "run", 3)
     workers = worker_processes(psutil.Process(launcher.pid))
     workers[-1].kill()

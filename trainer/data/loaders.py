@@ -73,6 +73,24 @@ class DeviceLoader:
             yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
 
 
+def _batches(
+    dataset: Dataset, sampler: RankSampler, batch_size: int, workers: int, device: torch.device
+) -> DataLoader:
+    """Full batches of ``dataset`` in ``sampler``'s order, read by ``workers`` processes."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        # InfiniBand verbs and CUDA are not fork-safe: start workers from a clean server process.
+        multiprocessing_context="forkserver" if workers else None,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers else None,
+    )
+
+
 class TokenDeviceLoader(DeviceLoader):
     """(inputs, targets) token windows on the device: nothing to normalize."""
 
@@ -132,16 +150,7 @@ def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device
                 )
             loaders.append(None)  # too little validation text for one batch: no evaluation
             continue
-        loader = DataLoader(
-            _Windows(dataset),
-            batch_size=cfg.batch_size,
-            sampler=sampler,
-            drop_last=True,
-            num_workers=workers,
-            pin_memory=device.type == "cuda",
-            multiprocessing_context="forkserver" if workers else None,
-            persistent_workers=workers > 0,
-        )
+        loader = _batches(_Windows(dataset), sampler, cfg.batch_size, workers, device)
         loaders.append(TokenDeviceLoader(loader, sampler, device, channels_last=False))
     train_loader, val_loader = loaders
     assert train_loader is not None
@@ -161,19 +170,7 @@ def _file_loader(
             f"{len(dataset)} images in {where} give no full batch of {cfg.batch_size} per "
             f"worker for {sampler.num_replicas} workers: lower --batch-size"
         )
-    workers = cfg.loader_workers
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        # InfiniBand verbs and CUDA are not fork-safe: start workers from a clean server process.
-        multiprocessing_context="forkserver" if workers else None,
-        persistent_workers=workers > 0,
-        prefetch_factor=4 if workers else None,
-    )
+    loader = _batches(dataset, sampler, cfg.batch_size, cfg.loader_workers, device)
     return DeviceLoader(loader, sampler, device, channels_last)
 
 

@@ -85,7 +85,14 @@ class Manifest:
                 f"{path} does not exist: prepare the dataset with "
                 f"`python -m trainer.data prepare SRC_DIR {folder}`"
             )
-        return cls.from_json(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = getattr(err, "strerror", None) or "not UTF-8 text"
+            raise DataError(
+                f"{path}: cannot read it ({reason}); prepare the dataset again"
+            ) from None
+        return cls.from_json(text, str(path))
 
     def split(self, name: str, folder: Path) -> SplitEntry:
         entry = self.splits.get(name)

@@ -136,7 +136,12 @@ class TokenManifest:
                 f"{path} does not exist: prepare the text with "
                 f"`python -m trainer.data prepare-text SRC {folder}`"
             )
-        return cls.from_json(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            reason = getattr(err, "strerror", None) or "not UTF-8 text"
+            raise DataError(f"{path}: cannot read it ({reason}); prepare the text again") from None
+        return cls.from_json(text, str(path))
 
     def split(self, name: str, folder: Path) -> TokenSplit:
         entry = self.splits.get(name)
