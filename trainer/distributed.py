@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from trainer.background_save import cpu_copy
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -480,9 +480,11 @@ class FSDPDist(TorchDist):
 
         from trainer.model import sharding_units
 
-        # Every rank shards the same starting point: rank 0's full parameters, sent before
-        # they are cut into shards (the other engines broadcast them after wrapping).
-        TorchDist.broadcast_parameters(self, model)
+        # Every rank must shard the same starting point. The full model is still in host
+        # memory here (the GPUs hold only shards once fully_shard has moved each block), so
+        # instead of sending gigabytes from rank 0, every rank compares a digest of what it
+        # built (the same seed gives the same weights) and a mismatch stops the run.
+        self._check_same_start(model)
         policy = MixedPrecisionPolicy()
         if self._cuda and cfg.amp in ("auto", "bf16") and torch.cuda.is_bf16_supported():
             # bf16 compute and all-gathers, fp32 gradient reduction and master weights.
@@ -491,6 +493,14 @@ class FSDPDist(TorchDist):
             fully_shard(unit, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
         return model
+
+    def _check_same_start(self, model: nn.Module) -> None:
+        digest = [float(t.detach().double().sum()) for t in model.state_dict().values()]
+        if len({tuple(d) for d in self.allgather_object(digest)}) != 1:
+            raise ConfigError(
+                "seed: the ranks built different initial weights; start every rank with the "
+                "same settings"
+            )
 
     def no_sync(self, model: nn.Module) -> ContextManager[Any]:
         @contextlib.contextmanager

@@ -177,7 +177,11 @@ class _Run:
 
         # A language model's outputs are its data's vocabulary.
         outputs = self.loaders.vocab_size or cfg.num_classes
-        model = build_model(cfg.model, outputs).to(self.device)
+        # Sharded engines build the model in host memory: fully_shard moves each block to the
+        # GPU as it cuts it into shards, so the whole model never has to fit on one GPU.
+        model = build_model(cfg.model, outputs)
+        if not dist.sharded_state:
+            model = model.to(self.device)
         self.unit = "tokens" if cfg.language_model else "images"
         # Samples of one batch: images, or target tokens (the batch's windows x context).
         self.samples_per_batch = cfg.batch_size
