@@ -20,8 +20,16 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two passes. The in-process tests (settings, the program under mocks, the policy pack, CI and
+# Dockerfile checks) run on both cores at once. The tests that start real multi-process runs go
+# one at a time: each already uses both cores, and many time signals, exits and stalls.
+# tests/ci/test_workflows.py checks that every test folder is in exactly one of the two.
+IN_PROCESS_TESTS := tests/unit tests/infra tests/policy tests/ci tests/docker
+MULTI_PROCESS_TESTS := tests/parallel tests/faults tests/batch tests/data tests/trainer
+
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)
+	$(VENV)/bin/pytest $(MULTI_PROCESS_TESTS)
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about 45 minutes here).
 bench: $(SETUP_STAMP)

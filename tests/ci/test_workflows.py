@@ -38,6 +38,23 @@ def test_tests_run_the_readme_command():
     assert {"run": "make test"} in steps["steps"]
 
 
+def test_make_test_runs_every_test_folder_in_exactly_one_pass():
+    """make test's two passes (in-process tests on both cores, multi-process runs one at a
+    time) name every folder of tests/ that holds tests, each once."""
+    makefile = (REPO / "Makefile").read_text()
+    passes = {
+        name: re.search(rf"^{name} := (.+)$", makefile, re.M).group(1).split()  # type: ignore[union-attr]
+        for name in ("IN_PROCESS_TESTS", "MULTI_PROCESS_TESTS")
+    }
+    named = passes["IN_PROCESS_TESTS"] + passes["MULTI_PROCESS_TESTS"]
+    folders = sorted(
+        f"tests/{d.name}" for d in (REPO / "tests").iterdir() if any(d.glob("test_*.py"))
+    )
+    assert sorted(named) == folders
+    assert "$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)" in makefile
+    assert "$(VENV)/bin/pytest $(MULTI_PROCESS_TESTS)" in makefile
+
+
 def test_deploy_waits_for_environment_approval_and_applies_policies():
     deploy = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
     up = deploy["jobs"]["up"]
