@@ -200,14 +200,14 @@ class _Run:
         if cfg.activation_checkpointing:
             checkpoint_activations(sharding_units(model))
         self.model = model
-        # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
-        # and the optimizer must step on those.
         # --noise-scale-every: the engine's reduction hooks show the probe each local gradient.
         probe = GradientProbe(self.device) if cfg.noise_scale_every else None
         self.noise_scale: NoiseScale | None = None
         if probe is not None:
             per_worker = cfg.batch_size * cfg.accumulation_steps
             self.noise_scale = NoiseScale(per_worker, per_worker * dist.size)
+        # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
+        # and the optimizer must step on those.
         train_model = dist.wrap_model(model, cfg, probe)
         self.lr_scale = dist.size  # gradients are averaged over every worker
         self.total_steps, self.schedule = self._plan()
