@@ -32,7 +32,9 @@ def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.T
 
 
 class GradientProbe:
-    """Collects, on measuring steps, this rank's squared gradient norm before the reduction
+    """For the gradient noise scale (``trainer.noise_scale``, ``--noise-scale-every``).
+
+    Collects, on measuring steps, this rank's squared gradient norm before the reduction
     (``local``, called by the engine's hook for every gradient or bucket) and after it
     (``record_reduced``, called once the gradients are averaged, before clipping)."""
 
