@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from trainer.config import first_line
+
 
 def cpu_copy(value: Any) -> Any:
     """A copy of every tensor in a nested state dict, on the CPU, that later steps cannot
@@ -55,7 +57,7 @@ class BackgroundWriter:
         try:
             future.result()
         except Exception as err:  # reported on every rank by the caller, as one line
-            return (str(err).strip().splitlines() or [type(err).__name__])[0]
+            return first_line(err)
         return None
 
     def close(self) -> None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.config import first_line
 from trainer.files import fsync_folder, open_atomic, remove_partials, sha256_file, write_atomic
 
 SCHEMA = 1
@@ -119,12 +121,19 @@ def load(path: Path) -> dict[str, Any]:
 
 def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads; unreadable ones are skipped with a warning."""
-    for _, path in list_checkpoints(directory):
+    return newest_loadable([path for _, path in list_checkpoints(directory)], load)
+
+
+def newest_loadable(
+    paths: list[Path], read: Callable[[Path], dict[str, Any]]
+) -> tuple[Path, dict[str, Any]] | None:
+    """The first of ``paths`` (newest first) that ``read`` reads, with what it read; the
+    unreadable ones are skipped with a warning. Single-file and sharded checkpoints alike."""
+    for path in paths:
         try:
-            return path, load(path)
+            return path, read(path)
         except Exception as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            log.warning("skipping unreadable checkpoint %s: %s", path, reason)
+            log.warning("skipping unreadable checkpoint %s: %s", path, first_line(err))
     return None
 
 

@@ -26,6 +26,7 @@ from trainer.config import (
     SWITCHES,
     ConfigError,
     TrainConfig,
+    first_line,
     one_line,
 )
 
@@ -151,7 +152,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (ValueError, RecursionError) as err:
         # A value YAML parses but cannot build (a date like 2026-02-30), or nesting deeper
         # than Python's recursion limit.
-        reason = (str(err).splitlines() or [type(err).__name__])[0]
+        reason = first_line(err)
         raise ConfigError(f"config={path}: not a usable YAML document ({reason})") from None
     if loaded is None:
         return {}

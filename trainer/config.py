@@ -50,6 +50,12 @@ REMOVED_SETTINGS = {
 }
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line error or warning quotes of it."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def one_line(text: str) -> str:
     """``text`` with newlines and other control characters escaped: errors stay one line even
     when they quote what the user typed."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.blob_folder import BlobFolder
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, first_line
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class LiveUploader:
                 self._sent[blob] = seen
                 self.uploads += 1
         except Exception as err:  # never let storage stop training
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = first_line(err)
             minutes = self.period_s / 60
             log.warning(
                 "live upload to %s failed (%s: %s); %s",

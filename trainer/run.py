@@ -374,15 +374,9 @@ class _Run:
     def _latest_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
         """Rank 0: the newest checkpoint that loads, with its trainer state (and, single-file,
         its tensors); unreadable ones are skipped with a warning."""
-        if not self.dist.sharded_state:
-            return checkpoint.load_latest(self.checkpoint_dir)
-        for _, path in sharded_checkpoint.list_checkpoints(self.checkpoint_dir):
-            try:
-                return path, sharded_checkpoint.read_trainer_state(path)
-            except Exception as err:
-                reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                log.warning("skipping unreadable checkpoint %s: %s", path, reason)
-        return None
+        if self.dist.sharded_state:
+            return sharded_checkpoint.load_latest_trainer_state(self.checkpoint_dir)
+        return checkpoint.load_latest(self.checkpoint_dir)
 
     def _sharded_tensors(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict

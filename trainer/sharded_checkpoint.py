@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import SCHEMA, CheckpointError, os_error_in
+from trainer.checkpoint import SCHEMA, CheckpointError, newest_loadable, os_error_in
+from trainer.config import first_line
 from trainer.files import fsync_folder, write_atomic
 
 _NAME = re.compile(r"^step-(\d{9,})\.dcp$")
@@ -105,6 +106,12 @@ def complete(path: Path, trainer_state: dict[str, Any], keep: int) -> None:
             log.info("removed incomplete sharded checkpoint %s (step %d)", folder, step)
 
 
+def load_latest_trainer_state(directory: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The newest complete checkpoint whose trainer state reads, with that state."""
+    folders = [path for _, path in list_checkpoints(directory)]
+    return newest_loadable(folders, read_trainer_state)
+
+
 def read_trainer_state(path: Path) -> dict[str, Any]:
     """The non-tensor part of a complete checkpoint (any rank may read it)."""
     state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
@@ -124,7 +131,7 @@ def read_shards(path: Path, tensors: dict[str, Any]) -> None:
 def save_error(path: Path, err: BaseException) -> CheckpointError:
     """One line for a failed sharded save, naming the folder."""
     cause = os_error_in(err)
-    reason = cause.strerror if cause else (str(err).strip().splitlines() or [""])[0]
+    reason = cause.strerror if cause else first_line(err)
     return CheckpointError(
         f"cannot write sharded checkpoint {path}: {reason or type(err).__name__}; the previous "
         "complete checkpoint is kept; free space or fix permissions, or use another --output-dir"
