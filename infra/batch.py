@@ -184,6 +184,12 @@ class JobSpec(JobFields[str]):
         return live_folder_url(self.log_url)
 
     @property
+    def outputs_url(self) -> str:
+        """Where rank 0 uploads the finished run's results (trainer.results): the ``outputs``
+        container (infra.storage.CONTAINERS), under the job's id."""
+        return f"{self.blob_endpoint.rstrip('/')}/outputs/{self.job_id}/"
+
+    @property
     def portal_url(self) -> str:
         return f"https://portal.azure.com/#resource{self.account_id}/jobs"
 
@@ -297,10 +303,11 @@ def trainer_command(spec: JobSpec) -> list[str]:
     settings the job owns: the engine (``DEFAULT_BACKEND`` unless the trainer settings chose
     one; the launcher reads ``--backend`` to start that engine's workers), the staged data, the
     run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
-    outside the private network by `python -m infra.tools.ops metrics|tensorboard`), and the VM
-    size's preflight floor: what runs follows from the job's inputs alone, and the launcher
-    edits nothing. The command is not part of the job id or the run name (those hash the
-    ``JobSpec``), so a change here replaces no job by itself."""
+    outside the private network by `python -m infra.tools.ops metrics|tensorboard`), where it
+    uploads the finished run's results (the outputs container, `python -m infra.tools.ops
+    fetch`), and the VM size's preflight floor: what runs follows from the job's inputs alone,
+    and the launcher edits nothing. The command is not part of the job id or the run name
+    (those hash the ``JobSpec``), so a change here replaces no job by itself."""
     args = ["python", "-m", "trainer", *spec.trainer_args]
     if not chooses_backend(spec.trainer_args):
         args += ["--backend", DEFAULT_BACKEND]
@@ -312,6 +319,8 @@ def trainer_command(spec: JobSpec) -> list[str]:
         f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
         "--metrics-upload-url",
         spec.metrics_url,
+        "--outputs-url",
+        spec.outputs_url,
     ]
     return with_preflight_floor(command, spec.vm_size)
 

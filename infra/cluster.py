@@ -128,6 +128,7 @@ class GpuClusterArgs:
     deployer_type: str
     subscription_id: pulumi.Input[str]
     checkpointing: bool = True
+    allow_debugger: bool = False
     team_object_id: str = ""
     team_type: str = "Group"
     acceptance_profile: str = ""  # "" for team stacks (infra.config.ACCEPTANCE_PROFILES)
@@ -168,6 +169,7 @@ class GpuClusterArgs:
             team_type=cluster.job_submitter_type,
             subscription_id=client.subscription_id,
             checkpointing=cluster.checkpointing,
+            allow_debugger=cluster.allow_debugger,
             acceptance_profile=acceptance_profile,
         )
 
@@ -281,13 +283,19 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             ],
             scale_settings=scale_settings(args),
-            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs, and the
-            # CPU acceptance size only on a pool that says it is an acceptance pool.
+            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs, the
+            # CPU acceptance size only on a pool that says it is an acceptance pool, and jobs
+            # that wait for a debugger on a production stack only on a pool that allows them.
             metadata=[
                 batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower()),
                 *(
                     [batch.MetadataItemArgs(name="acceptance", value=args.acceptance_profile)]
                     if args.acceptance_profile
+                    else []
+                ),
+                *(
+                    [batch.MetadataItemArgs(name="debugger", value="allowed")]
+                    if args.allow_debugger
                     else []
                 ),
             ],

@@ -94,6 +94,8 @@ class ClusterSettings:
     scale_mode: str
     idle_minutes: int
     checkpointing: bool
+    # Jobs that wait for a debugger (debug_rank) may run on a production stack (policy pack).
+    allow_debugger: bool
     job_submitter_object_id: str
     job_submitter_type: str
 
@@ -207,6 +209,7 @@ class StackSettings:
                 scale_mode=take("scale_mode"),
                 idle_minutes=take("idle_minutes"),
                 checkpointing=take("checkpointing"),
+                allow_debugger=take("allow_debugger"),
                 job_submitter_object_id=take("job_submitter_object_id"),
                 job_submitter_type=take("job_submitter_type"),
             ),

@@ -111,6 +111,7 @@ OUTPUT_KEYS = (
     "portal_url",
     "log_url",
     "metrics_url",
+    "outputs_url",
     "checkpoint_path",
     "task_state",
     "retries",
@@ -279,6 +280,7 @@ def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
         "portal_url": spec.portal_url,
         "log_url": spec.log_url,
         "metrics_url": spec.metrics_url,
+        "outputs_url": spec.outputs_url,
         "checkpoint_path": spec.checkpoint_path,
     }
 
@@ -326,6 +328,7 @@ class TrainingJob(pulumi.dynamic.Resource):
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     metrics_url: pulumi.Output[str]
+    outputs_url: pulumi.Output[str]
     checkpoint_path: pulumi.Output[str]
 
     def __init__(

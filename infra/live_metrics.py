@@ -17,6 +17,7 @@ from typing import Any
 
 from infra import batch
 from trainer.blob_folder import BlobFolder
+from trainer.noise_scale import advice
 
 METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
 # A refresh and ``list`` read only the end of each job's metrics.jsonl: its last training record.
@@ -89,7 +90,7 @@ def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
 
 
-def _records(data: bytes) -> list[dict[str, Any]]:
+def parse_records(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects of metrics.jsonl; a line cut by a ranged read is skipped."""
     records = []
     for line in data.decode("utf-8", errors="replace").splitlines():
@@ -111,7 +112,7 @@ def read_metrics(
     with storage_errors(folder.url + METRICS_FILE):
         if tail_bytes is None:
             download = blob.download_blob()
-            return _records(download.readall()), download.properties.last_modified
+            return parse_records(download.readall()), download.properties.last_modified
         properties = blob.get_blob_properties()
         start = max(0, properties.size - tail_bytes)
         data = b""
@@ -119,7 +120,7 @@ def read_metrics(
             data = blob.download_blob(offset=start, length=properties.size - start).readall()
         if start:
             data = data.partition(b"\n")[2]  # the first line may be cut
-        return _records(data), properties.last_modified
+        return parse_records(data), properties.last_modified
 
 
 def train_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -141,3 +142,18 @@ def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None] 
     if not train:
         return None
     return train[-1]["step"], number(train[-1], "images_per_sec_total")
+
+
+def noise_advice(records: list[dict[str, Any]]) -> str | None:
+    """The run's latest smoothed noise-scale estimate (``--noise-scale-every``), as the run's
+    own summary words it; None when the run did not measure it."""
+    noise = [
+        r
+        for r in records
+        if r.get("kind") == "noise"
+        and number(r, "noise_scale") is not None
+        and isinstance(r.get("global_batch"), int)
+    ]
+    if not noise:
+        return None
+    return advice(noise[-1]["noise_scale"], noise[-1]["global_batch"])

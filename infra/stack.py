@@ -213,6 +213,7 @@ def _job(
         "job_checkpoint_path": resource.checkpoint_path,
         "node_count": job.nodes,
         "metrics_url": resource.metrics_url,
+        "outputs_url": resource.outputs_url,
         "step": resource.step,
         "images_per_sec": resource.images_per_sec,
     }

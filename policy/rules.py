@@ -336,6 +336,34 @@ def _cost_within_budget(args: StackValidationArgs, report: ReportViolation) -> N
         )
 
 
+# The TrainingJob (infra/job.py): every dynamic resource has this type; its props tell it apart.
+JOB = "pulumi-python:dynamic:Resource"
+# A production stack, as this program's stacks are named (<team>-prod: Pulumi.vision-prod.yaml).
+PRODUCTION_STACK = re.compile(r"(^|-)prod(uction)?$")
+
+
+def _no_debugger_on_production(args: StackValidationArgs, report: ReportViolation) -> None:
+    """On a production stack (its name ends in prod or production) no job waits for a debugger
+    (trainer setting debug_rank: every rank idles until someone attaches) unless the stack sets
+    allowDebugger (pool metadata debugger=allowed)."""
+    allowed = any(
+        _metadata(r.props).get("debugger") == "allowed"
+        for r in args.resources
+        if r.resource_type == POOL
+    )
+    for job in args.resources:
+        flags = list(job.props.get("trainer_args") or []) if job.resource_type == JOB else []
+        stack = str(job.props.get("stack") or "")
+        if "--debug-rank" in flags and PRODUCTION_STACK.search(stack) and not allowed:
+            rank = next(iter(flags[flags.index("--debug-rank") + 1 :]), "?")
+            report(
+                f"job {job.name}: debug_rank={rank} on production stack {stack} (every rank "
+                "waits until a debugger attaches); remove debug_rank from its trainer settings "
+                "or set gpu-cluster:allowDebugger true",
+                job.urn,
+            )
+
+
 RESOURCE_RULES: dict[str, Validate] = {
     "no-public-ip-on-pool-nodes": _pool_without_public_ips,
     "no-public-ip-on-nics": _nic_without_public_ip,
@@ -358,6 +386,12 @@ ALL_POLICIES: list[Policy] = [
         name="cost-within-budget",
         description=(_cost_within_budget.__doc__ or "").strip(),
         validate=_cost_within_budget,
+        enforcement_level=EnforcementLevel.MANDATORY,
+    ),
+    StackValidationPolicy(
+        name="no-debugger-on-production",
+        description=(_no_debugger_on_production.__doc__ or "").strip(),
+        validate=_no_debugger_on_production,
         enforcement_level=EnforcementLevel.MANDATORY,
     ),
 ]

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from tests.fake_imds import IDENTITY, FakeImds, serving
+from tests.process_tree import RUN_TAG, check_none_left, new_tag
 
 # The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
 # those command lines on this machine, which must send nothing beyond loopback: point every
@@ -59,6 +60,16 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     found = checkpoint.load_latest(output / "checkpoints")
     assert found is not None
     return found[1]
+
+
+@pytest.fixture
+def no_leftover_processes(monkeypatch) -> Iterator[str]:
+    """Tag every process this test starts; once it ended, none may be alive (the multi-process
+    folders use it for every test: tests/process_tree.py). Yields the tag."""
+    tag = new_tag()
+    monkeypatch.setenv(RUN_TAG, tag)
+    yield tag
+    check_none_left(tag)
 
 
 @pytest.fixture
@@ -258,5 +269,9 @@ def prepared(tmp_path_factory) -> Path:
 @pytest.fixture
 def shards(tmp_path, prepared) -> Path:
     """The generated dataset (``dataset``) prepared into small shards, several per split: a
-    private copy of one session-wide preparation, so tests may damage it."""
-    return Path(shutil.copytree(prepared, tmp_path / "shards"))
+    private copy of one session-wide preparation, so tests may damage it. Only the dataset is
+    copied: not the record of verified shards that runs on the session's copy leave beside it."""
+    from trainer.data.manifest import VERIFIED_NAME
+
+    ignore = shutil.ignore_patterns(VERIFIED_NAME)
+    return Path(shutil.copytree(prepared, tmp_path / "shards", ignore=ignore))

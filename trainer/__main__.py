@@ -12,6 +12,8 @@ from trainer.cli import fail, parse
 from trainer.config import ConfigError
 from trainer.data import DataError
 from trainer.data.text import BYTE_VOCAB
+from trainer.debugger import DebuggerError, wait_for_debugger
+from trainer.files import OutputError
 from trainer.model import build_model, count_parameters
 from trainer.noise_scale import advice
 from trainer.preflight import PreflightError
@@ -55,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     # runs when the block ends (after the run's files are closed and the workers shut down).
     with uploading(cfg, enabled=dist.is_root):
         try:
+            wait_for_debugger(cfg, dist, stop)  # --debug-rank: nothing trains until it attaches
             result = train(cfg, dist, stop)
         except (ConfigError, DataError) as err:
             fail(str(err), 2)
-        except (CheckpointError, PreflightError) as err:
+        except (CheckpointError, PreflightError, OutputError, DebuggerError) as err:
             fail(str(err), 1)
         except OSError as err:
             if not _in_output_dir(err, cfg.output_dir):
@@ -81,6 +84,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         finally:
             dist.shutdown()
+    if result.results is not None and cfg.outputs_url:
+        # Rank 0 only (the other ranks hold no results), once the workers are done.
+        from trainer.blob_folder import BlobFolder
+        from trainer.results import ResultsError, upload
+
+        try:
+            upload(result.results, BlobFolder.parse(cfg.outputs_url))
+        except ResultsError as err:
+            fail(str(err), 1)
+        print(f"results uploaded to {cfg.outputs_url}", flush=True)
     if dist.is_root:
         if result.stopped_by == "already_complete":
             print(
@@ -93,11 +106,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result.stopped_by}), {dist.size} worker(s), "
                 f"{result.samples_per_sec:.1f} {result.unit}/sec per worker, "
                 f"{result.samples_per_sec_total:.1f} {result.unit}/sec total; outputs in "
-                f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/",
+                f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/"
+                + (", results/" if result.results is not None else ""),
                 flush=True,
             )
             if result.noise_scale is not None:
                 print(advice(result.noise_scale, result.global_batch), flush=True)
+            if result.skipped_images:
+                print(
+                    f"skipped {result.skipped_images} image(s) that did not decode "
+                    "(--on-bad-image skip; the warnings above name them)",
+                    flush=True,
+                )
     return 0
 
 

@@ -50,6 +50,9 @@ HELP: dict[str, str] = {
     "cache_scope": "with --cache: node (one copy per node in shared memory, filled by the "
     "node's ranks together) or rank (each rank caches only its fixed part of the samples)",
     "shuffle_buffer": "samples in the shuffle buffer over each rank's shards (--data shards)",
+    "on_bad_image": "an image that does not decode while training (--data folder or shards): "
+    "fail (stop, naming it) or skip (train on the next image instead; counted as "
+    "skipped_images in the metrics and the run summary)",
     "epochs": "epochs to train",
     "max_steps": "stop when the global optimizer step reaches N (steps before a resume count)",
     "run_steps": "stop this invocation after N more steps (checkpoint, exit 0, resume later)",
@@ -90,12 +93,21 @@ HELP: dict[str, str] = {
     "one in flight; the run's last save waits until written)",
     "log_every": "log metrics every N steps",
     "seed": "random seed (same on every worker)",
+    "profile_steps": "record a torch.profiler trace of optimizer steps A-B (for example 20-25) on "
+    "every rank, into tensorboard/profile/rank<N>_<host>.<time>.pt.trace.json (open it in "
+    "Perfetto UI or chrome://tracing); empty: off",
+    "debug_rank": "this rank waits for a debugger (debugpy, Debug Adapter Protocol) on "
+    "--debug-port before training; every other rank waits at a barrier until it attaches",
+    "debug_port": "TCP port the --debug-rank rank listens on, on every interface (1024-65535)",
     "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
     "0 skips (a Batch job sets it from its VM size, trainer/launch/fabric.py)",
     "metrics_upload_url": "rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder "
     "(https://<account>.blob.core.windows.net/<container>/<prefix>/) with the machine's "
     "identity, every --metrics-upload-minutes and at the end; empty: off",
     "metrics_upload_minutes": "minutes between live uploads (fractions allowed)",
+    "outputs_url": "when the run ends, rank 0 copies its results/ (final weights, config, "
+    "metrics, evaluation, manifest last) to this Blob folder with the machine's identity; "
+    "empty: they stay in --output-dir",
 }
 _BOOLEAN = {"fp16_allreduce", "compile", "activation_checkpointing", "checkpoint_async"}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ DATA_SOURCES = ("synthetic", "folder", "shards", "tokens")
 LM_DATA = ("synthetic", "tokens")
 CACHE_MODES = ("none", "bytes", "decoded")
 CACHE_SCOPES = ("node", "rank")
+# An image that does not decode mid-training: stop naming it, or replace it and count it.
+BAD_IMAGE_POLICIES = ("fail", "skip")
 OPTIMIZERS = ("sgd", "adamw", "lars")
 BACKENDS = ("horovod", "ddp", "fsdp", "local")
 # The engines started the way torchrun starts workers (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -89,6 +92,7 @@ class TrainConfig:
     cache: str = "none"
     cache_scope: str = "node"
     shuffle_buffer: int = 1000
+    on_bad_image: str = "fail"
     # How long.
     epochs: int = 90
     max_steps: int | None = None
@@ -143,12 +147,22 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every: int = 10
     seed: int = 42
+    # Diagnosis. A torch.profiler trace of optimizer steps "A-B" per rank, written beside the
+    # TensorBoard events (trainer.profiling; "": off).
+    profile_steps: str = ""
+    # This rank waits for a debugger (debugpy) on debug_port before training, every other rank
+    # at a barrier until it attaches (trainer.debugger; None: off).
+    debug_rank: int | None = None
+    debug_port: int = 5678
     # Stop before training when the allreduce bus bandwidth (GB/s) is below this; 0: skip.
     preflight_min_busbw: float = 0.0
     # Rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder URL every N minutes and
     # at the end ("": off). Fractions of a minute are allowed (short runs, tests).
     metrics_upload_url: str = ""
     metrics_upload_minutes: float = 5.0
+    # Rank 0 copies the finished run's results/ (trainer.results) to this Blob folder URL
+    # ("": they stay in output_dir only).
+    outputs_url: str = ""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -230,6 +244,7 @@ class TrainConfig:
             )
         _choice("cache_scope", self.cache_scope, CACHE_SCOPES)
         _int_range("shuffle_buffer", self.shuffle_buffer, 1, 10_000_000)
+        _choice("on_bad_image", self.on_bad_image, BAD_IMAGE_POLICIES)
         _int_range("image_size", self.image_size, 16, 1024)
         _int_range("batch_size", self.batch_size, 1, 65_536)
         _int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)
@@ -290,17 +305,34 @@ class TrainConfig:
         _int_range("keep_checkpoints", self.keep_checkpoints, 1, 1000)
         _int_range("log_every", self.log_every, 1, 10**9)
         _int_range("seed", self.seed, 0, 2**32 - 1)
-        if self.metrics_upload_url:
-            try:
-                BlobFolder.parse(self.metrics_upload_url)
-            except ValueError as err:
-                raise ConfigError(
-                    f"metrics_upload_url={self.metrics_upload_url!r}: {err}"
-                ) from None
+        if self.profile_steps:
+            profile_window(self.profile_steps)
+        if self.debug_rank is not None:
+            # The upper bound is the world size, known once the workers start (trainer.debugger).
+            _int_range("debug_rank", self.debug_rank, 0, 1_000_000)
+        _int_range("debug_port", self.debug_port, 1024, 65535)
+        for name in ("metrics_upload_url", "outputs_url"):
+            if url := getattr(self, name):
+                try:
+                    BlobFolder.parse(url)
+                except ValueError as err:
+                    raise ConfigError(f"{name}={url!r}: {err}") from None
         _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
 
 
 # ---------------------------------------------------------------------- helpers
+def profile_window(text: str) -> tuple[int, int]:
+    """``profile_steps`` as (first, last): the optimizer steps a trace records, counted like
+    ``--max-steps`` (from 1, over every invocation of the run)."""
+    match = re.fullmatch(r"\s*(\d{1,12})\s*-\s*(\d{1,12})\s*", text)
+    if match is None or not 0 < int(match[1]) <= int(match[2]):
+        raise ConfigError(
+            f"profile_steps={shown(text)}: give the first and last step to record as A-B with "
+            "0 < A <= B (for example 20-25)"
+        )
+    return int(match[1]), int(match[2])
+
+
 def shown(value: Any, limit: int = 40) -> str:
     """``repr(value)``, cut to ``limit`` characters: an error quotes what was typed, not a
     400-digit number."""

@@ -11,6 +11,7 @@ in-worker communication is all here.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager as ContextManager
@@ -360,6 +361,14 @@ class TorchDist(Dist):
                 f"backend={self.name}: {', '.join(missing)} not set; start the trainer with "
                 "torchrun"
             )
+        # Before the group exists: torch.distributed.nn, which DDP imports, captures the default
+        # group in its functions' default arguments (group=group.WORLD) at import. Imported
+        # after init_process_group it would keep the group alive past destroy_process_group, its
+        # Gloo threads running until the interpreter's teardown destroys it, where a thread that
+        # releases a Python object aborts the process ("terminate called without an active
+        # exception": a finished run exiting 1 now and then).
+        importlib.import_module("torch.distributed.nn")
+
         self._td = td
         self._cuda = torch.cuda.is_available()
         if self._cuda:

@@ -1,7 +1,9 @@
-"""File helpers shared by checkpoints and datasets: content hashes and all-or-nothing writes."""
+"""File helpers shared by checkpoints and datasets: content hashes, all-or-nothing writes, and
+the one error for a place that cannot take a write (``OutputError``)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -85,3 +87,35 @@ def ensure_writable_folder(folder: Path) -> None:
         probe.write_bytes(b"")
     finally:
         probe.unlink(missing_ok=True)
+
+
+# What repairs each way a write fails; a reason not listed gets the generic fix.
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that disk or pick another output folder",
+    errno.EDQUOT: "free space within the quota or pick another output folder",
+    errno.EFBIG: "pick an output folder on a file system that takes larger files",
+    errno.EROFS: "the file system is mounted read-only: remount it read-write or pick another "
+    "output folder",
+    errno.EPERM: "the folder refuses writes even to its owner (immutable: chattr -i): lift that "
+    "or pick another output folder",
+    errno.EACCES: "make the folder writable for this user or pick another output folder",
+    errno.ENOTDIR: "a file sits where a folder goes: move it away or pick another output folder",
+    errno.EEXIST: "a file sits where a folder goes: move it away or pick another output folder",
+    errno.EISDIR: "a folder sits where a file goes: move it away or pick another output folder",
+}
+
+
+class OutputError(Exception):
+    """A writer cannot write where it was asked to: an environment fault, not bad data. The
+    message is one line naming the path and the fix."""
+
+    @classmethod
+    def of(cls, err: OSError, where: Path) -> OutputError:
+        """``err`` (raised while writing into ``where``) as one line naming the path that failed
+        (the one the error names, else ``where``) and the fix for its reason."""
+        failed = Path(os.fsdecode(err.filename)) if err.filename is not None else where
+        if ".partial-" in failed.name:  # a temp file (trainer.files): name the folder it is in
+            failed = failed.parent
+        reason = err.strerror or type(err).__name__
+        fix = _WRITE_FIXES.get(err.errno or 0, "check that folder and its file system")
+        return cls(f"cannot write {failed}: {reason}; {fix}")

@@ -114,21 +114,27 @@ class LiveUploader:
 
     def _client(self) -> Any:
         if self._container is None:
-            from azure.identity import DefaultAzureCredential
-            from azure.storage.blob import ContainerClient, LinearRetry
-
-            # The SDK logs every request at INFO and a failed credential chain as a multi-line
-            # WARNING; this module reports each failed period in one line of its own.
-            logging.getLogger("azure").setLevel(logging.ERROR)
-            self._container = ContainerClient(
-                self.folder.account_url,
-                self.folder.container,
-                credential=DefaultAzureCredential(),
-                retry_policy=LinearRetry(
-                    backoff=RETRY_BACKOFF_SECONDS, retry_total=RETRIES, random_jitter_range=1
-                ),
-            )
+            self._container = container_client(self.folder)
         return self._container
+
+
+def container_client(folder: BlobFolder) -> Any:
+    """A client of ``folder``'s container as rank 0 writes there (the live upload, and
+    ``trainer.results``): the machine's identity, quick retries, the SDK's logging quiet."""
+    from azure.identity import DefaultAzureCredential
+    from azure.storage.blob import ContainerClient, LinearRetry
+
+    # The SDK logs every request at INFO and a failed credential chain as a multi-line
+    # WARNING; the callers report each failure in one line of their own.
+    logging.getLogger("azure").setLevel(logging.ERROR)
+    return ContainerClient(
+        folder.account_url,
+        folder.container,
+        credential=DefaultAzureCredential(),
+        retry_policy=LinearRetry(
+            backoff=RETRY_BACKOFF_SECONDS, retry_total=RETRIES, random_jitter_range=1
+        ),
+    )
 
 
 @contextlib.contextmanager

@@ -33,6 +33,8 @@ class StepParts:
     # --noise-scale-every: the probe the engine's hooks feed, and whether this step measures.
     probe: GradientProbe | None = None
     measure: bool = False
+    # --profile-steps: the profiler (trainer.profiling) that learns where each step ends.
+    profiler: torch.profiler.profile | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.amp_dtype is None:
@@ -43,13 +45,16 @@ class StepParts:
 @dataclass
 class WindowMeter:
     """Sums over a logging window, kept on the device so steps never wait for the host. Its
-    averages also report each rank's peak memory (the mean over ranks)."""
+    averages also report each rank's peak memory and ``cpu_sec``, the CPU seconds a rank's process
+    (every thread) spent in the window, both as means over ranks: every rank logs the same
+    record."""
 
     device: torch.device
     unit: str = "images"  # what one sample is: an image, or a language model's target token
     sums: torch.Tensor = field(init=False)
     images: int = 0
     started: float = field(default_factory=time.monotonic)
+    cpu_started: float = field(default_factory=time.process_time)
 
     def __post_init__(self) -> None:
         self.sums = torch.zeros(3, dtype=torch.float64, device=self.device)
@@ -63,18 +68,21 @@ class WindowMeter:
     def reduce(self, dist: Dist) -> dict[str, float]:
         """Average over every rank's samples (a collective: every rank must call it)."""
         rate = self.images / max(time.monotonic() - self.started, 1e-9)
-        extra = torch.tensor([rate, peak_memory_gb(self.device)], dtype=torch.float64)
+        cpu_sec = time.process_time() - self.cpu_started
+        extra = torch.tensor([rate, peak_memory_gb(self.device), cpu_sec], dtype=torch.float64)
         packed = torch.cat([self.sums, extra.to(self.device)])
-        loss_sum, correct, count, total_rate, memory = dist.allreduce_sum(packed).tolist()
+        loss_sum, correct, count, total_rate, memory, cpu = dist.allreduce_sum(packed).tolist()
         self.sums.zero_()
         self.images = 0
         self.started = time.monotonic()
+        self.cpu_started = time.process_time()
         return {
             "loss": loss_sum / max(count, 1),
             "accuracy": correct / max(count, 1),
             f"{self.unit}_per_sec": total_rate / dist.size,
             f"{self.unit}_per_sec_total": total_rate,
             "peak_memory_gb": memory / dist.size,
+            "cpu_sec": cpu / dist.size,
         }
 
 
@@ -139,13 +147,19 @@ def train_one_epoch(
         meter.add(*train_step(parts, group))
         if not after_step():
             return
+        # Here, not before the next batch is read: a profiled step includes reading its batch
+        # (an epoch's first step also the evaluation and checkpoint of the epoch before, and
+        # the start of its own data iteration).
+        if parts.profiler is not None:
+            parts.profiler.step()
 
 
 @torch.no_grad()
 def evaluate(
     parts: StepParts, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
 ) -> dict[str, float]:
-    """Loss and top-1 accuracy over every rank's validation shard."""
+    """Loss and top-1 accuracy over every rank's validation shard, and the samples (images, or
+    a language model's target tokens) they cover."""
     parts.model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=parts.device)
     for images, labels in batches:
@@ -157,4 +171,8 @@ def evaluate(
         sums[2] += labels.numel()
     loss_sum, correct, count = parts.dist.allreduce_sum(sums).tolist()
     parts.model.train()
-    return {"val_loss": loss_sum / max(count, 1), "val_accuracy": correct / max(count, 1)}
+    return {
+        "val_loss": loss_sum / max(count, 1),
+        "val_accuracy": correct / max(count, 1),
+        "val_samples": int(count),
+    }

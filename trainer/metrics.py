@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
+
+from trainer.files import OutputError
 
 
 class MetricsWriter:
@@ -18,24 +22,40 @@ class MetricsWriter:
     def __init__(self, output_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        # A folder that cannot be created or opened is an OSError naming it: the trainer's
+        # output_dir error says which user must be able to write there.
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / "metrics.jsonl"
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.tensorboard_dir = output_dir / "tensorboard"
         self._tb = SummaryWriter(str(self.tensorboard_dir))
 
+    @staticmethod
+    @contextmanager
+    def _writing(where: Path) -> Iterator[None]:
+        """A disk that fills up (or turns read-only) under a running job: one line naming the
+        path (a write's error names no file; TensorBoard's writer thread raises it later)."""
+        try:
+            yield
+        except OSError as err:
+            raise OutputError.of(err, where) from None
+
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, sort_keys=True) + "\n")
-        self._file.flush()
+        with self._writing(self.path):
+            self._file.write(json.dumps(record, sort_keys=True) + "\n")
+            self._file.flush()
         kind = record.get("kind", "train")
         prefix = {"eval": "val"}.get(kind, kind)
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+        with self._writing(self.tensorboard_dir):
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
+                    self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
 
     def close(self) -> None:
-        self._file.close()
-        self._tb.close()
+        with self._writing(self.path):
+            self._file.close()
+        with self._writing(self.tensorboard_dir):
+            self._tb.close()
 
 
 class Progress:

@@ -5,19 +5,26 @@ Everything here runs on every rank; only rank 0 reads and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from trainer import checkpoint, preflight, sharded_checkpoint
-from trainer.background_save import BackgroundWriter, cpu_copy
+from trainer import checkpoint, preflight, results, sharded_checkpoint
+from trainer.background_save import (
+    BackgroundWriter,
+    HostStaging,
+    StepFence,
+    cpu_copy,
+    snapshot_unguarded,
+)
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import build_loaders
 from trainer.distributed import Dist, GradientProbe
@@ -28,6 +35,7 @@ from trainer.metrics import MetricsWriter, Progress
 from trainer.model import build_model, checkpoint_activations, sharding_units
 from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
+from trainer.profiling import profiling
 from trainer.signals import StopRequest
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,18 @@ class RunResult:
     noise_scale: float | None
     unit: str
     model: nn.Module
+    # Rank 0's complete results folder (trainer.results) when the run reached its end.
+    results: Path | None = None
+    # Images replaced because they did not decode (--on-bad-image skip), over every rank.
+    skipped_images: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures as JSON values (results/metrics.json)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("model", "results")
+        }
 
 
 def select_device(cfg: TrainConfig, dist: Dist) -> torch.device:
@@ -204,6 +224,12 @@ class _Run:
         probe = GradientProbe(self.device) if cfg.noise_scale_every else None
         self.noise_scale: NoiseScale | None = None
         if probe is not None:
+            if dist.size < 2:  # one worker's gradient is the reduced gradient: no second batch
+                raise ConfigError(
+                    f"noise_scale_every={cfg.noise_scale_every} with 1 worker: the noise scale "
+                    "compares each worker's gradient with their average; run 2 or more workers "
+                    "or set noise_scale_every=0"
+                )
             per_worker = cfg.batch_size * cfg.accumulation_steps
             self.noise_scale = NoiseScale(per_worker, per_worker * dist.size)
         # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
@@ -234,7 +260,18 @@ class _Run:
         )
         self.last_saved_step = -1
         self.saves = BackgroundWriter()
+        # A background save's copy overlaps the next step; that step's optimizer.step() waits
+        # for it. Single-file saves copy into our staging tensors, sharded ones with DCP's stager.
+        self.fence = StepFence(optimizer)
+        self.staging = HostStaging(self.fence, self.device)
+        self.dcp_stager = (
+            sharded_checkpoint.background_stager(self.device)
+            if dist.sharded_state and cfg.checkpoint_async
+            else None
+        )
         self.writer: MetricsWriter | None = None
+        # The last evaluation: (step, trainer.loop.evaluate's figures).
+        self.last_eval: tuple[int, dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ run state
     def state_dict(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
@@ -413,10 +450,11 @@ class _Run:
 
     def save_checkpoint(self, *, final: bool = False) -> None:
         """A collective. Waits for the write in flight, takes a copy of the state (the stall
-        training sees) and writes it, in the background unless ``--no-checkpoint-async`` or
-        ``final`` (the run's last save returns once its bytes are on disk). Rank 0 writes a
-        single-file checkpoint; with sharded state every rank writes its shards. A failure on
-        any rank stops all."""
+        training sees; in the background, the optimizer's state and parameters are copied while
+        the next step runs, see ``StepFence``) and writes it, in the background unless
+        ``--no-checkpoint-async`` or ``final`` (the run's last save returns once its bytes are
+        on disk). Rank 0 writes a single-file checkpoint; with sharded state every rank writes
+        its shards. A failure on any rank stops all."""
         started = time.monotonic()
         self._finish_saves()
         rng = self.dist.allgather_object(_rng_state())
@@ -437,12 +475,12 @@ class _Run:
         if not self.dist.is_root:
             return
         state = self.state_dict(rng)
-        if background:  # the next steps change the live tensors while the copy is written
-            state = cpu_copy(state)
+        # In the background the next steps change the live tensors while a copy is written.
+        copy = self.staging.stage(state) if background else None
         folder, step, keep = self.checkpoint_dir, self.position.step, self.cfg.keep_checkpoints
 
         def write() -> None:
-            path = checkpoint.save(folder, step, state, keep)
+            path = checkpoint.save(folder, step, state if copy is None else copy.result(), keep)
             log.info(CHECKPOINT_WRITTEN, path, os.getuid())
 
         self.saves.submit(write)
@@ -457,9 +495,15 @@ class _Run:
                 error = str(sharded_checkpoint.save_error(path, err))
         self._agree(error)
         try:
-            # In the background: DCP copies this rank's shards to memory now, writes them later.
-            group = self.dist.background_group if background else None
-            pending = sharded_checkpoint.start_writing(path, self._sharded_tensors(), group)
+            tensors, staging = self._sharded_tensors(), None
+            if background:
+                # What the optimizer's step does not change (buffers forward updates) is copied
+                # now; DCP copies the rest to host memory while the next step runs.
+                tensors = snapshot_unguarded(tensors, self.fence.guarded())
+                staging = (self.dist.background_group, self.dcp_stager)
+            pending = sharded_checkpoint.start_writing(path, tensors, staging)
+            if pending is not None:
+                self.fence.hold(pending[0])
         except Exception as err:
             error = str(sharded_checkpoint.save_error(path, err))
         self._agree(error)
@@ -469,7 +513,7 @@ class _Run:
         def write() -> None:
             try:
                 if pending is not None:
-                    pending.result()  # every rank's shards and DCP's metadata are written
+                    pending[1].result()  # every rank's shards and DCP's metadata are written
                 if state is not None:  # rank 0: the trainer state, then the marker
                     sharded_checkpoint.complete(path, state, keep)
                     log.info(CHECKPOINT_WRITTEN, path, os.getuid())
@@ -487,6 +531,16 @@ class _Run:
         record = estimate.update(local_sq, probe.reduced_sq.item())
         self.log({"kind": "noise", "step": step, "global_batch": global_batch, **record})
         return record.get("noise_scale")
+
+    def _skipped_images(self) -> int:
+        """Images replaced because they did not decode, over every rank: a collective with
+        --on-bad-image skip; with fail none is ever replaced (the first stops the run)."""
+        if self.cfg.on_bad_image != "skip":
+            return 0
+        count = torch.tensor(
+            [self.loaders.bad_images.skipped], dtype=torch.float64, device=self.device
+        )
+        return int(self.dist.allreduce_sum(count).item())
 
     def log(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
@@ -533,6 +587,8 @@ class _Run:
             record = None
             if pos.step % cfg.log_every == 0 or final or pos.step_in_epoch == self.steps_per_epoch:
                 last = meter.reduce(dist)
+                if cfg.on_bad_image == "skip":
+                    last["skipped_images"] = self._skipped_images()
                 if self.flops_per_token:
                     last.update(
                         throughput_metrics(
@@ -559,6 +615,19 @@ class _Run:
                 self.save_checkpoint()
             return True
 
+        # --profile-steps: the profiler runs until the finally below, which writes the trace of
+        # a run that stopped inside the window.
+        profiler = contextlib.ExitStack()
+        self.parts.profiler = profiler.enter_context(
+            profiling(
+                cfg.profile_steps,
+                self.output_dir,
+                dist.rank,
+                self.device,
+                pos.step,
+                self.total_steps,
+            )
+        )
         try:
             while (pos.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
                 self.loaders.train.sampler.set_epoch(
@@ -569,12 +638,13 @@ class _Run:
                 if pos.step_in_epoch >= self.steps_per_epoch:
                     if self.loaders.val is not None:
                         self.loaders.val.set_epoch(pos.epoch)
+                        self.last_eval = (pos.step, evaluate(self.parts, self.loaders.val))
                         self.log(
                             {
                                 "kind": "eval",
                                 "step": pos.step,
                                 "epoch": pos.epoch,
-                                **evaluate(self.parts, self.loaders.val),
+                                **self.last_eval[1],
                             }
                         )
                     pos.epoch += 1
@@ -586,9 +656,13 @@ class _Run:
             else:  # the epoch-end save, maybe still in flight
                 self._finish_saves()
         finally:
+            profiler.close()
             # An error ended the run: a write in flight still finishes (it is atomic and
             # complete, or it is never loaded); nothing waits for the other ranks any more.
             self.saves.close()
+            self.staging.close()
+            if self.dcp_stager is not None:
+                self.dcp_stager.close()
             if progress is not None:
                 progress.close()
             if self.writer is not None:
@@ -611,12 +685,56 @@ class _Run:
             unit=self.unit,
             global_batch=global_batch,
             noise_scale=noise_scale,
+            skipped_images=self._skipped_images(),
             model=self.model,
         )
+
+    # ------------------------------------------------------------------ results
+    def write_results(self, result: RunResult) -> Path | None:
+        """Every rank (collectives: the final evaluation, FSDP's gather). At the run's end rank 0
+        writes ``results/`` (``trainer.results``) and returns the folder; a paused run (a signal,
+        --run-steps) writes none. A run found finished already keeps complete results."""
+        folder = self.output_dir / results.RESULTS_DIR
+        if result.stopped_by not in (*results.FINISHED, "already_complete"):
+            return None
+        if result.stopped_by == "already_complete":
+            # Only rank 0 sees the folder: every rank learns whether to write it again.
+            rewrite = self.dist.is_root and not results.is_complete(folder)
+            if not self.dist.broadcast_object(rewrite):
+                return folder if self.dist.is_root else None
+        evaluation = self._final_evaluation()
+        weights = results.full_state_dict(self.model, self.dist.sharded_state, self.dist.is_root)
+        if not self.dist.is_root:
+            return None
+        step = self.position.step
+        results.write(
+            folder,
+            weights,
+            config=self.cfg.to_dict(),
+            summary=result.summary(),
+            evaluation=results.evaluation_summary(
+                evaluation, step, self.cfg.language_model, self.unit
+            ),
+            weights_metadata={"format": "pt", "model": self.cfg.model, "step": str(step)},
+        )
+        log.info("results written: %s", folder)
+        return folder
+
+    def _final_evaluation(self) -> dict[str, float] | None:
+        """The evaluation of the final weights: the epoch end's when the run ended there, else
+        one more pass over the validation data (a collective); None without validation data."""
+        if self.loaders.val is None:
+            return None
+        if self.last_eval is not None and self.last_eval[0] == self.position.step:
+            return self.last_eval[1]
+        self.loaders.val.set_epoch(self.position.epoch)
+        return evaluate(self.parts, self.loaders.val)
 
 
 def train(cfg: TrainConfig, dist: Dist, stop: StopRequest | None = None) -> RunResult:
     """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present."""
     run = _Run(cfg, dist, stop or StopRequest())
     run.resume()
-    return run.train()
+    result = run.train()
+    result.results = run.write_results(result)
+    return result

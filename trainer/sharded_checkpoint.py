@@ -64,19 +64,45 @@ def is_complete(path: Path) -> bool:
     return path.is_dir() and (path / COMPLETE).is_file()
 
 
+def background_stager(device: torch.device) -> Any:
+    """DCP's stager for a run's background saves (``DefaultStager``, torch 2.13): it copies the
+    shards on a thread of its own, so the copy overlaps the next step (``StepFence`` makes the
+    step wait for it), into host buffers it caches by source storage and reuses at every save
+    (pinned, with non-blocking copies, on a GPU). Shared memory only serves a process-based
+    writer; ours is a thread. Closed at the end of the run."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    gpu = device.type == "cuda"
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=gpu,
+            use_shared_memory=False,
+            use_async_staging=True,
+            use_non_blocking_copy=gpu,
+        )
+    )
+
+
 def start_writing(
-    path: Path, tensors: dict[str, Any], background_group: Any | None
-) -> Future[Any] | None:
+    path: Path, tensors: dict[str, Any], background: tuple[Any, Any] | None
+) -> tuple[Future[Any], Future[Any]] | None:
     """Every rank: write this rank's shards of ``tensors`` into ``path`` (a collective). With
-    ``background_group`` (a process group of its own, so the writes' collectives never
-    interleave with training's), DCP copies the shards to memory and writes them in the
-    background: returns the future of that write; otherwise returns None once written."""
+    ``background``, a (process group, stager) pair, DCP stages the shards to host memory on a
+    thread and then writes them, its collectives on that group of their own so that they never
+    interleave with training's: returns the futures of the copy and of the write. Otherwise
+    returns None once written."""
     import torch.distributed.checkpoint as dcp
 
-    if background_group is None:
+    if background is None:
         dcp.save(tensors, checkpoint_id=path)
         return None
-    return dcp.async_save(tensors, checkpoint_id=path, process_group=background_group)
+    group, stager = background
+    if torch.accelerator.is_available():
+        # The stager's copies run on a stream of their own, which does not wait for the
+        # compute stream: the last step's updates must have landed.
+        torch.accelerator.synchronize()
+    response = dcp.async_save(tensors, checkpoint_id=path, process_group=group, async_stager=stager)
+    return response.staging_completion, response.upload_completion
 
 
 def prepare_folder(path: Path) -> None:

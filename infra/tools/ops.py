@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops list|status|logs|cancel|metrics|tensorboard --stack NAME
+"""``python -m infra.tools.ops list|status|logs|cancel|metrics|tensorboard|fetch --stack NAME
 [--job NAME]``: follow the stack's training jobs.
 
 An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
@@ -12,6 +12,8 @@ data-plane roles the stack grants its job submitters.
 uploads to the job's ``metrics_url`` (``trainer.live_upload``): the nodes and their NFS run folder
 are in a private network, the Blob account is reachable from the addresses in storageAllowedIps.
 Those reads use ``DefaultAzureCredential`` too (``az login``; Storage Blob Data Reader).
+``fetch`` downloads a finished run's results from the job's ``outputs_url`` (infra/tools/fetch.py).
+``sweep`` measures how far a job scales, on the stack's pool or locally (infra/tools/sweep.py).
 """
 
 from __future__ import annotations
@@ -39,15 +41,16 @@ from infra.live_metrics import (
     StorageError,
     blob_container,
     latest_step,
+    noise_advice,
     number,
     read_metrics,
     storage_errors,
     train_records,
 )
+from infra.tools import sweep
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
 from trainer.config import one_line
-from trainer.noise_scale import advice
 
 POLL_SECONDS = 5.0
 # One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
@@ -62,6 +65,7 @@ JOB_OUTPUTS = (
     "job_portal_url",
     "node_count",
     "metrics_url",
+    "outputs_url",
     "step",
     "images_per_sec",
 )
@@ -267,6 +271,7 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
         ("logs", "job_log_url"),
         ("checkpoints", "job_checkpoint_path"),
         ("metrics", "metrics_url"),
+        ("results", "outputs_url"),
         ("image", "image_ref"),
     ):
         if outputs.get(key):
@@ -392,15 +397,8 @@ def metrics(
             f"{_number(e, 'val_loss', '.4f')}, accuracy {_number(e, 'val_accuracy', '.4f')}\n"
         )
     # --noise-scale-every: the latest smoothed estimate, as the run's own summary says it.
-    noise = [
-        r
-        for r in records
-        if r.get("kind") == "noise"
-        and number(r, "noise_scale") is not None
-        and isinstance(r.get("global_batch"), int)
-    ]
-    if noise:
-        out.write(advice(noise[-1]["noise_scale"], noise[-1]["global_batch"]) + "\n")
+    if (noise := noise_advice(records)) is not None:
+        out.write(noise + "\n")
     return 0
 
 
@@ -574,6 +572,7 @@ def build_parser() -> OneLineParser:
         ("cancel", "terminate the job (checkpoints are kept)"),
         ("metrics", "the last logged steps and the throughput, from the uploaded metrics"),
         ("tensorboard", "copy the uploaded TensorBoard files to a folder and start TensorBoard"),
+        ("fetch", "download the finished run's results, verified against their manifest"),
     ):
         sub = commands.add_parser(name, help=helptext)
         sub.add_argument("--stack", required=True, help="the stack whose jobs to follow")
@@ -595,7 +594,11 @@ def build_parser() -> OneLineParser:
             sub.add_argument(
                 "--port", type=tcp_port, default=TENSORBOARD_PORT, help="TensorBoard's port"
             )
+        if name == "fetch":
+            sub.add_argument("--to", type=Path, help="local folder (default: results/<job>)")
+            sub.add_argument("--force", action="store_true", help="replace a non-empty --to")
         sub.error = parser.error  # type: ignore[method-assign]
+    sweep.add_parser(commands).error = parser.error  # type: ignore[method-assign]
     return parser
 
 
@@ -613,7 +616,13 @@ def main(
     client_factory=batch.client,
     start: Callable[[list[str]], Any] = start_tensorboard,
 ) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Only a sweep takes more arguments: the trainer flags of its --local runs.
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "sweep":
+        return sweep.run(args, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from azure.core.exceptions import AzureError
 
     where = f"stack={args.stack}"
@@ -639,6 +648,10 @@ def main(
                 start=None if args.no_start else start,
                 port=args.port,
             )
+        if args.command == "fetch":
+            from infra.tools.fetch import fetch_job  # it imports this module
+
+            return fetch_job(job, args.stack, args.to, args.force, sys.stdout)
         client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
         if args.command == "status":
             return status(client, job.outputs, sys.stdout)

@@ -169,6 +169,13 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     assert any(name.startswith("events.out.tfevents.") for name in logs), logs
     live = [json.loads(line) for line in logs["metrics.jsonl"].splitlines() if line.strip()]
     assert live == metrics(folder)  # the final upload: the whole file as it ended
+    # The finished run's results, uploaded by rank 0 as the node's identity to the job's
+    # --outputs-url (what `dt-jobs fetch` downloads): every file of its results/ folder.
+    job_prefix = f"{spec.job_id}/"
+    results = blob(fabric, storage, "list", container="outputs", prefix=job_prefix)
+    assert sorted(name.removeprefix(job_prefix) for name in results) == sorted(
+        path.name for path in (folder / "results").iterdir()
+    ), describe(cluster, run)
     output = logs["stdout.txt"] + logs["stderr.txt"]
     # Every node's launcher log reaches the user: the non-primary's too (in the uploaded
     # stdout, or at least in the run folder on the share).

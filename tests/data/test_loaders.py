@@ -116,9 +116,14 @@ def test_missing_manifest_says_how_to_make_one(tmp_path):
 
 
 def test_trainer_runs_on_shards_with_the_decoded_cache(tmp_path, shards):
+    import json
     import subprocess
     import sys
 
+    from tests.data.test_bad_data import corrupt_member
+
+    # Piggy-backed on this run: a damaged member, replaced and counted (--on-bad-image skip).
+    damaged = corrupt_member(shards, "train", 7)
     out = tmp_path / "run"
     result = subprocess.run(
         [
@@ -147,6 +152,8 @@ def test_trainer_runs_on_shards_with_the_decoded_cache(tmp_path, shards):
             "1",
             "--loader-workers",
             "2",
+            "--on-bad-image",
+            "skip",
             "--output-dir",
             str(out),
         ],
@@ -156,4 +163,9 @@ def test_trainer_runs_on_shards_with_the_decoded_cache(tmp_path, shards):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done: step 12 (started at 0, stopped by epochs)" in result.stdout
+    # Once per epoch; one warning line for the file, the first time it was met.
+    assert "skipped 2 image(s) that did not decode" in result.stdout
+    assert result.stderr.count(damaged) == 1, result.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped_images"] for r in records if r["kind"] == "train"][-1] == 2
     assert (out / "metrics.jsonl").exists()

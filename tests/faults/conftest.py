@@ -8,37 +8,20 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-
-def _run(*command: str) -> bool:
-    return subprocess.run(command, capture_output=True).returncode == 0
+from tests.fs_faults import _run, tmpfs
 
 
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
-    """A folder on a 2 MiB file system, or None when this user cannot mount one."""
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or not _run("mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)):
-        pytest.skip("needs root to mount a tmpfs (the file-size-limit test covers this user)")
-    try:
+    """A folder on a 2 MiB file system (skipped when this user cannot mount one)."""
+    with tmpfs(tmp_path / "small-disk", "2m") as mount:
         yield mount
-    finally:
-        _run("umount", "-l", str(mount))
-
-
-def fill(folder: Path, leave_bytes: int) -> None:
-    """Write a filler file until only about ``leave_bytes`` remain free."""
-    stat = os.statvfs(folder)
-    free = stat.f_bavail * stat.f_frsize
-    with open(folder / "filler", "wb") as handle:
-        handle.write(b"\0" * max(0, free - leave_bytes))
 
 
 @contextmanager
@@ -66,6 +49,11 @@ def file_size_limit(limit: int) -> Iterator[None]:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(no_leftover_processes: str) -> None:
+    """Every run started here is checked for processes left alive (tests/process_tree.py)."""
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.faults.conftest import file_size_limit, fill, read_only
+from tests.faults.conftest import file_size_limit, read_only
+from tests.fs_faults import fill
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, checksum_path
 from trainer.cli import to_flags
@@ -71,7 +72,7 @@ def test_no_usable_checkpoint_at_all_means_a_fresh_start(tmp_path):
 def test_full_disk_while_checkpointing_is_a_clear_error_and_keeps_the_previous(small_disk):
     folder = small_disk / "checkpoints"
     checkpoint.save(folder, 1, _state(1.0), keep=5)
-    fill(small_disk, leave_bytes=2048)
+    fill(small_disk, room=2048)
     with pytest.raises(CheckpointError) as failure:
         checkpoint.save(folder, 2, _state(2.0), keep=5)
     message = str(failure.value)
@@ -110,7 +111,7 @@ def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(s
     assert first.returncode == 0, first.stderr[-2000:]
     before = checkpoint.list_checkpoints(output / "checkpoints")
     # Room for metrics and TensorBoard events (a few KiB), not for a checkpoint (about 60 KiB).
-    fill(small_disk, leave_bytes=32 * 1024)
+    fill(small_disk, room=32 * 1024)
     second = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert second.returncode == 1
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]

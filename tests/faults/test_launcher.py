@@ -54,12 +54,13 @@ def test_a_dead_master_launcher_ends_the_other_node(tmp_path):
         time.sleep(0.2)
     master = psutil.Process(nodes[0].pid)
     orphans = master.children(recursive=True)
-    master.kill()  # the node (and its rendezvous store) vanishes
-    for orphan in orphans:
-        orphan.kill()
+    master.kill()  # the master's launcher (and its rendezvous store) vanishes
     nodes[1].wait(timeout=60)
     assert nodes[1].returncode != 0
     assert "stopped answering" in _logs(tmp_path) or "exited with" in _logs(tmp_path)
+    # Its workers learn from the kernel that their launcher died, and stop.
+    _, alive = psutil.wait_procs(orphans, timeout=60)
+    assert not alive, f"workers outlived their launcher: {alive}"
 
 
 def test_an_unwritable_run_folder_fails_fast_in_one_line_before_any_worker_starts(tmp_path):

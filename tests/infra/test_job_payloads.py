@@ -211,6 +211,8 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         output_dir,
         "--metrics-upload-url",
         f"{SPEC.log_url}live/",
+        "--outputs-url",
+        f"{SPEC.blob_endpoint}outputs/{SPEC.job_id}/",
         "--preflight-min-busbw",  # the H100 size's floor: 70% of its 350 GB/s baseline
         "245.0",
     ]
@@ -228,6 +230,7 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         assert request.config.backend == "horovod" and request.config.fp16_allreduce
         assert request.config.output_dir == output_dir
         assert request.config.preflight_min_busbw == 245.0
+        assert request.config.outputs_url == SPEC.outputs_url  # where fetch reads the results
 
 
 def test_the_cpu_acceptance_size_gets_no_infiniband_device_or_hpc_mount(node):

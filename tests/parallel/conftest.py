@@ -71,6 +71,11 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(no_leftover_processes: str) -> None:
+    """Every run started here is checked for processes left alive (tests/process_tree.py)."""
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

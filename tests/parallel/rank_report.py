@@ -48,8 +48,21 @@ def main() -> None:
         # What Horovod read at init (set from the config unless the environment had them).
         "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},
     }
-    (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
     dist.shutdown()
+    # As trainer.__main__ ends: once the run's objects are gone, so are the engine's threads (a
+    # group kept alive would be destroyed during interpreter teardown, which can abort).
+    del result
+    report["threads_after_shutdown"] = native_threads()
+    (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
+
+
+def native_threads() -> list[str]:
+    """The names of this process's threads other than the main one (Python's and C++'s)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        if task.name != str(os.getpid()):
+            names.append((task / "comm").read_text().strip())
+    return sorted(names)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ test can give 4 ranks "nodes" of 2 (LOCAL_WORLD_SIZE=2) on one machine.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,10 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import _free_port, tiny_config
 from tests.parallel.conftest import REPO, read_metrics
-from trainer import sharded_checkpoint
+from trainer import results, sharded_checkpoint
 from trainer.cli import to_flags
 
 REPORT = str(Path(__file__).with_name("rank_report.py"))
@@ -135,6 +137,36 @@ def reference(tmp_path_factory) -> dict:
         "params_sha256": reports[0]["params_sha256"],
         "checkpoints": checkpoints,
     }
+
+
+def test_the_results_hold_the_final_weights_gathered_from_every_ranks_shards(reference, tmp_path):
+    """Rank 0 gathered the full state dict (every rank taking part) into results/: a fresh
+    model loads it and holds the final checkpoint's weights, the parameters both ranks ended
+    with; the evaluation is the run's last, at the epoch's end."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from tests.parallel.rank_report import named_tensors_sha256
+    from trainer.data.text import BYTE_VOCAB
+    from trainer.model import build_model
+
+    output = reference["checkpoints"].parent
+    folder = output / results.RESULTS_DIR
+    assert results.is_complete(folder)
+    weights = load_file(folder / results.WEIGHTS)
+    model = build_model(LM_RUN["model"], BYTE_VOCAB)  # synthetic tokens: byte-level
+    model.load_state_dict(weights)
+    assert named_tensors_sha256(model.named_parameters()) == reference["params_sha256"]
+    final = sharded_checkpoint.checkpoint_path(reference["checkpoints"], STEPS)
+    dcp_to_torch_save(final, tmp_path / "final.pt")
+    saved = torch.load(tmp_path / "final.pt", weights_only=True)["model"]
+    assert saved.keys() == weights.keys()
+    assert all(torch.equal(weights[name], tensor) for name, tensor in saved.items())
+    evaluation = json.loads((folder / results.EVALUATION).read_text())
+    last = [r for r in read_metrics(output) if r["kind"] == "eval"][-1]
+    assert (evaluation["step"], evaluation["unit"]) == (STEPS, "tokens")
+    assert (evaluation["loss"], evaluation["samples"]) == (last["val_loss"], last["val_samples"])
+    assert evaluation["perplexity"] == pytest.approx(math.exp(last["val_loss"]))
 
 
 def resume_from_step_3(reference: dict, output_dir: Path) -> None:

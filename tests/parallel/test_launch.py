@@ -57,6 +57,9 @@ def test_two_nodes_train_beside_batchs_reserved_port_and_the_primary_reports_bot
     assert "preflight: allreduce bus bandwidth" in logs
     assert "done: step 8 (started at 0, stopped by epochs), 2 worker(s)" in logs
     assert read_metrics(out)[-1]["step"] == 8
+    # Both nodes trained through the master's store with this launch's token, which the
+    # second node read from the run folder: only the task's user can read it.
+    assert (out / "logs" / "rendezvous.token").stat().st_mode & 0o777 == 0o600
     reported = report(command)
     assert reported.returncode == 0, reported.stdout + reported.stderr
     text = reported.stdout
@@ -180,6 +183,6 @@ def test_the_jobs_task_command_lines_train_then_report_on_a_one_node_pool(tmp_pa
     assert [line.split()[0] for line in workers] == [f"{rank}/8" for rank in range(8)]
     ending = (
         f"--output-dir {output_dir} --metrics-upload-url {spec.metrics_url} "
-        "--preflight-min-busbw 245.0"
+        f"--outputs-url {spec.outputs_url} --preflight-min-busbw 245.0"
     )
     assert all(line.endswith(ending) for line in workers)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import _free_port, tiny_config
+from tests.traces import traces
 from trainer import live_upload
 from trainer.blob_folder import BlobFolder
 from trainer.cli import to_flags
@@ -120,6 +121,7 @@ def test_a_real_run_uploads_while_it_trains_and_everything_at_a_sigterm_stop(
         log_every=1,
         metrics_upload_url=url,
         metrics_upload_minutes=0.01,
+        profile_steps="3-3",  # its trace goes in a folder under tensorboard/
     )
     try:
         # A period's upload while training runs (the end-of-run upload has not happened yet).
@@ -129,6 +131,7 @@ def test_a_real_run_uploads_while_it_trains_and_everything_at_a_sigterm_stop(
             return b'"kind": "train"' in _content(logs, "dev-7f3a/live/metrics.jsonl")
 
         _wait(steps_uploaded, "an upload of logged steps during training")
+        _wait(lambda: traces(run), "the profiler's trace")
         assert process.poll() is None, log_path.read_text()[-3000:]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=120) == 0, log_path.read_text()[-3000:]
@@ -144,6 +147,7 @@ def test_a_real_run_uploads_while_it_trains_and_everything_at_a_sigterm_stop(
         if path.is_file()
     }
     assert any(name.startswith("tensorboard/events.out.tfevents.") for name in local)
+    assert any(name.startswith("tensorboard/profile/rank0_") for name in local)
     uploaded = {name.removeprefix("dev-7f3a/live/"): _content(logs, name) for name in _blobs(logs)}
     assert uploaded == local  # the last upload came after the files were closed
 

@@ -4,11 +4,14 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.conftest import tiny_config as base_config
-from trainer import checkpoint
+from tests.traces import recorded_steps
+from trainer import checkpoint, results
 from trainer.config import DEFAULTS, ConfigError
 from trainer.distributed import LocalDist
+from trainer.model import build_model
 from trainer.run import train
 from trainer.signals import StopRequest
 
@@ -35,14 +38,35 @@ def test_two_step_run_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [2]
     assert result.samples_per_sec > 0
+    # The results: the final checkpoint's weights, loadable into a fresh model.
+    cfg = tiny_config(tmp_path, max_steps=2, log_every=5)
+    assert result.results == tmp_path / "results" and results.is_complete(result.results)
+    fresh = build_model(cfg.model, cfg.num_classes)
+    fresh.load_state_dict(load_file(result.results / "model.safetensors"))
+    for name, tensor in final_weights(tmp_path).items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+    summary = json.loads((result.results / "metrics.json").read_text())
+    assert summary == json.loads(json.dumps(result.summary()))
+    # Mid-epoch: one more pass over the validation data evaluates the final weights.
+    evaluation = json.loads((result.results / "evaluation.json").read_text())
+    assert (evaluation["step"], evaluation["samples"]) == (2, cfg.synthetic_pool)
+    assert evaluation["loss"] > 0 and 0 <= evaluation["accuracy"] <= 1
 
 
 def test_rerun_resumes_and_counts_earlier_steps(tmp_path):
-    train(tiny_config(tmp_path, max_steps=2), LocalDist())
-    result = train(tiny_config(tmp_path, max_steps=5), LocalDist())
+    # --profile-steps counts steps over invocations: the first records its last step, 2; the
+    # resumed one 3 and 4, named by their numbers in the run.
+    train(tiny_config(tmp_path, max_steps=2, profile_steps="2-4"), LocalDist())
+    result = train(tiny_config(tmp_path, max_steps=5, profile_steps="2-4"), LocalDist())
     assert (result.start_step, result.step) == (2, 5)
+    assert recorded_steps(tmp_path) == {"rank0": [[2], [3, 4]]}
+    manifest = (tmp_path / "results" / "manifest.json").read_bytes()
+    assert json.loads((tmp_path / "results" / "evaluation.json").read_text())["step"] == 5
     again = train(tiny_config(tmp_path, max_steps=5), LocalDist())
     assert again.stopped_by == "already_complete" and again.step == 5
+    # The finished run's results are kept (and uploaded again by python -m trainer).
+    assert again.results == tmp_path / "results"
+    assert (again.results / "manifest.json").read_bytes() == manifest
 
 
 def test_interrupted_mid_epoch_then_resumed_equals_uninterrupted(tmp_path):
@@ -50,6 +74,7 @@ def test_interrupted_mid_epoch_then_resumed_equals_uninterrupted(tmp_path):
     train(tiny_config(tmp_path / "full", label_smoothing=0.1), LocalDist())
     first = train(tiny_config(tmp_path / "split", label_smoothing=0.1, run_steps=11), LocalDist())
     assert (first.step, first.stopped_by) == (11, "run_steps")
+    assert first.results is None and not (tmp_path / "split" / "results").exists()  # paused
     second = train(tiny_config(tmp_path / "split", label_smoothing=0.1), LocalDist())
     assert (second.start_step, second.step) == (11, 24)
     full, split = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")

@@ -29,6 +29,7 @@ INVALID = [
     ),
     ({"cache_scope": "gpu"}, "cache_scope='gpu'", "node, rank"),
     ({"shuffle_buffer": 0}, "shuffle_buffer=0", "1.."),
+    ({"on_bad_image": "ignore"}, "on_bad_image='ignore'", "fail, skip"),
     ({"preflight_min_busbw": -1}, "preflight_min_busbw=-1", "[0, 100000]"),
     ({"image_size": 8}, "image_size=8", "16..1024"),
     ({"batch_size": 0}, "batch_size=0", "1..65536"),
@@ -92,7 +93,15 @@ INVALID = [
         "no SAS token",
     ),
     ({"metrics_upload_minutes": 0}, "metrics_upload_minutes=0", "[0.01, 1440]"),
+    (
+        {"outputs_url": "https://acct.blob.core.windows.net/Outputs/j/"},
+        "outputs_url='https://acct.blob.core.windows.net/Outputs/j/'",
+        "not a valid container name",
+    ),
     ({"metrics_upload_minutes": "often"}, "metrics_upload_minutes='often'", "a number"),
+    ({"profile_steps": "25-20"}, "profile_steps='25-20'", "0 < A <= B"),
+    ({"debug_rank": -1}, "debug_rank=-1", "0.."),
+    ({"debug_port": 80}, "debug_port=80", "1024..65535"),
     ({"batchsize": 32}, "unknown setting 'batchsize'", "batch_size"),
 ]
 

@@ -286,7 +286,11 @@ def test_torch_engines_get_torchruns_variables_with_global_ranks_node_by_node(en
     port = torch_master_port(6105, {"AZ_BATCH_MASTER_NODE": "10.0.0.4:6000"})
     assert port == 6106  # beside the launchers' own store, never Batch's 6000
     assert torch_master_port(5999, {"AZ_BATCH_MASTER_NODE": "10.0.0.4"}) == 6000
-    envs = [env for index in (0, 1) for env in worker_envs(engine, _node(index), 8, base, port)]
+    envs = [
+        env
+        for index in (0, 1)
+        for env in worker_envs(engine, _node(index), 8, base, port, token="t0ken")
+    ]
     assert [env["RANK"] for env in envs] == [str(rank) for rank in range(16)]
     assert {env["WORLD_SIZE"] for env in envs} == {"16"}
     assert [env["LOCAL_RANK"] for env in envs] == [str(local) for local in range(8)] * 2
@@ -306,9 +310,15 @@ def test_torch_engines_get_torchruns_variables_with_global_ranks_node_by_node(en
 
 def test_horovod_workers_keep_horovods_variables_and_the_inherited_master_port():
     base = {"PATH": "/bin", "MASTER_PORT": "6105"}
-    envs = [env for index in (0, 1) for env in worker_envs("horovod", _node(index), 8, base)]
+    envs = [
+        env
+        for index in (0, 1)
+        for env in worker_envs("horovod", _node(index), 8, base, token="t0ken")
+    ]
     assert [env["HOROVOD_RANK"] for env in envs] == [str(rank) for rank in range(16)]
     assert {env["HOROVOD_GLOO_RENDEZVOUS_PORT"] for env in envs} == {"6105"}
+    # Horovod's client puts what follows the host and port in the path: the job's token.
+    assert {env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] for env in envs} == {"10.0.0.4:6105/t0ken"}
     assert {env["MASTER_PORT"] for env in envs} == {"6105"}  # inherited, untouched
     assert not any(key in TORCH_VARIABLES - {"MASTER_PORT"} for env in envs for key in env)
 

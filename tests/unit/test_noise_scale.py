@@ -44,3 +44,17 @@ def test_the_advice_names_the_batch_and_the_useful_factor():
         "gives diminishing returns"
     )
     assert not math.isnan(float(text.split("about ")[1].split("x")[0]))
+
+
+def test_a_one_worker_run_refuses_to_measure_the_noise_scale_before_it_starts(tmp_path):
+    """With one worker the reduced gradient is the worker's own: no second batch size. The run
+    stops with one line before it creates its output folder."""
+    from tests.conftest import tiny_config
+    from trainer.config import DEFAULTS, ConfigError
+    from trainer.distributed import LocalDist
+    from trainer.run import train
+
+    cfg = DEFAULTS.replace(**tiny_config(tmp_path / "out", backend="ddp", noise_scale_every=2))
+    with pytest.raises(ConfigError, match=r"noise_scale_every=2 with 1 worker: .* 2 or more"):
+        train(cfg, LocalDist())
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -2,8 +2,9 @@
 datasets.
 
 Bad input and failed transfers end with one line naming the file, blob or setting and exit
-code 2; prepare checks every image before it writes a shard, prepare-text every text file
-before it replaces one.
+code 2; an output folder that cannot be written (read-only, immutable, full, a file in the way)
+with one line naming the path and the fix and exit code 1. prepare checks every image before it
+writes a shard, prepare-text every text file before it replaces one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepa
 from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
 from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
+from trainer.files import OutputError
 
 
 def build_parser() -> OneLineParser:
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             stage(container, args.prefix, args.dest, parallel=args.parallel)
     except DataError as err:
         fail(str(err), 2)
+    except OutputError as err:
+        fail(str(err), 1)
     except KeyboardInterrupt:
         fail("interrupted; rerun the same command to resume", 130)
     return 0

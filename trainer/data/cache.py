@@ -35,6 +35,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainer.data.bad_images import BadImages
 from trainer.data.decode import decode_pixels, image_size
 from trainer.data.errors import DataError
 from trainer.data.node_memory import NodeGroup, Segment, free_bytes, own_prefix, split
@@ -72,41 +73,49 @@ def _downscaled(
     return pixels
 
 
-class _Header(Dataset[tuple[int, int]]):
+# The fill passes run in loader workers, where a raised error would reach this process as a
+# multi-line report: they return (value, problem) instead, "" when the sample decoded.
+class _Header(Dataset[tuple[tuple[int, int], str]]):
     def __init__(self, source: Source, indices: Sequence[int]) -> None:
         self.source, self.indices = source, indices
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position: int) -> tuple[int, int]:
+    def __getitem__(self, position: int) -> tuple[tuple[int, int], str]:
         index = self.indices[position]
-        return image_size(self.source.read(index), self.source.describe(index))
+        try:
+            return image_size(self.source.read(index), self.source.describe(index)), ""
+        except DataError as err:
+            return (0, 0), str(err)  # cached as nothing: training replaces the sample
 
 
-class _Decode(Dataset[torch.Tensor]):
+class _Decode(Dataset[tuple[torch.Tensor, str]]):
     def __init__(self, source: Source, indices: Sequence[int], shapes: np.ndarray, size: int):
         self.source, self.indices, self.shapes, self.size = source, indices, shapes, size
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position: int) -> torch.Tensor:
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, str]:
         height, width = (int(v) for v in self.shapes[position])
         index = self.indices[position]
-        return _downscaled(self.source, index, (height, width), self.size).flatten()
+        try:
+            return _downscaled(self.source, index, (height, width), self.size).flatten(), ""
+        except DataError as err:
+            return torch.empty(0, dtype=torch.uint8), str(err)
 
 
-class _Read(Dataset[torch.Tensor]):
+class _Read(Dataset[tuple[torch.Tensor, str]]):
     def __init__(self, source: Source, indices: Sequence[int]) -> None:
         self.source, self.indices = source, indices
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, position: int) -> torch.Tensor:
+    def __getitem__(self, position: int) -> tuple[torch.Tensor, str]:
         data = bytearray(self.source.read(self.indices[position]))
-        return torch.frombuffer(data, dtype=torch.uint8)
+        return torch.frombuffer(data, dtype=torch.uint8), ""  # decoded only when trained on
 
 
 def _each(dataset: Dataset, workers: int) -> DataLoader:
@@ -146,6 +155,10 @@ class MemoryCache:
     segment of this rank's own; ``group`` then only makes the memory check count the parts of
     all the node's ranks (without it: this part times ``ranks_per_node``). Without ``group`` this
     process is alone on its node (benchmarks, one-process use).
+
+    An image that does not decode while a decoded cache fills stops every rank with one line
+    (``bad_images``' fix), unless ``bad_images`` skips: then it is recorded in ``bad`` and
+    ``pixels`` raises for it, so training replaces it as it would without a cache.
     """
 
     def __init__(
@@ -159,10 +172,14 @@ class MemoryCache:
         group: NodeGroup | None = None,
         indices: Sequence[int] | None = None,
         name: str = "train",
+        bad_images: BadImages | None = None,
     ) -> None:
         if mode not in ("bytes", "decoded"):
             raise ValueError(f"cache mode {mode!r}")
         self.source, self.mode, self.image_size = source, mode, image_size
+        self.bad_images = bad_images or BadImages()
+        # Samples that did not decode while filling, with why (every rank's, node scope).
+        self.bad: dict[int, str] = {}
         count = len(source)
         shared = indices is None
         group = group or NodeGroup.alone()
@@ -183,11 +200,13 @@ class MemoryCache:
             if mode == "bytes":
                 part = np.array([source.encoded_size(i) for i in filled], dtype=np.int64)
             else:
-                dims = list(_each(_Header(source, filled), workers))
+                found = list(_each(_Header(source, filled), workers))
                 shapes_part = np.array(
-                    [cached_shape(int(w), int(h), image_size) for w, h in dims], dtype=np.int64
+                    [cached_shape(int(w), int(h), image_size) for (w, h), _ in found],
+                    dtype=np.int64,
                 ).reshape(-1, 2)
                 part = shapes_part[:, 0] * shapes_part[:, 1] * 3
+                error = self._record([(i, p) for i, (_, p) in zip(filled, found, strict=True)])
         except (DataError, OSError) as err:
             part, error = np.zeros(0, dtype=np.int64), str(err)
         group.first_error(error)
@@ -240,6 +259,8 @@ class MemoryCache:
             )
             # Every run is written before any rank reads (the group's last exchange).
             group.first_error(self._fill(filled, mine, shapes_part, workers))
+            if shared:
+                self.bad = {k: v for part in group.gather(self.bad) for k, v in part.items()}
         except BaseException:
             if self.segment is not None:
                 self.segment.close()
@@ -254,14 +275,29 @@ class MemoryCache:
             assert shapes is not None
             fill = _Decode(self.source, filled, shapes, self.image_size)
         try:
-            for position, flat in zip(mine, _each(fill, workers), strict=True):
+            for position, (flat, problem) in zip(mine, _each(fill, workers), strict=True):
+                index = filled[position - mine.start]
+                if problem:
+                    error = self._record([(index, problem)])
+                    if error:
+                        return error
+                    continue
                 start, end = int(self.offsets[position]), int(self.offsets[position + 1])
                 if flat.numel() != end - start:
-                    index = filled[position - mine.start]
                     return f"{self.source.describe(index)} changed while it was being cached"
                 self.data[start:end] = flat
         except DataError as err:
             return str(err)
+        return None
+
+    def _record(self, problems: list[tuple[int, str]]) -> str | None:
+        """Note the samples that did not decode; the error that stops the run, if it fails."""
+        for index, problem in problems:
+            if not problem:
+                continue
+            if self.bad_images.policy == "fail":
+                return str(self.bad_images.error(problem))
+            self.bad[index] = problem
         return None
 
     def close(self) -> None:
@@ -307,6 +343,8 @@ class MemoryCache:
     def pixels(self, index: int) -> torch.Tensor:
         if self.mode == "bytes":
             return decode_pixels(self.read(index), self.describe(index))
+        if index in self.bad:
+            raise DataError(self.bad[index])
         slot = int(self.slots[index])
         if slot < 0:
             return _downscaled(self.source, index, None, self.image_size)

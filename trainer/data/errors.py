@@ -1,4 +1,5 @@
-"""The one error every data module raises for data that cannot be used."""
+"""The one error every data module raises for data that cannot be used (a folder or disk that
+cannot take what a writer makes is ``trainer.files.OutputError``)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,24 @@
 """``build_loaders``: the train and validation batches for one rank, on its device, from
 synthetic tensors, an image folder or prepared shards, optionally through a memory cache
 (``--cache-scope node``: one copy per node, shared; ``rank``: each rank its fixed part); for a
-language model, windows of tokens from ``prepare-text``'s shards or synthetic tokens."""
+language model, windows of tokens from ``prepare-text``'s shards or synthetic tokens.
+Shards are checked against their SHA-256 once per node first (``verify``); an image that does
+not decode is replaced or stops the run as ``--on-bad-image`` says (``bad_images``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.config import TrainConfig
+from trainer.data.bad_images import FIXES, BadImages, worker_error
 from trainer.data.cache import MemoryCache, Source
-from trainer.data.dataset import ImageDataset
+from trainer.data.dataset import CheckedImageDataset
 from trainer.data.errors import DataError
 from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
@@ -25,6 +28,7 @@ from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
 from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
+from trainer.data.verify import verify_shards
 from trainer.lm.sizes import GPT_SIZES
 
 
@@ -49,16 +53,43 @@ class Loaders:
     batches_per_epoch: int
     # A language model's vocabulary (the token data's), None for images.
     vocab_size: int | None = None
+    # Images that did not decode: the --on-bad-image policy and this rank's count of skipped.
+    bad_images: BadImages = field(default_factory=BadImages)
+
+
+def _one_line_errors(loader: DataLoader) -> Iterator[Any]:
+    """``loader``'s batches; a ``DataError`` a worker raised as its own one line."""
+    batches = iter(loader)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except DataError as err:
+            raise worker_error(err) from None
+        yield batch
 
 
 class DeviceLoader:
-    """A DataLoader over a ``RankSampler`` that hands out normalized batches on the device."""
+    """A DataLoader over a ``RankSampler`` that hands out normalized batches on the device.
+
+    Its dataset is a ``CheckedImageDataset``: every batch names the samples it had to replace,
+    and ``bad_images`` stops the run at one or counts it."""
 
     def __init__(
-        self, loader: DataLoader, sampler: RankSampler, device: torch.device, channels_last: bool
+        self,
+        loader: DataLoader,
+        sampler: RankSampler,
+        device: torch.device,
+        channels_last: bool,
+        bad_images: BadImages | None = None,
     ) -> None:
         self.loader, self.sampler, self.device = loader, sampler, device
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.bad_images = bad_images or BadImages()
+        # The loaders whose workers stop when this one meets bad data: the run ends, and a
+        # persistent worker of the other split would outlive it.
+        self.stopped_together: list[DeviceLoader] = [self]
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         self.sampler.set_epoch(epoch, skip_batches)
@@ -67,10 +98,25 @@ class DeviceLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for images, labels in self.loader:
-            # uint8 travels to the device; normalizing there is one fused pass per batch.
-            images = normalize(images.to(self.device, non_blocking=True))
-            yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
+        try:
+            for images, labels, problems in _one_line_errors(self.loader):
+                self.bad_images.met(problems)
+                # uint8 travels to the device; normalizing there is one fused pass per batch.
+                images = normalize(images.to(self.device, non_blocking=True))
+                yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
+        except DataError:
+            for loader in self.stopped_together:
+                loader.stop_workers()
+            raise
+
+    def stop_workers(self) -> None:
+        """Stop the loader's worker processes now. Bad data ends the run, and at interpreter
+        exit torch leaves persistent workers to notice on their own that their parent is gone
+        (its watchdog polls every 5 s): they would outlive the run that failed."""
+        iterator, self.loader._iterator = self.loader._iterator, None  # the persistent one
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
 
 
 def _batches(
@@ -95,7 +141,7 @@ class TokenDeviceLoader(DeviceLoader):
     """(inputs, targets) token windows on the device: nothing to normalize."""
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, targets in self.loader:
+        for inputs, targets in _one_line_errors(self.loader):
             yield inputs.to(self.device, non_blocking=True), targets.to(self.device)
 
 
@@ -158,12 +204,13 @@ def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device
 
 
 def _file_loader(
-    dataset: ImageDataset,
+    dataset: CheckedImageDataset,
     sampler: RankSampler,
     where: Path,
     cfg: TrainConfig,
     device: torch.device,
     channels_last: bool,
+    bad_images: BadImages,
 ) -> DeviceLoader:
     if sampler.batches_per_epoch == 0:
         raise DataError(
@@ -171,15 +218,19 @@ def _file_loader(
             f"worker for {sampler.num_replicas} workers: lower --batch-size"
         )
     loader = _batches(dataset, sampler, cfg.batch_size, cfg.loader_workers, device)
-    return DeviceLoader(loader, sampler, device, channels_last)
+    return DeviceLoader(loader, sampler, device, channels_last, bad_images)
 
 
-def _sources(cfg: TrainConfig, root: Path) -> tuple[list[str], Source, Source | None, Path]:
-    """(classes, train source, val source or None, where train lives) for folder or shards."""
+def _sources(
+    cfg: TrainConfig, root: Path, group: NodeGroup
+) -> tuple[list[str], Source, Source | None, Path]:
+    """(classes, train source, val source or None, where train lives) for folder or shards;
+    shards are verified against the manifest's SHA-256 once per node (``group``)."""
     if cfg.data == "shards":
         manifest = Manifest.load(root)
         train = ShardSource(root, "train", manifest)
         val = ShardSource(root, "val", manifest) if "val" in manifest.splits else None
+        verify_shards(root, manifest.shards, group)
         return train.classes, train, val, root
     train = FolderSource(root / "train")
     val = None
@@ -218,6 +269,7 @@ def _cache(
     group: NodeGroup | None,
     ranks_per_node: int,
     name: str,
+    bad_images: BadImages,
 ) -> MemoryCache:
     part = None
     if cfg.cache_scope == "rank":
@@ -232,6 +284,7 @@ def _cache(
         group=group,
         indices=part,
         name=name,
+        bad_images=bad_images,
     )
 
 
@@ -276,14 +329,17 @@ def build_loaders(
         return Loaders(train, val, sampler.batches_per_epoch)
 
     root = Path(cfg.data_dir or "")
-    classes, train_source, val_source, where = _sources(cfg, root)
+    # The node's ranks: they verify shards together, share a node cache, and a rank cache's
+    # check counts their parts.
+    needs_group = cfg.cache != "none" or cfg.data == "shards"
+    group = NodeGroup.form(dist) if needs_group and dist is not None else None
+    classes, train_source, val_source, where = _sources(cfg, root, group or NodeGroup.alone())
     if len(classes) > cfg.num_classes:
         raise DataError(
             f"num_classes={cfg.num_classes}: {where} has {len(classes)} "
             f"classes; set --num-classes {len(classes)}"
         )
-    # The node's ranks: they share a node cache, and a rank cache's check counts their parts.
-    group = NodeGroup.form(dist) if cfg.cache != "none" and dist is not None else None
+    bad_images = BadImages(cfg.on_bad_image, FIXES[cfg.data])
     loaders: list[DeviceLoader | None] = []
     for source, train in ((train_source, True), (val_source, False)):
         if source is None:
@@ -292,9 +348,15 @@ def build_loaders(
         sampler = _sampler(cfg, source, rank, world, shuffle=train)
         if cfg.cache != "none":
             name = "train" if train else "val"
-            source = _cache(cfg, source, sampler, group, ranks_per_node, name)
-        dataset = ImageDataset(source, cfg.image_size, train=train, seed=cfg.seed)
-        loaders.append(_file_loader(dataset, sampler, where, cfg, device, channels_last))
+            source = _cache(cfg, source, sampler, group, ranks_per_node, name, bad_images)
+        dataset = CheckedImageDataset(source, cfg.image_size, train=train, seed=cfg.seed)
+        loader = _file_loader(dataset, sampler, where, cfg, device, channels_last, bad_images)
+        loaders.append(loader)
     train_loader, val_loader = loaders
     assert train_loader is not None
-    return Loaders(train_loader, val_loader, train_loader.sampler.batches_per_epoch)
+    train_loader.stopped_together = [loader for loader in loaders if loader is not None]
+    if val_loader is not None:
+        val_loader.stopped_together = train_loader.stopped_together
+    return Loaders(
+        train_loader, val_loader, train_loader.sampler.batches_per_epoch, bad_images=bad_images
+    )

@@ -12,6 +12,9 @@ from trainer.data.errors import DataError
 from trainer.files import sha256_file
 
 MANIFEST_NAME = "manifest.json"
+# Beside the shards: which of them this node already checked against their SHA-256
+# (``trainer.data.verify``); a later prepare removes it with the shards it names.
+VERIFIED_NAME = ".verified-shards.json"
 FORMAT = "distributed-training-shards/1"
 
 

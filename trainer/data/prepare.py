@@ -19,11 +19,13 @@ import csv
 import io
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
+from typing import TextIO
 
 from PIL import Image
 
@@ -32,12 +34,19 @@ from trainer.data.errors import DataError
 from trainer.data.folder import IMAGE_SUFFIXES, scan_image_folder
 from trainer.data.manifest import (
     MANIFEST_NAME,
+    VERIFIED_NAME,
     Manifest,
     ShardEntry,
     SplitEntry,
 )
 from trainer.data.transforms import lossless_short_side, short_side_shape
-from trainer.files import remove_partials, sha256_file, write_atomic
+from trainer.files import (
+    OutputError,
+    ensure_writable_folder,
+    remove_partials,
+    sha256_file,
+    write_atomic,
+)
 
 DEFAULT_SHARD_MB = 64
 # For the standard 224 px training crops: 915.
@@ -95,37 +104,102 @@ def _tar_bytes(size: int) -> int:
     return _TAR_BLOCK + -(-size // _TAR_BLOCK) * _TAR_BLOCK
 
 
+# ImageNet's Kaggle CSV: its header, and where the class is in a row's PredictionString.
+CSV_COLUMNS = ("ImageId", "PredictionString")
+
+
+def _labels_txt(file: TextIO, name: Path) -> Iterator[tuple[int, str, str]]:
+    """(line number, image, class) of each "<image> <class>" line (a comma also separates)."""
+    for number, line in enumerate(file, start=1):
+        fields = line.replace(",", " ").split()
+        if not fields:
+            continue
+        if len(fields) == 1:
+            raise DataError(
+                f"{name}: {line.strip()!r} on line {number} has no class: write "
+                f"'<image> <class>' on each line"
+            )
+        if len(fields) > 2:
+            raise DataError(
+                f"{name}: {line.strip()!r} on line {number} gives {len(fields) - 1} classes: "
+                f"write one '<image> <class>' per line"
+            )
+        yield number, fields[0], fields[1]
+
+
+def _solution_csv(file: TextIO, name: Path) -> Iterator[tuple[int, str, str]]:
+    """(line number, image, class) of each row of ImageNet's ``LOC_val_solution.csv``:
+    ``ImageId,PredictionString`` where the prediction starts with the class id."""
+    reader = csv.DictReader(file)
+    header = reader.fieldnames or []
+    missing = [column for column in CSV_COLUMNS if column not in header]
+    if missing:
+        raise DataError(
+            f"{name}: header {','.join(header)!r} on line 1 lacks {missing[0]}: the first line "
+            f"must be {','.join(CSV_COLUMNS)!r}"
+        )
+    for row in reader:
+        number = reader.line_num
+        image, prediction = row[CSV_COLUMNS[0]], row[CSV_COLUMNS[1]]
+        if not any(value and value.strip() for value in row.values() if isinstance(value, str)):
+            continue  # a blank row
+        if prediction is None or not image or not image.strip():
+            raise DataError(
+                f"{name}: row {','.join(str(v) for v in row.values() if v)!r} on line {number} "
+                f"lacks a column: write '<ImageId>,<class id> <box>...' rows"
+            )
+        if not prediction.split():
+            raise DataError(
+                f"{name}: empty PredictionString for {image.strip()!r} on line {number}: it "
+                f"must start with the class id (n01751748 x0 y0 x1 y1 ...)"
+            )
+        yield number, image.strip(), prediction.split()[0]
+
+
 def _val_labels(val: Path, classes: list[str]) -> list[tuple[str, int]]:
     index = {name: label for label, name in enumerate(classes)}
     for name in VAL_LABEL_FILES:
         labels_file = val / name
         if not labels_file.is_file():
             continue
-        pairs: list[tuple[str, str]] = []
-        with open(labels_file, newline="") as file:
-            if name.endswith(".csv"):
-                for row in csv.DictReader(file):
-                    # ImageId,PredictionString: "n01751748 x0 y0 x1 y1 ..." -> first token.
-                    pairs.append((row["ImageId"], row["PredictionString"].split()[0]))
-            else:
-                for line in file:
-                    if line.strip():
-                        stem, label = line.replace(",", " ").split()[:2]
-                        pairs.append((stem, label))
+        read = _solution_csv if name.endswith(".csv") else _labels_txt
+        try:
+            with open(labels_file, newline="", encoding="utf-8-sig") as file:
+                entries = list(read(file, labels_file))
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{labels_file}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                f"{err.start}); save it as UTF-8"
+            ) from None
+        except csv.Error as err:
+            raise DataError(f"{labels_file}: not readable as CSV ({err}); fix that line") from None
         files = {
             Path(entry.name).stem: entry.path
             for entry in os.scandir(val)
             if entry.name.lower().endswith(IMAGE_SUFFIXES)
         }
+        listed_on: dict[str, int] = {}
         samples = []
-        for stem, label in sorted(pairs):
-            stem = Path(stem).stem
+        for number, listed, label in entries:
+            stem = Path(listed).stem
+            if stem in listed_on:
+                raise DataError(
+                    f"{labels_file}: {stem} on line {number} is already listed on line "
+                    f"{listed_on[stem]}: list each image once"
+                )
+            listed_on[stem] = number
             if label not in index:
-                raise DataError(f"{labels_file}: class {label!r} for {stem} is not in train/")
+                raise DataError(
+                    f"{labels_file}: class {label!r} for {stem} on line {number} is not in "
+                    f"train/: use a class folder name of train/ (such as {classes[0]!r})"
+                )
             if stem not in files:
-                raise DataError(f"{labels_file}: lists {stem}, which is not an image in {val}")
-            samples.append((files[stem], index[label]))
-        return samples
+                raise DataError(
+                    f"{labels_file}: lists {stem} on line {number}, which is not an image in "
+                    f"{val}: remove the line or add the image"
+                )
+            samples.append((listed, files[stem], index[label]))
+        return [(path, label) for _, path, label in sorted(samples)]
     raise DataError(
         f"{val}: has neither class folders nor a labels file ({', '.join(VAL_LABEL_FILES)})"
     )
@@ -221,7 +295,7 @@ def _check_output_folder(out: Path, src: Path) -> None:
         foreign = [
             entry.name
             for entry in os.scandir(out)
-            if entry.name != MANIFEST_NAME
+            if entry.name not in (MANIFEST_NAME, VERIFIED_NAME)
             and not entry.name.endswith(".tar")
             and ".partial-" not in entry.name
         ]
@@ -255,6 +329,7 @@ def prepare(
         )
     _check_output_folder(out, src)
     classes, found = scan_dataset(src)
+    _check_writable(out)
     processes = processes or os.cpu_count() or 1
     context = get_context("forkserver")
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
@@ -277,19 +352,58 @@ def prepare(
             if not kept:
                 raise DataError(f"{src / split}: no readable images")
             splits[split], skipped[split] = kept, bad
+        try:
+            manifest = _write(pool, out, classes, splits, skipped, shard_mb, max_short_side)
+        except OSError as err:
+            # Shards are renamed into place only when complete and the manifest, which alone
+            # makes the folder a dataset, was removed first: what a failed write leaves is
+            # never taken for a complete dataset.
+            raise OutputError.of(err, out) from None
+    total_skipped = sum(len(bad) for bad in skipped.values())
+    for split, entry in manifest.splits.items():
+        log(f"{split}: {entry.samples} images in {len(entry.shards)} shards")
+    if total_skipped:
+        log(f"skipped {total_skipped} unreadable image(s), listed in {out / MANIFEST_NAME}")
+    return PrepareResult(manifest, total_skipped)
 
-        out.mkdir(parents=True, exist_ok=True)
-        remove_partials(out)
-        jobs = []
-        layout: dict[str, list[str]] = {}
-        for split, samples in splits.items():
-            plan = plan_shards(samples, int(shard_mb * 1024 * 1024))
-            layout[split] = [f"{split}-{n:06d}.tar" for n in range(len(plan))]
-            for name, indices in zip(layout[split], plan, strict=True):
-                members = [(i, samples[i].path, samples[i].label) for i in indices]
-                jobs.append((str(out / name), members, max_short_side))
-        entries = {entry.name: entry for entry in pool.map(_write_shard_job, jobs)}
 
+def _check_writable(out: Path) -> None:
+    """Prove ``out`` takes files before the images are inspected (minutes for ImageNet), and
+    leave no folder behind when it is new: a later error must not leave an empty output."""
+    created = not out.exists()
+    try:
+        ensure_writable_folder(out)
+    except OSError as err:
+        raise OutputError.of(err, out) from None
+    finally:
+        if created:
+            with suppress(OSError):
+                out.rmdir()
+
+
+def _write(
+    pool: ProcessPoolExecutor,
+    out: Path,
+    classes: list[str],
+    splits: dict[str, list[Sample]],
+    skipped: dict[str, list[str]],
+    shard_mb: float,
+    max_short_side: int,
+) -> Manifest:
+    """Write the planned shards, then the manifest, into ``out``; remove what it no longer
+    lists. The old manifest goes first: until the new one lands the folder is no dataset."""
+    out.mkdir(parents=True, exist_ok=True)
+    remove_partials(out)
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    jobs = []
+    layout: dict[str, list[str]] = {}
+    for split, samples in splits.items():
+        plan = plan_shards(samples, int(shard_mb * 1024 * 1024))
+        layout[split] = [f"{split}-{n:06d}.tar" for n in range(len(plan))]
+        for name, indices in zip(layout[split], plan, strict=True):
+            members = [(i, samples[i].path, samples[i].label) for i in indices]
+            jobs.append((str(out / name), members, max_short_side))
+    entries = {entry.name: entry for entry in pool.map(_write_shard_job, jobs)}
     manifest = Manifest(
         classes=tuple(classes),
         max_short_side=max_short_side,
@@ -303,12 +417,8 @@ def prepare(
         },
     )
     write_atomic(out / MANIFEST_NAME, manifest.to_json().encode())
-    # Shards of an earlier prepare that this manifest no longer lists.
+    # Shards of an earlier prepare that this manifest no longer lists (and the training
+    # side's record of verified shards, which named the old ones).
     for stale in set(os.listdir(out)) - set(entries) - {MANIFEST_NAME}:
         (out / stale).unlink()
-    total_skipped = sum(len(bad) for bad in skipped.values())
-    for split, entry in manifest.splits.items():
-        log(f"{split}: {entry.samples} images in {len(entry.shards)} shards")
-    if total_skipped:
-        log(f"skipped {total_skipped} unreadable image(s), listed in {out / MANIFEST_NAME}")
-    return PrepareResult(manifest, total_skipped)
+    return manifest

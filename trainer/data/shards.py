@@ -4,7 +4,8 @@ The tar headers are read once to index every member (shard, offset, size, label)
 then one ``pread`` from an open shard, so the sampler decides the order (a shuffle buffer over
 each rank's run of shards, see ``StreamSampler``) and a resume can start at any sample.
 Shards are checked against the manifest's sizes and sample counts when opened; their SHA-256
-was verified when they were written, uploaded or staged.
+when they were written, uploaded or staged, and on each node before training reads them
+(``trainer.data.verify``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,9 @@ class SyntheticLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices = torch.tensor(self.sampler.rank_indices(), dtype=torch.long)
         indices = (indices % self.images.shape[0]).to(self.device)
-        if indices.numel() == 0:  # split() of an empty tensor yields one empty batch
-            return
-        for batch in indices.split(self.sampler.batch_size):
+        # One slice per batch as it is needed: split() would make every batch's view of a large
+        # epoch up front, millions of them, before the first step.
+        size = self.sampler.batch_size
+        for start in range(0, indices.numel(), size):
+            batch = indices[start : start + size]
             yield self.images.index_select(0, batch), self.labels.index_select(0, batch)

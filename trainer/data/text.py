@@ -37,6 +37,7 @@ from torch.utils.data import Dataset
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME
 from trainer.files import (
+    OutputError,
     fsync_folder,
     open_atomic,
     partial_path,
@@ -332,6 +333,27 @@ def prepare_text(
     shard_mb: float = DEFAULT_SHARD_MB,
     val_fraction: float = DEFAULT_VAL_FRACTION,
     log: Callable[[str], None] = print,
+) -> PrepareTextResult:
+    """``_prepare_text``; a folder or disk that cannot take the output (read-only, immutable,
+    full, a file in the way) is an ``OutputError`` naming the path. Sources are read through
+    ``read_text``, which names an unreadable one as a ``DataError``: any ``OSError`` left is a
+    write's."""
+    try:
+        return _prepare_text(
+            src, out, tokenizer=tokenizer, shard_mb=shard_mb, val_fraction=val_fraction, log=log
+        )
+    except OSError as err:
+        raise OutputError.of(err, out) from None
+
+
+def _prepare_text(
+    src: Path,
+    out: Path,
+    *,
+    tokenizer: Path | None,
+    shard_mb: float,
+    val_fraction: float,
+    log: Callable[[str], None],
 ) -> PrepareTextResult:
     """Tokenize ``src`` (a text file, or a folder searched for ``*.txt``) into shards of at most
     ``shard_mb`` MB in ``out``. Empty files are skipped and counted; no text at all, a binary or

@@ -27,7 +27,13 @@ from trainer.data.manifest import (
     ShardEntry,
     shard_is_valid,
 )
-from trainer.files import partial_path, remove_partials, write_atomic
+from trainer.files import (
+    OutputError,
+    ensure_writable_folder,
+    partial_path,
+    remove_partials,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -190,12 +196,30 @@ def stage(
         text = container.download_blob(manifest_blob).readall().decode()
     manifest = Manifest.from_json(text, f"{container.url}/{manifest_blob}")
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        probe = dest / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
+        fetched = _stage_into(container, prefix, dest, manifest, text, parallel)
     except OSError as err:
-        raise DataError(f"dest={dest}: cannot write there ({err.strerror})") from None
+        # Downloads go to temp names that are removed when a write fails, and the manifest
+        # lands last: nothing left here passes for a complete, staged dataset.
+        raise OutputError.of(err, dest) from None
+    result = TransferResult.of(fetched)
+    log(
+        f"staged {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
+        f"{result.skipped} already verified, into {dest}"
+    )
+    return result
+
+
+def _stage_into(
+    container: ContainerClient,
+    prefix: str,
+    dest: Path,
+    manifest: Manifest,
+    text: str,
+    parallel: int,
+) -> list[int]:
+    """Fetch what ``dest`` lacks, drop what the manifest does not list, then write the manifest
+    (``text``); the bytes each shard's transfer copied."""
+    ensure_writable_folder(dest)
     local_manifest = dest / MANIFEST_NAME
     if local_manifest.exists() and local_manifest.read_text() != text:
         local_manifest.unlink()  # a different dataset is arriving: no longer complete
@@ -215,12 +239,7 @@ def stage(
         if stale.name not in listed:
             stale.unlink()
     write_atomic(local_manifest, text.encode())
-    result = TransferResult.of(fetched)
-    log(
-        f"staged {result.copied} shards ({result.bytes_copied / 2**20:.1f} MiB), "
-        f"{result.skipped} already verified, into {dest}"
-    )
-    return result
+    return fetched
 
 
 def stage_args(account_url: str, container: str, prefix: str, dest: str) -> list[str]:

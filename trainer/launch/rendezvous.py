@@ -4,24 +4,101 @@ torch.distributed (``trainer.config.TORCH_DISTRIBUTED_BACKENDS``): every worker 
 variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
 launcher package imports ``horovod.runner``; the workers' own communication lives in
 ``trainer.distributed``.
+
+Only the job may use the master's store: every launch has a random token (``new_token``), and
+the server refuses (403, one log line) every request whose path does not start with the job's
+segment (``job_segment``). Horovod's C++ client needs no patch to send it: it builds
+``http://<ADDR>:<PORT>/<scope>/<key>`` from HOROVOD_GLOO_RENDEZVOUS_ADDR and _PORT, and its
+HTTP client (third_party/HTTPRequest) takes everything before the first ``/`` after the scheme
+as host and port, so ``ADDR = <ip>:<port>/<token>`` (``gloo_rendezvous_addr``) makes every
+request path ``/<token>:<port>/<scope>/<key>``. The launchers' own keys use the same segment.
+
+torch.distributed's engines (ddp, fsdp) meet in torch's TCPStore, which rank 0 serves on
+``MASTER_PORT`` and which has no authentication at all: anyone who reaches that port while the
+run lasts can list, read, overwrite and delete its keys (during the rendezvous: redirect or stall
+the group's connections; later: stall a new group). The token cannot close that; only the
+network can (the compute subnet's rules), and the launchers' own store is still protected.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Callable
 
+# 32 random bytes, URL-safe base64 (letters, digits, "-" and "_"): a path segment as it is.
+TOKEN_BYTES = 32
 
-def start_gloo_rendezvous(port: int, hosts: list[str], slots: int) -> Callable[[], None]:
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def job_segment(token: str, port: int) -> str:
+    """The first path segment of every request to the job's store: what Horovod's client puts
+    there from ``gloo_rendezvous_addr`` (the token, then ``:`` and the port it appends)."""
+    return f"{token}:{port}"
+
+
+def gloo_rendezvous_addr(master_ip: str, port: int, token: str) -> str:
+    """HOROVOD_GLOO_RENDEZVOUS_ADDR that makes Horovod's requests carry the token (see above)."""
+    return f"{master_ip}:{port}/{token}"
+
+
+def start_gloo_rendezvous(
+    port: int, hosts: list[str], slots: int, token: str, log: Callable[[str], None]
+) -> Callable[[], None]:
     """Serve Horovod's Gloo rendezvous (an HTTP key-value store) on ``port`` for ``slots``
-    workers on each of ``hosts``; returns a function that stops it. The launcher on the
-    master node runs it: no SSH, no MPI daemon. The store also holds the launchers' own keys
-    (see ``trainer.launch.supervisor``)."""
+    workers on each of ``hosts``, to requests that carry ``token`` (``log`` gets one line per
+    refused request); returns a function that stops it. The launcher on the master node runs
+    it: no SSH, no MPI daemon. The store also holds the launchers' own keys (see
+    ``trainer.launch.supervisor``)."""
     # Imported here: --help and input errors never wait for Horovod.
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-    server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+    segment = f"/{job_segment(token, port)}/"
+
+    class JobOnlyHandler(RendezvousHandler):
+        """Horovod's handler behind the job's path segment, which is removed before it runs."""
+
+        def _admit(self) -> bool:
+            if secrets.compare_digest(self.path[: len(segment)].encode(), segment.encode()):
+                self.path = "/" + self.path[len(segment) :]
+                return True
+            # Without the first segment: a near miss of the token must not land in a log.
+            rest = "/".join(self.path.split("/")[2:])[:80]
+            log(
+                f"refused {self.command} .../{rest} from {self.client_address[0]}: "
+                "no valid job token"
+            )
+            self.send_status_code(403)
+            return False
+
+        def do_GET(self) -> None:
+            if self._admit():
+                super().do_GET()
+
+        def do_PUT(self) -> None:
+            if self._admit():
+                super().do_PUT()
+
+        def do_DELETE(self) -> None:
+            if self._admit():
+                super().do_DELETE()
+
+        # Inherited from SimpleHTTPRequestHandler, these would serve this process's working
+        # folder; the store answers GET, PUT and DELETE only.
+        def do_HEAD(self) -> None:
+            self._refuse_method()
+
+        def do_POST(self) -> None:
+            self._refuse_method()
+
+        def _refuse_method(self) -> None:
+            self.send_status_code(405)
+
+    server = RendezvousHTTPServer(("", port), JobOnlyHandler, 0)
     plan = get_host_assignments([HostInfo(host, slots) for host in hosts], len(hosts) * slots)
     server.init(plan)
     thread = threading.Thread(target=server.serve_forever, name="gloo-rendezvous", daemon=True)
@@ -36,11 +113,19 @@ def start_gloo_rendezvous(port: int, hosts: list[str], slots: int) -> Callable[[
 
 
 def gloo_worker_env(
-    master_ip: str, port: int, iface: str, hosts: list[str], node: int, slots: int, local: int
+    master_ip: str,
+    port: int,
+    token: str,
+    iface: str,
+    hosts: list[str],
+    node: int,
+    slots: int,
+    local: int,
 ) -> dict[str, str]:
-    """The variables ``horovodrun --gloo`` would give worker ``local`` on ``hosts[node]``."""
+    """The variables ``horovodrun --gloo`` would give worker ``local`` on ``hosts[node]``, the
+    rendezvous address carrying the job's ``token``."""
     return {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": master_ip,
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": gloo_rendezvous_addr(master_ip, port, token),
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",

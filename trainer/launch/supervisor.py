@@ -42,6 +42,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -52,9 +53,15 @@ import yaml
 from trainer.cli import OneLineParser, fail
 from trainer.cli import build_parser as trainer_parser
 from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS, one_line
-from trainer.files import ensure_writable_folder, write_atomic
+from trainer.files import ensure_writable_folder, open_atomic, write_atomic
 from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
-from trainer.launch.rendezvous import gloo_worker_env, start_gloo_rendezvous, torch_worker_env
+from trainer.launch.rendezvous import (
+    gloo_worker_env,
+    job_segment,
+    new_token,
+    start_gloo_rendezvous,
+    torch_worker_env,
+)
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
@@ -188,10 +195,14 @@ def read_batch_environment(
 
 
 class Store:
-    """The launchers' keys in the rendezvous server (scope ``launcher``)."""
+    """The launchers' keys in the rendezvous server (scope ``launcher``), behind the job's
+    token (``trainer.launch.rendezvous``)."""
 
-    def __init__(self, master_ip: str, port: int) -> None:
-        self.base = f"http://{master_ip}:{port}/launcher"
+    def __init__(self, master_ip: str, port: int, token: str) -> None:
+        self.token = token
+        self.base = f"http://{master_ip}:{port}/{job_segment(token, port)}/launcher"
+        # What messages name: the token stays out of logs.
+        self.address = f"http://{master_ip}:{port}"
 
     def put(self, key: str, value: str) -> None:
         request = urllib.request.Request(f"{self.base}/{key}", value.encode(), method="PUT")
@@ -213,25 +224,41 @@ class Store:
         while (value := self.get(key)) is None:
             if time.monotonic() > deadline:
                 raise LaunchError(
-                    f"the master did not publish {key!r} at {self.base} in {seconds:g} s: "
+                    f"the master did not publish {key!r} at {self.address} in {seconds:g} s: "
                     "check the master node's task output"
                 )
             time.sleep(POLL_SECONDS)
         return value
 
-    def wait_until_up(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                self.get("probe")
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise LaunchError(
-                        f"the master's rendezvous at {self.base} did not answer in "
-                        f"{seconds:g} s: check the master node's task output"
-                    ) from None
-                time.sleep(1)
+    def answers(self) -> bool:
+        """Whether the master's store is up and takes this token."""
+        try:
+            self.get("probe")
+            return True
+        except OSError:  # not up yet, or (an HTTPError 403) another launch's token
+            return False
+
+
+def join_store(
+    node: Node, token_of: Callable[[], str | None], seconds: float, sleep: float = 1
+) -> Store:
+    """The master's store, once it answers to the token ``token_of`` returns (None: not
+    published yet). Asked again on every try: a node may read an earlier launch's token before
+    the master replaced it, which the master's store refuses."""
+    deadline = time.monotonic() + seconds
+    while True:
+        token = token_of()
+        if token is not None:
+            store = Store(node.master_ip, node.port, token)
+            if store.answers():
+                return store
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                f"the master's rendezvous at http://{node.master_ip}:{node.port} did not "
+                f"answer to this launch's token in {seconds:g} s: check the master node's "
+                "task output"
+            )
+        time.sleep(sleep)
 
 
 class RunLog:
@@ -454,11 +481,18 @@ def engine_of(command: list[str]) -> str:
 
 
 def worker_envs(
-    engine: str, node: Node, slots: int, base: dict[str, str], torch_port: int | None = None
+    engine: str,
+    node: Node,
+    slots: int,
+    base: dict[str, str],
+    torch_port: int | None = None,
+    *,
+    token: str,
 ) -> list[dict[str, str]]:
     """Each of this node's ``slots`` workers' environment: ``base`` (the inherited one with the
     VM size's fabric settings) and the engine's rendezvous variables, ``torch_port`` being
-    ``MASTER_PORT`` for a torch.distributed engine (``torch_master_port``)."""
+    ``MASTER_PORT`` for a torch.distributed engine (``torch_master_port``) and ``token`` the
+    job's, which Horovod's workers send to the master's store."""
     nodes = len(node.hosts)
     if engine in TORCH_DISTRIBUTED_BACKENDS:
         if torch_port is None:
@@ -476,7 +510,7 @@ def worker_envs(
         {
             **base,
             **gloo_worker_env(
-                node.master_ip, node.port, node.iface, node.hosts, node.index, slots, local
+                node.master_ip, node.port, token, node.iface, node.hosts, node.index, slots, local
             ),
         }
         for local in range(slots)
@@ -504,6 +538,22 @@ class RunRecords:
     def __init__(self, output_dir: Path) -> None:
         self.root = output_dir / "logs"
         self.current = self.root / "current.json"
+        # The master's token for the other nodes: the run folder is on the file system every
+        # node of the pool mounts, which a host elsewhere on the VNet cannot read.
+        self.token = self.root / "rendezvous.token"
+
+    def publish_token(self, token: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open_atomic(self.token) as file:
+            os.fchmod(file.fileno(), 0o600)  # the task's user only (the same uid on every node)
+            file.write(token.encode())
+
+    def read_token(self) -> str | None:
+        """The token the master published, None until it did (or while it cannot be read)."""
+        try:
+            return self.token.read_text(encoding="ascii").strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
 
     @staticmethod
     def new_attempt() -> str:
@@ -660,17 +710,24 @@ def main(argv: list[str] | None = None) -> int:
             torch_port = torch_master_port(node.port, env)
         if output_dir is None and args.defer_exit_code:
             raise LaunchError("--defer-exit-code needs the worker command's --output-dir")
+        if output_dir is None and len(node.hosts) > 1:
+            raise LaunchError(
+                f"{len(node.hosts)} nodes in AZ_BATCH_HOST_LIST: the master hands its "
+                "rendezvous token to the other nodes in the run folder, so the worker command "
+                "needs --output-dir on the file system every node mounts"
+            )
         if output_dir is not None:
             check_writable(output_dir)
     except (LaunchError, ValueError) as err:
         fail(str(err), 2)
     records = RunRecords(output_dir) if output_dir is not None else None
     log = RunLog(node.name, keep_early=records is not None)
-    store = Store(node.master_ip, node.port)
     stop_server = None
-    if node.is_master:
+    # Every launch a new token: only this launch's nodes and workers reach the master's store.
+    token = new_token() if node.is_master else None
+    if token is not None:
         try:
-            stop_server = start_gloo_rendezvous(node.port, node.hosts, slots)
+            stop_server = start_gloo_rendezvous(node.port, node.hosts, slots, token, log.say)
         except OSError as err:
             fail(
                 f"cannot serve the rendezvous on port {node.port}: {err.strerror}: set "
@@ -678,7 +735,11 @@ def main(argv: list[str] | None = None) -> int:
                 1,
             )
     try:
-        store.wait_until_up(MASTER_WAIT_SECONDS)
+        if token is not None and records is not None and len(node.hosts) > 1:
+            records.publish_token(token)
+        # The master knows its token; the others read it from the run folder (checked above).
+        token_of = records.read_token if token is None and records is not None else lambda: token
+        store = join_store(node, token_of, MASTER_WAIT_SECONDS)
         if node.is_master:
             attempt = RunRecords.new_attempt()
             store.put("attempt", attempt)
@@ -692,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    envs = worker_envs(engine, node, slots, worker_environment(args.vm_size, env), torch_port)
+    base = worker_environment(args.vm_size, env)
+    envs = worker_envs(engine, node, slots, base, torch_port, token=store.token)
     log.say(
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
         + ("" if engine == "horovod" else f", {engine} on {node.master_ip}:{torch_port}")

@@ -1,0 +1,548 @@
+"""``dt-jobs sweep``: how far a training job scales, measured (issue 17).
+
+On a stack's pool::
+
+    dt-jobs sweep --stack NAME [--job NAME] --nodes 1,2,4 --steps 200
+
+submits one short job per node count: the deployed job's own spec (its inputs in the stack's
+state, ``pulumi stack export``) with only the node count, the steps (``--max-steps``) and the name
+changed, created by the job resource's own provider (``infra.job.TrainingJobProvider``), so the
+payloads are exactly a stack job's. The new name gives each job its own id and a fresh run
+folder. It waits for them (polling Batch), reads what each job's rank 0 uploaded
+(``infra.live_metrics``, as ``dt-jobs metrics`` does) and writes the report
+(``infra.tools.sweep_report``).
+
+On this machine's CPU::
+
+    dt-jobs sweep --local --workers 1,2 --steps 60 [trainer flags]
+
+runs the trainer once per worker count under the node launcher (``trainer.launch``) as one
+simulated node on 127.0.0.1, the way a job's nodes run it, and writes the same report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from infra import batch
+from infra.batch import TASK_ID, JobSpec, state_text
+from infra.config import REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
+from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
+from infra.tools.sweep_report import ReportError, Run, Sweep, write
+from infra.trainer_settings import JOB_BACKENDS
+from trainer.blob_folder import BlobFolder
+from trainer.cli import fail, parse, positive_int
+from trainer.config import ConfigError as TrainerConfigError
+from trainer.config import TrainConfig, one_line
+from trainer.launch.fabric import workers_per_node
+
+DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+POLL_SECONDS = 30.0
+DEFAULT_TIMEOUT_MINUTES = 180.0  # a pool scaling up from zero takes minutes before training
+LOCAL_HOST = "127.0.0.1"
+# The sweep sets these for every run: the steps (--steps) and, locally, the run folder.
+STEP_FLAGS = ("--max-steps", "--run-steps")
+LOCAL_OWNED_FLAGS = (*STEP_FLAGS, "--output-dir")
+# The gradient noise scale compares each worker's gradient with the reduced one: a one-worker run
+# has only one (trainer.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
+NOISE_FLAG = "--noise-scale-every"
+# Which Batch job states mean the sweep job is over (its task ended: terminatejob).
+DONE_STATE = "completed"
+STOP_SECONDS = 60
+
+
+class SweepError(RuntimeError):
+    """A one-line reason the sweep cannot run; ``code`` 2 for bad input, 1 for the environment."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(one_line(message))
+        self.code = code
+
+
+# ---------------------------------------------------------------------- options
+def counts(text: str) -> tuple[int, ...]:
+    """An argparse type for ``1,2,4``: distinct positive integers, ascending."""
+    words = [word.strip() for word in text.split(",")]
+    if not text.strip() or not all(w.isascii() and w.isdigit() for w in words):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give counts as positive integers separated by commas, e.g. 1,2,4"
+        )
+    values = sorted({int(word) for word in words})
+    if values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count must be at least 1, e.g. 1,2,4")
+    return tuple(values)
+
+
+def minutes(text: str) -> float:
+    """An argparse type for a wait: a positive number of minutes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of minutes")
+    return value
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """The ``sweep`` subcommand of ``dt-jobs`` (``infra.tools.ops``); trainer flags for
+    ``--local`` follow the options."""
+    sub = commands.add_parser(
+        "sweep",
+        help="measure throughput, efficiency, epoch time and cost at several node/worker counts",
+    )
+    where = sub.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stack", help="sweep the deployed job of this stack on its pool")
+    where.add_argument(
+        "--local", action="store_true", help="run on this machine's CPU (trainer flags follow)"
+    )
+    sub.add_argument("--job", help="which job of the stack's jobs (needed if several)")
+    sub.add_argument("--state-file", type=Path, help="JSON of `pulumi stack export`")
+    sub.add_argument("--nodes", type=counts, help="node counts on the pool, e.g. 1,2,4")
+    sub.add_argument("--workers", type=counts, help="--local: worker counts, e.g. 1,2")
+    sub.add_argument("--steps", type=positive_int, required=True, help="steps of every run")
+    sub.add_argument(
+        "--epoch-samples",
+        type=positive_int,
+        help="images (tokens for a language model) in one epoch; default: the synthetic "
+        "data's size; needed for other data",
+    )
+    sub.add_argument("--report", type=Path, help="report folder (default: runs/sweep/<name>)")
+    sub.add_argument(
+        "--timeout-minutes",
+        type=minutes,
+        default=DEFAULT_TIMEOUT_MINUTES,
+        help="stop waiting for the jobs after this long (they keep running)",
+    )
+    return sub
+
+
+def epoch_samples(cfg: TrainConfig, given: int | None) -> int:
+    """Samples in one epoch: ``--epoch-samples``, else the synthetic data's size."""
+    if given is not None:
+        return given
+    if cfg.data != "synthetic":
+        unit = "tokens" if cfg.language_model else "images"
+        raise SweepError(
+            f"--epoch-samples: needed with data={cfg.data}: give the {unit} in one epoch of "
+            "your dataset (1281167 for ImageNet-1k's training images)"
+        )
+    if not cfg.language_model:
+        return cfg.synthetic_size
+    if cfg.context is None:
+        raise SweepError(
+            f"--epoch-samples: needed for {cfg.model} without --context: give the tokens in "
+            f"one epoch ({cfg.synthetic_size} synthetic samples x the tokens in each)"
+        )
+    return cfg.synthetic_size * cfg.context
+
+
+def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
+    """``flags`` less each of ``names`` with its value (``--flag V`` or ``--flag=V``)."""
+    kept: list[str] = []
+    skip = False
+    for word in flags:
+        if skip:
+            skip = False
+        elif word in names:
+            skip = True
+        elif not word.startswith(tuple(f"{name}=" for name in names)):
+            kept.append(word)
+    return kept
+
+
+def with_steps(flags: Sequence[str], steps: int) -> tuple[str, ...]:
+    """The trainer flags with ``--max-steps steps`` in place of their own step limits."""
+    return (*without_flags(flags, STEP_FLAGS), "--max-steps", str(steps))
+
+
+def _trainer_config(flags: Sequence[str], where: str) -> TrainConfig:
+    try:
+        return parse(list(flags)).config
+    except TrainerConfigError as err:
+        raise SweepError(f"{where}: {err}") from None
+
+
+def _check_plotting() -> None:
+    """Before any run: the report's figure needs matplotlib (the project's infra extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SweepError(
+            "matplotlib is not installed: the report's figure needs it (pip install "
+            "'.[infra]'); nothing was started",
+            1,
+        ) from None
+
+
+def _report_folder(given: Path | None, name: str) -> Path:
+    folder = given or Path("runs", "sweep", name)
+    if folder.exists():
+        raise SweepError(f"report={folder}: exists already; give a new folder with --report")
+    return folder
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+# ---------------------------------------------------------------------- the stack's pool
+def read_state(stack: str, state_file: Path | None) -> dict[str, Any]:
+    """The stack's state: ``state_file`` or ``pulumi stack export``."""
+    if state_file is not None:
+        where = f"state_file={state_file}"
+        try:
+            data = state_file.read_bytes()
+        except (OSError, ValueError) as err:
+            reason = getattr(err, "strerror", None) or err
+            raise SweepError(f"{where}: cannot read it ({reason})") from None
+    else:
+        where = f"stack={stack}"
+        if shutil.which("pulumi") is None:
+            raise SweepError(
+                "the pulumi CLI is not on PATH: install it, or pass --state-file with the "
+                "output of `pulumi stack export`"
+            )
+        result = subprocess.run(
+            ["pulumi", "stack", "export", "--stack", stack],
+            capture_output=True,
+            text=True,
+            errors="replace",
+        )
+        if result.returncode != 0:
+            reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SweepError(f"{where}: `pulumi stack export` failed ({reason})")
+        data = result.stdout.encode()
+    try:
+        state = json.loads(data)
+    except (ValueError, RecursionError):
+        raise SweepError(f"{where}: not JSON; give the output of `pulumi stack export`") from None
+    if not isinstance(state, dict) or not isinstance(state.get("deployment"), dict):
+        raise SweepError(f"{where}: not the output of `pulumi stack export` (no deployment)")
+    return state
+
+
+def deployed_spec(state: dict[str, Any], stack: str, job: str | None) -> JobSpec:
+    """The deployed job's spec: the inputs its ``TrainingJob`` resource was created with."""
+    resources = state["deployment"].get("resources") or []
+    specs: dict[str, JobSpec] = {}
+    for resource in resources if isinstance(resources, list) else []:
+        if not isinstance(resource, dict):
+            continue
+        inputs = resource.get("inputs")
+        if (
+            resource.get("type") != DYNAMIC_TYPE
+            or not isinstance(inputs, dict)
+            or "trainer_args" not in inputs
+            or resource.get("delete")  # replaced, waiting to be deleted
+        ):
+            continue
+        try:
+            spec = JobSpec.from_props(inputs)
+        except (TypeError, ValueError):
+            raise SweepError(
+                f"stack={stack}: the job {resource.get('urn')} in the state has inputs this "
+                "version cannot read; run `pulumi up` with this version first"
+            ) from None
+        specs[spec.name or SHORTHAND_JOB] = spec
+    names = ", ".join(sorted(specs))
+    if not specs:
+        raise SweepError(f"stack={stack}: the state has no training job; is `pulumi up` done?")
+    if job is None:
+        if len(specs) > 1:
+            raise SweepError(f"stack={stack}: has {len(specs)} jobs ({names}); pass --job NAME")
+        return next(iter(specs.values()))
+    if job not in specs:
+        raise SweepError(f"job={job}: stack {stack} has no such job; its jobs: {names}")
+    return specs[job]
+
+
+def sweep_spec(spec: JobSpec, nodes: int, steps: int, stamp: str) -> JobSpec:
+    """The stack's job with only its node count, steps and name changed. The name makes the
+    job id and the run folder new (``JobSpec.job_id``, ``run_name``): a sweep never resumes
+    the stack's run or an earlier sweep's."""
+    name = f"{spec.name or SHORTHAND_JOB}-sweep-{stamp}-{nodes}n"
+    return replace(
+        spec, node_count=nodes, trainer_args=with_steps(spec.trainer_args, steps), name=name
+    )
+
+
+def _props(spec: JobSpec) -> dict[str, Any]:
+    """A spec as the job resource's provider receives it (lists, as Pulumi passes them)."""
+    props: dict[str, Any] = {f.name: getattr(spec, f.name) for f in fields(spec)}
+    props["trainer_args"] = list(spec.trainer_args)
+    return props
+
+
+def _stack_settings(stack: str) -> StackSettings:
+    from infra.tools.plan import read_stack_file
+
+    values = read_stack_file(REPO / f"Pulumi.{stack}.yaml")
+    return StackSettings.from_mapping(stack, values, load_schema())
+
+
+@dataclass
+class Submitted:
+    spec: JobSpec
+    done: bool = False
+
+
+def submit(specs: Sequence[JobSpec], submitted: list[Submitted], out: Any) -> None:
+    """Create each job exactly as the stack's job resource creates its job, adding it to
+    ``submitted`` (which an interrupted sweep names) as soon as Batch has it."""
+    from infra.job import TrainingJobProvider
+
+    for spec in specs:
+        TrainingJobProvider().create(_props(spec))
+        submitted.append(Submitted(spec))
+        out.write(f"submitted {spec.job_id}: {spec.node_count} x {spec.vm_size}\n")
+        out.flush()
+
+
+def wait(jobs: Sequence[Submitted], timeout_seconds: float, out: Any) -> None:
+    """Poll Batch every ``POLL_SECONDS`` until every job completed; SweepError (exit 1) after
+    ``timeout_seconds``."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        for job in jobs:
+            if job.done:
+                continue
+            client = batch.client(job.spec.endpoint)
+            if state_text(client.get_job(job.spec.job_id).state) == DONE_STATE:
+                job.done = True
+                out.write(f"{job.spec.job_id}: completed\n")
+                out.flush()
+        pending = [job.spec.job_id for job in jobs if not job.done]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            raise SweepError(
+                f"timed out after {timeout_seconds / 60:g} min; still running: "
+                f"{', '.join(pending)} (raise --timeout-minutes, or cancel them in the portal); "
+                "no report written",
+                1,
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def _failed(spec: JobSpec) -> str | None:
+    """Why the job's task failed; None when it succeeded."""
+    task = batch.client(spec.endpoint).get_task(spec.job_id, TASK_ID)
+    info = task.execution_info
+    if info is None:
+        return "its task never ran"
+    result = state_text(info.result) if info.result is not None else None
+    if result == "failure" or (info.exit_code is not None and info.exit_code != 0):
+        reason = info.failure_info.message if info.failure_info is not None else None
+        return f"exit code {info.exit_code}" + (f", {reason}" if reason else "")
+    return None
+
+
+def measure_job(spec: JobSpec) -> tuple[Run, str]:
+    """The job's run from what its rank 0 uploaded (``dt-jobs metrics`` reads the same)."""
+    folder = BlobFolder.parse(spec.metrics_url)
+    records, _ = read_metrics(blob_container(folder), folder)
+    workers = spec.node_count * workers_per_node(spec.vm_size)
+    return Run.from_records(spec.node_count, workers, records, f"job {spec.job_id}")
+
+
+def sweep_stack(args: argparse.Namespace, out: Any, stamp: str) -> int:
+    if args.workers is not None:
+        raise SweepError("--workers: for --local; a pool's sweep takes --nodes")
+    if args.nodes is None:
+        raise SweepError("--nodes: required with --stack, e.g. --nodes 1,2,4")
+    try:
+        settings = _stack_settings(args.stack)
+    except ConfigError as err:
+        raise SweepError(f"stack={args.stack}: {err}") from None
+    most = settings.cluster.max_nodes
+    if args.nodes[-1] > most:
+        raise SweepError(
+            f"--nodes={','.join(map(str, args.nodes))}: the pool of stack {args.stack} has at "
+            f"most {most} nodes (nodeCount + spotNodes); sweep at most that many"
+        )
+    spec = deployed_spec(read_state(args.stack, args.state_file), args.stack, args.job)
+    cfg = _trainer_config(with_steps(spec.trainer_args, args.steps), f"job {spec.job_id}")
+    samples = epoch_samples(cfg, args.epoch_samples)
+    report = _report_folder(args.report, f"{args.stack}-{stamp}")
+    _check_plotting()
+    specs = [sweep_spec(spec, nodes, args.steps, stamp) for nodes in args.nodes]
+    submitted: list[Submitted] = []
+    try:
+        submit(specs, submitted, out)
+        wait(submitted, args.timeout_minutes * 60, out)
+    except KeyboardInterrupt:
+        names = ", ".join(job.spec.job_id for job in submitted) or "none"
+        fail(f"interrupted: no report written; the submitted jobs keep running: {names}", 130)
+    # A sweep job is no stack output: its task's stdout.txt in the logs container says why.
+    failures = [
+        f"{spec.job_id} ({why}; its log: {spec.log_url}stdout.txt)"
+        for spec in specs
+        if (why := _failed(spec))
+    ]
+    if failures:
+        raise SweepError(f"job(s) failed: {'; '.join(failures)}; no report written", 1)
+    measured = [measure_job(spec) for spec in specs]
+    name = spec.name or SHORTHAND_JOB
+    sweep = Sweep(
+        title=f"stack {args.stack}, job {name}, {spec.vm_size}",
+        axis="nodes",
+        unit=measured[0][1],
+        epoch_samples=samples,
+        runs=tuple(run for run, _ in measured),
+        vm_size=spec.vm_size,
+    )
+    out.write(f"report: {write(sweep, report)}/report.md\n")
+    return 0
+
+
+# ---------------------------------------------------------------------- this machine
+def local_command(flags: Sequence[str], workers: int, output_dir: Path) -> list[str]:
+    """The node launcher over the trainer, as a job's node runs it (``infra.batch``)."""
+    trainer = [sys.executable, "-m", "trainer", *flags, "--output-dir", str(output_dir)]
+    launch = [sys.executable, "-m", "trainer.launch", "--node-ip", LOCAL_HOST]
+    return [*launch, "--workers-per-node", str(workers), "--", *trainer]
+
+
+def local_env(rendezvous_port: int) -> dict[str, str]:
+    """One simulated Batch node on 127.0.0.1 (the launcher's multi-instance variables)."""
+    return {
+        **os.environ,
+        "AZ_BATCH_HOST_LIST": LOCAL_HOST,
+        # The port beside the master's address is Batch's own; the launcher never uses it.
+        "AZ_BATCH_MASTER_NODE": f"{LOCAL_HOST}:{rendezvous_port + 2}",
+        "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
+        "MASTER_PORT": str(rendezvous_port),
+        # One thread per worker, so N workers use N cores as N GPUs would (unless set).
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind((LOCAL_HOST, 0))
+        return probe.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the launcher (it forwards it to its workers); SIGKILL to the whole group if
+    they outstay the grace period."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def run_local(flags: Sequence[str], workers: int, folder: Path) -> list[dict[str, Any]]:
+    """One run under the launcher; its metrics records."""
+    output_dir = folder / f"workers-{workers}"
+    log_path = folder / f"workers-{workers}.log"
+    with open(log_path, "wb") as log:  # a file, never an unread pipe: the workers would block
+        process = subprocess.Popen(
+            local_command(flags, workers, output_dir),
+            cwd=REPO,
+            env=local_env(_free_port()),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the sweep, which stops the run
+        )
+        try:
+            code = process.wait()
+        finally:
+            _stop(process)
+    if code != 0:
+        lines = log_path.read_text(errors="replace").strip().splitlines() or ["no output"]
+        errors = [line for line in lines if "error" in line.lower()] or lines
+        raise SweepError(f"workers={workers}: the run failed (exit {code}): {errors[-1]}", 1)
+    return parse_records((output_dir / "metrics.jsonl").read_bytes())
+
+
+def sweep_local(args: argparse.Namespace, flags: Sequence[str], out: Any, stamp: str) -> int:
+    if args.nodes is not None or args.job is not None or args.state_file is not None:
+        raise SweepError("--local runs on this machine: give --workers (not --nodes/--job)")
+    if args.workers is None:
+        raise SweepError("--workers: required with --local, e.g. --workers 1,2")
+    owned = [w for w in flags if w.split("=")[0] in LOCAL_OWNED_FLAGS]
+    if owned:
+        raise SweepError(
+            f"{owned[0].split('=')[0]}: the sweep sets it for each run; use --steps (and "
+            "--report for where the report goes)"
+        )
+    flags = [*flags, "--max-steps", str(args.steps)]
+    cfg = _trainer_config(flags, "trainer flags")
+    if cfg.backend not in JOB_BACKENDS:
+        raise SweepError(
+            f"backend={cfg.backend}: the sweep runs the node launcher, which starts "
+            f"{', '.join(JOB_BACKENDS)} workers; choose one of them"
+        )
+    samples = epoch_samples(cfg, args.epoch_samples)
+    report = _report_folder(args.report, f"local-{stamp}")
+    _check_plotting()
+    runs: list[Run] = []
+    units: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="sweep-") as temp:
+        for workers in args.workers:
+            run_flags = flags if workers > 1 else without_flags(flags, [NOISE_FLAG])
+            out.write(f"workers={workers}: training {args.steps} steps\n")
+            out.flush()
+            records = run_local(run_flags, workers, Path(temp))
+            run, unit = Run.from_records(workers, workers, records, f"workers={workers}")
+            out.write(f"workers={workers}: {run.samples_per_sec:.1f} {unit}/s\n")
+            runs.append(run)
+            units.add(unit)
+    sweep = Sweep(
+        title=f"local CPU, {cfg.model}, batch {cfg.batch_size} per worker, {cfg.backend}",
+        axis="workers",
+        unit=units.pop(),
+        epoch_samples=samples,
+        runs=tuple(runs),
+    )
+    out.write(f"report: {write(sweep, report)}/report.md\n")
+    return 0
+
+
+def run(args: argparse.Namespace, trainer_flags: Sequence[str], out: Any = None) -> int:
+    """``dt-jobs sweep``: every error is one line; bad input exits 2 before anything runs."""
+    from azure.core.exceptions import AzureError
+
+    from infra.job import JobError
+
+    out = out or sys.stdout
+    stamp = _stamp()
+    try:
+        if args.local:
+            return sweep_local(args, trainer_flags, out, stamp)
+        if trainer_flags:
+            raise SweepError(
+                f"unrecognized arguments: {' '.join(trainer_flags)} (trainer flags are for "
+                "--local; a stack's sweep trains with its job's settings)"
+            )
+        return sweep_stack(args, out, stamp)
+    except SweepError as err:
+        fail(str(err), err.code)
+    except (ReportError, StorageError) as err:
+        fail(str(err), err.code)
+    except JobError as err:
+        fail(str(err), 1)
+    except AzureError as err:
+        fail(f"Batch: {str(err).splitlines()[0]}", 1)
+    except KeyboardInterrupt:
+        fail("interrupted: no report written", 130)
