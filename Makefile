@@ -20,12 +20,13 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Two passes. The in-process tests (settings, the program under mocks, the policy pack, CI and
-# Dockerfile checks) run on both cores at once. The tests that start real multi-process runs go
-# one at a time: each already uses both cores, and many time signals, exits and stalls.
+# Two passes. The tests that run one process at a time (settings, the program under mocks, the
+# policy pack, CI and Dockerfile checks, the data pipeline, single-process trainer runs) run on
+# both cores at once. The tests that start real multi-process runs go one at a time: each already
+# uses both cores, and many time signals, exits and stalls.
 # tests/ci/test_workflows.py checks that every test folder is in exactly one of the two.
-IN_PROCESS_TESTS := tests/unit tests/infra tests/policy tests/ci tests/docker
-MULTI_PROCESS_TESTS := tests/parallel tests/faults tests/batch tests/data tests/trainer
+IN_PROCESS_TESTS := tests/unit tests/infra tests/policy tests/ci tests/docker tests/data tests/trainer
+MULTI_PROCESS_TESTS := tests/parallel tests/faults tests/batch
 
 test: lint
 	$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)

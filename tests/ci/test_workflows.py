@@ -39,7 +39,7 @@ def test_tests_run_the_readme_command():
 
 
 def test_make_test_runs_every_test_folder_in_exactly_one_pass():
-    """make test's two passes (in-process tests on both cores, multi-process runs one at a
+    """make test's two passes (one-process tests on both cores, multi-process runs one at a
     time) name every folder of tests/ that holds tests, each once."""
     makefile = (REPO / "Makefile").read_text()
     passes = {
