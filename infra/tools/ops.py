@@ -103,6 +103,27 @@ def json_type(value: Any) -> str:
     )
 
 
+def pulumi_stack(command: list[str], stack: str, file_option: str) -> str:
+    """What ``pulumi stack <command> --stack <stack>`` prints; a one-line JobsError when the CLI
+    is missing (naming ``file_option``, which takes the same output from a file) or fails."""
+    shown = " ".join(["pulumi", "stack", *command])
+    if shutil.which("pulumi") is None:
+        raise JobsError(
+            f"the pulumi CLI is not on PATH: install it, or pass {file_option} with the output "
+            f"of `{shown}`"
+        )
+    result = subprocess.run(
+        ["pulumi", "stack", *command, "--stack", stack],
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise JobsError(f"stack={stack}: `pulumi stack {command[0]}` failed ({reason})")
+    return result.stdout
+
+
 def read_outputs(
     stack: str, outputs_file: Path | None, label: str = "outputs_file"
 ) -> dict[str, Any]:
@@ -130,22 +151,9 @@ def read_outputs(
             ) from None
     else:
         where = f"stack={stack}"
-        if shutil.which("pulumi") is None:
-            raise JobsError(
-                "the pulumi CLI is not on PATH: install it, or pass --outputs-file with "
-                "the output of `pulumi stack output --json`"
-            )
-        result = subprocess.run(
-            ["pulumi", "stack", "output", "--json", "--stack", stack],
-            capture_output=True,
-            text=True,
-            errors="replace",
-        )
-        if result.returncode != 0:
-            reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise JobsError(f"stack={stack}: `pulumi stack output` failed ({reason})")
+        printed = pulumi_stack(["output", "--json"], stack, "--outputs-file")
         try:
-            outputs = json.loads(result.stdout)
+            outputs = json.loads(printed)
         except (ValueError, RecursionError):
             raise JobsError(
                 f"stack={stack}: `pulumi stack output --json` printed no JSON"

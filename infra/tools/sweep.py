@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -210,22 +209,14 @@ def read_state(stack: str, state_file: Path | None) -> dict[str, Any]:
             reason = getattr(err, "strerror", None) or err
             raise SweepError(f"{where}: cannot read it ({reason})") from None
     else:
+        # Imported here: infra.tools.ops imports this module to register the subcommand.
+        from infra.tools.ops import JobsError, pulumi_stack
+
         where = f"stack={stack}"
-        if shutil.which("pulumi") is None:
-            raise SweepError(
-                "the pulumi CLI is not on PATH: install it, or pass --state-file with the "
-                "output of `pulumi stack export`"
-            )
-        result = subprocess.run(
-            ["pulumi", "stack", "export", "--stack", stack],
-            capture_output=True,
-            text=True,
-            errors="replace",
-        )
-        if result.returncode != 0:
-            reason = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SweepError(f"{where}: `pulumi stack export` failed ({reason})")
-        data = result.stdout.encode()
+        try:
+            data = pulumi_stack(["export"], stack, "--state-file").encode()
+        except JobsError as err:
+            raise SweepError(str(err)) from None
     try:
         state = json.loads(data)
     except (ValueError, RecursionError):

@@ -291,3 +291,40 @@ def test_a_state_file_without_the_job_is_one_line_and_exit_2(tmp_path, capsys, s
         code = exit_.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def _stub_pulumi(folder: Path, script: str) -> str:
+    """A ``pulumi`` on PATH that runs ``script`` in bash (its arguments are "$@")."""
+    folder.mkdir()
+    stub = folder / "pulumi"
+    stub.write_text(f"#!/bin/bash\n{script}\n")
+    stub.chmod(0o755)
+    return f"{folder}:/usr/bin:/bin"
+
+
+def test_the_stack_state_comes_from_pulumi_stack_export(tmp_path, monkeypatch):
+    """Through a real process, as the sweep runs the CLI: the arguments it passes, the state it
+    reads from the output, and a failure or a missing CLI as one line naming the way round."""
+    state = {"deployment": {"resources": []}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    script = f'echo "$@" > {tmp_path}/argv; cat {tmp_path}/state.json'
+    monkeypatch.setenv("PATH", _stub_pulumi(tmp_path / "ok", script))
+    assert sweep.read_state("dev", None) == state
+    assert (tmp_path / "argv").read_text().split() == ["stack", "export", "--stack", "dev"]
+
+    failing = 'echo "noise" >&2; echo "error: no stack named \'dev\' found" >&2; exit 255'
+    monkeypatch.setenv("PATH", _stub_pulumi(tmp_path / "failing", failing))
+    with pytest.raises(sweep.SweepError) as failed:
+        sweep.read_state("dev", None)
+    assert str(failed.value) == (
+        "stack=dev: `pulumi stack export` failed (error: no stack named 'dev' found)"
+    )
+    assert failed.value.code == 2
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(sweep.SweepError) as missing:
+        sweep.read_state("dev", None)
+    assert str(missing.value) == (
+        "the pulumi CLI is not on PATH: install it, or pass --state-file with the output of "
+        "`pulumi stack export`"
+    )
