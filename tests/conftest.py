@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from tests.fake_imds import IDENTITY, FakeImds, serving
+from tests.ports import free_port
 from tests.process_tree import RUN_TAG, check_none_left, new_tag
 
 # The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
@@ -102,16 +103,10 @@ DEV_ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_azurite(location: Path, *options: str) -> tuple[subprocess.Popen[bytes], int]:
     """Azurite's Blob service on a free loopback port, once it accepts connections."""
     assert AZURITE.exists(), f"{AZURITE} is missing: run `make setup`"
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             str(AZURITE),

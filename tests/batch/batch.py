@@ -36,6 +36,7 @@ from tests.batch.image import (
     container_argv,
     parse_run_options,
 )
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = Path(__file__).with_name("agent.py")
@@ -471,7 +472,7 @@ class Cluster:
 
     def _start_imds(self, node: Node) -> None:
         config = self.base / "specs" / f"imds-n{node.index}.json"
-        host, port = (IMDS_IP, 80) if self.fabric.isolated else ("127.0.0.1", _free_port())
+        host, port = (IMDS_IP, 80) if self.fabric.isolated else ("127.0.0.1", free_port())
         node.imds_endpoint = f"http://{host}:{port}"  # type: ignore[attr-defined]
         config.write_text(
             json.dumps(
@@ -1242,14 +1243,6 @@ def output_uploads(
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _command_argv(command_line: str) -> list[str]:
     """The command line is not run under a shell (batch-compute-node-environment-variables.md,
     "Command-line expansion"): Batch splits it into the program and its arguments. The split

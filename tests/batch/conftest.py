@@ -24,6 +24,7 @@ import pytest
 from tests.batch.batch import Cluster, NfsExport, PoolSpec, Storage
 from tests.batch.fabric import Fabric
 from tests.batch.image import ImageConfig, read_dockerfile
+from tests.ports import free_port
 from tests.tls import self_signed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,7 +179,7 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
     folder = Path(tempfile.mkdtemp(prefix="batch-storage-"))
     os.chmod(folder, 0o755)
     cert, key = self_signed(folder, fabric.storage_ip, "emulated-storage")
-    port = 443 if fabric.isolated else _free_port()
+    port = 443 if fabric.isolated else free_port()
     process = subprocess.Popen(
         [*fabric.exec_prefix(fabric.switch if fabric.isolated else None), str(AZURITE),
          "--blobHost", fabric.storage_ip, "--blobPort", str(port), "--location",
@@ -205,14 +206,6 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
         process.kill()
         process.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any:

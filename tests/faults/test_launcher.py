@@ -96,7 +96,7 @@ def _torch_command(output_dir, engine, *extra):
 def test_two_launchers_start_one_torch_group_across_the_nodes_and_both_exit_0(tmp_path, engine):
     out = tmp_path / "run"
     record = {"WORKER_RECORD": str(tmp_path)}
-    port = free_port()  # the launchers' own store; torch's is the next port
+    port = free_port(consecutive=2)  # the launchers' own store; torch's is the next port
     nodes = start_nodes(
         tmp_path,
         _torch_command(out, engine, "--max-steps", "2", "--log-every", "1"),
@@ -108,7 +108,10 @@ def test_two_launchers_start_one_torch_group_across_the_nodes_and_both_exit_0(tm
     for node in nodes:
         node.wait(timeout=120)
     logs = _logs(tmp_path)
+    # --defer-exit-code: a launcher exits 0 once it recorded the outcome; its log says which.
     assert [node.returncode for node in nodes] == [0, 0], logs
+    for host in ("127.0.0.1", "127.0.0.2"):
+        assert f"[launch {host}] done: node {host}: every worker finished (exit 0)" in logs, logs
     workers = [json.loads((tmp_path / f"worker-{rank}.json").read_text()) for rank in (0, 1)]
     # torch.distributed's own view: one group of two, rank 0 on the master node.
     assert [(w["rank"], w["size"], w["local_rank"]) for w in workers] == [(0, 2, 0), (1, 2, 0)]
@@ -124,7 +127,6 @@ def test_two_launchers_start_one_torch_group_across_the_nodes_and_both_exit_0(tm
         started = f"[launch {host}] node {index + 1}/2: starting 1 worker(s) (attempt "
         (line,) = [line for line in logs.splitlines() if line.startswith(started)]
         assert line.endswith(f", {engine} on 127.0.0.1:{port + 1}")
-        assert f"[launch {host}] done: node {host}: every worker finished (exit 0)" in logs
     assert "done: step 2 (started at 0, stopped by max_steps), 2 worker(s)" in logs
     assert [r["step"] for r in read_metrics(out) if r.get("kind") == "train"] == [1, 2]
     assert "Traceback" not in logs

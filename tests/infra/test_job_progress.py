@@ -15,9 +15,9 @@ from infra import batch as batch_module
 from infra import job as job_module
 from infra.batch import TASK_ID
 from infra.job import TrainingJobProvider
-from tests.conftest import _free_port
 from tests.infra.fake_batch import FakeBatch
 from tests.infra.test_job_payloads import _spec
+from tests.ports import free_port
 
 
 def _train(step, rate):
@@ -89,7 +89,7 @@ def test_before_the_first_upload_a_refresh_shows_no_step_and_no_warning(cloud, w
 def test_storage_it_cannot_reach_warns_once_and_the_refresh_goes_on(cloud, warnings):
     fake, storage, _ = cloud
     job_id, state = _state(fake, storage, "unreachable")
-    closed = f"https://127.0.0.1:{_free_port()}/devstoreaccount1/logs/{job_id}/live/"
+    closed = f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/{job_id}/live/"
     outs = TrainingJobProvider().read(job_id, {**state, "metrics_url": closed}).outs
     assert outs["state"] == "active" and "step" not in outs
     assert len(warnings) == 1

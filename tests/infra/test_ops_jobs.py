@@ -20,7 +20,7 @@ from azure.batch import models as m
 from azure.core.exceptions import ResourceNotFoundError
 
 from infra.tools import ops
-from tests.conftest import _free_port
+from tests.ports import free_port
 from trainer.noise_scale import advice
 
 ENDPOINT = "platformbatch.eastus.batch.azure.com"
@@ -432,7 +432,7 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
 ):
     outputs = _stack(_url(entra_env, logs), "bert", "resnet", "vit")
     outputs["jobs"]["vit"]["metrics_url"] = (
-        f"https://127.0.0.1:{_free_port()}/devstoreaccount1/logs/vit/live/"  # unreachable
+        f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/vit/live/"  # unreachable
     )
     del outputs["jobs"]["bert"]["node_count"]  # then the task's instances
     _upload_metrics(

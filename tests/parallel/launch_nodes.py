@@ -11,14 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.ports import free_port
+
 HOSTS = ("127.0.0.1", "127.0.0.2")
 JOB_ID = "sim-job"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -52,7 +48,7 @@ def start_nodes(
     """``batch_port``: the port in AZ_BATCH_MASTER_NODE (default: some free port);
     ``node_env``: more variables for each node."""
     batch_port = batch_port or free_port()
-    port = free_port()
+    port = free_port(consecutive=2)  # torch.distributed's store takes the next one
     processes = []
     for index, host in enumerate(HOSTS):
         env = {**os.environ, **batch_env(index, batch_port, port), **node_env[index]}

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import _free_port
 from tests.parallel.conftest import small_config, torchrun
+from tests.ports import free_port
 from tests.traces import recorded_steps
 from trainer.cli import to_flags
 
@@ -87,7 +87,7 @@ def _line_of(path: Path, text: str) -> int:
 
 
 def test_a_debugger_attaches_to_one_rank_while_the_other_waits(tmp_path, repo):
-    out, port = tmp_path / "out", _free_port()
+    out, port = tmp_path / "out", free_port()
     config = small_config(
         out,
         backend="ddp",

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import _free_port, tiny_config
+from tests.conftest import tiny_config
 from tests.parallel.conftest import REPO, read_metrics
+from tests.ports import free_port
 from trainer import results, sharded_checkpoint
 from trainer.cli import to_flags
 
@@ -35,7 +36,7 @@ def spawn_ranks(
 ) -> list[subprocess.Popen[str]]:
     """``world`` processes running ``python args`` as one torch.distributed job."""
     local_size = local_size or world
-    port = str(_free_port())
+    port = str(free_port())
     processes = []
     for rank in range(world):
         env = {

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import _free_port, tiny_config
+from tests.conftest import tiny_config
+from tests.ports import free_port
 from tests.traces import traces
 from trainer import live_upload
 from trainer.blob_folder import BlobFolder
@@ -155,7 +156,7 @@ def test_a_real_run_uploads_while_it_trains_and_everything_at_a_sigterm_stop(
 def test_an_unreachable_endpoint_is_one_warning_line_and_the_run_still_succeeds(
     tmp_path, azurite_entra
 ):
-    url = f"https://127.0.0.1:{_free_port()}/devstoreaccount1/logs/dev-7f3a/live/"
+    url = f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/dev-7f3a/live/"
     process, run, log_path = _trainer(
         tmp_path, azurite_entra.env(), max_steps=4, metrics_upload_url=url
     )

@@ -3,27 +3,21 @@ line, on a real server on 127.0.0.1 (the one the launcher serves, Horovod's hand
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
+from tests.ports import free_port
 from trainer.launch.rendezvous import gloo_rendezvous_addr, new_token, start_gloo_rendezvous
 from trainer.launch.supervisor import LaunchError, Node, Store, join_store
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[int, str, list[str]]]:
     """(port, token, the server's log lines) of a store for two workers on one host."""
-    port, token, lines = _free_port(), new_token(), []
+    port, token, lines = free_port(), new_token(), []
     stop = start_gloo_rendezvous(port, ["127.0.0.1"], 2, token, lines.append)
     yield port, token, lines
     stop()
