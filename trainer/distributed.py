@@ -11,8 +11,10 @@ in-worker communication is all here.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
+import weakref
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -377,6 +379,7 @@ class TorchDist(Dist):
         self.rank, self.size = td.get_rank(), td.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.size)))
+        self._ddp_modules: list[weakref.ref[nn.Module]] = []  # released at shutdown
 
     @property
     def gpu_collectives(self) -> bool:
@@ -394,6 +397,7 @@ class TorchDist(Dist):
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, device_ids=[self.local_rank] if self._cuda else None)
+        self._ddp_modules.append(weakref.ref(ddp))
         reduce = default_hooks.fp16_compress_hook if cfg.fp16_allreduce else None
         if probe is not None:
             inner = reduce or default_hooks.allreduce_hook
@@ -438,6 +442,22 @@ class TorchDist(Dist):
         self._td.barrier()
 
     def shutdown(self) -> None:
+        # A DDP module holds the process group twice: as a Python object (``process_group``),
+        # whose destructor lets go of the GIL, and through its C++ Reducer, whose binding does
+        # not. If the Reducer drops the group's last reference, the Gloo destructor joins
+        # worker threads while holding the GIL, and a worker waiting for the GIL to free a
+        # finished allreduce's tensors never ends: a hang at exit, seen now and then. So both go
+        # here, while the group is still registered, and destroy_process_group then ends the
+        # group's threads: first modules nobody references (a collection), then the references
+        # of modules still held (a caller's variable, a traceback's frame), which no collective
+        # follows anyway.
+        gc.collect()
+        for ref in self._ddp_modules:
+            ddp = ref()
+            if ddp is not None:
+                for name in ("reducer", "logger", "process_group"):  # plain attributes
+                    vars(ddp).pop(name, None)
+        self._ddp_modules.clear()
         self._td.destroy_process_group()
 
 

@@ -13,6 +13,7 @@ import json
 import sys
 
 import torch
+from rank_report import native_threads  # beside this script (its folder is on sys.path)
 from torch import nn
 
 from trainer.config import TrainConfig
@@ -55,10 +56,13 @@ def main() -> None:
         optimizer.zero_grad()
         local_sq = dist.allreduce_sum(probe.local_sq).item() / dist.size
         record = estimate.update(local_sq, probe.reduced_sq.item())
+    dist.shutdown()
+    # With the DDP module still referenced here, as a caller's variable holds it.
+    threads = native_threads()
     if dist.is_root:
         with open(report, "w") as out:
-            json.dump({**record, "exact": exact_noise_scale(delta), "size": dist.size}, out)
-    dist.shutdown()
+            exact = exact_noise_scale(delta)
+            json.dump({**record, "exact": exact, "size": dist.size, "threads": threads}, out)
 
 
 if __name__ == "__main__":

@@ -49,10 +49,12 @@ def main() -> None:
         "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},
     }
     dist.shutdown()
-    # As trainer.__main__ ends: once the run's objects are gone, so are the engine's threads (a
-    # group kept alive would be destroyed during interpreter teardown, which can abort).
-    del result
+    # The engine's threads end at shutdown, even while the run's DDP module is still referenced
+    # here (as a caller's variable or a traceback's frame holds it): a group kept alive by it
+    # would be destroyed later while holding the GIL (a hang) or in interpreter teardown (an
+    # abort).
     report["threads_after_shutdown"] = native_threads()
+    del result
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
 
 
