@@ -43,17 +43,17 @@ def torchrun(*python_args: str, workers: int = 2) -> list[str]:
 
 
 # ResNet-18 at 32 px on two Horovod workers: steps slow enough (~0.1 s) to land a signal
-# mid-epoch. 2 epochs of 10 steps.
+# mid-epoch. 2 epochs of 12 steps.
 SIGNAL_RUN = dict(
     model="resnet18",
     image_size=32,
     batch_size=8,
-    synthetic_size=320,
+    synthetic_size=192,
     epochs=2,
     log_every=1,
     backend="horovod",
 )
-SIGNAL_RUN_STEPS = 2 * (320 // 2 // 8)
+SIGNAL_RUN_STEPS = 2 * (192 // 2 // 8)  # 24
 
 
 def small_config(output_dir: Path, **extra) -> dict:

@@ -40,6 +40,7 @@ from trainer.data.decode import decode_pixels, image_size
 from trainer.data.errors import DataError
 from trainer.data.node_memory import NodeGroup, Segment, free_bytes, own_prefix, split
 from trainer.data.transforms import eval_resize, resize, short_side_shape
+from trainer.data.worker_processes import forkserver
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def _each(dataset: Dataset, workers: int) -> DataLoader:
         dataset,
         batch_size=None,
         num_workers=workers,
-        multiprocessing_context="forkserver" if workers else None,
+        multiprocessing_context=forkserver() if workers else None,
         # Its own generator: iterating must not draw from the global RNG, which seeds the model.
         generator=torch.Generator().manual_seed(0),
     )

@@ -29,6 +29,7 @@ from trainer.data.synthetic import SyntheticLoader
 from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
+from trainer.data.worker_processes import forkserver
 from trainer.lm.sizes import GPT_SIZES
 
 
@@ -131,7 +132,7 @@ def _batches(
         num_workers=workers,
         pin_memory=device.type == "cuda",
         # InfiniBand verbs and CUDA are not fork-safe: start workers from a clean server process.
-        multiprocessing_context="forkserver" if workers else None,
+        multiprocessing_context=forkserver() if workers else None,
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers else None,
     )

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import TextIO
 
@@ -40,6 +39,7 @@ from trainer.data.manifest import (
     SplitEntry,
 )
 from trainer.data.transforms import lossless_short_side, short_side_shape
+from trainer.data.worker_processes import forkserver
 from trainer.files import (
     OutputError,
     ensure_writable_folder,
@@ -331,8 +331,7 @@ def prepare(
     classes, found = scan_dataset(src)
     _check_writable(out)
     processes = processes or os.cpu_count() or 1
-    context = get_context("forkserver")
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+    with ProcessPoolExecutor(processes, mp_context=forkserver()) as pool:
         splits: dict[str, list[Sample]] = {}
         skipped: dict[str, list[str]] = {}
         for split, pairs in found.items():
