@@ -11,7 +11,6 @@ in-worker communication is all here.
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import os
 import weakref
@@ -446,12 +445,13 @@ class TorchDist(Dist):
         # whose destructor lets go of the GIL, and through its C++ Reducer, whose binding does
         # not. If the Reducer drops the group's last reference, the Gloo destructor joins
         # worker threads while holding the GIL, and a worker waiting for the GIL to free a
-        # finished allreduce's tensors never ends: a hang at exit, seen now and then. So both go
-        # here, while the group is still registered, and destroy_process_group then ends the
-        # group's threads: first modules nobody references (a collection), then the references
-        # of modules still held (a caller's variable, a traceback's frame), which no collective
-        # follows anyway.
-        gc.collect()
+        # finished allreduce's tensors never ends: a hang at exit, seen now and then. So both
+        # references go here, while the group is still registered, and destroy_process_group
+        # then ends the group's threads. A weak reference still reaches a module that is
+        # garbage in a reference cycle not yet collected, so this covers modules still held (a
+        # caller's variable, a traceback's frame) and those only the collector would free. No
+        # gc.collect() here: collecting the run's DataLoader iterators together with their
+        # queues loses the workers' stop message, and each worker then takes its 5 s timeout.
         for ref in self._ddp_modules:
             ddp = ref()
             if ddp is not None:

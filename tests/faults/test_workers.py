@@ -68,9 +68,13 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
         assert torch.allclose(tensor.double(), got["model"][name].double(), atol=1e-6), name
 
 
-def test_sigterm_to_all_workers_checkpoints_and_exits_0_within_30s(tmp_path, repo):
-    config = small_config(tmp_path / "run", **{**COMMON, "checkpoint_every": 0})
-    launcher, log_path = _start(config, tmp_path, repo, "run")
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_sigterm_to_all_workers_checkpoints_and_exits_0_within_30s(tmp_path, repo, backend):
+    """As Batch stops a task: every worker gets SIGTERM (horovodrun's or torchrun's workers);
+    the leak check of every test here then finds no process of the run alive."""
+    config = small_config(tmp_path / "run", **{**COMMON, "checkpoint_every": 0, "backend": backend})
+    launch = torchrun if backend == "ddp" else horovodrun
+    launcher, log_path = _start(config, tmp_path, repo, "run", launch=launch)
     _wait_for_step(launcher, log_path, tmp_path / "run", 5)
     for worker in worker_processes(psutil.Process(launcher.pid)):
         worker.send_signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
-from trainer import checkpoint
+from trainer import checkpoint, results
 from trainer.checkpoint import CheckpointError
 from trainer.data.__main__ import main as data_main
 from trainer.files import OutputError
@@ -94,3 +94,24 @@ def test_checkpoint_save_in_a_faulty_folder_is_one_line_and_leaves_no_part(tmp_p
         assert "there is no earlier one" in message
         assert leftovers(out) == []
         assert checkpoint.load_latest(out / "checkpoints") is None
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_results_in_a_faulty_folder_are_one_line_and_never_pass_for_complete(tmp_path, fault):
+    weights = {"w": torch.zeros(64 * 1024)}  # 256 KiB: more than a full disk's room
+    with faulty_output(tmp_path, fault) as out:
+        with pytest.raises(OutputError) as failure:
+            results.write(
+                out / "results",
+                weights,
+                config={"model": "tiny"},
+                summary={"step": 1},
+                evaluation={"loss": 1.0},
+                weights_metadata={},
+            )
+        message = str(failure.value)
+        reason, fix = EXPECTED[fault]
+        assert "\n" not in message and reason in message and fix in message, message
+        assert str(out) in message, message
+        assert not results.is_complete(out / "results")
+        assert leftovers(out) == []
