@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import pickle
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager as ContextManager
@@ -327,7 +328,21 @@ class HorovodDist(Dist):
         self._hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def broadcast_object(self, obj: Any) -> Any:
-        return self._hvd.broadcast_object(obj, root_rank=0, name=self._object_op_name())
+        # Not hvd.broadcast_object: it turns the pickle into a tensor with
+        # torch.ByteTensor(bytearray(...)), one Python element at a time, which took about 4
+        # CPU-seconds on each rank for a ResNet-18 optimizer state at every resume (seen with a
+        # sampling profiler). The same two broadcasts (size, bytes) over a zero-copy view.
+        name = self._object_op_name()
+        data = bytearray(
+            pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if self.is_root else b""
+        )
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        self._hvd.broadcast_(size, root_rank=0, name=f"{name}.size")
+        if not self.is_root:
+            data = bytearray(int(size.item()))
+        payload = torch.frombuffer(data, dtype=torch.uint8)  # a view: received into ``data``
+        self._hvd.broadcast_(payload, root_rank=0, name=f"{name}.data")
+        return obj if self.is_root else pickle.loads(data)
 
     def allgather_object(self, obj: Any) -> list[Any]:
         return self._hvd.allgather_object(obj, name=self._object_op_name())
