@@ -2,6 +2,7 @@ import json
 import pickle
 import re
 import tempfile
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from trainer.data.text import (
     TokenManifest,
     prepare_text,
     read_split,
+    text_pieces,
 )
 from trainer.files import sha256_file
 
@@ -322,3 +324,70 @@ def test_random_bytes_either_round_trip_or_raise_data_error(contents, val_fracti
         stream = np.concatenate([read_split(out, split) for split in manifest.splits])
         expected = [data.removeprefix(b"\xef\xbb\xbf").decode() for data in contents if data]
         assert _byte_documents(stream) == expected
+
+
+# --- a source read in pieces ---------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    # Multi-byte characters, line ends and long lines, read in pieces of a few bytes.
+    st.text(alphabet=st.sampled_from("ab\néü✓𝄞 "), max_size=80),
+    st.booleans(),
+    st.integers(min_value=1, max_value=9),
+)
+def test_pieces_join_to_the_whole_text_and_end_at_line_ends(text, bom, piece_bytes):
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "a.txt"
+        path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+        pieces = list(text_pieces(path, piece_bytes))
+    assert "".join(pieces) == text
+    assert all(pieces)
+    # Every piece but the last ends a line, unless a line was longer than a piece.
+    for piece in pieces[:-1]:
+        assert piece.endswith("\n") or "\n" not in piece
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from("ab\né✓"), min_size=1, max_size=60),
+    st.data(),
+    st.sampled_from([b"\xff", b"\xc3", b"\x80", b"\xe2\x9c"]),
+    st.integers(min_value=1, max_value=9),
+)
+def test_a_byte_that_is_not_utf8_is_named_at_its_offset_in_the_file(text, data, bad, piece_bytes):
+    encoded = text.encode()
+    # Between two characters, where the bad byte starts an invalid sequence.
+    starts = [i for i in range(len(encoded) + 1) if i == len(encoded) or encoded[i] & 0xC0 != 0x80]
+    at = data.draw(st.sampled_from(starts))
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "a.txt"
+        path.write_bytes(encoded[:at] + bad + b"\n" + encoded[at:])
+        with pytest.raises(DataError) as failure:
+            list(text_pieces(path, piece_bytes))
+    assert f"a.txt: byte {at} (0x{bad[0]:02x}) is not UTF-8" in str(failure.value)
+
+
+def test_a_large_file_is_never_held_whole(tmp_path):
+    path = tmp_path / "corpus.txt"
+    line = "a line of the corpus, with a café in it\n"
+    path.write_text(line * (24 * 2**20 // len(line)))  # about 24 MB
+    tracemalloc.start()
+    try:
+        size = sum(len(piece) for piece in text_pieces(path, 1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert size == path.stat().st_size - path.read_text().count("é")  # characters, not bytes
+    assert peak < 8 * 2**20, f"held {peak / 2**20:.1f} MB while reading pieces of 1 MB"
+
+
+def test_pieces_give_the_same_shards_as_whole_files(tmp_path, monkeypatch):
+    src = _write(tmp_path / "src", {**DOCS, "long.txt": "line of text\n" * 200})
+    prepare_text(src, tmp_path / "whole", shard_mb=0.001, **QUIET)
+    monkeypatch.setattr("trainer.data.text._PIECE_BYTES", 7)
+    prepare_text(src, tmp_path / "pieces", shard_mb=0.001, **QUIET)
+    whole, pieces = TokenManifest.load(tmp_path / "whole"), TokenManifest.load(tmp_path / "pieces")
+    assert pieces == whole and pieces.documents == 4
+    for shard in (tmp_path / "whole").glob("*.bin"):
+        assert (tmp_path / "pieces" / shard.name).read_bytes() == shard.read_bytes()

@@ -22,6 +22,7 @@ ids: bytes, GPT-2's 50,257) and as uint32 beyond. Bytes would fit uint8 were end
 from __future__ import annotations
 
 import bisect
+import codecs
 import json
 import math
 import os
@@ -57,6 +58,8 @@ SHARD_SUFFIX = ".bin"
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Characters per encode_batch call: enough work for the tokenizer's threads, bounded memory.
 _BATCH_BYTES = 16 << 20
+# Bytes read from a source file at a time: a piece is tokenized on its own (cut at a line end).
+_PIECE_BYTES = 16 << 20
 _COPY_TOKENS = 1 << 22
 
 
@@ -227,58 +230,94 @@ def find_text_files(src: Path) -> list[Path]:
     return files
 
 
-def read_text(path: Path) -> str:
-    """The text of ``path`` (UTF-8, a leading byte-order mark dropped), or a DataError naming
-    what makes it unusable: NUL bytes (a binary or UTF-16 file) or bytes that are not UTF-8."""
+def text_pieces(path: Path, piece_bytes: int = _PIECE_BYTES) -> Iterator[str]:
+    """The text of ``path`` (UTF-8, a leading byte-order mark dropped) in pieces of about
+    ``piece_bytes``, each ending at a line end where the line allows (a corpus may be one file
+    of many gigabytes: it is never held whole), or a DataError naming what makes it unusable:
+    NUL bytes (a binary or UTF-16 file) or bytes that are not UTF-8, with their offset."""
     try:
-        data = path.read_bytes()
+        handle = open(path, "rb")  # noqa: SIM115  # closed below, read in pieces
     except OSError as err:
         raise DataError(f"{path}: cannot be read ({err.strerror or err})") from None
-    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise DataError(
-            f"{path}: is UTF-16 text: convert it to UTF-8, e.g. `iconv -f UTF-16 -t UTF-8`"
-        )
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise DataError(
-            f"{path}: byte {nul} is NUL, so this is a binary file, not text: remove it from "
-            f"the source"
-        )
-    # The byte-order mark says how the file is encoded; it is not part of the text.
-    bom = len(_UTF8_BOM) if data.startswith(_UTF8_BOM) else 0
-    try:
-        return data[bom:].decode("utf-8")
-    except UnicodeDecodeError as err:
-        offset = bom + err.start
-        raise DataError(
-            f"{path}: byte {offset} (0x{data[offset]:02x}) is not UTF-8: convert the file, "
-            f"e.g. `iconv -f LATIN1 -t UTF-8` if it is Latin-1"
-        ) from None
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0  # of the next block's first byte in the file
+    carry = ""  # the text after the last line end seen
+    with handle:
+        while True:
+            try:
+                # The first read takes at least a byte-order mark's length.
+                block = handle.read(piece_bytes if offset else max(piece_bytes, 3))
+            except OSError as err:
+                raise DataError(f"{path}: cannot be read ({err.strerror or err})") from None
+            end = not block
+            if offset == 0:
+                if block[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                    raise DataError(
+                        f"{path}: is UTF-16 text: convert it to UTF-8, e.g. "
+                        f"`iconv -f UTF-16 -t UTF-8`"
+                    )
+                # The byte-order mark says how the file is encoded; it is not part of the text.
+                bom = len(_UTF8_BOM) if block.startswith(_UTF8_BOM) else 0
+                block, offset = block[bom:], bom
+            nul = block.find(b"\0")
+            if nul >= 0:
+                raise DataError(
+                    f"{path}: byte {offset + nul} is NUL, so this is a binary file, not text: "
+                    f"remove it from the source"
+                )
+            pending = len(decoder.getstate()[0])  # bytes of a character the last block cut
+            try:
+                text = carry + decoder.decode(block, final=end)
+            except UnicodeDecodeError as err:
+                at = offset - pending + err.start
+                raise DataError(
+                    f"{path}: byte {at} (0x{err.object[err.start]:02x}) is not UTF-8: convert "
+                    f"the file, e.g. `iconv -f LATIN1 -t UTF-8` if it is Latin-1"
+                ) from None
+            offset += len(block)
+            if end:
+                if text:
+                    yield text
+                return
+            # Whole lines go to the tokenizer; a line longer than a piece is cut where it is.
+            cut = text.rfind("\n") + 1 or len(text)
+            carry = text[cut:]
+            if cut:
+                yield text[:cut]
 
 
 def _documents(
     files: list[Path], src: Path, tokenizer: TextTokenizer, skipped: list[str]
-) -> Iterator[np.ndarray]:
-    """The documents (non-empty files) in file order, each as its tokens and end-of-text."""
+) -> Iterator[tuple[np.ndarray, bool]]:
+    """The documents (non-empty files) in file order as (tokens, whether they end a document),
+    the last piece of each with end-of-text appended."""
     end = np.array([tokenizer.end_of_text], dtype=np.int64)
     batch: list[str] = []
+    ends: list[bool] = []
     size = 0
 
-    def flush() -> Iterator[np.ndarray]:
-        for tokens in tokenizer.encode_batch(batch):
-            yield np.concatenate([tokens.astype(np.int64), end])
+    def flush() -> Iterator[tuple[np.ndarray, bool]]:
+        for tokens, last in zip(tokenizer.encode_batch(batch), ends, strict=True):
+            tokens = tokens.astype(np.int64)
+            yield (np.concatenate([tokens, end]) if last else tokens), last
         batch.clear()
+        ends.clear()
 
     for path in files:
         if path.stat().st_size == 0:
             skipped.append(path.relative_to(src).as_posix() if path != src else path.name)
             continue
-        text = read_text(path)
-        batch.append(text)
-        size += len(text)
-        if size >= _BATCH_BYTES:
-            yield from flush()
-            size = 0
+        pieces = text_pieces(path, _PIECE_BYTES)
+        piece: str | None = next(pieces, "")  # a byte-order mark alone: an empty document
+        while piece is not None:
+            following = next(pieces, None)
+            batch.append(piece)
+            ends.append(following is None)
+            size += len(piece)
+            if size >= _BATCH_BYTES:
+                yield from flush()
+                size = 0
+            piece = following
     yield from flush()
 
 
@@ -336,7 +375,7 @@ def prepare_text(
 ) -> PrepareTextResult:
     """``_prepare_text``; a folder or disk that cannot take the output (read-only, immutable,
     full, a file in the way) is an ``OutputError`` naming the path. Sources are read through
-    ``read_text``, which names an unreadable one as a ``DataError``: any ``OSError`` left is a
+    ``text_pieces``, which names an unreadable one as a ``DataError``: any ``OSError`` left is a
     write's."""
     try:
         return _prepare_text(
@@ -381,13 +420,13 @@ def _prepare_text(
     documents = 0
     try:
         with open(stream_path, "wb") as stream_file:
-            for tokens in _documents(files, src, text_tokenizer, skipped):
+            for tokens, ends_document in _documents(files, src, text_tokenizer, skipped):
                 if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
                     raise DataError(
                         f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
                         f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
                     )
-                documents += 1
+                documents += ends_document
                 stream_file.write(tokens.astype(dtype).tobytes())
         total = stream_path.stat().st_size // dtype.itemsize
         if not total:
