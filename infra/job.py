@@ -117,6 +117,7 @@ OUTPUT_KEYS = (
     "retries",
     "step",
     "images_per_sec",
+    "tokens_per_sec",
 )
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
@@ -305,8 +306,8 @@ def _progress(job_id: str, metrics_url: str) -> dict[str, Any]:
         return {}
     if latest is None:
         return {}
-    step, rate = latest
-    return {"step": step, **({} if rate is None else {"images_per_sec": round(rate, 1)})}
+    step, rate, unit = latest  # unit: images, or tokens for a language model's run
+    return {"step": step, **({} if rate is None else {f"{unit}_per_sec": round(rate, 1)})}
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,7 @@ class TrainingJob(pulumi.dynamic.Resource):
     retries: pulumi.Output[int]
     step: pulumi.Output[int]
     images_per_sec: pulumi.Output[float]
+    tokens_per_sec: pulumi.Output[float]
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     metrics_url: pulumi.Output[str]

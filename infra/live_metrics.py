@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -135,13 +135,22 @@ def number(record: dict[str, Any], key: str) -> float | None:
     return value
 
 
-def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None] | None:
-    """The last logged training step and its images/s (all ranks); None before the first."""
+def rate_key(records: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """(unit, the total-rate key): a language model's run counts tokens, an image model's
+    images (the records' own keys say which: ``trainer.loop`` logs ``<unit>_per_sec_total``)."""
+    unit = "tokens" if any("tokens_per_sec_total" in r for r in records) else "images"
+    return unit, f"{unit}_per_sec_total"
+
+
+def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None, str] | None:
+    """The last logged training step, its rate (all ranks) and the rate's unit ("images" or
+    "tokens"); None before the first."""
     records, _ = read_metrics(container, folder, TAIL_BYTES)
     train = train_records(records)
     if not train:
         return None
-    return train[-1]["step"], number(train[-1], "images_per_sec_total")
+    unit, key = rate_key(train[-1:])
+    return train[-1]["step"], number(train[-1], key), unit
 
 
 def noise_advice(records: list[dict[str, Any]]) -> str | None:

@@ -216,6 +216,7 @@ def _job(
         "outputs_url": resource.outputs_url,
         "step": resource.step,
         "images_per_sec": resource.images_per_sec,
+        "tokens_per_sec": resource.tokens_per_sec,
     }
 
 

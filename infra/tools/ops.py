@@ -43,6 +43,7 @@ from infra.live_metrics import (
     latest_step,
     noise_advice,
     number,
+    rate_key,
     read_metrics,
     storage_errors,
     train_records,
@@ -68,6 +69,7 @@ JOB_OUTPUTS = (
     "outputs_url",
     "step",
     "images_per_sec",
+    "tokens_per_sec",
 )
 TENSORBOARD_FOLDER = "tensorboard/"
 TENSORBOARD_SYNC_SECONDS = 60.0
@@ -377,9 +379,7 @@ def metrics(
         out.write("no training steps logged yet\n")
         return 0
     shown = train[-last:]
-    # A language model's run counts tokens where an image model's counts images.
-    unit = "tokens" if any("tokens_per_sec_total" in r for r in shown) else "images"
-    key = f"{unit}_per_sec_total"
+    unit, key = rate_key(shown)  # tokens for a language model's run, images otherwise
     rows = [("step", "epoch", "loss", f"{unit}/s")]
     rows += [
         (
@@ -422,7 +422,7 @@ def list_jobs(
     """One row per job: Batch's live state, and the step and rate rank 0 uploaded last."""
     from azure.core.exceptions import ResourceNotFoundError
 
-    rows = [("NAME", "JOB ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "IMAGES/S")]
+    rows = [("NAME", "JOB ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "THROUGHPUT")]
     notes = []
     for job in stack_jobs(outputs, stack):
         task_state, retries, nodes = "-", "-", job.outputs.get("node_count")
@@ -447,7 +447,7 @@ def list_jobs(
                 latest = latest_step(container_for(job.metrics), job.metrics)
                 if latest is not None:
                     step = str(latest[0])
-                    rate = "-" if latest[1] is None else f"{latest[1]:.1f}"
+                    rate = "-" if latest[1] is None else f"{latest[1]:.1f} {latest[2]}/s"
             except NotUploaded:
                 pass
             except StorageError as error:
@@ -574,7 +574,7 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m infra.tools.ops", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (
-        ("list", "every job of the stack: state, nodes, retries, current step, images/s"),
+        ("list", "every job of the stack: state, nodes, retries, current step, throughput"),
         ("status", "job and task state, retries, exit code, where logs and checkpoints are"),
         ("logs", "stream the primary task's stdout (like tail -f)"),
         ("cancel", "terminate the job (checkpoints are kept)"),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import prices
-from infra.live_metrics import noise_advice, number, train_records
+from infra.live_metrics import noise_advice, number, rate_key, train_records
 
 REPORT_FILES = ("report.md", "report.json", "scaling.png")
 LOCAL_COST = "no cost: local run"
@@ -32,13 +32,6 @@ class ReportError(RuntimeError):
     """A run left nothing to measure, or the report cannot be written (exit code 1)."""
 
     code = 1
-
-
-def rate_key(records: Sequence[dict[str, Any]]) -> tuple[str, str]:
-    """(unit, the total-rate key): a language model's run counts tokens, an image model's
-    images (the records' own keys say which)."""
-    unit = "tokens" if any("tokens_per_sec_total" in r for r in records) else "images"
-    return unit, f"{unit}_per_sec_total"
 
 
 def steady_rate(records: Sequence[dict[str, Any]]) -> tuple[float, str] | None:

@@ -78,6 +78,16 @@ def test_a_refresh_shows_the_last_logged_step_and_images_per_second(cloud):
     assert outs["metrics_url"] == f"{storage.blob_endpoint}/logs/{job_id}/live/"
 
 
+def test_a_language_models_job_shows_tokens_per_second_not_images(cloud):
+    fake, storage, logs = cloud
+    job_id, state = _state(fake, storage, "gpt")
+    record = {"kind": "train", "step": 12, "epoch": 0, "loss": 3.0, "tokens_per_sec_total": 8192.0}
+    _upload(logs, job_id, [record])
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert outs["step"] == 12 and outs["tokens_per_sec"] == 8192.0
+    assert "images_per_sec" not in outs
+
+
 def test_before_the_first_upload_a_refresh_shows_no_step_and_no_warning(cloud, warnings):
     fake, storage, _ = cloud
     job_id, state = _state(fake, storage, "early")

@@ -438,7 +438,9 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
     _upload_metrics(
         logs, "resnet/live/", [_train(s, 800.0 + s) for s in range(1, 2000)]
     )  # more than the tail read: the cut first line is skipped
-    _upload_metrics(logs, "bert/live/", [{"kind": "eval", "step": 0, "epoch": 0}])
+    # A language model's run: its rate counts tokens.
+    bert = [{"kind": "train", "step": 7, "epoch": 0, "loss": 3.1, "tokens_per_sec_total": 5120.0}]
+    _upload_metrics(logs, "bert/live/", [*bert, {"kind": "eval", "step": 7, "epoch": 0}])
     client = create_autospec(BatchClient, instance=True)
     jobs = {
         "dev-bert-0a2b3c4d5e": m.BatchJob(state="active"),
@@ -472,9 +474,19 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
     )
     assert code == 0
     assert [line.split() for line in out.splitlines()] == [
-        ["NAME", "JOB", "ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "IMAGES/S"],
-        ["bert", "dev-bert-0a2b3c4d5e", "active", "active", "4", "-", "-", "-"],
-        ["resnet", "dev-resnet-1a2b3c4d5e", "active", "running", "2", "1", "1999", "2799.0"],
+        ["NAME", "JOB", "ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "THROUGHPUT"],
+        ["bert", "dev-bert-0a2b3c4d5e", "active", "active", "4", "-", "7", "5120.0", "tokens/s"],
+        [
+            "resnet",
+            "dev-resnet-1a2b3c4d5e",
+            "active",
+            "running",
+            "2",
+            "1",
+            "1999",
+            "2799.0",
+            "images/s",
+        ],
         ["vit", "dev-vit-2a2b3c4d5e", "not", "found", "-", "2", "-", "-", "-"],
     ]
     assert err.count("\n") == 1 and err.startswith("note: job vit: metrics: https://127.0.0.1:")
