@@ -15,6 +15,7 @@ flag lifted) when the block ends, whether the test passed or failed.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
@@ -104,3 +105,32 @@ def leftovers(folder: Path) -> list[str]:
         for path in folder.rglob("*")
         if path.is_file() and path.name not in (".filler",)
     )
+
+
+@contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` refuses writes for the block: immutable as root (even root gets EPERM),
+    otherwise mode 555."""
+    if os.geteuid() == 0:
+        assert _run("chattr", "+i", str(folder)), "chattr +i failed"
+        try:
+            yield
+        finally:
+            _run("chattr", "-i", str(folder))
+    else:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -4,12 +4,17 @@ every checksum matches (Azurite on 127.0.0.1)."""
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import checksums
 from trainer.data.manifest import MANIFEST_NAME
 from trainer.data.transfer import stage, upload
 
 QUIET = {"log": lambda _: None}
 HERE = __file__.rsplit("/", 1)[0]
+
+# The killed staging process and the rerun: none may outlive the test.
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
 def test_interrupted_stage_completes_on_rerun_without_partial_shards(

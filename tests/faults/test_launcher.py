@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.faults.conftest import read_only
+from tests.fs_faults import read_only
 from tests.parallel.conftest import read_metrics
 from tests.parallel.launch_nodes import batch_env, free_port, start_nodes, trainer_command
 

@@ -9,11 +9,20 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.faults.conftest import file_size_limit, read_only
-from tests.fs_faults import fill
+from tests.fs_faults import file_size_limit, fill, read_only, tmpfs
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, checksum_path
 from trainer.cli import to_flags
+
+# The trainer runs here are single processes; none of them may leave one behind.
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a 2 MiB file system (skipped when this user cannot mount one)."""
+    with tmpfs(tmp_path / "small-disk", "2m") as mount:
+        yield mount
 
 
 def _state(value: float) -> dict:

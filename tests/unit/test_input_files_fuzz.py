@@ -26,6 +26,9 @@ from tests.infra.conftest import REPO
 from trainer.launch import supervisor
 from trainer.launch.supervisor import LaunchError, rendezvous_port
 
+# The launcher checks start processes; none may outlive its test.
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
 # Each example runs in milliseconds (no program evaluation: nothing here is a valid stack); these
 # counts keep every test under 5 s on a busy 2-core machine.
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

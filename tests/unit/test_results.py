@@ -12,7 +12,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.faults.conftest import file_size_limit
+from tests.fs_faults import file_size_limit
 from trainer import results
 from trainer.blob_folder import BlobFolder
 from trainer.config import ConfigError, TrainConfig
