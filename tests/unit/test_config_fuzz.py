@@ -19,7 +19,8 @@ from trainer.config import ConfigError as TrainerConfigError
 
 SCHEMA = load_schema()
 DEV = {key.removeprefix("gpu-cluster:"): value for key, value in stack_values("dev").items()}
-FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+# 500 examples per test (1000 before): half the time, for make test's 15-minute budget.
+FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 
 scalars = st.one_of(
     st.none(),
