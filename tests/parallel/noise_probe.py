@@ -13,7 +13,7 @@ import json
 import sys
 
 import torch
-from rank_report import native_threads  # beside this script (its folder is on sys.path)
+from rank_report import threads_left_after_shutdown  # beside this script (on sys.path)
 from torch import nn
 
 from trainer.config import TrainConfig
@@ -58,7 +58,7 @@ def main() -> None:
         record = estimate.update(local_sq, probe.reduced_sq.item())
     dist.shutdown()
     # With the DDP module still referenced here, as a caller's variable holds it.
-    threads = native_threads()
+    threads = threads_left_after_shutdown()
     if dist.is_root:
         with open(report, "w") as out:
             exact = exact_noise_scale(delta)

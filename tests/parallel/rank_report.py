@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from trainer.config import TrainConfig
@@ -53,9 +54,19 @@ def main() -> None:
     # here (as a caller's variable or a traceback's frame holds it): a group kept alive by it
     # would be destroyed later while holding the GIL (a hang) or in interpreter teardown (an
     # abort).
-    report["threads_after_shutdown"] = native_threads()
+    report["threads_after_shutdown"] = threads_left_after_shutdown()
     del result
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
+
+
+def threads_left_after_shutdown(seconds: float = 5.0) -> list[str]:
+    """The threads still alive ``seconds`` after shutdown returned ([] as soon as none is).
+    Gloo's TCP loop thread ends on its own once the connections it serves are closed, a moment
+    after the group is destroyed; what matters is that it ends before interpreter teardown."""
+    deadline = time.monotonic() + seconds
+    while (left := native_threads()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def native_threads() -> list[str]:
