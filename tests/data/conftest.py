@@ -3,9 +3,9 @@
 from trainer.config import DEFAULTS, TrainConfig
 
 
-def shard_config(root, **extra) -> TrainConfig:
-    """Settings for loading the small prepared dataset (``shards``) at 32 px, in process."""
-    values = dict(
+def shard_settings(root) -> dict:
+    """The settings that load the small prepared dataset (``shards``) at 32 px, in process."""
+    return dict(
         data="shards",
         data_dir=str(root),
         image_size=32,
@@ -14,4 +14,8 @@ def shard_config(root, **extra) -> TrainConfig:
         loader_workers=0,
         shuffle_buffer=8,
     )
-    return DEFAULTS.replace(**{**values, **extra})
+
+
+def shard_config(root, **extra) -> TrainConfig:
+    """``shard_settings`` with ``extra``, over the defaults."""
+    return DEFAULTS.replace(**{**shard_settings(root), **extra})

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import make_dataset, tiny_config
-from tests.data.conftest import shard_config
+from tests.data.conftest import shard_config, shard_settings
 from tests.data.test_cache_scope import run_ranks
 from trainer import checkpoint
 from trainer.cli import to_flags
@@ -64,21 +64,8 @@ def corrupt_member(shards: Path, split: str, index: int) -> str:
 
 def _shard_run(output: Path, shards: Path, **extra) -> TrainConfig:
     """A tiny one-process run on the small prepared dataset (``shards``)."""
-    values = tiny_config(
-        output,
-        backend="local",
-        data="shards",
-        data_dir=str(shards),
-        num_classes=3,
-        image_size=32,
-        batch_size=4,
-        loader_workers=0,
-        shuffle_buffer=8,
-        epochs=1,
-        warmup_epochs=0,
-        log_every=2,
-    )
-    return DEFAULTS.replace(**{**values, **extra})
+    values = tiny_config(output, backend="local", epochs=1, warmup_epochs=0, log_every=2)
+    return DEFAULTS.replace(**{**values, **shard_settings(shards), **extra})
 
 
 def _batches(loaders) -> int:
