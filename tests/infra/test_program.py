@@ -52,6 +52,13 @@ def test_stack_outputs(plan):
     assert plan.outputs["node_count"] == plan.settings.cluster.node_count
 
 
+def test_every_job_output_names_its_progress_for_image_and_language_models(dev_plan):
+    # The refresh fills whichever rate the run logs (infra.job): images or, for a language
+    # model, tokens per second.
+    for job in dev_plan.outputs["jobs"].values():
+        assert {"step", "images_per_sec", "tokens_per_sec", "outputs_url"} <= set(job), job
+
+
 def test_only_the_nat_gateway_has_a_public_ip(plan):
     ips = of_type(plan, "azure-native:network:PublicIPAddress")
     assert [ip.name for ip in ips] == [f"{plan.outputs['resource_group_name'][3:]}-nat-ip"]
