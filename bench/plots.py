@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.common import RESULTS
+from bench.scaling import EFFICIENCY_GOAL
 
 
 def _load(name: str) -> dict | None:
@@ -41,9 +42,11 @@ def scaling() -> None:
     left.legend()
     names = list(rows)
     right.bar(names, [rows[n]["efficiency"] for n in names], color="tab:blue")
-    right.axhline(0.9, color="tab:red", linestyle="--", label="target 0.90")
-    right.set(ylim=(0, 1.05), ylabel="scaling efficiency", title=f"{workers} workers")
-    right.tick_params(axis="x", rotation=20)
+    right.axhline(
+        EFFICIENCY_GOAL, color="tab:red", linestyle="--", label=f"goal {EFFICIENCY_GOAL:.2f}"
+    )
+    right.set(ylim=(0, 1.15), ylabel="scaling efficiency", title=f"{workers} workers")
+    right.tick_params(axis="x", rotation=30)
     right.legend()
     figure.tight_layout()
     figure.savefig(RESULTS / "scaling.png", dpi=100)

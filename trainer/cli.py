@@ -73,7 +73,7 @@ HELP: dict[str, str] = {
     "horovod_cycle_time_ms": "Horovod: milliseconds between fusing and reducing ready gradients "
     "(0: 1 with NCCL on GPUs, 50 with Gloo on CPUs)",
     "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own; "
-    "default: 128 with NCCL on GPUs, 0 with Gloo on CPUs)",
+    "default: 128 with NCCL on GPUs, 4 with Gloo on CPUs)",
     "shard_within": "fsdp: shard over the ranks of each node and replicate across nodes "
     "(node, hybrid sharding) or shard over every rank (world)",
     "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",

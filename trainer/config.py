@@ -119,7 +119,7 @@ class TrainConfig:
     # with NCCL on GPUs, the measured best for Gloo on CPUs; README, "Benchmarks").
     horovod_cycle_time_ms: float = 0.0
     # The fusion buffer; 0: each tensor reduced on its own; None: chosen by the engine (Horovod's
-    # 128 with NCCL, none with Gloo on CPUs: HorovodDist).
+    # 128 with NCCL, 4 with Gloo on CPUs: HorovodDist).
     horovod_fusion_mb: int | None = None
     # FSDP (backend fsdp): shard parameters, gradients and optimizer state over every rank
     # ("world") or over the ranks of each node, replicated across nodes ("node", hybrid

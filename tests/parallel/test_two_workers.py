@@ -21,6 +21,7 @@ from tests.parallel.conftest import (
 )
 from trainer import checkpoint
 from trainer.cli import to_flags
+from trainer.distributed import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
 
@@ -52,7 +53,10 @@ def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend,
         # (seen: 3 left on rank 0, none on rank 1), and Horovod runs never showed that abort.
         assert [r["threads_after_shutdown"] for r in reports] == [[], []]
     if backend == "horovod":  # the engine's own choices reach Horovod on every rank
-        knobs = {"HOROVOD_CYCLE_TIME": "50", "HOROVOD_FUSION_THRESHOLD": "0"}  # Gloo on CPUs
+        knobs = {  # Gloo on CPUs
+            "HOROVOD_CYCLE_TIME": f"{GLOO_CPU_CYCLE_MS:g}",
+            "HOROVOD_FUSION_THRESHOLD": str(GLOO_CPU_FUSION_MB * 1024 * 1024),
+        }
         assert [r["horovod_env"] for r in reports] == [knobs, knobs]
     # Rank 0 logged exactly what every rank computed.
     logged = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "train"]

@@ -103,6 +103,22 @@ def test_scaling_efficiency_is_total_over_workers_times_one():
     assert efficiency(180.0, 100.0, 2) == 0.9
 
 
+def test_each_engine_has_its_own_and_the_plain_workers_efficiency():
+    from bench.scaling import summarize
+
+    rows = summarize(
+        {
+            "independent": ([40.0, 44.0, 42.0], [80.0, 81.0, 79.0]),
+            "ddp": ([30.0, 31.0, 32.0], [63.0, 65.0, 64.0]),
+        },
+        workers=2,
+    )
+    assert rows["independent"]["efficiency"] == 80.0 / 84.0  # the machine's ceiling
+    assert rows["ddp"]["efficiency"] == 64.0 / 62.0  # against DDP's own 1-worker run
+    assert rows["ddp"]["efficiency_vs_plain_worker"] == 64.0 / 84.0
+    assert rows["ddp"]["images_per_sec_1"] == 31.0
+
+
 def test_the_memory_window_opens_at_the_first_step_and_closes_at_the_final_save(tmp_path):
     from bench.engine_memory import training_window
 
