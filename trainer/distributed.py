@@ -243,11 +243,12 @@ class LocalDist(Dist):
 NCCL_CYCLE_MS = 1.0
 GLOO_CPU_CYCLE_MS = 50.0
 # The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
-# kernel launch per fused batch matters on GPUs). With Gloo on CPUs: 4 MB. Gradients larger than
-# the threshold are reduced alone and in place; the small ones (biases, norms, the first layers'
-# convolutions) are fused, so a step issues a few dozen fewer allreduces, each with its own
-# negotiation and Gloo round trips, for copies of a few MB. A large buffer copies every gradient
-# in and out on the cores the ranks compute on. Interleaved 2-worker bench.scaling-style runs,
+# kernel launch per fused batch matters on GPUs). With Gloo on CPUs: 4 MB. A gradient larger than
+# the threshold is reduced alone in its own memory (GlooAllreduce::Execute in
+# horovod/common/ops/gloo_operations.cc: one entry skips the buffer); the small ones (biases,
+# norms, the first layers' convolutions) are fused, so a step issues a few dozen fewer
+# allreduces, each with its own negotiation and Gloo round trips, for copies of a few MB. A large
+# buffer copies every gradient in and out on the cores the ranks compute on. Interleaved 2-worker bench.scaling-style runs,
 # ResNet-18 (3 rounds each; images/s, medians): 0 / 1 / 4 MB: 66.0 / 71.5 / 72.9, with 4 MB
 # ahead of 0 in every round; 4 / 8 / 16 / 32 MB: 70.9 / 68.7 / 65.6 / 65.4, with 4 MB ahead in
 # every round; DDP 74-77 in the same runs. (Earlier: 128 MB 0.909 of DDP's throughput.)
