@@ -248,10 +248,11 @@ GLOO_CPU_CYCLE_MS = 50.0
 # horovod/common/ops/gloo_operations.cc: one entry skips the buffer); the small ones (biases,
 # norms, the first layers' convolutions) are fused, so a step issues a few dozen fewer
 # allreduces, each with its own negotiation and Gloo round trips, for copies of a few MB. A large
-# buffer copies every gradient in and out on the cores the ranks compute on. Interleaved 2-worker bench.scaling-style runs,
-# ResNet-18 (3 rounds each; images/s, medians): 0 / 1 / 4 MB: 66.0 / 71.5 / 72.9, with 4 MB
-# ahead of 0 in every round; 4 / 8 / 16 / 32 MB: 70.9 / 68.7 / 65.6 / 65.4, with 4 MB ahead in
-# every round; DDP 74-77 in the same runs. (Earlier: 128 MB 0.909 of DDP's throughput.)
+# buffer copies every gradient in and out on the cores the ranks compute on. Interleaved
+# 2-worker bench.scaling-style runs, ResNet-18 (3 rounds each; images/s, medians): 0 / 1 / 4 MB
+# gave 66.0 / 71.5 / 72.9, with 4 MB ahead of 0 in every round; 4 / 8 / 16 / 32 MB gave
+# 70.9 / 68.7 / 65.6 / 65.4, with 4 MB ahead in every round; DDP 74-77 in the same runs.
+# (Earlier: with the 128 MB buffer Horovod reached 0.909 of DDP's throughput.)
 NCCL_FUSION_MB = 128
 GLOO_CPU_FUSION_MB = 4
 
