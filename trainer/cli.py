@@ -19,9 +19,13 @@ from trainer.config import (
     DATA_SOURCES,
     DEVICES,
     FIELD_NAMES,
+    GLOO_CPU_CYCLE_MS,
+    GLOO_CPU_FUSION_MB,
     LR_DECAYS,
     LR_SCALINGS,
     MODELS,
+    NCCL_CYCLE_MS,
+    NCCL_FUSION_MB,
     OPTIMIZERS,
     SWITCHES,
     ConfigError,
@@ -71,9 +75,9 @@ HELP: dict[str, str] = {
     "backend": f"distributed engine: {', '.join(BACKENDS)}",
     "fp16_allreduce": "compress gradients to fp16 on the wire",
     "horovod_cycle_time_ms": "Horovod: milliseconds between fusing and reducing ready gradients "
-    "(0: 1 with NCCL on GPUs, 50 with Gloo on CPUs)",
+    f"(0: {NCCL_CYCLE_MS:g} with NCCL on GPUs, {GLOO_CPU_CYCLE_MS:g} with Gloo on CPUs)",
     "horovod_fusion_mb": "Horovod: fusion buffer in MB (0: reduce each tensor on its own; "
-    "default: 128 with NCCL on GPUs, 4 with Gloo on CPUs)",
+    f"default: {NCCL_FUSION_MB} with NCCL on GPUs, {GLOO_CPU_FUSION_MB} with Gloo on CPUs)",
     "shard_within": "fsdp: shard over the ranks of each node and replicate across nodes "
     "(node, hybrid sharding) or shard over every rank (world)",
     "accumulation_steps": "micro-batches per optimizer step (Horovod backward_passes_per_step)",

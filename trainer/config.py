@@ -37,6 +37,28 @@ TORCH_DISTRIBUTED_BACKENDS = ("ddp", "fsdp")
 # FSDP's sharding group: every rank of the run (ZeRO-3 over the world), or the ranks of one node
 # (hybrid: shard over NVLink inside a node, replicate across nodes over InfiniBand).
 SHARD_GROUPS = ("world", "node")
+# Horovod's cycle time when the config leaves it to the engine (HorovodDist). With NCCL on GPUs:
+# Horovod's own default (steps take tens of milliseconds there; a longer cycle delays the last
+# gradients; not measured here, no GPU). With Gloo on CPUs: 50 ms, the best of 10/25/50/100 ms in
+# one bench.scaling-style run on 2 cores (efficiency 0.73/0.81/0.84/0.81 against DDP's 0.92, then
+# with the 128 MB buffer); Horovod's own 1 ms negotiates every millisecond on the cores the ranks
+# compute on (0.59 in bench.scaling). Without a fusion buffer, 5 and 50 ms measured alike (4
+# interleaved rounds: medians 68.4 and 67.7 images/s).
+NCCL_CYCLE_MS = 1.0
+GLOO_CPU_CYCLE_MS = 50.0
+# The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
+# kernel launch per fused batch matters on GPUs). With Gloo on CPUs: 4 MB. A gradient larger than
+# the threshold is reduced alone in its own memory (GlooAllreduce::Execute in
+# horovod/common/ops/gloo_operations.cc: one entry skips the buffer); the small ones (biases,
+# norms, the first layers' convolutions) are fused, so a step issues a few dozen fewer
+# allreduces, each with its own negotiation and Gloo round trips, for copies of a few MB. A large
+# buffer copies every gradient in and out on the cores the ranks compute on. Interleaved
+# 2-worker bench.scaling-style runs, ResNet-18 (3 rounds each; images/s, medians): 0 / 1 / 4 MB
+# gave 66.0 / 71.5 / 72.9, with 4 MB ahead of 0 in every round; 4 / 8 / 16 / 32 MB gave
+# 70.9 / 68.7 / 65.6 / 65.4, with 4 MB ahead in every round; DDP 74-77 in the same runs.
+# (Earlier: with the 128 MB buffer Horovod reached 0.909 of DDP's throughput.)
+NCCL_FUSION_MB = 128
+GLOO_CPU_FUSION_MB = 4
 LR_SCALINGS = ("linear", "sqrt", "none")
 LR_DECAYS = ("step", "cosine", "poly")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
@@ -115,11 +137,10 @@ class TrainConfig:
     fp16_allreduce: bool = False
     # Horovod's background loop: every cycle it reduces the gradients that are ready (fused into
     # one buffer unless the fusion buffer is 0). A longer cycle batches more per round at the
-    # cost of latency. 0: chosen by the engine (trainer.distributed.HorovodDist: Horovod's own 1 ms
-    # with NCCL on GPUs, the measured best for Gloo on CPUs; README, "Benchmarks").
+    # cost of latency. 0: chosen by the engine (NCCL_CYCLE_MS, GLOO_CPU_CYCLE_MS above).
     horovod_cycle_time_ms: float = 0.0
-    # The fusion buffer; 0: each tensor reduced on its own; None: chosen by the engine (Horovod's
-    # 128 with NCCL, 4 with Gloo on CPUs: HorovodDist).
+    # The fusion buffer; 0: each tensor reduced on its own; None: chosen by the engine
+    # (NCCL_FUSION_MB, GLOO_CPU_FUSION_MB above).
     horovod_fusion_mb: int | None = None
     # FSDP (backend fsdp): shard parameters, gradients and optimizer state over every rank
     # ("world") or over the ranks of each node, replicated across nodes ("node", hybrid

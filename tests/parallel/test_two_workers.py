@@ -21,7 +21,7 @@ from tests.parallel.conftest import (
 )
 from trainer import checkpoint
 from trainer.cli import to_flags
-from trainer.distributed import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
+from trainer.config import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
 
