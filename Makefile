@@ -7,7 +7,7 @@ PROFILE ?= cpu
 .PHONY: demo test lint setup bench azure-check
 
 $(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh \
-		scripts/horovod-blocking-wait.patch
+		scripts/horovod-blocking-wait.patch scripts/build_jpeg_region.sh trainer/data/jpeg_region.c
 	bash scripts/setup_env.sh
 	touch $@
 

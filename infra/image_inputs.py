@@ -21,6 +21,7 @@ IMAGE_INPUTS = (
     DOCKERFILE,
     "docker/requirements.txt",
     "scripts/build_horovod.sh",
+    "scripts/build_jpeg_region.sh",
     "scripts/horovod-blocking-wait.patch",
     "trainer",
 )

@@ -14,6 +14,18 @@ cache_dir=${DT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distributed-training}
 venv=.venv
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
+# apt_install PACKAGE WHAT: Debian's PACKAGE, for WHAT was missing; exits naming both if it fails.
+apt_install() {
+  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo); fi
+  "${sudo[@]}" apt-get install -y -qq "$1" >/dev/null 2>&1 || {
+    # Stale package lists on a fresh machine: refresh once and retry.
+    "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq "$1" >/dev/null
+  } || {
+    echo "error: $2 is missing and apt-get could not install $1" >&2
+    exit 1
+  }
+}
+
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 # torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
 "${pip[@]}" install --quiet "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
@@ -32,6 +44,13 @@ grep -qF '[X] PyTorch' <<<"$build_info" || {
   echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
   exit 1
 }
+# The region decoder for training crops (trainer/data/jpeg_region.c), built against the system's
+# libjpeg-turbo. A fresh machine may lack its headers: install them and build again, which then
+# shows any other failure.
+scripts/build_jpeg_region.sh "$venv/bin/python" >/dev/null 2>&1 || {
+  apt_install libjpeg-dev "libjpeg-turbo's headers"
+  scripts/build_jpeg_region.sh "$venv/bin/python" >/dev/null
+}
 # Azurite, the Blob storage emulator the data-path tests run against on 127.0.0.1 (npm).
 azurite_version=3.37.0
 if [ "$("$venv/azurite/node_modules/.bin/azurite-blob" --version 2>/dev/null)" != "$azurite_version" ]; then
@@ -41,14 +60,5 @@ if [ "$("$venv/azurite/node_modules/.bin/azurite-blob" --version 2>/dev/null)" !
   }
 fi
 # `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
-if ! command -v cloud-init >/dev/null 2>&1; then
-  if [ "$(id -u)" -eq 0 ]; then sudo=(); else sudo=(sudo); fi
-  "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null 2>&1 || {
-    # Stale package lists on a fresh machine: refresh once and retry.
-    "${sudo[@]}" apt-get update -qq && "${sudo[@]}" apt-get install -y -qq cloud-init >/dev/null
-  } || {
-    echo "error: cloud-init is missing and apt-get could not install it" >&2
-    exit 1
-  }
-fi
+command -v cloud-init >/dev/null 2>&1 || apt_install cloud-init cloud-init
 echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"

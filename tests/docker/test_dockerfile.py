@@ -83,6 +83,16 @@ def test_horovod_comes_from_the_shared_script_after_the_requirements():
     assert "horovodrun --check-build" in text and "[X] NCCL" in text
 
 
+def test_the_region_decoder_is_built_from_the_copied_sources_and_checked():
+    text = DOCKERFILE.read_text()
+    build = text.index("RUN /tmp/build_jpeg_region.sh python")
+    # After the sources it compiles (and PYTHONPATH, which its script imports them through),
+    # before the image drops root (it writes into the venv), and loaded by the smoke test.
+    assert text.index("COPY trainer") < text.index("ENV PYTHONPATH=/opt/trainer") < build
+    assert build < text.index("USER 1000:1000") < text.index("r.available()")
+    assert re.search(r"apt-get install[^&]*\blibjpeg-dev\b", text)
+
+
 def _torch_wheel_requirements(version: str) -> list[Requirement]:
     """torch's Linux x86_64 wheel metadata for CPython 3.11 as pip resolves it from the index:
     ``--isolated`` ignores local wheel folders that hold CPU builds."""

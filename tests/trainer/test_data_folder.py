@@ -1,11 +1,13 @@
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from trainer.config import DEFAULTS
 from trainer.data import DataError, build_loaders
-from trainer.data.dataset import ImageDataset
+from trainer.data.dataset import ImageDataset, collate_images
 from trainer.data.folder import FolderSource
 from trainer.data.transforms import random_resized_crop_box
+from trainer.data.worker_processes import forkserver
 
 
 def folder_config(root, **extra):
@@ -51,6 +53,64 @@ def test_forkserver_workers_give_the_same_batches(image_folder):
     assert workers.train.loader.multiprocessing_context.get_start_method() == "forkserver"
     for (a, la), (b, lb) in zip(inline, workers.train, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+class StridedSamples(Dataset):
+    """(image, label, problem) samples laid out as the transforms leave them: crops of NHWC
+    memory, a flipped one, and one in plain (3, H, W) memory."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        pixels = torch.randint(0, 256, (9, 9, 3), dtype=torch.uint8, generator=generator)
+        image = pixels.permute(2, 0, 1)
+        image = [
+            image[:, 1:6, 2:9],
+            image[:, :5, :7].flip(-1),
+            image[:, 2:7, 1:8].contiguous(),
+            image[:, 4:, 2:],
+        ][index % 4]
+        return image, index, "bad.jpg" if index == 5 else ""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_image_batches_are_collated_into_nhwc_memory(workers):
+    """The same values as PyTorch's default collate, in channels_last memory; from a loader
+    worker the batch is in shared memory, so it reaches this process without a copy."""
+    context = forkserver() if workers else None
+    loader = DataLoader(
+        StridedSamples(),
+        4,
+        num_workers=workers,
+        multiprocessing_context=context,
+        collate_fn=collate_images,
+    )
+    expected = DataLoader(StridedSamples(), 4, collate_fn=default_collate)
+    for (images, labels, problems), (want, want_labels, want_problems) in zip(
+        loader, expected, strict=True
+    ):
+        assert torch.equal(images, want) and images.dtype == torch.uint8
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert images.is_shared() == bool(workers)
+        assert torch.equal(labels, want_labels) and labels.dtype == torch.int64
+        assert problems == list(want_problems)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_reach_the_device_in_the_memory_format_the_model_uses(image_folder, workers):
+    config = folder_config(image_folder, loader_workers=workers)
+    plain = build_loaders(config, 0, 1, torch.device("cpu"), False).train
+    nhwc = build_loaders(config, 0, 1, torch.device("cpu"), True).train
+    # The loader's own batches are NHWC, so a channels_last model takes them as they come.
+    collated = next(iter(plain.loader))[0]
+    assert collated.dtype == torch.uint8
+    assert collated.is_contiguous(memory_format=torch.channels_last)
+    for (a, labels_a), (b, labels_b) in zip(plain, nhwc, strict=True):
+        assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last)
+        assert not b.is_contiguous()
+        assert torch.equal(a, b) and torch.equal(labels_a, labels_b)
 
 
 def test_crop_box_stays_inside_the_image():

@@ -36,10 +36,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.bad_images import BadImages
-from trainer.data.decode import decode_pixels, image_size
+from trainer.data.decode import decode_crop, decode_pixels, image_size
 from trainer.data.errors import DataError
 from trainer.data.node_memory import NodeGroup, Segment, free_bytes, own_prefix, split
-from trainer.data.transforms import eval_resize, resize, short_side_shape
+from trainer.data.transforms import ChooseBox, crop_of, eval_resize, resize, short_side_shape
 from trainer.data.worker_processes import forkserver
 
 log = logging.getLogger(__name__)
@@ -368,4 +368,12 @@ def load_pixels(source: Source | MemoryCache, index: int) -> torch.Tensor:
     return decode_pixels(source.read(index), source.describe(index))
 
 
-__all__ = ["MemoryCache", "Source", "cached_shape", "load_pixels"]
+def load_crop(source: Source | MemoryCache, index: int, choose_box: ChooseBox) -> torch.Tensor:
+    """The pixels of the box ``choose_box(width, height)`` picks in one sample: of encoded
+    samples only that region is decoded where it can be (``decode_crop``)."""
+    if isinstance(source, MemoryCache) and source.mode == "decoded":
+        return crop_of(source.pixels(index), choose_box)
+    return decode_crop(source.read(index), source.describe(index), choose_box)
+
+
+__all__ = ["MemoryCache", "Source", "cached_shape", "load_crop", "load_pixels"]

@@ -6,6 +6,8 @@ faster, as it skips Pillow's image object and its copy out). Anything simplejpeg
 CMYK JPEG, a damaged file) goes through Pillow, which either decodes it or names why
 not. A file that does not decode is a ``DataError`` naming it (``where``), whether it is found
 while training, while filling a memory cache, or while ``prepare`` checks a dataset.
+A training crop of a JPEG is decoded on its own where ``jpeg_region`` can (``decode_crop``):
+its box comes from the header's size, and the rows and columns around it are not decoded.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import simplejpeg
 import torch
 from PIL import Image
 
+from trainer.data import jpeg_region
 from trainer.data.errors import DataError
+from trainer.data.transforms import ChooseBox, crop_of
 
 # What PIL raises for a truncated, corrupt or unknown image file.
 _UNREADABLE = (OSError, SyntaxError, ValueError)
@@ -48,6 +52,24 @@ def decode_pixels(data: bytes, where: str) -> torch.Tensor:
         except ValueError:
             pass  # a damaged file: Pillow decodes what it can or names the problem
     return decode_pixels_pil(data, where)
+
+
+def decode_crop(data: bytes, where: str, choose_box: ChooseBox) -> torch.Tensor:
+    """The (h, w, 3) uint8 pixels of the box ``choose_box(width, height)`` picks in the image
+    encoded in ``data`` (the file ``where``). Of a JPEG only that region is decoded where
+    ``jpeg_region`` can; the pixels are the same as the whole image's."""
+    if data[:2] == _JPEG_MAGIC and jpeg_region.available():
+        try:
+            height, width = simplejpeg.decode_jpeg_header(data)[:2]
+        except ValueError:
+            pass  # a damaged header: the whole-image path names it
+        else:
+            box = choose_box(width, height)
+            region = jpeg_region.decode_region(data, box, width)
+            if region is not None:
+                return torch.from_numpy(region)
+            return crop_of(decode_pixels(data, where), lambda _w, _h: box)
+    return crop_of(decode_pixels(data, where), choose_box)
 
 
 def decode_pixels_pil(data: bytes, where: str) -> torch.Tensor:

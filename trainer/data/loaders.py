@@ -7,7 +7,7 @@ not decode is replaced or stops the run as ``--on-bad-image`` says (``bad_images
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainer.config import TrainConfig
 from trainer.data.bad_images import FIXES, BadImages, worker_error
 from trainer.data.cache import MemoryCache, Source
-from trainer.data.dataset import CheckedImageDataset
+from trainer.data.dataset import CheckedImageDataset, collate_images
 from trainer.data.errors import DataError
 from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
@@ -102,9 +102,12 @@ class DeviceLoader:
         try:
             for images, labels, problems in _one_line_errors(self.loader):
                 self.bad_images.met(problems)
-                # uint8 travels to the device; normalizing there is one fused pass per batch.
-                images = normalize(images.to(self.device, non_blocking=True))
-                yield images.contiguous(memory_format=self.memory_format), labels.to(self.device)
+                # uint8 travels to the device in the NHWC memory it was collated into:
+                # channels_last runs keep it, the others rearrange it there while it is still
+                # 1 byte per value. Normalizing (one fused pass per batch) keeps the layout.
+                images = images.to(self.device, non_blocking=True)
+                images = normalize(images.contiguous(memory_format=self.memory_format))
+                yield images, labels.to(self.device)
         except DataError:
             for loader in self.stopped_together:
                 loader.stop_workers()
@@ -120,15 +123,22 @@ class DeviceLoader:
             shutdown()
 
 
-def _batches(
-    dataset: Dataset, sampler: RankSampler, batch_size: int, workers: int, device: torch.device
+def batch_loader(
+    dataset: Dataset,
+    sampler: RankSampler,
+    batch_size: int,
+    workers: int,
+    device: torch.device,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> DataLoader:
-    """Full batches of ``dataset`` in ``sampler``'s order, read by ``workers`` processes."""
+    """Full batches of ``dataset`` in ``sampler``'s order, read by ``workers`` processes and
+    put together by ``collate`` (PyTorch's default collate if None)."""
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
         drop_last=True,
+        collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",
         # InfiniBand verbs and CUDA are not fork-safe: start workers from a clean server process.
@@ -197,7 +207,7 @@ def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device
                 )
             loaders.append(None)  # too little validation text for one batch: no evaluation
             continue
-        loader = _batches(_Windows(dataset), sampler, cfg.batch_size, workers, device)
+        loader = batch_loader(_Windows(dataset), sampler, cfg.batch_size, workers, device)
         loaders.append(TokenDeviceLoader(loader, sampler, device, channels_last=False))
     train_loader, val_loader = loaders
     assert train_loader is not None
@@ -218,7 +228,9 @@ def _file_loader(
             f"{len(dataset)} images in {where} give no full batch of {cfg.batch_size} per "
             f"worker for {sampler.num_replicas} workers: lower --batch-size"
         )
-    loader = _batches(dataset, sampler, cfg.batch_size, cfg.loader_workers, device)
+    loader = batch_loader(
+        dataset, sampler, cfg.batch_size, cfg.loader_workers, device, collate_images
+    )
     return DeviceLoader(loader, sampler, device, channels_last, bad_images)
 
 

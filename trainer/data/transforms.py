@@ -12,6 +12,7 @@ Randomness comes from an explicit generator so a sample's augmentation is a func
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,13 +28,19 @@ def _uniform(generator: torch.Generator, low: float, high: float) -> float:
     return low + (high - low) * torch.rand((), generator=generator).item()
 
 
+# (left, top, right, bottom) in pixels.
+Box = tuple[int, int, int, int]
+# Picks a box from an image's (width, height): the crop is chosen before anything is decoded.
+ChooseBox = Callable[[int, int], Box]
+
+
 def random_resized_crop_box(
     width: int,
     height: int,
     generator: torch.Generator,
     scale: tuple[float, float] = CROP_SCALE,
     ratio: tuple[float, float] = CROP_RATIO,
-) -> tuple[int, int, int, int]:
+) -> Box:
     """(left, top, right, bottom) of a random crop; falls back to a center crop after 10 tries."""
     area = width * height
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -88,10 +95,17 @@ def short_side_shape(width: int, height: int, short: int) -> tuple[int, int]:
     return max(short, round(height * scale)), max(short, round(width * scale))
 
 
-def train_transform(pixels: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+def crop_of(pixels: torch.Tensor, choose_box: ChooseBox) -> torch.Tensor:
+    """The (h, w, 3) pixels of the box ``choose_box(width, height)`` picks (a view)."""
     height, width = pixels.shape[:2]
-    left, top, right, bottom = random_resized_crop_box(width, height, generator)
-    out = resize(pixels[top:bottom, left:right], size, size)
+    left, top, right, bottom = choose_box(width, height)
+    return pixels[top:bottom, left:right]
+
+
+def augment_crop(crop: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A training sample from the pixels of its RandomResizedCrop box (drawn from ``generator``
+    just before): resized to ``size``, flipped half the time."""
+    out = resize(crop, size, size)
     if torch.rand((), generator=generator).item() < 0.5:
         out = out.flip(-1)
     # Not made contiguous here: collating the batch copies every sample once anyway.
