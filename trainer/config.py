@@ -39,13 +39,13 @@ TORCH_DISTRIBUTED_BACKENDS = ("ddp", "fsdp")
 SHARD_GROUPS = ("world", "node")
 # Horovod's cycle time when the config leaves it to the engine (HorovodDist). With NCCL on GPUs:
 # Horovod's own default (steps take tens of milliseconds there; a longer cycle delays the last
-# gradients; not measured here, no GPU). With Gloo on CPUs: 50 ms, the best of 10/25/50/100 ms in
-# one bench.scaling-style run on 2 cores (efficiency 0.73/0.81/0.84/0.81 against DDP's 0.92, then
-# with the 128 MB buffer); Horovod's own 1 ms negotiates every millisecond on the cores the ranks
-# compute on (0.59 in bench.scaling). Without a fusion buffer, 5 and 50 ms measured alike (4
-# interleaved rounds: medians 68.4 and 67.7 images/s).
+# gradients; not measured here, no GPU). With Gloo on CPUs: 20 ms. With the 4 MB buffer below,
+# 2 workers on 2 cores, interleaved rounds: 10/20/50 ms gave medians of 70.2/75.0/71.6 images/s
+# (DDP 73.3), 20 ms ahead of 50 ms in 3 of 4 rounds; an earlier run of 5/20/50 ms gave
+# 59.0/64.9/59.2, 20 ms ahead in 2 of 3. Horovod's own 1 ms negotiates every millisecond on the
+# cores the ranks compute on (0.48 efficiency in bench.scaling against 0.86).
 NCCL_CYCLE_MS = 1.0
-GLOO_CPU_CYCLE_MS = 50.0
+GLOO_CPU_CYCLE_MS = 20.0
 # The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
 # kernel launch per fused batch matters on GPUs). With Gloo on CPUs: 4 MB. A gradient larger than
 # the threshold is reduced alone in its own memory (GlooAllreduce::Execute in
