@@ -91,9 +91,9 @@ class WholeImages(ImageDataset):
 
 class FolderBefore(PillowFolder):
     """The baseline: the folder path when the goal was set. Pillow's pixels were copied into a
-    new array, and each augmented sample into (3, H, W) memory, which the loader's default
-    collate then transposed as it copied (its batches are NHWC now: ``collate_images``). The
-    copy into the batch, one per sample in both, is not counted in either."""
+    new array, and each augmented sample into (3, H, W) memory: a transposing copy, as the
+    resize answers in (H, W, 3) memory (batches are NHWC now, ``collate_images``, filled with
+    plain row copies). The copy into the batch, one per sample in both, is counted in neither."""
 
     def pixels(self, index: int) -> torch.Tensor:
         image = decode(self.source.read(index), self.source.describe(index))

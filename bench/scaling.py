@@ -1,7 +1,7 @@
 """Scaling: the same model and per-worker batch on 1 and N workers, Horovod and DDP side by side
 (images/sec and scaling efficiency = throughput_N / (N x throughput_1)), plus what Horovod's fp16
 gradient compression, its own 1 ms cycle, its 128 MB fusion buffer and no buffer at all change.
-Horovod and DDP take turns over 3 rounds (medians); a single run of each drifts by 10-15 % here. A
+Horovod and DDP take turns over 5 rounds (medians); a single run of each drifts by 10-15 % here. A
 benchmark: prints and saves, asserts nothing.
 
     .venv/bin/python -m bench.scaling [--workers 2] [--steps 32]
@@ -61,7 +61,7 @@ EFFICIENCY_GOAL = 0.85  # Horovod's efficiency with 2 workers on 2 cores
 # Horovod and DDP, the comparison the goals are about, run in turns for ROUNDS rounds and keep
 # their medians, so that a slow spell of this shared machine falls on both alike; the variants
 # run once each.
-ROUNDS = 3
+ROUNDS = 5
 ENGINES = {
     "horovod": (horovodrun, ["--backend", "horovod"], {}),
     "ddp": (torchrun, ["--backend", "ddp"], {}),
