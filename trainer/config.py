@@ -43,7 +43,8 @@ SHARD_GROUPS = ("world", "node")
 # 2 workers on 2 cores, interleaved rounds: 10/20/50 ms gave medians of 70.2/75.0/71.6 images/s
 # (DDP 73.3), 20 ms ahead of 50 ms in 3 of 4 rounds; an earlier run of 5/20/50 ms gave
 # 59.0/64.9/59.2, 20 ms ahead in 2 of 3. Horovod's own 1 ms negotiates every millisecond on the
-# cores the ranks compute on (0.48 efficiency in bench.scaling against 0.86).
+# cores the ranks compute on (efficiency 0.48-0.69 over three bench.scaling runs, against
+# 0.74-0.86 for this choice).
 NCCL_CYCLE_MS = 1.0
 GLOO_CPU_CYCLE_MS = 20.0
 # The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
