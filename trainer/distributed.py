@@ -16,6 +16,7 @@ import os
 import pickle
 import weakref
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
@@ -194,6 +195,13 @@ class Dist(ABC):
     def any_rank(self, flag: bool) -> bool:
         """True on every rank when any rank passes True (used to stop all ranks together)."""
 
+    def any_rank_later(self, flag: bool) -> Callable[[], bool]:
+        """``any_rank(flag)`` started now and read by calling what this returns, so that the
+        ranks' exchange overlaps the caller's next work instead of stalling it. Every rank
+        reads it before starting the next one. One process answers at once."""
+        result = self.any_rank(flag)
+        return lambda: result
+
     @abstractmethod
     def barrier(self) -> None:
         """Return when every rank has called it."""
@@ -345,6 +353,15 @@ class HorovodDist(Dist):
         total = self._hvd.allreduce(torch.tensor([int(flag)]), op=self._hvd.Sum)
         return bool(total.item() > 0)
 
+    def any_rank_later(self, flag: bool) -> Callable[[], bool]:
+        # A blocking allreduce waits for the background thread's next cycle (20 ms on CPUs):
+        # started a step ahead, it rides in a cycle that carries the gradients anyway. One is
+        # in flight at a time (the caller reads each before starting the next), so one name.
+        handle = self._hvd.allreduce_async(
+            torch.tensor([int(flag)]), op=self._hvd.Sum, name="trainer.any_rank_later"
+        )
+        return lambda: bool(self._hvd.synchronize(handle).item() > 0)
+
     def barrier(self) -> None:
         self._hvd.barrier()
 
@@ -442,6 +459,16 @@ class TorchDist(Dist):
 
     def any_rank(self, flag: bool) -> bool:
         return bool(self.allreduce_sum(torch.tensor([int(flag)], device=self._device())).item() > 0)
+
+    def any_rank_later(self, flag: bool) -> Callable[[], bool]:
+        votes = torch.tensor([int(flag)], device=self._device())
+        work = self._td.all_reduce(votes, op=self._td.ReduceOp.SUM, async_op=True)
+
+        def result() -> bool:
+            work.wait()
+            return bool(votes.item() > 0)
+
+        return result
 
     def barrier(self) -> None:
         self._td.barrier()

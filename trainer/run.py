@@ -36,7 +36,7 @@ from trainer.model import build_model, checkpoint_activations, sharding_units
 from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.profiling import profiling
-from trainer.signals import StopRequest
+from trainer.signals import StopRequest, StopVote
 
 log = logging.getLogger(__name__)
 # Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared
@@ -573,7 +573,7 @@ class _Run:
             pos.step_in_epoch += 1
             pos.epoch_offset += global_batch
             run_samples += self.samples_per_batch * cfg.accumulation_steps
-            signalled = dist.any_rank(self.stop.requested)
+            signalled = stop_vote.next()
             reasons = [
                 ("signal", signalled),
                 ("max_steps", pos.step >= self.total_steps and cfg.max_steps == self.total_steps),
@@ -628,6 +628,7 @@ class _Run:
                 self.total_steps,
             )
         )
+        stop_vote = StopVote(dist, self.stop)
         try:
             while (pos.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
                 self.loaders.train.sampler.set_epoch(
@@ -651,6 +652,7 @@ class _Run:
                     pos.step_in_epoch = pos.epoch_offset = 0
                     pos.epoch_world = dist.size
                     self.save_checkpoint()
+            stop_vote.close()  # the vote the last step started, which no step reads
             if self.last_saved_step != pos.step:
                 self.save_checkpoint(final=True)
             else:  # the epoch-end save, maybe still in flight

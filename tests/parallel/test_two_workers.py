@@ -156,3 +156,20 @@ def test_the_noise_scale_of_a_problem_with_a_known_answer(backend, tmp_path, rep
         # whose Reducer holds the group: freed later, it would destroy the group while holding
         # the GIL, and hang (seen once in this test) or abort in interpreter teardown.
         assert measured["threads"] == []
+
+
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_the_stop_vote_agrees_one_step_after_the_signal_on_every_rank(backend, tmp_path, repo):
+    """tests/parallel/vote_probe.py: rank 1 alone is asked to stop during step 2 of 5 while
+    each step's own collectives run beside the vote; both ranks read the vote as the training
+    loop does (``StopVote.next`` after each step)."""
+    script = str(repo / "tests" / "parallel" / "vote_probe.py")
+    run(LAUNCHERS[backend](script, backend, str(tmp_path)), repo)
+    reports = [json.loads((tmp_path / f"vote-{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:
+        # Step 2's vote started after the request, so step 3 is the first to stop; every later
+        # step (and the closing read) keeps seeing it.
+        assert report["answers"] == [False, False, True, True, True]
+        assert report["closed"] is True
+        # A vote read after other collectives still counts rank 1's True.
+        assert report["later"] is True
