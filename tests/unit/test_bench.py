@@ -128,3 +128,52 @@ def test_the_memory_window_opens_at_the_first_step_and_closes_at_the_final_save(
     assert training_window(metrics)
     metrics.write_text('{"kind": "train", "step": 1}\n{"kind": "checkpoint", "step": 3}\n')
     assert not training_window(metrics)
+
+
+def _write_goal_results(folder, horovod, ddp, scaled, default, node, rank):
+    results = {
+        "scaling": {"results": {"horovod": {"efficiency": horovod}, "ddp": {"efficiency": ddp}}},
+        "data_path": {"speedup_vs_folder": {"shards_256": scaled, "shards": default}},
+        "cache_memory": {"copies": {"node": node, "rank": rank}},
+    }
+    for name, body in results.items():
+        (folder / f"{name}.json").write_text(json.dumps(body))
+
+
+def test_goals_compare_each_saved_result_with_its_target(tmp_path):
+    from bench import goals
+
+    _write_goal_results(tmp_path, 0.84, 0.86, 2.78, 1.77, 1.0, 1.004)
+    found = {goal.name: goal for goal in goals.goals(results=tmp_path)}
+    parity = found["Horovod 2-worker efficiency / DDP's"]
+    assert parity.measured == pytest.approx(0.84 / 0.86) and parity.met
+    assert found["Horovod 2-worker efficiency"].met is False  # 0.84 < 0.85
+    assert found["data path per core, 256 px shards / folder before"].met
+    assert found["data path per core, default shards / folder before"].met is False
+    # One copy per node, give or take tmpfs's whole pages; two copies is no longer one.
+    assert found["decoded cache per node, scope rank (copies)"].met
+    _write_goal_results(tmp_path, 0.84, 0.86, 2.78, 1.77, 1.0, 2.0)
+    rank = {goal.name: goal for goal in goals.goals(results=tmp_path)}[
+        "decoded cache per node, scope rank (copies)"
+    ]
+    assert rank.met is False
+    report = goals.report(goals.goals(results=tmp_path)).splitlines()
+    assert len(report) == 1 + len(found)
+    assert report[2].startswith("Horovod 2-worker efficiency ")
+    assert report[2].split()[-4:] == ["0.840", ">=", "0.85", "NO"]
+
+
+def test_goals_never_report_a_result_from_before_the_run(tmp_path):
+    import os
+
+    from bench import goals
+
+    _write_goal_results(tmp_path, 0.9, 0.9, 3.0, 3.0, 1.0, 1.0)
+    old = tmp_path / "scaling.json"
+    os.utime(old, (1_000, 1_000))
+    found = goals.goals(since=2_000, results=tmp_path)
+    assert [goal.met for goal in found[:2]] == [None, None]
+    assert all(goal.met for goal in found[2:])
+    assert "not measured in this run" in goals.report(found)
+    (tmp_path / "data_path.json").unlink()
+    assert goals.goals(results=tmp_path)[2].measured is None
