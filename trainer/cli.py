@@ -87,6 +87,8 @@ HELP: dict[str, str] = {
     "activation_checkpointing": "recompute each block's activations in the backward pass "
     "(less memory, about a third more compute)",
     "device": f"{', '.join(DEVICES)}",
+    "cpu_affinity": f"bind each rank of a node to its own share of the CPUs: {', '.join(SWITCHES)} "
+    "(auto: on with the CPU device, off on GPUs)",
     "amp": f"mixed precision: {', '.join(AMP_MODES)} (auto: bf16 on GPU, off on CPU)",
     "channels_last": f"NHWC memory format: {', '.join(SWITCHES)} (auto: on for GPU)",
     "compile": "torch.compile the model",

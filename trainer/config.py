@@ -156,6 +156,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     # Precision and speed.
     device: str = "auto"
+    # Each rank of a node bound to its own contiguous share of the node's CPUs
+    # (trainer.affinity); auto: on with the CPU device, off on GPUs (where a share should follow
+    # the GPU's NUMA node; not measured here, no GPU).
+    cpu_affinity: str = "auto"
     amp: str = "auto"
     channels_last: str = "auto"
     compile: bool = False
@@ -319,6 +323,7 @@ class TrainConfig:
                 "changes the local gradients' norms; use --amp bf16 or off, or 0"
             )
         _choice("device", self.device, DEVICES)
+        _choice("cpu_affinity", self.cpu_affinity, SWITCHES)
         _choice("amp", self.amp, AMP_MODES)
         _choice("channels_last", self.channels_last, SWITCHES)
         if not self.output_dir:

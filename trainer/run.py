@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint, preflight, results, sharded_checkpoint
+from trainer import affinity, checkpoint, preflight, results, sharded_checkpoint
 from trainer.background_save import (
     BackgroundWriter,
     HostStaging,
@@ -78,14 +78,20 @@ class RunResult:
 
 def select_device(cfg: TrainConfig, dist: Dist) -> torch.device:
     if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+        share = None
+        if cfg.cpu_affinity != "off":
+            share = affinity.bind_local_rank(dist.local_rank, dist.local_size)
         # One worker per core share: oversubscribed threads make CPU allreduce crawl. An
         # explicit OMP_NUM_THREADS wins (benchmarks pin one thread per worker).
         if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // dist.local_size))
+            threads = len(share) if share else (os.cpu_count() or 1) // dist.local_size
+            torch.set_num_threads(max(1, threads))
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("device='cuda': no CUDA device is visible; use --device auto or cpu")
     torch.cuda.set_device(dist.local_rank)
+    if cfg.cpu_affinity == "on":
+        affinity.bind_local_rank(dist.local_rank, dist.local_size)
     return torch.device("cuda", dist.local_rank)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -20,6 +21,7 @@ from tests.parallel.conftest import (
     torchrun,
 )
 from trainer import checkpoint
+from trainer.affinity import cpu_share
 from trainer.cli import to_flags
 from trainer.config import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 
@@ -173,3 +175,26 @@ def test_the_stop_vote_agrees_one_step_after_the_signal_on_every_rank(backend, t
         assert report["closed"] is True
         # A vote read after other collectives still counts rank 1's True.
         assert report["later"] is True
+
+
+@pytest.mark.parametrize("backend", ["horovod", "ddp"])
+def test_each_rank_and_every_thread_it_has_keeps_to_its_own_cpus(backend, tmp_path, repo):
+    """tests/parallel/affinity_probe.py: with cpu_affinity off the ranks may run anywhere; with
+    auto (the CPU default) every thread of each rank, the engine's included, and what it starts
+    later keep to that rank's own share, and the two shares do not overlap."""
+    script = str(repo / "tests" / "parallel" / "affinity_probe.py")
+    run(LAUNCHERS[backend](script, backend, str(tmp_path)), repo)
+    available = sorted(os.sched_getaffinity(0))
+    shares = []
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"affinity-{rank}.json").read_text())
+        assert report["local_size"] == 2
+        # The engine's own threads were running before the binding: more than the main one.
+        assert len(report["auto"]) > 1
+        assert set(map(tuple, report["off"].values())) == {tuple(available)}
+        share = cpu_share(report["local_rank"], 2, set(available)) or available
+        assert set(map(tuple, report["auto"].values())) == {tuple(share)}
+        assert report["later_thread"] == share and report["child"] == share
+        shares.append(set(share))
+    if len(available) >= 2:
+        assert not shares[0] & shares[1]

@@ -76,6 +76,7 @@ INVALID = [
     ({"device": "tpu"}, "device='tpu'", "cuda"),
     ({"amp": "fp8"}, "amp='fp8'", "bf16"),
     ({"channels_last": "maybe"}, "channels_last='maybe'", "auto"),
+    ({"cpu_affinity": "always"}, "cpu_affinity='always'", "auto, on, off"),
     ({"compile": "perhaps"}, "compile='perhaps'", "true or false"),
     ({"output_dir": ""}, "output_dir=''", "folder"),
     ({"keep_checkpoints": 0}, "keep_checkpoints=0", "1..1000"),
