@@ -1,6 +1,7 @@
 """Scaling: the same model and per-worker batch on 1 and N workers, Horovod and DDP side by side
 (images/sec and scaling efficiency = throughput_N / (N x throughput_1)), plus what Horovod's fp16
-gradient compression, its own 1 ms cycle, its 128 MB fusion buffer and no buffer at all change.
+gradient compression, its own 1 ms cycle, its 128 MB fusion buffer, no buffer at all and ranks
+left free to run on any core (``--cpu-affinity off``) change.
 Horovod and DDP take turns over 5 rounds (medians); a single run of each drifts by 10-15 % here. A
 benchmark: prints and saves, asserts nothing.
 
@@ -79,6 +80,9 @@ VARIANTS = {
         {},
     ),
     "horovod no fusion": (horovodrun, ["--backend", "horovod", "--horovod-fusion-mb", "0"], {}),
+    # Every rank free to run on any core, against the default binding to a core each.
+    "horovod unbound": (horovodrun, ["--backend", "horovod", "--cpu-affinity", "off"], {}),
+    "ddp unbound": (torchrun, ["--backend", "ddp", "--cpu-affinity", "off"], {}),
 }
 
 
