@@ -37,23 +37,29 @@ def cpu_share(local_rank: int, local_size: int, available: set[int]) -> list[int
     return cpus[start : start + size + (local_rank < larger)]
 
 
+def thread_ids() -> list[int]:
+    """The kernel's ids of this process's threads now (each takes its own CPU mask)."""
+    return [int(task.name) for task in Path("/proc/self/task").iterdir()]
+
+
 def bind_process(cpus: list[int]) -> None:
     """Bind every thread of this process to ``cpus`` (threads started later inherit it)."""
-    for task in Path("/proc/self/task").iterdir():
+    for thread in thread_ids():
         try:
-            os.sched_setaffinity(int(task.name), cpus)
+            os.sched_setaffinity(thread, cpus)
         except ProcessLookupError:  # a thread that ended since the listing
             continue
 
 
 def bind_local_rank(local_rank: int, local_size: int) -> list[int] | None:
     """Bind this process to its rank's share; the share, or None when it stays unbound."""
-    share = cpu_share(local_rank, local_size, os.sched_getaffinity(0))
+    available = os.sched_getaffinity(0)
+    share = cpu_share(local_rank, local_size, available)
     if share is None:
         log.warning(
             "cpu_affinity: %d ranks on %d CPUs cannot each have their own; left unbound",
             local_size,
-            len(os.sched_getaffinity(0)),
+            len(available),
         )
         return None
     bind_process(share)

@@ -13,16 +13,14 @@ import sys
 import threading
 from pathlib import Path
 
+from trainer.affinity import thread_ids
 from trainer.config import TrainConfig
 from trainer.distributed import init_dist
 from trainer.run import select_device
 
 
-def threads_cpus() -> dict[str, list[int]]:
-    return {
-        task.name: sorted(os.sched_getaffinity(int(task.name)))
-        for task in Path("/proc/self/task").iterdir()
-    }
+def threads_cpus() -> dict[int, list[int]]:
+    return {thread: sorted(os.sched_getaffinity(thread)) for thread in thread_ids()}
 
 
 def main() -> None:

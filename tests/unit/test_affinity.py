@@ -60,16 +60,14 @@ def test_shares_are_disjoint_cover_every_cpu_and_differ_by_at_most_one(available
 
 BIND_SCRIPT = """
 import json, os, subprocess, sys, threading
-from pathlib import Path
-from trainer.affinity import bind_process
+from trainer.affinity import bind_process, thread_ids
 
 release = threading.Event()
 before = threading.Thread(target=release.wait)  # a thread started before the binding
 before.start()
 cpu = sorted(os.sched_getaffinity(0))[-1]
 bind_process([cpu])
-tasks = Path("/proc/self/task").iterdir()
-threads = {t.name: sorted(os.sched_getaffinity(int(t.name))) for t in tasks}
+threads = {thread: sorted(os.sched_getaffinity(thread)) for thread in thread_ids()}
 release.set()
 before.join()
 child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
