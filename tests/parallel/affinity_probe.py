@@ -20,7 +20,13 @@ from trainer.run import select_device
 
 
 def threads_cpus() -> dict[int, list[int]]:
-    return {thread: sorted(os.sched_getaffinity(thread)) for thread in thread_ids()}
+    cpus = {}
+    for thread in thread_ids():
+        try:
+            cpus[thread] = sorted(os.sched_getaffinity(thread))
+        except ProcessLookupError:  # a thread that ended since the listing
+            continue
+    return cpus
 
 
 def main() -> None:

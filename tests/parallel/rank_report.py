@@ -73,8 +73,12 @@ def native_threads() -> list[str]:
     """The names of this process's threads other than the main one (Python's and C++'s)."""
     names = []
     for task in Path("/proc/self/task").iterdir():
-        if task.name != str(os.getpid()):
+        if task.name == str(os.getpid()):
+            continue
+        try:
             names.append((task / "comm").read_text().strip())
+        except FileNotFoundError:  # a thread that ended since the listing: not left over
+            continue
     return sorted(names)
 
 
