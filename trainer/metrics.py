@@ -52,10 +52,14 @@ class MetricsWriter:
                     self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
 
     def close(self) -> None:
-        with self._writing(self.path):
-            self._file.close()
-        with self._writing(self.tensorboard_dir):
-            self._tb.close()
+        """Close both; TensorBoard's writer thread stops even when the file's last flush fails
+        (a full disk), so it never outlives the run's output folder."""
+        try:
+            with self._writing(self.path):
+                self._file.close()
+        finally:
+            with self._writing(self.tensorboard_dir):
+                self._tb.close()
 
 
 class Progress:

@@ -5,6 +5,7 @@ complete output."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,7 @@ def test_a_metrics_folder_that_cannot_be_made_is_an_error_naming_it(tmp_path, fa
 
 
 def test_a_disk_filling_up_under_a_running_metrics_writer_is_one_line(tmp_path):
+    before = set(threading.enumerate())
     with tmpfs(tmp_path / "disk") as disk:
         writer = MetricsWriter(disk / "run")
         writer.write({"kind": "train", "step": 1, "loss": 1.0})
@@ -77,10 +79,15 @@ def test_a_disk_filling_up_under_a_running_metrics_writer_is_one_line(tmp_path):
         with pytest.raises(OutputError) as failure:
             for step in range(2, 2000):
                 writer.write({"kind": "train", "step": step, "loss": 1.0, "note": "x" * 200})
-            writer.close()
         message = str(failure.value)
         assert "\n" not in message and "No space left on device" in message
         assert message.startswith(f"cannot write {disk / 'run'}") and "free space" in message
+        # The run's close (in its finally) on the still-full disk: one line again, and
+        # TensorBoard's writer thread ends with it rather than outliving the disk.
+        with pytest.raises(OutputError) as failure:
+            writer.close()
+        assert "\n" not in str(failure.value) and "free space" in str(failure.value)
+        assert set(threading.enumerate()) - before == set()
 
 
 @pytest.mark.parametrize("fault", FAULTS)
