@@ -58,7 +58,7 @@ def main() -> None:
         record = estimate.update(local_sq, probe.reduced_sq.item())
     dist.shutdown()
     # With the DDP module still referenced here, as a caller's variable holds it.
-    threads = threads_left_after_shutdown()
+    threads = threads_left_after_shutdown(backend)
     if dist.is_root:
         with open(report, "w") as out:
             exact = exact_noise_scale(delta)

@@ -54,15 +54,21 @@ def main() -> None:
     # here (as a caller's variable or a traceback's frame holds it): a group kept alive by it
     # would be destroyed later while holding the GIL (a hang) or in interpreter teardown (an
     # abort).
-    report["threads_after_shutdown"] = threads_left_after_shutdown()
+    report["threads_after_shutdown"] = threads_left_after_shutdown(config.backend)
     del result
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
 
 
-def threads_left_after_shutdown(seconds: float = 5.0) -> list[str]:
+def threads_left_after_shutdown(backend: str, seconds: float = 5.0) -> list[str] | None:
     """The threads still alive ``seconds`` after shutdown returned ([] as soon as none is).
     Gloo's TCP loop thread ends on its own once the connections it serves are closed, a moment
-    after the group is destroyed; what matters is that it ends before interpreter teardown."""
+    after the group is destroyed; what matters is that it ends before interpreter teardown.
+    Measured for DDP only, where the tests assert it. For the others waiting would spend the
+    whole deadline on every run, unasserted: three threads of a Horovod process are still alive
+    5 s after ``hvd.shutdown()``, and FSDP's Gloo threads outlive its shutdown (its device mesh
+    and background group still hold groups then)."""
+    if backend != "ddp":
+        return None
     deadline = time.monotonic() + seconds
     while (left := native_threads()) and time.monotonic() < deadline:
         time.sleep(0.05)
