@@ -59,6 +59,24 @@ def test_bad_input_is_one_line_and_exit_code_2(args, expected, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--batch-size", "0"]])
+def test_help_and_a_bad_setting_answer_before_torch_is_imported(args):
+    """Answered as soon as the settings are read, not after torch's import (seconds)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "trainer", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "trainer.cli" in imported, result.stderr[-2000:]
+    assert "torch" not in imported
+
+
 def test_unknown_yaml_key_is_rejected(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text("model: resnet18\nlearning_rate: 0.1\n")
