@@ -3,6 +3,7 @@ launch (starting two workers costs more than both checks).
 
 Usage: engine_probe.py BACKEND REPORT_DIR. Each rank writes probe-<rank>.json with:
 
+- ``horovod_env``: the cycle time and fusion buffer Horovod read at init, left to the engine.
 - ``affinity``: ``select_device`` on the CPU with ``cpu_affinity`` off, then auto, after the
   engine has started its own threads (Horovod's background loop, Gloo's): its local rank and, for
   each setting, the CPUs every thread of the process may run on, then (after auto) those of a
@@ -21,6 +22,7 @@ import threading
 from pathlib import Path
 
 import torch
+from rank_report import HOROVOD_KNOBS  # beside this script (on sys.path)
 
 from trainer.affinity import thread_ids
 from trainer.config import TrainConfig
@@ -83,7 +85,11 @@ def vote(dist: Dist) -> dict:
 def main() -> None:
     backend, report_dir = sys.argv[1], Path(sys.argv[2])
     dist = init_dist(TrainConfig(backend=backend, device="cpu"))
-    report = {"affinity": affinity(backend, dist), "vote": vote(dist)}
+    report = {
+        "horovod_env": {k: os.environ.get(k) for k in HOROVOD_KNOBS},
+        "affinity": affinity(backend, dist),
+        "vote": vote(dist),
+    }
     dist.shutdown()
     (report_dir / f"probe-{dist.rank}.json").write_text(json.dumps(report))
 

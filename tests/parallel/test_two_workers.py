@@ -35,16 +35,31 @@ def run(command, cwd, timeout=300):
     return result
 
 
+# Beyond the defaults, each engine's own options: DDP's fp16 compression hook; for Horovod its
+# fp16 compression, gradient accumulation (its backward_passes_per_step), LARS and the cycle
+# time and fusion buffer set in the config.
+ENGINE_OPTIONS = {
+    "ddp": {"fp16_allreduce": True},
+    "horovod": {
+        "fp16_allreduce": True,
+        "accumulation_steps": 2,
+        "optimizer": "lars",
+        "horovod_cycle_time_ms": 2.5,
+        "horovod_fusion_mb": 16,
+    },
+}
+
+
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend, tmp_path, repo):
-    config = small_config(
-        tmp_path / "out", backend=backend, fp16_allreduce=backend == "ddp", noise_scale_every=2
-    )
+    options = ENGINE_OPTIONS[backend]
+    config = small_config(tmp_path / "out", backend=backend, noise_scale_every=2, **options)
     script = str(repo / "tests" / "parallel" / "rank_report.py")
     run(LAUNCHERS[backend](script, str(tmp_path), json.dumps(config)), repo)
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    accumulation = options.get("accumulation_steps", 1)
     assert [r["size"] for r in reports] == [2, 2]
-    assert reports[0]["step"] == reports[1]["step"] == 2 * (128 // 2 // 8)
+    assert reports[0]["step"] == reports[1]["step"] == 2 * (128 // 2 // 8 // accumulation)
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
     assert reports[0]["metrics"] == reports[1]["metrics"]
     assert reports[0]["metrics"]["loss"] > 0
@@ -55,11 +70,8 @@ def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend,
         # Not measured for Horovod: three threads of each rank are still alive 5 s after
         # hvd.shutdown() (rank_report.py), and Horovod runs never showed that abort.
         assert [r["threads_after_shutdown"] for r in reports] == [[], []]
-    if backend == "horovod":  # the engine's own choices reach Horovod on every rank
-        knobs = {  # Gloo on CPUs
-            "HOROVOD_CYCLE_TIME": f"{GLOO_CPU_CYCLE_MS:g}",
-            "HOROVOD_FUSION_THRESHOLD": str(GLOO_CPU_FUSION_MB * 1024 * 1024),
-        }
+    if backend == "horovod":  # the config's cycle time and fusion buffer reach every rank
+        knobs = {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(16 * 1024 * 1024)}
         assert [r["horovod_env"] for r in reports] == [knobs, knobs]
     # Rank 0 logged exactly what every rank computed.
     logged = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "train"]
@@ -67,28 +79,8 @@ def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend,
     # The noise scale, measured every 2nd step through the engine's hooks (and compression).
     noise = [r for r in read_metrics(tmp_path / "out") if r["kind"] == "noise"]
     assert [r["step"] for r in noise] == list(range(2, reports[0]["step"] + 1, 2))
-    assert all(r["global_batch"] == 16 and r["grad_trace"] > 0 for r in noise)
-
-
-def test_horovod_compression_accumulation_and_lars(tmp_path, repo):
-    config = small_config(
-        tmp_path / "out",
-        backend="horovod",
-        fp16_allreduce=True,
-        accumulation_steps=2,
-        optimizer="lars",
-        epochs=1,
-        horovod_cycle_time_ms=2.5,
-        horovod_fusion_mb=16,
-    )
-    script = str(repo / "tests" / "parallel" / "rank_report.py")
-    run(horovodrun(script, str(tmp_path), json.dumps(config)), repo)
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert reports[0]["step"] == 128 // 2 // 8 // 2
-    assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
-    # The config's cycle time and fusion buffer reach Horovod on every rank.
-    knobs = {"HOROVOD_CYCLE_TIME": "2.5", "HOROVOD_FUSION_THRESHOLD": str(16 * 1024 * 1024)}
-    assert [r["horovod_env"] for r in reports] == [knobs, knobs]
+    global_batch = 8 * 2 * accumulation
+    assert all(r["global_batch"] == global_batch and r["grad_trace"] > 0 for r in noise)
 
 
 def trainer_args(config: dict) -> list[str]:
@@ -177,6 +169,14 @@ def engine_probe(tmp_path_factory):
         return reports[backend]
 
     return launch
+
+
+def test_horovod_on_cpus_gets_the_engines_own_cycle_time_and_fusion_buffer(engine_probe):
+    knobs = {
+        "HOROVOD_CYCLE_TIME": f"{GLOO_CPU_CYCLE_MS:g}",
+        "HOROVOD_FUSION_THRESHOLD": str(GLOO_CPU_FUSION_MB * 1024 * 1024),
+    }
+    assert [r["horovod_env"] for r in engine_probe("horovod")] == [knobs, knobs]
 
 
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
