@@ -65,8 +65,9 @@ def threads_left_after_shutdown(backend: str, seconds: float = 5.0) -> list[str]
     after the group is destroyed; what matters is that it ends before interpreter teardown.
     Measured for DDP only, where the tests assert it. For the others waiting would spend the
     whole deadline on every run, unasserted: three threads of a Horovod process are still alive
-    5 s after ``hvd.shutdown()``, and FSDP's Gloo threads outlive its shutdown (its device mesh
-    and background group still hold groups then)."""
+    5 s after ``hvd.shutdown()``, and FSDP's Gloo threads outlive its shutdown (its groups are
+    still referenced then: by its device mesh, its background group and, after training, from
+    outside Python)."""
     if backend != "ddp":
         return None
     deadline = time.monotonic() + seconds
