@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def cpu_share(local_rank: int, local_size: int, available: set[int]) -> list[int] | None:
@@ -37,18 +40,23 @@ def cpu_share(local_rank: int, local_size: int, available: set[int]) -> list[int
     return cpus[start : start + size + (local_rank < larger)]
 
 
-def thread_ids() -> list[int]:
-    """The kernel's ids of this process's threads now (each takes its own CPU mask)."""
-    return [int(task.name) for task in Path("/proc/self/task").iterdir()]
+def each_thread(action: Callable[[int], T]) -> dict[int, T]:
+    """``action(thread id)`` for every thread of this process (the kernel's ids: each takes its
+    own CPU mask), by id. A thread that ends between the listing and its action is left out:
+    the action then finds it gone (``ProcessLookupError``, or ``FileNotFoundError`` for its
+    ``/proc/self/task`` entry)."""
+    results = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            results[int(task.name)] = action(int(task.name))
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+    return results
 
 
 def bind_process(cpus: list[int]) -> None:
     """Bind every thread of this process to ``cpus`` (threads started later inherit it)."""
-    for thread in thread_ids():
-        try:
-            os.sched_setaffinity(thread, cpus)
-        except ProcessLookupError:  # a thread that ended since the listing
-            continue
+    each_thread(lambda thread: os.sched_setaffinity(thread, cpus))
 
 
 def bind_local_rank(local_rank: int, local_size: int) -> list[int] | None:

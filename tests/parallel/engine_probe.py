@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from rank_report import HOROVOD_KNOBS  # beside this script (on sys.path)
 
-from trainer.affinity import thread_ids
+from trainer.affinity import each_thread
 from trainer.config import TrainConfig
 from trainer.distributed import Dist, init_dist
 from trainer.run import select_device
@@ -34,13 +34,7 @@ STEPS, SIGNALLED_DURING = 5, 2
 
 
 def threads_cpus() -> dict[int, list[int]]:
-    cpus = {}
-    for thread in thread_ids():
-        try:
-            cpus[thread] = sorted(os.sched_getaffinity(thread))
-        except ProcessLookupError:  # a thread that ended since the listing
-            continue
-    return cpus
+    return each_thread(lambda thread: sorted(os.sched_getaffinity(thread)))
 
 
 def affinity(backend: str, dist: Dist) -> dict:

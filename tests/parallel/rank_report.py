@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainer.affinity import each_thread
 from trainer.config import TrainConfig
 from trainer.distributed import init_dist
 from trainer.run import train
@@ -78,15 +79,8 @@ def threads_left_after_shutdown(backend: str, seconds: float = 5.0) -> list[str]
 
 def native_threads() -> list[str]:
     """The names of this process's threads other than the main one (Python's and C++'s)."""
-    names = []
-    for task in Path("/proc/self/task").iterdir():
-        if task.name == str(os.getpid()):
-            continue
-        try:
-            names.append((task / "comm").read_text().strip())
-        except FileNotFoundError:  # a thread that ended since the listing: not left over
-            continue
-    return sorted(names)
+    names = each_thread(lambda thread: Path(f"/proc/self/task/{thread}/comm").read_text().strip())
+    return sorted(name for thread, name in names.items() if thread != os.getpid())
 
 
 if __name__ == "__main__":

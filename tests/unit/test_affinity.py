@@ -60,14 +60,14 @@ def test_shares_are_disjoint_cover_every_cpu_and_differ_by_at_most_one(available
 
 BIND_SCRIPT = """
 import json, os, subprocess, sys, threading
-from trainer.affinity import bind_process, thread_ids
+from trainer.affinity import bind_process, each_thread
 
 release = threading.Event()
 before = threading.Thread(target=release.wait)  # a thread started before the binding
 before.start()
 cpu = sorted(os.sched_getaffinity(0))[-1]
 bind_process([cpu])
-threads = {thread: sorted(os.sched_getaffinity(thread)) for thread in thread_ids()}
+threads = each_thread(lambda thread: sorted(os.sched_getaffinity(thread)))
 release.set()
 before.join()
 child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
