@@ -16,6 +16,14 @@ The "independent" row is this machine's ceiling in the same run: N single-worker
 never communicate, started together, against one of them alone. What they lose is what the
 machine itself takes from N busy processes (shared caches, memory bandwidth, other tenants); no
 engine can beat it, so the absolute goal is only reachable in a run whose ceiling is above it.
+
+A second table says where each row's N-worker step goes, per rank, from the trainer's own
+records (``cpu_sec``: the CPU seconds of every thread of a rank's process in a logging window):
+the step's wall time, the CPU it used, how much of that CPU is beyond a plain worker's step
+alone (the engine's own work: copies, reductions, its threads), and the rest of the wall time,
+when the rank ran nothing (waiting for the other rank or for its collectives). The efficiency
+against the plain worker is its step's wall time over the row's, so the table is the loss
+taken apart.
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from bench.common import REPO, horovodrun, run_trainer, save, torchrun
+from bench.common import REPO, horovodrun, run_records, save, steady_value, torchrun
 from trainer.cli import OneLineParser
 
+BATCH = 32  # images per worker and step
+LOG_EVERY = 4  # steps per metrics window
 MODEL = [
     "--model",
     "resnet18",
@@ -38,13 +49,13 @@ MODEL = [
     "--image-size",
     "64",
     "--batch-size",
-    "32",
+    str(BATCH),
     "--synthetic-pool",
     "64",
     "--warmup-epochs",
     "0",
     "--log-every",
-    "4",
+    str(LOG_EVERY),
     "--checkpoint-every",
     "0",
     "--keep-checkpoints",
@@ -86,57 +97,104 @@ VARIANTS = {
 }
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run's steady figures: images/s of every rank together, and the CPU milliseconds a
+    rank's process used per step (the mean over ranks)."""
+
+    images_per_sec: float
+    cpu_ms_per_step: float
+
+
+def run(launcher: list[str], flags: list[str], env: dict[str, str]) -> Run:
+    records = run_records(launcher, flags, env)
+    return Run(
+        steady_value(records, "images_per_sec_total"),
+        1000 * steady_value(records, "cpu_sec") / LOG_EVERY,
+    )
+
+
 def measure(workers: int, steps: int) -> dict:
-    flags = [*MODEL, "--max-steps", str(steps), "--synthetic-size", str(32 * steps * workers)]
-    single_flags = [*flags[:-1], str(32 * steps)]
+    flags = [*MODEL, "--max-steps", str(steps), "--synthetic-size", str(BATCH * steps * workers)]
+    single_flags = [*flags[:-1], str(BATCH * steps)]
     one_thread = {"OMP_NUM_THREADS": "1"}
-    samples: dict[str, tuple[list[float], list[float]]] = {}
+    samples: dict[str, tuple[list[Run], list[Run]]] = {}
     plan = [name for _ in range(ROUNDS) for name in ENGINES] + list(VARIANTS)
     for name in plan:
         launcher, extra, env = {**ENGINES, **VARIANTS}[name]
         base = {**one_thread, **env}
         single, multi = samples.setdefault(name, ([], []))
         if launcher is None:
-            single.append(run_trainer([sys.executable], [*single_flags, *extra], base))
+            single.append(run([sys.executable], [*single_flags, *extra], base))
             multi.append(side_by_side(workers, [*single_flags, *extra], base))
             continue
-        single.append(run_trainer(launcher(1), [*single_flags, *extra], base))
-        multi.append(run_trainer(launcher(workers), [*flags, *extra], base))
+        single.append(run(launcher(1), [*single_flags, *extra], base))
+        multi.append(run(launcher(workers), [*flags, *extra], base))
     return summarize(samples, workers)
 
 
-def summarize(samples: dict[str, tuple[list[float], list[float]]], workers: int) -> dict:
+def summarize(samples: dict[str, tuple[list[Run], list[Run]]], workers: int) -> dict:
     """Each row's medians (1 and ``workers`` workers), its efficiency against its own 1-worker
-    median (the goals' definition), and against the plain worker's (the "independent" row's).
-    Printed as they are computed."""
+    median (the goals' definition) and against the plain worker's (the "independent" row's),
+    and where a rank's ``workers``-worker step goes (wall, CPU, CPU beyond the plain worker's
+    step, idle). Printed as they are computed."""
     # The second figure holds every row to one baseline, a worker with no engine at all: each
     # engine's own 1-worker run carries its own overhead (DDP's reducer runs with one rank too),
     # and those medians differ by up to 15 % here for that and for noise. Against it the
     # engines compare as their N-worker throughputs do.
-    baseline = statistics.median(samples["independent"][0])
+    plain = samples["independent"][0]
+    baseline = statistics.median(r.images_per_sec for r in plain)
+    plain_cpu = statistics.median(r.cpu_ms_per_step for r in plain)
     rows = {}
     for name, (single, multi) in samples.items():
-        one, many = statistics.median(single), statistics.median(multi)
+        one = statistics.median(r.images_per_sec for r in single)
+        many = statistics.median(r.images_per_sec for r in multi)
+        cpu = statistics.median(r.cpu_ms_per_step for r in multi)
+        wall = 1000 * BATCH * workers / many  # one rank's step: every rank steps together
         rows[name] = {
             "images_per_sec_1": one,
             f"images_per_sec_{workers}": many,
             "efficiency": many / (workers * one),
             "efficiency_vs_plain_worker": many / (workers * baseline),
             "runs": len(single),
+            "cpu_ms_per_step_1": statistics.median(r.cpu_ms_per_step for r in single),
+            # One rank's step with ``workers`` workers, taken apart. Idle is negative where a
+            # rank's threads ran on more than one core at once (an unbound rank).
+            f"step_ms_{workers}": {
+                "wall": wall,
+                "cpu": cpu,
+                "cpu_beyond_plain_worker": cpu - plain_cpu,
+                "idle": wall - cpu,
+            },
         }
         print(
             f"{name:<24}{one:>10.1f}{many:>12.1f}{rows[name]['efficiency']:>12.3f}"
             f"{rows[name]['efficiency_vs_plain_worker']:>16.3f}",
             flush=True,
         )
+    print(
+        f"\nwhere a rank's {workers}-worker step goes, ms (a plain worker's step alone: "
+        f"{1000 * BATCH / baseline:.0f} wall, {plain_cpu:.0f} CPU)"
+    )
+    print(f"{'engine':<24}{'wall':>8}{'CPU':>8}{'CPU beyond plain':>18}{'idle':>8}")
+    for name, row in rows.items():
+        step = row[f"step_ms_{workers}"]
+        print(
+            f"{name:<24}{step['wall']:>8.0f}{step['cpu']:>8.0f}"
+            f"{step['cpu_beyond_plain_worker']:>18.0f}{step['idle']:>8.0f}"
+        )
     return rows
 
 
-def side_by_side(workers: int, flags: list[str], env: dict[str, str]) -> float:
-    """Images/sec of ``workers`` single-worker runs started together, added up."""
+def side_by_side(workers: int, flags: list[str], env: dict[str, str]) -> Run:
+    """``workers`` single-worker runs started together: their images/s added up, and the mean of
+    their CPU per step."""
     with ThreadPoolExecutor(workers) as pool:
-        runs = [pool.submit(run_trainer, [sys.executable], flags, env) for _ in range(workers)]
-        return sum(run.result() for run in runs)
+        futures = [pool.submit(run, [sys.executable], flags, env) for _ in range(workers)]
+        runs = [future.result() for future in futures]
+    return Run(
+        sum(r.images_per_sec for r in runs), statistics.mean(r.cpu_ms_per_step for r in runs)
+    )
 
 
 def allreduce_ms(workers: int) -> dict[str, float]:
@@ -164,7 +222,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
-    print(f"ResNet-18, 64 px, 32 images per worker, {args.steps} steps, Gloo on 127.0.0.1")
+    print(f"ResNet-18, 64 px, {BATCH} images per worker, {args.steps} steps, Gloo on 127.0.0.1")
     print(
         "efficiency: images/s with N workers / (N x the row's own 1-worker run); beside it, "
         "against a plain worker's (no engine), one baseline for every row"

@@ -104,12 +104,15 @@ def test_scaling_efficiency_is_total_over_workers_times_one():
 
 
 def test_each_engine_has_its_own_and_the_plain_workers_efficiency():
-    from bench.scaling import summarize
+    from bench.scaling import Run, summarize
+
+    def runs(*rates):
+        return [Run(rate, 500.0) for rate in rates]
 
     rows = summarize(
         {
-            "independent": ([40.0, 44.0, 42.0], [80.0, 81.0, 79.0]),
-            "ddp": ([30.0, 31.0, 32.0], [63.0, 65.0, 64.0]),
+            "independent": (runs(40.0, 44.0, 42.0), runs(80.0, 81.0, 79.0)),
+            "ddp": (runs(30.0, 31.0, 32.0), runs(63.0, 65.0, 64.0)),
         },
         workers=2,
     )
@@ -117,6 +120,48 @@ def test_each_engine_has_its_own_and_the_plain_workers_efficiency():
     assert rows["ddp"]["efficiency"] == 64.0 / 62.0  # against DDP's own 1-worker run
     assert rows["ddp"]["efficiency_vs_plain_worker"] == 64.0 / 84.0
     assert rows["ddp"]["images_per_sec_1"] == 31.0
+
+
+def test_a_ranks_step_is_taken_apart_into_the_engines_cpu_and_idle_time():
+    from bench.scaling import BATCH, Run, summarize
+
+    # The plain worker: 40 images/s of 32-image steps is 800 ms a step, 700 of them on the CPU.
+    # DDP's 2 ranks: 64 images/s together, each rank's step 1,000 ms, 760 of them on the CPU.
+    rows = summarize(
+        {
+            "independent": (
+                [Run(40.0, 690.0), Run(40.0, 700.0), Run(40.0, 710.0)],
+                [Run(78.0, 720.0)],
+            ),
+            "ddp": ([Run(39.0, 705.0)], [Run(60.0, 700.0), Run(64.0, 760.0), Run(70.0, 790.0)]),
+        },
+        workers=2,
+    )
+    step = rows["ddp"]["step_ms_2"]
+    assert step["wall"] == 1000.0 * BATCH * 2 / 64.0 == 1000.0
+    assert step["cpu"] == 760.0
+    assert step["cpu_beyond_plain_worker"] == 60.0  # against the plain worker's 700 alone
+    assert step["idle"] == 240.0
+    assert rows["ddp"]["cpu_ms_per_step_1"] == 705.0
+    # The efficiency against the plain worker is its step's wall time over the row's.
+    assert rows["ddp"]["efficiency_vs_plain_worker"] == 1000.0 * BATCH / 40.0 / step["wall"]
+
+
+def test_a_runs_cpu_per_step_is_its_steady_cpu_seconds_over_the_window(monkeypatch):
+    import bench.scaling
+    from bench.scaling import LOG_EVERY, Run
+
+    # Each window's record: the ranks' mean CPU seconds over LOG_EVERY steps; the first window
+    # (warm-up) is left out, as for the rate.
+    records = [
+        {"kind": "train", "images_per_sec_total": 10.0, "cpu_sec": 9.0},
+        {"kind": "eval", "images_per_sec_total": 99.0, "cpu_sec": 99.0},
+        {"kind": "train", "images_per_sec_total": 40.0, "cpu_sec": 2.8},
+        {"kind": "train", "images_per_sec_total": 42.0, "cpu_sec": 3.0},
+        {"kind": "train", "images_per_sec_total": 41.0, "cpu_sec": 2.9},
+    ]
+    monkeypatch.setattr(bench.scaling, "run_records", lambda launcher, flags, env: records)
+    assert bench.scaling.run(["python"], [], {}) == Run(41.0, 1000 * 2.9 / LOG_EVERY)
 
 
 def test_the_memory_window_opens_at_the_first_step_and_closes_at_the_final_save(tmp_path):
