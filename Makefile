@@ -32,7 +32,7 @@ test: lint
 	$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)
 	$(VENV)/bin/pytest $(MULTI_PROCESS_TESTS)
 
-# Benchmarks print figures and save bench/results/*.json and *.png (about 45 minutes here).
+# Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).
 bench: $(SETUP_STAMP)
 	$(VENV)/bin/python -m bench.run_all
 

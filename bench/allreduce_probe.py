@@ -1,5 +1,6 @@
-"""Run under horovodrun or torchrun: time an allreduce of a ResNet-18-sized gradient (47 MB)
-and print the median milliseconds on rank 0. Used by bench.scaling to explain its figures."""
+"""Run under horovodrun or torchrun: time an allreduce of a ResNet-18-sized gradient (47 MB) the
+way the trainer's engine runs it, and print the median milliseconds on rank 0. Started by
+bench.allreduce."""
 
 from __future__ import annotations
 
@@ -9,46 +10,41 @@ import time
 
 import torch
 
+from trainer.distributed import HorovodDist, TorchDist
+
 GRADIENT_BYTES = 11_689_512 * 4  # ResNet-18's parameters in fp32 (with 1000 classes)
+TIMED = 20  # allreduces timed after one untimed (Horovod negotiates a name in full only once)
 
 
 def main() -> None:
     engine = sys.argv[1]
     torch.set_num_threads(1)
     tensor = torch.ones(GRADIENT_BYTES // 4)
+    # The trainer's own engine set-up: for Horovod its cycle time and fusion buffer for Gloo on
+    # CPUs; for torch.distributed its Gloo group.
+    dist = HorovodDist() if engine == "horovod" else TorchDist()
     if engine == "horovod":
-        import horovod.torch as hvd
+        import horovod.torch as hvd  # initialised by HorovodDist
 
-        hvd.init()
-        rank = hvd.rank()
-
-        def allreduce(name: str) -> None:
-            # In place, the caller waiting in synchronize: the path DistributedOptimizer takes
-            # (the out-of-place hvd.allreduce would time a 47 MB allocation per call too).
-            hvd.synchronize(hvd.allreduce_async_(tensor, op=hvd.Sum, name=name))
+        def allreduce() -> None:
+            # In place under one name, the caller waiting in synchronize: the path
+            # DistributedOptimizer takes every step (the out-of-place hvd.allreduce would time a
+            # 47 MB allocation per call too; a new name each call, a full negotiation).
+            hvd.synchronize(hvd.allreduce_async_(tensor, op=hvd.Sum, name="probe"))
     else:
-        import torch.distributed as dist
+        import torch.distributed as td
 
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
-
-        def allreduce(name: str) -> None:
-            dist.all_reduce(tensor)
+        def allreduce() -> None:
+            td.all_reduce(tensor)
 
     times = []
-    for i in range(6):
+    for _ in range(TIMED + 1):
         started = time.perf_counter()
-        allreduce(f"probe.{i}")
+        allreduce()
         times.append(time.perf_counter() - started)
-    if rank == 0:
+    if dist.rank == 0:
         print(f"{statistics.median(times[1:]) * 1e3:.1f}")
-    # Leave the group before the interpreter ends: a Gloo thread still running at teardown
-    # aborts the process ("terminate called without an active exception").
-    if engine == "horovod":
-        hvd.shutdown()
-    else:
-        dist.barrier()
-        dist.destroy_process_group()
+    dist.shutdown()  # the trainer's own exit: no Gloo thread left running at teardown
 
 
 if __name__ == "__main__":

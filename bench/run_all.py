@@ -14,6 +14,7 @@ from bench.common import REPO
 BENCHMARKS = (
     ("bench.overhead", []),
     ("bench.scaling", []),
+    ("bench.allreduce", []),
     ("bench.data_path", []),
     ("bench.cache_memory", []),
     ("bench.checkpoint_io", []),

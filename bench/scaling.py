@@ -28,15 +28,12 @@ taken apart.
 
 from __future__ import annotations
 
-import os
-import re
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from bench.common import REPO, horovodrun, run_records, save, steady_value, torchrun
+from bench.common import horovodrun, run_records, save, steady_value, torchrun
 from trainer.cli import OneLineParser
 
 BATCH = 32  # images per worker and step
@@ -197,26 +194,6 @@ def side_by_side(workers: int, flags: list[str], env: dict[str, str]) -> Run:
     )
 
 
-def allreduce_ms(workers: int) -> dict[str, float]:
-    """Milliseconds per allreduce of ResNet-18's gradients, per engine (explains the gap)."""
-    out = {}
-    for engine, launcher in (("horovod", horovodrun), ("ddp", torchrun)):
-        command = [*launcher(workers), "-m", "bench.allreduce_probe", engine]
-        result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-        # horovodrun prefixes worker lines ("[0]<stdout>:147.3"): take the trailing number.
-        numbers = re.findall(r"([0-9.]+)\s*$", result.stdout, re.M)
-        out[engine] = float(numbers[-1])
-    return out
-
-
 def main() -> None:
     parser = OneLineParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
@@ -241,15 +218,7 @@ def main() -> None:
         f"{rows['horovod'][throughput] / rows['ddp'][throughput]:.3f} x DDP's; this run's "
         f"ceiling (workers that never communicate) {ceiling:.3f}"
     )
-    probe = allreduce_ms(args.workers)
-    print(
-        "allreduce of 47 MB of gradients: "
-        + ", ".join(f"{engine} {ms:.0f} ms" for engine, ms in probe.items())
-    )
-    path = save(
-        "scaling",
-        {"workers": args.workers, "steps": args.steps, "results": rows, "allreduce_47mb_ms": probe},
-    )
+    path = save("scaling", {"workers": args.workers, "steps": args.steps, "results": rows})
     print(f"saved {path.relative_to(path.parents[2])}")
 
 

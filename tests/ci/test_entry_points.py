@@ -36,7 +36,7 @@ def test_each_command_says_bad_input_in_one_line(name):
 
 
 # Every command a person or CI runs as `python -m ...` (bench.run_all and bench.plots take no
-# arguments; bench.allreduce_probe is started by bench.scaling, not by people).
+# arguments; bench.allreduce_probe is started by bench.allreduce, not by people).
 MODULES = (
     "trainer",
     "trainer.data",
@@ -47,6 +47,7 @@ MODULES = (
     "infra.tools.preview_jobs",
     "infra.tools.docs",
     "infra.tools.acceptance",
+    "bench.allreduce",
     "bench.checkpoint_io",
     "bench.data_path",
     "bench.gpu",
