@@ -294,8 +294,19 @@ def test_a_403_after_a_fresh_role_assignment_is_retried_then_succeeds(host, fake
     assert "(403 AuthorizationFailure)" in host.stderr()
 
 
-def test_one_credential_per_process_and_no_torch(host):
+def test_one_credential_per_process_and_no_torch(host, fake):
+    # Two calls of its own: with the tests spread over workers, this one may be the only test of
+    # the module that runs in its worker's host.
+    fake.add_job("credential-job", "active")
+    state = {"endpoint": fake.url, "job_id": "credential-job", "__provider": _provider()}
+    for _ in range(2):
+        read = host.stub.Read(
+            provider_pb2.ReadRequest(id="credential-job", urn=URN, properties=_struct(state)),
+            timeout=TIMEOUT,
+        )
+        assert read.id == "credential-job"
     assert host.no_torch_marker.exists()  # the import guard was active in the host
-    # Every call above went through one client, one credential, one token.
+    # Every call this host made (these two and those of any other test run in it) went through
+    # one client, one credential, one token.
     assert len(host.az_calls.read_text().splitlines()) == 1, host.stderr()
     assert "Traceback" not in host.stderr()
