@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from trainer.distributed import HorovodDist, TorchDist
+from trainer.distributed import Dist, HorovodDist, TorchDist
 
 GRADIENT_BYTES = 11_689_512 * 4  # ResNet-18's parameters in fp32 (with 1000 classes)
 TIMED = 20  # allreduces timed after one untimed (Horovod negotiates a name in full only once)
@@ -22,8 +22,9 @@ def main() -> None:
     tensor = torch.ones(GRADIENT_BYTES // 4)
     # The trainer's own engine set-up: for Horovod its cycle time and fusion buffer for Gloo on
     # CPUs; for torch.distributed its Gloo group.
-    dist = HorovodDist() if engine == "horovod" else TorchDist()
+    dist: Dist
     if engine == "horovod":
+        dist = HorovodDist()
         import horovod.torch as hvd  # initialised by HorovodDist
 
         def allreduce() -> None:
@@ -32,6 +33,7 @@ def main() -> None:
             # 47 MB allocation per call too; a new name each call, a full negotiation).
             hvd.synchronize(hvd.allreduce_async_(tensor, op=hvd.Sum, name="probe"))
     else:
+        dist = TorchDist()
         import torch.distributed as td
 
         def allreduce() -> None:
