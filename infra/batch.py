@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Generic, TypeVar
 
+from infra import credentials
 from infra.cloud_init import RUNS_DIR
 from infra.sizes import size_of
 from trainer.launch.fabric import SIZES, preflight_floor
@@ -66,20 +67,11 @@ def endpoint_url(endpoint: str) -> str:
 
 
 @functools.cache
-def credential() -> Any:
-    """One credential per process: each new ``DefaultAzureCredential`` probes its whole chain
-    again, and the provider host serves every operation of a deployment."""
-    from azure.identity import DefaultAzureCredential
-
-    return DefaultAzureCredential()
-
-
-@functools.cache
 def client(endpoint: str) -> Any:
     """One client per Batch account, so its pipeline reuses the token it acquired."""
     from azure.batch import BatchClient
 
-    return BatchClient(endpoint=endpoint_url(endpoint), credential=credential())
+    return BatchClient(endpoint=endpoint_url(endpoint), credential=credentials.credential())
 
 
 def state_text(value: Any) -> str:

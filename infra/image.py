@@ -31,6 +31,7 @@ import pulumi_docker_build as docker_build
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
 from pulumi_azure_native import authorization, containerregistry
 
+from infra import credentials
 from infra.config import ConfigError, ImageSettings
 from infra.dynamic import changed_inputs
 from infra.identity import ACR_PUSH, assign_role
@@ -141,10 +142,7 @@ def commit_to_build(root: Path | None = None, strict: bool | None = None) -> str
 
 def exchange_acr_token(login_server: str) -> str:
     """An ACR refresh token for the caller's Entra identity (as ``az acr login --expose-token``)."""
-    from azure.identity import DefaultAzureCredential
-
-    credential = DefaultAzureCredential()
-    access = credential.get_token("https://management.azure.com/.default").token
+    access = credentials.credential().get_token("https://management.azure.com/.default").token
     form = urllib.parse.urlencode(
         {"grant_type": "access_token", "service": login_server, "access_token": access}
     ).encode()
@@ -196,11 +194,10 @@ class BuildSpec:
 
 def _client(subscription_id: str) -> Any:
     # Any: the multi-API client types each operation group as a union over API versions.
-    from azure.identity import DefaultAzureCredential
     from azure.mgmt.containerregistry import ContainerRegistryManagementClient
 
     return ContainerRegistryManagementClient(
-        DefaultAzureCredential(),
+        credentials.credential(),
         subscription_id,
         api_version=RUN_API_VERSION,
         base_url=ARM_ENDPOINT,

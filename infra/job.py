@@ -1,7 +1,7 @@
 """The training job as a stack resource: a Pulumi dynamic resource over ``azure-batch`` 15.x.
 
 Batch jobs are data-plane objects (no ARM resource), so ``TrainingJobProvider`` creates the job
-and its multi-instance task with Entra credentials (``DefaultAzureCredential``; the deployer
+and its multi-instance task with Entra credentials (``infra.credentials``; the deployer
 holds the Batch data-plane roles). Any input change replaces the job (delete before replace:
 the new job reuses the pool at once); delete terminates and deletes it; read refreshes its
 state. The payloads are built from azure-batch's own model classes by pure functions, so tests

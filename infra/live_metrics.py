@@ -3,8 +3,8 @@ deployer's side: by the operator CLI (``infra.tools.ops``) and by the job resour
 (``infra.job``), which puts the current step and images/s into the stack's outputs.
 
 The nodes and their NFS run folder are in a private network; the Blob account is reachable from
-the addresses in storageAllowedIps. Reads use the process's one ``DefaultAzureCredential``
-(``az login``; Storage Blob Data Reader).
+the addresses in storageAllowedIps. Reads use the process's one credential
+(``infra.credentials``: ``az login`` on a laptop; Storage Blob Data Reader).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from infra import batch
+from infra import credentials
 from trainer.blob_folder import BlobFolder
 from trainer.noise_scale import advice
 
@@ -47,7 +47,7 @@ def blob_container(folder: BlobFolder, *, timeout: float | None = None) -> Any:
     return ContainerClient(
         folder.account_url,
         folder.container,
-        credential=batch.credential(),
+        credential=credentials.credential(),
         retry_policy=LinearRetry(backoff=1, retry_total=2, random_jitter_range=1),
         **extra,
     )

@@ -17,6 +17,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 from pulumi_azure_native import containerregistry as acr
 
+from infra import credentials
 from infra.dynamic import changed_inputs
 from infra.naming import Placement
 from trainer.config import one_line
@@ -131,7 +132,6 @@ def _fix_hint(registry_id: str) -> str:
 def _arm_client() -> Any:
     # Any: ARMPipelineClient is generic over its transport's request and response types.
     from azure.core.pipeline import policies
-    from azure.identity import DefaultAzureCredential
     from azure.mgmt.core import ARMPipelineClient
     from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
 
@@ -145,7 +145,7 @@ def _arm_client() -> Any:
             policies.ContentDecodePolicy(),
             policies.RedirectPolicy(),
             policies.RetryPolicy(),
-            ARMChallengeAuthenticationPolicy(DefaultAzureCredential(), ARM_SCOPE),
+            ARMChallengeAuthenticationPolicy(credentials.credential(), ARM_SCOPE),
             policies.SensitiveHeaderCleanupPolicy(),
             ARMHttpLoggingPolicy(),
         ],

@@ -213,15 +213,15 @@ def logs(azurite_entra, request):
 @pytest.fixture
 def entra_env(azurite_entra, monkeypatch) -> EntraStorage:
     """This process authenticates to ``azurite_entra`` with DefaultAzureCredential."""
-    from infra import batch
+    from infra import credentials
 
     for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
         monkeypatch.delenv(name)
     for name, value in azurite_entra.env().items():
         monkeypatch.setenv(name, value)
-    batch.credential.cache_clear()  # built afresh from this environment
+    credentials.credential.cache_clear()  # built afresh from this environment
     yield azurite_entra
-    batch.credential.cache_clear()
+    credentials.credential.cache_clear()
 
 
 @pytest.fixture

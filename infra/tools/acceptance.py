@@ -1063,10 +1063,11 @@ def _batch_client(endpoint: str) -> Any:
 
 
 def _logs_container(account_url: str) -> Any:
-    from azure.identity import DefaultAzureCredential
     from azure.storage.blob import ContainerClient
 
-    return ContainerClient(account_url, "logs", credential=DefaultAzureCredential())
+    from infra import credentials  # the process's one credential, as the job resource's
+
+    return ContainerClient(account_url, "logs", credential=credentials.credential())
 
 
 def build_parser() -> OneLineParser:

@@ -5,13 +5,13 @@ An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
 
 The jobs' ids and the Batch endpoint come from the stack outputs (``pulumi stack output --json``,
 or a file of them with ``--outputs-file``): the ``jobs`` map (name -> that job's outputs), or a
-stack's single job at the top level. The Batch calls use ``DefaultAzureCredential`` with the
-data-plane roles the stack grants its job submitters.
+stack's single job at the top level. The Batch calls use the process's one credential
+(``infra.credentials``) with the data-plane roles the stack grants its job submitters.
 
 ``metrics``, ``tensorboard`` and the last columns of ``list`` read what the trainer's rank 0
 uploads to the job's ``metrics_url`` (``trainer.live_upload``): the nodes and their NFS run folder
 are in a private network, the Blob account is reachable from the addresses in storageAllowedIps.
-Those reads use ``DefaultAzureCredential`` too (``az login``; Storage Blob Data Reader).
+Those reads use the same credential (``az login``; Storage Blob Data Reader).
 ``fetch`` downloads a finished run's results from the job's ``outputs_url`` (infra/tools/fetch.py).
 ``sweep`` measures how far a job scales, on the stack's pool or locally (infra/tools/sweep.py).
 """

@@ -64,6 +64,19 @@ def test_deploy_waits_for_environment_approval_and_applies_policies():
     assert pulumi["with"]["policyPacks"] == "policy"
 
 
+def test_the_deploy_outlasts_the_longest_image_build_it_allows():
+    from infra.image import BUILD_TIMEOUT_SECONDS, QUEUE_GRACE_SECONDS
+
+    deploy = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
+    up = deploy["jobs"]["up"]
+    rest_of_a_first_deploy = 60 * 60  # NFS VM and its cloud-init, the pool, the job
+    build = BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS
+    assert up["timeout-minutes"] * 60 >= build + rest_of_a_first_deploy
+    # GitHub issues the ID tokens infra/credentials.py trades, to the deploy's identity.
+    assert deploy["permissions"]["id-token"] == "write"
+    assert {"ARM_CLIENT_ID", "ARM_TENANT_ID"} <= set(up["env"])
+
+
 def test_preview_comments_on_the_pull_request_with_policies():
     preview = yaml.safe_load((REPO / ".github/workflows/preview.yml").read_text())
     step = next(

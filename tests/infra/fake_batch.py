@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.fake_entra import FakeEntra
 from tests.tls import serve_https
 
 ERROR_MESSAGES = {
@@ -26,7 +27,10 @@ ERROR_MESSAGES = {
     "JobCompleted": "The specified job is already in a completed state.",
     "AuthorizationFailure": "This request is not authorized to perform this operation.",
     "InvalidPropertyValue": "The value provided for one of the properties is invalid.",
+    "AuthenticationFailed": "Server failed to authenticate the request.",
 }
+# The scope azure-batch asks tokens for (azure/batch/_configuration.py).
+BATCH_SCOPE = "https://batch.core.windows.net//.default"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class FakeBatch:
     # How an added task reads (Task - Get: state, executionInfo.retryCount).
     task_state: str = "running"
     task_retries: int = 0
+    # When set, only access tokens this token service issued for Batch are accepted (401).
+    entra: FakeEntra | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -92,6 +98,9 @@ class FakeBatch:
     def answer(self, request: Request) -> tuple[int, Any]:
         with self._lock:
             self.requests.append(request)
+            token = request.headers.get("authorization", "").removeprefix("Bearer ")
+            if self.entra is not None and not self.entra.accepts(token, BATCH_SCOPE):
+                return 401, _error("AuthenticationFailed")
             for fault in self.faults:
                 failure = fault(request, self)
                 if failure is not None:

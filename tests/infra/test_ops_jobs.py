@@ -19,6 +19,7 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.exceptions import ResourceNotFoundError
 
+from infra import credentials
 from infra.tools import ops
 from tests.ports import free_port
 from trainer.noise_scale import advice
@@ -278,7 +279,7 @@ def test_metrics_before_any_upload_and_without_credentials_are_one_line_errors(
     _upload_metrics(logs, "resnet/live/", [_train(1, 10.0)])
     monkeypatch.setenv("AZURE_CLIENT_ID", "an-identity-this-machine-does-not-have")
     monkeypatch.setenv("PATH", str(tmp_path))  # no az CLI either
-    ops.batch.credential.cache_clear()
+    credentials.credential.cache_clear()
     code, _, err = _run(capsys, argv)
     assert code == 1 and err.count("\n") == 1, err
     assert "metrics.jsonl: cannot authenticate (" in err and "log in with `az login`" in err

@@ -31,6 +31,7 @@ from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
 from infra.batch import TASK_ID, JobSpec
 from infra.job import TrainingJobProvider
+from tests.fake_entra import FakeEntra, write_federated_az
 from tests.infra.fake_batch import FakeBatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,12 +82,19 @@ def _dict(struct: struct_pb2.Struct) -> dict[str, Any]:
 
 
 class Host:
-    def __init__(self, folder: Path, fake: FakeBatch) -> None:
+    def __init__(self, folder: Path, fake: FakeBatch, entra: FakeEntra | None = None) -> None:
         bin_dir, site = folder / "bin", folder / "site"
         bin_dir.mkdir()
         site.mkdir()
-        (bin_dir / "az").write_text(AZ_STUB)
-        (bin_dir / "az").chmod(0o755)
+        if entra is None:
+            (bin_dir / "az").write_text(AZ_STUB)
+            (bin_dir / "az").chmod(0o755)
+            identity = {"AZURE_TOKEN_CREDENTIALS": "AzureCliCredential"}
+            ca_path = fake.ca_path
+        else:
+            identity = _github_deploy(folder, bin_dir, entra)
+            ca_path = folder / "ca-bundle.pem"
+            ca_path.write_text(fake.ca_path.read_text() + entra.ca_path.read_text())
         (site / "sitecustomize.py").write_text(NO_TORCH)
         self.az_calls = folder / "az-calls"
         self.no_torch_marker = folder / "no-torch-active"
@@ -95,11 +103,11 @@ class Host:
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
             "PYTHONPATH": str(site),
-            "AZURE_TOKEN_CREDENTIALS": "AzureCliCredential",
+            **identity,
             "FAKE_AZ_CALLS": str(self.az_calls),
             "NO_TORCH_MARKER": str(self.no_torch_marker),
-            "REQUESTS_CA_BUNDLE": str(fake.ca_path),
-            "SSL_CERT_FILE": str(fake.ca_path),
+            "REQUESTS_CA_BUNDLE": str(ca_path),
+            "SSL_CERT_FILE": str(ca_path),
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
             "PULUMI_PROJECT": "gpu-cluster",
@@ -137,6 +145,17 @@ class Host:
         self.process.terminate()
         self.process.wait(10)
         self._stderr.close()
+
+
+def _github_deploy(folder: Path, bin_dir: Path, entra: FakeEntra) -> dict[str, str]:
+    """The environment of the deploy workflow's `pulumi up` step: GitHub's OIDC variables, the
+    deploy's identity, and the `az` that ``azure/login`` left, holding the ID token it was given
+    at the start of the job."""
+    write_federated_az(bin_dir, sys.executable)
+    assertion = folder / "az-assertion"
+    assertion.write_text(entra.id_token())
+    env = {k: v for k, v in entra.github_env().items() if not k.endswith(("CA_BUNDLE", "_FILE"))}
+    return {**env, "AZ_ASSERTION_FILE": str(assertion)}
 
 
 @pytest.fixture(scope="module")
@@ -310,3 +329,34 @@ def test_one_credential_per_process_and_no_torch(host, fake):
     # one client, one credential, one token.
     assert len(host.az_calls.read_text().splitlines()) == 1, host.stderr()
     assert "Traceback" not in host.stderr()
+
+
+def test_a_deploy_under_github_oidc_gets_batch_tokens_long_after_its_login(tmp_path):
+    # GitHub's ID token lives five minutes; the az of `azure/login` cannot fetch another. The
+    # image build and the rest of the stack come before the job's first Batch call.
+    entra = FakeEntra(tmp_path / "entra")
+    batch = FakeBatch(tmp_path / "batch", entra=entra)
+    (tmp_path / "host").mkdir()
+    host = Host(tmp_path / "host", batch, entra)
+    try:
+        host.stub.Configure(
+            provider_pb2.ConfigureRequest(acceptSecrets=False, args=_struct({})), timeout=TIMEOUT
+        )
+        entra.advance(40 * 60)
+        props = _inputs(batch, "github")
+        job_id = _create(host, props).id
+        assert job_id == JobSpec.from_props(props).job_id, host.stderr()
+        # A refresh hours later (the access token has long expired) still authenticates.
+        entra.advance(3 * 60 * 60)
+        state = {**props, "job_id": job_id}
+        read = host.stub.Read(
+            provider_pb2.ReadRequest(id=job_id, urn=URN, properties=_struct(state)),
+            timeout=TIMEOUT,
+        )
+        assert read.id == job_id
+        assert not entra.refusals and not host.az_calls.exists()
+        assert "Traceback" not in host.stderr()
+    finally:
+        host.close()
+        batch.close()
+        entra.close()
