@@ -19,7 +19,7 @@ from pulumi_azure_native import authorization, batch
 from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.config import ClusterSettings
-from infra.identity import BATCH_JOB_SUBMITTER, assign_role, deployer_principal_type
+from infra.identity import BATCH_JOB_SUBMITTER, assign_role
 from infra.naming import Placement
 from infra.nfs import NfsServer
 from infra.sizes import GpuSize
@@ -146,9 +146,11 @@ class GpuClusterArgs:
         registry_server: pulumi.Input[str],
         nfs: NfsServer,
         client: pulumi.Output[Any],
+        deployer_type: str,
         acceptance_profile: str,
     ) -> GpuClusterArgs:
-        """``client`` is ``authorization.get_client_config_output()``: the deployer."""
+        """``client`` is ``authorization.get_client_config_output()``: the deployer, whose
+        principal type is ``deployer_type`` (``identity.deployer_principal_type``)."""
         return cls(
             placement=placement,
             account_name=account_name,
@@ -164,7 +166,7 @@ class GpuClusterArgs:
             nfs_source=nfs.source,
             nfs_mount_options=nfs.mount_options,
             deployer_object_id=client.object_id,
-            deployer_type=deployer_principal_type(),
+            deployer_type=deployer_type,
             team_object_id=cluster.job_submitter_object_id,
             team_type=cluster.job_submitter_type,
             subscription_id=client.subscription_id,
@@ -336,6 +338,10 @@ class GpuCluster(pulumi.ComponentResource):
                 subscription_id=args.subscription_id,
                 principal_type=principal_type,
                 parent=self,
+                # A new deployer (a person after CI, CI after a person) replaces the deployer's
+                # assignment: the earlier deployer keeps its grant, and with it the jobs it
+                # operates. The account's deletion removes what is left.
+                retain_on_delete=label == "deployer",
             )
 
 

@@ -56,6 +56,7 @@ def assign_role(
     subscription_id: pulumi.Input[str],
     principal_type: authorization.PrincipalType,
     parent: pulumi.Resource,
+    retain_on_delete: bool = False,
 ) -> authorization.RoleAssignment:
     """Grant ``role`` at ``scope``. The assignment's GUID derives from scope, principal and role,
     so re-running never creates duplicates and a changed scope replaces it cleanly.
@@ -75,7 +76,7 @@ def assign_role(
         role_assignment_name=pulumi.Output.all(scope, principal_id).apply(
             lambda values: role_assignment_name(values[0], values[1], role)
         ),
-        opts=pulumi.ResourceOptions(parent=parent),
+        opts=pulumi.ResourceOptions(parent=parent, retain_on_delete=retain_on_delete),
     )
 
 

@@ -59,6 +59,18 @@ class JobError(RuntimeError):
     """A Batch call failed; one line naming the job, the call and the fix."""
 
 
+class AccessRefused(JobError):
+    """Batch kept refusing the caller (401/403) for as long as the call would wait."""
+
+    def __init__(self, refusal: str, waited: float) -> None:
+        self.refusal = refusal  # "Batch at <endpoint> refused to <what> (<status> <code>)"
+        super().__init__(
+            f"{refusal} for {waited:.0f} s: give the deployer a Batch data-plane role on the "
+            "account (e.g. Azure Batch Job Submitter), wait for the role assignment to "
+            "propagate, then run `pulumi up` again"
+        )
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
@@ -68,12 +80,14 @@ def _error_code(err: Any) -> str:
     return str(getattr(model, "code", None) or getattr(err, "reason", None) or "no code")
 
 
-def _call(endpoint: str, what: str, call: Callable[[], T]) -> T:
+def _call(endpoint: str, what: str, call: Callable[[], T], auth_wait: float | None = None) -> T:
     """``call()``, retrying Batch's authorization failures (401/403) with exponential backoff
-    for up to ``AUTH_RETRY_SECONDS``: a role assignment made by this deployment takes minutes
-    to reach the data plane. Other Batch errors become one line; ``ResourceNotFoundError``
-    passes through for the caller to handle."""
+    for up to ``auth_wait`` seconds (default ``AUTH_RETRY_SECONDS``): a role assignment made
+    by this deployment takes minutes to reach the data plane. Then ``AccessRefused``; other
+    Batch errors become one line; ``ResourceNotFoundError`` passes through for the caller."""
     from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
+
+    limit = AUTH_RETRY_SECONDS if auth_wait is None else auth_wait
 
     delay = FIRST_AUTH_RETRY_SECONDS
     waited = 0.0
@@ -88,12 +102,8 @@ def _call(endpoint: str, what: str, call: Callable[[], T]) -> T:
             refused = (
                 f"Batch at {endpoint} refused to {what} ({err.status_code} {_error_code(err)})"
             )
-            if waited + delay > AUTH_RETRY_SECONDS:
-                raise JobError(
-                    f"{refused} for {waited:.0f} s: give the deployer a Batch data-plane role "
-                    "on the account (e.g. Azure Batch Job Submitter), wait for the role "
-                    "assignment to propagate, then run `pulumi up` again"
-                ) from None
+            if waited + delay > limit:
+                raise AccessRefused(refused, waited) from None
             pulumi.log.warn(
                 f"{refused}; a new role assignment can take minutes to propagate: "
                 f"retrying in {delay:g} s"
@@ -209,15 +219,26 @@ class TrainingJobProvider(ResourceProvider):
 
         endpoint = props["endpoint"]
         client = batch.client(endpoint)
+        # A refresh makes no role assignment to wait for: a refusal is an operator without a
+        # Batch role (a colleague's preview of a stack CI deployed), who still gets a preview.
         try:
-            job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_))
+            job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_), auth_wait=0)
+            task = _call(
+                endpoint,
+                f"read task of job {id_}",
+                lambda: _task_or_none(client, id_),
+                auth_wait=0,
+            )
         except ResourceNotFoundError:
             return ReadResult(None, {})  # deleted outside Pulumi: gone from the stack too
+        except AccessRefused as refused:
+            pulumi.log.warn(
+                f"{refused.refusal}: kept job {id_}'s state as last recorded; to read it, ask "
+                "for the Azure Batch Job Submitter role on the account (the stack's "
+                "jobSubmitterObjectId group)"
+            )
+            return ReadResult(id_, props)
         live: dict[str, Any] = {"state": state_text(job.state)}
-        try:
-            task = _call(endpoint, f"read task of job {id_}", lambda: client.get_task(id_, TASK_ID))
-        except ResourceNotFoundError:
-            task = None  # a job whose task was never added (or was deleted)
         if task is not None:
             info = task.execution_info
             live["task_state"] = state_text(task.state)
@@ -272,6 +293,16 @@ class TrainingJobProvider(ResourceProvider):
             f"job {job_id} at {endpoint} is still {state} after its delete: look at the job "
             "in the portal, then run the operation again"
         )
+
+
+def _task_or_none(client: Any, job_id: str) -> Any:
+    """The job's task; None for a job whose task was never added (or was deleted)."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        return client.get_task(job_id, TASK_ID)
+    except ResourceNotFoundError:
+        return None
 
 
 def _outputs(spec: JobSpec, state: str) -> dict[str, str]:

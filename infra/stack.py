@@ -14,7 +14,7 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
-from infra.config import SHORTHAND_JOB, JobSettings, StackSettings, secret_setting
+from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
 from infra.image import TrainerImage, TrainerImageArgs, commit_to_build
 from infra.image_inputs import content_tag
@@ -31,6 +31,8 @@ from infra.trainer_settings import trainer_flags
 def declare(s: StackSettings) -> dict[str, Any]:
     """Declare every resource of the stack and return the stack outputs (snake_case nouns)."""
     commit = _commit_to_build(s)  # may refuse the source: before any resource exists
+    deployer_type = deployer_principal_type()
+    _refuse_jobs_only_the_deployer_can_operate(s, deployer_type)
     stem, client = naming.prefix(s), authorization.get_client_config_output()
     rg = resources.ResourceGroup(
         stem, resource_group_name=f"rg-{stem}", location=s.location, tags=naming.default_tags(s)
@@ -38,7 +40,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
     at = Placement(rg.name, s.location, naming.default_tags(s))
 
     net = Network(stem, NetworkArgs.from_settings(at, s.network))
-    store = _storage(stem, at, s, net, client)
+    store = _storage(stem, at, s, net, client, deployer_type)
     registry = Registry(
         stem,
         RegistryArgs(
@@ -68,7 +70,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             protect_data=s.protect_data,
         ),
     )
-    cluster = _cluster(stem, at, s, net, ids, store, registry, nfs, client)
+    cluster = _cluster(stem, at, s, net, ids, store, registry, nfs, client, deployer_type)
     if s.budget.amount:
         CostBudget(stem, BudgetArgs.from_settings(rg.id, s.budget))
     Monitoring(
@@ -116,7 +118,12 @@ def _commit_to_build(s: StackSettings) -> str:
 
 
 def _storage(
-    stem: str, at: Placement, s: StackSettings, net: Network, client: pulumi.Output[Any]
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    net: Network,
+    client: pulumi.Output[Any],
+    deployer_type: str,
 ) -> Storage:
     return Storage(
         stem,
@@ -128,13 +135,25 @@ def _storage(
             protect_data=s.protect_data,
             # An acceptance stack's check reads the job's logs as the deployer.
             readers=(
-                [BlobReader("deployer", client.object_id, deployer_principal_type())]
+                [BlobReader("deployer", client.object_id, deployer_type)]
                 if s.acceptance_profile
                 else []
             ),
             subscription_id=client.subscription_id,
         ),
     )
+
+
+def _refuse_jobs_only_the_deployer_can_operate(s: StackSettings, deployer_type: str) -> None:
+    """Job Submitter goes to whoever runs `pulumi up` and to the team's principal. When CI (a
+    service principal) deploys a stack's jobs and no team principal is named, no person can
+    read, follow or cancel them, and a colleague's preview cannot refresh them."""
+    if s.jobs and deployer_type == "ServicePrincipal" and not s.cluster.job_submitter_object_id:
+        raise ConfigError(
+            "jobSubmitterObjectId is empty while a service principal (CI) deploys this stack's "
+            "jobs, so only CI could operate them: set it to the team's Entra group object id "
+            "(jobSubmitterType Group)"
+        )
 
 
 def _cluster(
@@ -147,6 +166,7 @@ def _cluster(
     registry: Registry,
     nfs: NfsServer,
     client: pulumi.Output[Any],
+    deployer_type: str,
 ) -> GpuCluster:
     return GpuCluster(
         stem,
@@ -160,6 +180,7 @@ def _cluster(
             registry_server=registry.login_server,
             nfs=nfs,
             client=client,
+            deployer_type=deployer_type,
             acceptance_profile=s.acceptance_profile,
         ),
         # Nodes pull images and write blobs as soon as they boot: grant the roles first.

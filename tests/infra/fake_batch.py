@@ -61,6 +61,10 @@ class FakeBatch:
     task_retries: int = 0
     # When set, only access tokens this token service issued for Batch are accepted (401).
     entra: FakeEntra | None = None
+    # When set, the bearer tokens of the principals holding a Batch data-plane role; any other
+    # caller (a colleague, where the role went to whoever deployed last) gets 403
+    # AuthorizationFailure on every call, as Batch answers a caller without a role.
+    granted: set[str] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -101,6 +105,8 @@ class FakeBatch:
             token = request.headers.get("authorization", "").removeprefix("Bearer ")
             if self.entra is not None and not self.entra.accepts(token, BATCH_SCOPE):
                 return 401, _error("AuthenticationFailed")
+            if self.granted is not None and token not in self.granted:
+                return 403, _error("AuthorizationFailure")
             for fault in self.faults:
                 failure = fault(request, self)
                 if failure is not None:

@@ -76,9 +76,14 @@ def _submitters(plan):
 def test_the_deployer_always_submits_jobs_and_nobody_gets_pool_rights(plan):
     from infra.tools.mocks import DEPLOYER_OBJECT_ID
 
-    (deployer,) = _submitters(plan)
-    assert deployer.inputs["principalId"] == DEPLOYER_OBJECT_ID
+    by_principal = {r.inputs["principalId"]: r for r in _submitters(plan)}
+    deployer = by_principal.pop(DEPLOYER_OBJECT_ID)
     assert deployer.inputs["principalType"] == deployer_principal_type()
+    # Besides the deployer, only the stack's team group (every example stack names one).
+    assert [r.inputs["principalType"] for r in by_principal.values()] == ["Group"]
+    # A later deployer replaces this assignment; the earlier one keeps its grant.
+    assert plan.options[deployer.name].retain_on_delete is True
+    assert not any(plan.options[r.name].retain_on_delete for r in by_principal.values())
     # Nobody who only submits jobs gets Batch Data Contributor (pool resize and delete).
     roles = [
         r.inputs["roleDefinitionId"]
@@ -122,6 +127,19 @@ def test_the_team_group_is_granted_besides_the_deployer():
     assert by_principal[TEAM_GROUP].inputs["principalType"] == "Group"
     names = {r.inputs["roleAssignmentName"] for r in by_principal.values()}
     assert len(names) == 2  # distinct, deterministic assignment GUIDs
+
+
+def test_jobs_that_ci_deploys_need_a_team_group_to_operate_them(monkeypatch):
+    # CI's OIDC login: azure-native authenticates as the service principal in ARM_CLIENT_ID.
+    monkeypatch.setenv("ARM_CLIENT_ID", "44444444-4444-4444-4444-444444444444")
+    values = {**stack_values("dev"), "gpu-cluster:jobSubmitterObjectId": ""}
+    with pytest.raises(ConfigError, match=r"^jobSubmitterObjectId is empty while a service "):
+        evaluate("dev", values)
+    # A person's own deploy grants the person; a stack without jobs has nothing to operate.
+    monkeypatch.delenv("ARM_CLIENT_ID")
+    assert evaluate("dev", values).outputs["jobs"]
+    monkeypatch.setenv("ARM_CLIENT_ID", "44444444-4444-4444-4444-444444444444")
+    assert "jobs" not in evaluate("dev", {**values, "gpu-cluster:submitJob": False}).outputs
 
 
 def test_a_budget_starts_this_month_and_never_moves_afterwards(monkeypatch, plan):

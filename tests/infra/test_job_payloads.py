@@ -12,6 +12,7 @@ from azure.batch import models as m
 from azure.core.credentials import AccessToken
 
 from infra import batch as batch_module
+from infra import credentials
 from infra import job as job_module
 from infra.batch import (
     CONTAINER_RUN_OPTIONS,
@@ -443,7 +444,7 @@ def batch(tmp_path, monkeypatch):
     fake = FakeBatch(tmp_path / "tls")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(fake.ca_path))
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    monkeypatch.setattr(batch_module, "credential", StaticToken)
+    monkeypatch.setattr(credentials, "credential", StaticToken)
     monkeypatch.setattr(job_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
     monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 0.1)
     monkeypatch.setattr(job_module, "POLL_SECONDS", 0)

@@ -236,7 +236,12 @@ def test_least_privilege_role_assignments_with_deterministic_names(plan, dev_pla
     assert assignments["acrpull"]["scope"].endswith(plan.outputs["registry_login_server"][:-11])
     assert assignments["acrpush"]["roleDefinitionId"].endswith(ACR_PUSH)
     assert assignments["blob"]["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
-    assert assignments["submitter"]["principalId"] == DEPLOYER_OBJECT_ID
+    (deployer,) = [
+        r.inputs
+        for r in of_type(plan, "azure-native:authorization:RoleAssignment")
+        if r.name.endswith("-deployer-submitter")
+    ]
+    assert deployer["principalId"] == DEPLOYER_OBJECT_ID
     for inputs in assignments.values():
         uuid.UUID(inputs["roleAssignmentName"])
         assert "Contributor" not in inputs["roleDefinitionId"]
@@ -252,8 +257,9 @@ def test_role_assignment_names_are_stable_across_runs(dev_plan):
         )
 
     assert names(again) == names(dev_plan)
-    # AcrPull and Blob for the nodes, AcrPush for the build task, Job Submitter for the deployer.
-    assert len(set(names(dev_plan))) == 4
+    # AcrPull and Blob for the nodes, AcrPush for the build task, Job Submitter for the deployer
+    # and for the team's group.
+    assert len(set(names(dev_plan))) == 5
 
 
 def test_diagnostics_reach_the_log_analytics_workspace(dev_plan, prod_plan):

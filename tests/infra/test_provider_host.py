@@ -313,6 +313,26 @@ def test_a_403_after_a_fresh_role_assignment_is_retried_then_succeeds(host, fake
     assert "(403 AuthorizationFailure)" in host.stderr()
 
 
+def test_a_refresh_by_an_operator_without_a_batch_role_keeps_the_recorded_state(host, fake):
+    # CI deployed the stack and holds the role; a colleague's preview refreshes every job.
+    props = _inputs(fake, "colleague")
+    job_id = _create(host, props).id
+    recorded = {**props, "job_id": job_id, "state": "active", "task_state": "running"}
+    before = len(fake.requests)
+    fake.granted = {"the-ci-principal's-token"}
+    try:
+        read = host.stub.Read(
+            provider_pb2.ReadRequest(id=job_id, urn=URN, properties=_struct(recorded)),
+            timeout=TIMEOUT,
+        )
+    finally:
+        fake.granted = None
+    assert read.id == job_id and _dict(read.properties)["state"] == "active"
+    assert fake.calls()[before:] == [f"GET /jobs/{job_id}"]  # asked once, no waiting
+    warning = f"refused to read job {job_id} (403 AuthorizationFailure): kept job {job_id}'s"
+    assert warning in host.stderr() and "Azure Batch Job Submitter" in host.stderr()
+
+
 def test_one_credential_per_process_and_no_torch(host, fake):
     # Two calls of its own: with the tests spread over workers, this one may be the only test of
     # the module that runs in its worker's host.
