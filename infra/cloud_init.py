@@ -1,5 +1,6 @@
-"""The NFS server's cloud-init document, rendered by a pure function (validated in tests with
-``cloud-init schema``).
+"""The NFS server's cloud-init document and the readiness gate that waits for it, rendered by
+pure functions (the document is validated in tests with ``cloud-init schema``, the gate run in
+bash with stub tools).
 
 It never reformats existing data: an array that assembles is reused, and a filesystem is made
 only when no device carries the ``nfsdata`` label, so re-attached disks (the VM was replaced,
@@ -7,6 +8,8 @@ the disks were protected) come back with their data.
 """
 
 from __future__ import annotations
+
+import shlex
 
 import yaml
 
@@ -17,6 +20,15 @@ LABEL = "nfsdata"
 # world-writable with the sticky bit (like /tmp: everyone creates, only owners delete).
 RUNS_DIR = "runs"
 RUNS_MODE = "1777"
+SETUP_SCRIPT = "/usr/local/sbin/setup-nfs-data"
+# Written by the setup script as its last step, on the OS disk: a replaced VM starts without it,
+# while /data is the re-attached disks, which keep an old VM's files.
+READY_MARKER = "/var/lib/nfs-setup/ready"
+# The gate's bounds: cloud-init installs two packages and makes a filesystem (minutes); once it
+# is done the marker is there or never will be, so the grace after it is short.
+CLOUD_INIT_WAIT_SECONDS = 1800
+MARKER_ATTEMPTS = 12
+MARKER_POLL_SECONDS = 5
 
 
 def render_nfs_cloud_init(disk_count: int, export_cidr: str) -> str:
@@ -46,12 +58,17 @@ mount -a
 chmod 0775 {MOUNT_POINT}
 mkdir -p {MOUNT_POINT}/{RUNS_DIR}
 chmod {RUNS_MODE} {MOUNT_POINT}/{RUNS_DIR}
+systemctl enable --now nfs-kernel-server
+exportfs -ra
+# Last, and only when every step above succeeded (set -e): the readiness gate waits for it.
+mkdir -p {READY_MARKER.rsplit("/", 1)[0]}
+touch {READY_MARKER}
 """
     document = {
         "package_update": True,
         "packages": ["nfs-kernel-server", "mdadm"],
         "write_files": [
-            {"path": "/usr/local/sbin/setup-nfs-data", "permissions": "0755", "content": setup},
+            {"path": SETUP_SCRIPT, "permissions": "0755", "content": setup},
             {
                 "path": "/etc/exports",
                 "permissions": "0644",
@@ -64,11 +81,10 @@ chmod {RUNS_MODE} {MOUNT_POINT}/{RUNS_DIR}
                 "content": "[nfsd]\nthreads=64\n",
             },
         ],
-        "runcmd": [
-            ["/usr/local/sbin/setup-nfs-data"],
-            ["systemctl", "enable", "--now", "nfs-kernel-server"],
-            ["exportfs", "-ra"],
-        ],
+        # One command: runcmd's lines run as one /bin/sh script without -e, whose status is the
+        # last line's, so a failed setup followed by a good `exportfs -ra` reported success
+        # (canonical/cloud-init #7037). The setup script runs with -e and exports last.
+        "runcmd": [[SETUP_SCRIPT]],
     }
     return "#cloud-config\n" + yaml.dump(document, Dumper=_BlockDumper, sort_keys=False, width=100)
 
@@ -83,3 +99,49 @@ def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 
 
 _BlockDumper.add_representer(str, _represent_str)
+
+
+# ---- the readiness gate: the NFS VM's CustomScript extension runs it --------------------------
+# `cloud-init status` exits 0 (done), 1 (unrecoverable error) or 2 (recoverable error: "done,
+# degraded"; docs.cloud-init.io, explanation/failure_states.html, "Cloud-init error codes").
+# Ubuntu 24.04 on Azure finishes degraded when the IMDS answers only on a retry
+# (canonical/cloud-init #5323), so `cloud-init status --wait` alone fails a good boot. The gate
+# lets 2 through and then checks what the nodes need: the setup's marker, the export, the runs
+# folder and its mode.
+
+
+def render_ready_gate(
+    *,
+    cloud_init_wait_s: int = CLOUD_INIT_WAIT_SECONDS,
+    marker_attempts: int = MARKER_ATTEMPTS,
+    marker_poll_s: int = MARKER_POLL_SECONDS,
+) -> str:
+    """The gate as a bash script: exits 0 when the server exports a ready ``/data``; otherwise
+    1 with one line on stderr saying what is missing."""
+    runs = f"{MOUNT_POINT}/{RUNS_DIR}"
+    marker_wait = marker_attempts * marker_poll_s
+    # `exportfs` lists one export per line, the path first (nfs-utils, exportfs.c, dump()).
+    return f"""set -u
+fail() {{ echo "nfs-ready: $*" >&2; exit 1; }}
+timeout {cloud_init_wait_s} cloud-init status --wait
+status=$?
+case $status in
+  0|2) ;;
+  124) fail "cloud-init still running after {cloud_init_wait_s} s; see cloud-init status --long" ;;
+  *) fail "cloud-init failed (status exit $status); see cloud-init status --long" ;;
+esac
+marker={READY_MARKER} log=/var/log/cloud-init-output.log
+for _ in $(seq 1 {marker_attempts}); do [ -e "$marker" ] && break; sleep {marker_poll_s}; done
+[ -e "$marker" ] || fail "setup unfinished: no $marker after {marker_wait} s; see $log"
+exportfs | grep -Eq "^{MOUNT_POINT}([[:space:]]|\\$)" || fail "{MOUNT_POINT} is not exported"
+mode=$(stat -c %a {runs} 2>/dev/null) || fail "{runs} is missing"
+[ "$mode" = {RUNS_MODE} ] || fail "{runs} has mode $mode, not {RUNS_MODE}"
+echo "nfs-ready: {MOUNT_POINT} exported, cloud-init status $status"
+"""
+
+
+def ready_command(gate: str | None = None) -> str:
+    """The extension's ``commandToExecute``. The handler runs it with ``/bin/sh -c`` (older
+    releases) or ``/bin/bash -c`` (Azure/custom-script-extension-linux, ``main/exec.go``): one
+    quoted word for bash reads the same under both."""
+    return "/bin/bash -c " + shlex.quote(render_ready_gate() if gate is None else gate)

@@ -9,7 +9,8 @@ same tag, so Pulumi sees no change, rebuilds nothing and resubmits no job. Build
   private repository), builds on ACR's agents and pushes with its own system-assigned identity,
   which holds AcrPush on the registry: that identity is what lets the push through the
   registry's network rules (trusted services), which quick runs cannot pass. ``ImageBuild``, a
-  dynamic resource, runs the task once per content tag and reads the pushed digest back.
+  dynamic resource, runs the task once per content tag and reads the pushed digest back; a run
+  an earlier, failed ``pulumi up`` left going (or that already pushed the image) is adopted.
 - ``docker``: pulumi-docker-build with a local BuildKit; it pushes with an Entra refresh token
   for the registry (what ``az acr login --expose-token`` returns), so the admin user stays off.
 """
@@ -58,7 +59,16 @@ ARM_ENDPOINT = "https://management.azure.com"
 # (pulumi/pulumi-azure-native#1713, Azure/azure-rest-api-specs#19159).
 RUN_API_VERSION = "2025-03-01-preview"
 RUN_DONE = ("Succeeded", "Failed", "Canceled", "Error", "Timeout")  # RunStatus's final states
+RUN_IN_PROGRESS = ("Queued", "Started", "Running")
 POLL_SECONDS = 20.0
+# What a poll may meet and outlive: throttling, ARM's and ACR's 5xx, a dropped connection.
+# azure-core's own retry covers a blip (3 status retries for a GET); the build's deadline is
+# the bound here, so calls go out with retry_total=0 and this loop is the one retry policy.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RUNS_LISTED = 20  # the task's newest runs searched for one to adopt
+# ACR Tasks refused for the subscription (free trials, some offers): scheduleRun answers 400
+# with this code (Azure-Samples/azure-search-openai-demo #2220, #2592).
+TASKS_NOT_ALLOWED = "TasksOperationsNotAllowed"
 QUEUE_GRACE_SECONDS = 3600  # a run may wait this long for an agent before its timeout starts
 BUILD_OUTPUT_KEYS = ("run_id", "digest", "status")
 
@@ -204,41 +214,143 @@ def _client(subscription_id: str) -> Any:
     )
 
 
-def _pushed_digest(run: Any, image: str) -> str | None:
+def _pushed_digest(run: Any, image: str, exact: bool = False) -> str | None:
+    """The digest ``run`` pushed for ``image``; unless ``exact``, the one image of a run that
+    pushed one (the run this build scheduled)."""
     repository, _, tag = image.partition(":")
     images = list(run.output_images or [])
     for pushed in images:
         if pushed.repository == repository and pushed.tag == tag and pushed.digest:
             return pushed.digest
-    return images[0].digest if len(images) == 1 else None
+    return images[0].digest if len(images) == 1 and not exact else None
+
+
+def _transient(err: Exception) -> bool:
+    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+
+    if isinstance(err, (ServiceRequestError, ServiceResponseError)):
+        return True  # no answer: a reset, a timeout, a name that did not resolve
+    return isinstance(err, HttpResponseError) and err.status_code in TRANSIENT_STATUS
+
+
+def _error_code(err: Exception) -> str:
+    return str(getattr(getattr(err, "error", None), "code", None) or "")
+
+
+def _reason(err: Exception) -> str:
+    status = getattr(err, "status_code", None)
+    message = getattr(err, "message", None) or str(err)
+    return f"HTTP {status}: {message}" if status else message
+
+
+class _Runs:
+    """The build task's runs on one registry, every call retried through transient errors
+    until ``deadline`` (``time.monotonic()``)."""
+
+    def __init__(self, spec: BuildSpec, deadline: float) -> None:
+        self.spec = spec
+        self.deadline = deadline
+        self.client = _client(spec.subscription_id)
+        self.where = (spec.resource_group_name, spec.registry_name)
+        self.task_name = spec.task_id.rsplit("/", 1)[-1]
+
+    def call(self, what: str, hint: str, operation: Any) -> Any:
+        """``operation(retry_total=0)``, retried every POLL_SECONDS while it fails transiently
+        and the deadline allows; any other failure is one line naming ``what``."""
+        from azure.core.exceptions import AzureError
+
+        while True:
+            try:
+                return operation(retry_total=0)
+            except AzureError as err:
+                if not _transient(err):
+                    raise ImageBuildError(f"could not {what}: {_reason(err)}{hint}") from None
+                if time.monotonic() > self.deadline:
+                    raise ImageBuildError(
+                        f"could not {what}: still failing at the build's deadline "
+                        f"({_reason(err)}){hint}"
+                    ) from None
+            time.sleep(POLL_SECONDS)
+
+    def adoptable(self) -> Any | None:
+        """A run of this task started since the task last changed (so for this tag and these
+        build arguments: the task names one image) that is still going or pushed the image;
+        the newest. Runs - List filters on TaskName and Status (REST reference,
+        container-registry-tasks runs/list: OData over RunFilter, 'contains' the one string
+        function)."""
+        task = self.call(
+            f"read build task {self.task_name}",
+            "",
+            lambda **kw: self.client.tasks.get(*self.where, self.task_name, **kw),
+        )
+        changed = getattr(task.system_data, "last_modified_at", None) or task.creation_date
+        if changed is None:
+            return None
+        states = " or ".join(f"Status eq '{s}'" for s in (*RUN_IN_PROGRESS, "Succeeded"))
+        query = f"TaskName eq '{self.task_name}' and ({states})"
+        runs = self.call(
+            f"list the runs of build task {self.task_name}",
+            "",
+            lambda **kw: list(
+                self.client.runs.list(*self.where, filter=query, top=RUNS_LISTED, **kw)
+            ),
+        )
+        fresh = [r for r in runs if r.create_time is not None and r.create_time >= changed]
+        for run in sorted(fresh, key=lambda r: r.create_time, reverse=True):
+            if run.status in RUN_IN_PROGRESS or _pushed_digest(run, self.spec.image, exact=True):
+                return run
+        return None
+
+    def schedule(self) -> Any:
+        from azure.core.exceptions import HttpResponseError
+        from azure.mgmt.containerregistry.v2025_03_01_preview.models import TaskRunRequest
+
+        request = TaskRunRequest(task_id=self.spec.task_id)
+        try:
+            # Not retried: a POST that failed may still have queued a run (the next `up`
+            # adopts it).
+            return self.client.registries.schedule_run(*self.where, request)
+        except HttpResponseError as err:
+            if _error_code(err) == TASKS_NOT_ALLOWED:
+                raise ImageBuildError(
+                    f"imageBuilder=acr: ACR Tasks are not permitted for registry "
+                    f"{self.spec.registry_name} in this subscription ({TASKS_NOT_ALLOWED}); "
+                    "set imageBuilder: docker in the stack to build with a local Docker, or ask "
+                    "Azure support to allow ACR Tasks"
+                ) from None
+            raise ImageBuildError(
+                f"could not start build task {self.task_name} on registry "
+                f"{self.spec.registry_name}: {err.message}"
+            ) from None
+
+    def wait(self, run: Any) -> Any:
+        run_id = str(run.run_id)
+        hint = f"; {self.spec.log_hint(run_id)}"
+        while run.status not in RUN_DONE:
+            if time.monotonic() > self.deadline:
+                raise ImageBuildError(
+                    f"image build run {run_id} is still {run.status} after "
+                    f"{BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS} s{hint}"
+                )
+            time.sleep(POLL_SECONDS)
+            run = self.call(
+                f"read image build run {run_id} on registry {self.spec.registry_name}",
+                hint,
+                lambda **kw: self.client.runs.get(*self.where, run_id, **kw),
+            )
+        return run
 
 
 def run_build(spec: BuildSpec) -> dict[str, str]:
-    """Schedule the task once, wait for the run to end, return its id, status and the digest
+    """Adopt the task's run for this image (one still going, or one that pushed it), else
+    schedule the task once; wait for the run to end and return its id, status and the digest
     it pushed; any other end raises ``ImageBuildError``."""
-    from azure.core.exceptions import HttpResponseError
-    from azure.mgmt.containerregistry.v2025_03_01_preview.models import TaskRunRequest
-
-    client = _client(spec.subscription_id)
-    where = (spec.resource_group_name, spec.registry_name)
-    try:
-        run = client.registries.schedule_run(*where, TaskRunRequest(task_id=spec.task_id))
-    except HttpResponseError as err:
-        raise ImageBuildError(
-            f"could not start build task {spec.task_id.rsplit('/', 1)[-1]} on registry "
-            f"{spec.registry_name}: {err.message}"
-        ) from None
+    runs = _Runs(spec, time.monotonic() + BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS)
+    adopted = runs.adoptable()
+    run = runs.wait(adopted or runs.schedule())
     run_id = str(run.run_id)
-    deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS
-    while run.status not in RUN_DONE:
-        if time.monotonic() > deadline:
-            raise ImageBuildError(
-                f"image build run {run_id} is still {run.status} after "
-                f"{BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS} s; {spec.log_hint(run_id)}"
-            )
-        time.sleep(POLL_SECONDS)
-        run = client.runs.get(*where, run_id)
-    digest = _pushed_digest(run, spec.image) if run.status == "Succeeded" else None
+    succeeded = run.status == "Succeeded"
+    digest = _pushed_digest(run, spec.image, exact=adopted is not None) if succeeded else None
     if not digest:
         reason = run.run_error_message or (
             "no image was pushed" if run.status == "Succeeded" else "no error message"

@@ -7,12 +7,19 @@ The image holds only what it runs: the trainer sources (run from ``PYTHONPATH``,
 ``pyproject.toml`` nor ``README.md`` is copied), the image's lock file and the Horovod build
 script. Editing anything else (docs, the operator CLI in ``infra/tools/ops.py``, the Azure program)
 keeps the tag, so `pulumi up` neither rebuilds the image nor replaces a running job.
+
+In a git checkout the tag hashes the tracked files only, as the acr builder's task clones them:
+what git ignores or does not know (``runs/`` of a local training run, caches, scratch files
+under ``trainer/``) is not part of the image the tag names. Outside a checkout (a source
+archive, which holds no ignored files) every file counts but bytecode, so an archive of a
+commit has the tag of that commit's checkout.
 """
 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
+import subprocess
+from pathlib import Path, PurePosixPath
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = "docker/Dockerfile"
@@ -27,15 +34,63 @@ IMAGE_INPUTS = (
 )
 
 
+class ImageInputsError(RuntimeError):
+    """A checkout whose tracked files git could not list; the message is one line."""
+
+
 def content_tag(root: Path = REPO) -> str:
-    """A 16-hex-digit hash of the image inputs' paths and bytes (caches and bytecode excluded)."""
+    """A 16-hex-digit hash of the image inputs' paths and bytes (working-tree bytes of the
+    tracked files in a checkout; every file but bytecode outside one)."""
     digest = hashlib.sha256()
-    for entry in IMAGE_INPUTS:
-        path = root / entry
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        for file in files:
-            relative = file.relative_to(root).as_posix()
-            if "__pycache__" in relative or relative.endswith(".pyc"):
-                continue
-            digest.update(relative.encode() + b"\0" + file.read_bytes() + b"\0")
+    for file in input_files(root):
+        digest.update(file.encode() + b"\0" + (root / file).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+def input_files(root: Path = REPO) -> list[str]:
+    """The image inputs' files as root-relative POSIX paths, in hashing order (``IMAGE_INPUTS``
+    order, then path components: the order the tag has always used, so tags do not move)."""
+    tracked = _tracked_files(root)
+    files: list[str] = []
+    for entry in IMAGE_INPUTS:
+        if tracked is not None:
+            found = [f for f in tracked if f == entry or f.startswith(entry + "/")]
+        else:
+            path = root / entry
+            found = [
+                p.relative_to(root).as_posix()
+                for p in (path.rglob("*") if path.is_dir() else [path])
+                if p.is_file()
+            ]
+            found = [f for f in found if "__pycache__" not in f and not f.endswith(".pyc")]
+        # A tracked file deleted in the working tree is not in what would be built.
+        files += sorted((f for f in found if (root / f).is_file()), key=_components)
+    return files
+
+
+def _components(relative: str) -> tuple[str, ...]:
+    return PurePosixPath(relative).parts
+
+
+def _tracked_files(root: Path) -> list[str] | None:
+    """The tracked files under the image inputs, or None when ``root`` is not a checkout's top
+    (no ``.git`` there: a source archive)."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        top = _git(root, "rev-parse", "--show-toplevel").decode().strip()
+        if Path(top).resolve() != root.resolve():
+            raise ValueError(f"git sees {top} as the checkout")
+        listed = _git(root, "ls-files", "-z", "--cached", "--", *IMAGE_INPUTS)
+    except (OSError, ValueError, subprocess.CalledProcessError) as err:
+        detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace").strip()
+        reason = detail.splitlines()[0] if detail else str(err)
+        raise ImageInputsError(
+            f"content tag: cannot list the tracked image inputs in {root} ({reason}); "
+            "the tag hashes tracked files only, so git must read this checkout"
+        ) from None
+    return [name for name in listed.decode().split("\0") if name]
+
+
+def _git(root: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=True).stdout

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import compute, network, storage
 
-from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
+from infra.cloud_init import MOUNT_POINT, ready_command, render_nfs_cloud_init
 from infra.config import NetworkSettings, NfsSettings
 from infra.naming import Placement
 from infra.network import Network
@@ -185,8 +185,9 @@ class NfsServer(pulumi.ComponentResource):
             ),
         )
         # The VM exists before cloud-init has exported anything: this extension finishes only
-        # when cloud-init has (`cloud-init status --wait` exits non-zero if it failed), and the
-        # mount source below depends on it, so no pool node mounts before the export is up.
+        # when the setup has (infra.cloud_init.render_ready_gate: cloud-init done, even
+        # degraded, the setup's marker, /data exported, the runs folder's mode), and the mount
+        # source below depends on it, so no pool node mounts before the export is up.
         ready = compute.VirtualMachineExtension(
             f"{name}-nfs-ready",
             vm_name=vm.name,
@@ -195,7 +196,7 @@ class NfsServer(pulumi.ComponentResource):
             type="CustomScript",
             type_handler_version="2.1",
             auto_upgrade_minor_version=True,
-            protected_settings={"commandToExecute": "cloud-init status --wait"},
+            protected_settings={"commandToExecute": ready_command()},
             **args.placement.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -17,6 +17,8 @@ import pytest
 from tests.tls import serve_https
 
 # (method, path, query, headers, body) -> (status, response headers, JSON body or None)
+# A status of DROP closes the connection without an answer (a connection reset mid-request).
+DROP = -1
 Handle = Callable[
     [str, str, dict[str, list[str]], dict[str, str], Any], tuple[int, dict[str, str], Any]
 ]
@@ -37,6 +39,9 @@ def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle)
             status, headers, answer = handle(
                 self.command, url.path, urllib.parse.parse_qs(url.query), dict(self.headers), body
             )
+            if status == DROP:
+                self.close_connection = True
+                return
             data = b"" if answer is None else json.dumps(answer).encode()
             self.send_response(status)
             for key, value in {"Content-Type": "application/json", **headers}.items():

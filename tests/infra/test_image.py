@@ -1,7 +1,6 @@
 """The trainer image builders, under Pulumi's mocks."""
 
 import json
-import shutil
 
 import pulumi
 import pytest
@@ -10,7 +9,7 @@ from infra import image as image_module
 from infra.config import PROJECT, ConfigError, secret_setting
 from infra.identity import ACR_PUSH
 from infra.image import ACR_TOKEN_USER
-from infra.image_inputs import IMAGE_INPUTS, REPO, content_tag
+from infra.image_inputs import REPO, content_tag
 from infra.tools.mocks import SUBSCRIPTION_ID, _fake_digest
 from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, one, stack_values
@@ -184,25 +183,6 @@ def test_docker_builder_pushes_with_an_entra_token_never_the_admin_user(monkeypa
     assert cache_to["registry"]["ociMediaTypes"] is True
     assert plan.outputs["image_ref"] == f"{login}/trainer:{tag}@{plan.outputs['image_digest']}"
     assert not of_type(plan, TASK) and not of_type(plan, BUILD)
-
-
-def test_content_tag_changes_with_the_trainer_and_ignores_bytecode(tmp_path):
-    for entry in IMAGE_INPUTS:
-        source = REPO / entry
-        target = tmp_path / entry
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy(source, target)
-    tag = content_tag(tmp_path)
-    assert tag == content_tag(REPO) and len(tag) == 16
-    (tmp_path / "trainer" / "__pycache__").mkdir(exist_ok=True)
-    (tmp_path / "trainer" / "__pycache__" / "x.pyc").write_bytes(b"\0")
-    assert content_tag(tmp_path) == tag
-    with open(tmp_path / "trainer" / "model.py", "a") as file:
-        file.write("\n# changed\n")
-    assert content_tag(tmp_path) != tag
 
 
 @pytest.mark.parametrize("key", ["trainerConfig", "imageBuilder"])
