@@ -20,6 +20,7 @@ from PIL import Image
 from tests.fake_imds import IDENTITY, FakeImds, serving
 from tests.ports import free_port
 from tests.process_tree import RUN_TAG, check_none_left, new_tag
+from tests.seam_skips import pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  # hooks
 
 # The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
 # those command lines on this machine, which must send nothing beyond loopback: point every

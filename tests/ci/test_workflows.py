@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,34 @@ def test_no_long_lived_secrets(workflow):
     assert "PULUMI_CONFIG_PASSPHRASE" not in text and "AZURE_STORAGE_KEY" not in text
 
 
-def test_tests_run_the_readme_command():
+def test_tests_run_the_readme_command_as_root():
     steps = yaml.safe_load((REPO / ".github/workflows/test.yml").read_text())["jobs"]["test"]
-    assert {"run": "make test"} in steps["steps"]
+    runs = [step["run"] for step in steps["steps"] if "run" in step]
+    # The runner's user sets up; the tests run as root, where the seam tests can run, and see
+    # CI (GitHub sets CI=true) so that a seam test skipped for want of root fails the run.
+    assert runs[0] == "make setup"
+    sudo = shlex.split(runs[1])
+    assert sudo[0] == "sudo" and sudo[-2:] == ["make", "test"]
+    assert "CI" in sudo[1].removeprefix("--preserve-env=").split(",")
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
+    (tmp_path / "test_seam.py").write_text(
+        "import pytest\n\n"
+        "def test_seam():\n"
+        "    pytest.skip('the Batch emulator runs nodes in namespaces: needs root')\n\n"
+        "def test_gpu():\n"
+        "    pytest.skip('no CUDA device')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.seam_skips", "-c", os.devnull,
+         "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CI": ci, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == (1 if ci else 0), result.stdout + result.stderr
+    assert ("1 seam test(s) skipped for want of root" in result.stdout) == bool(ci)
 
 
 def test_make_test_runs_every_test_folder_in_exactly_one_pass():
