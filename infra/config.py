@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import CUDA, cuda_of_base
@@ -223,7 +224,8 @@ class StackSettings:
             ),
             image=ImageSettings(
                 builder=take("image_builder"),
-                source_repo=take("image_source_repo"),
+                # Unset: the checkout's origin, which the acr builder clones anyway.
+                source_repo=take("image_source_repo") or origin_clone_url() or "",
                 base=take("image_base"),
                 base_digest=take("image_base_digest"),
             ),
@@ -335,7 +337,8 @@ class StackSettings:
         if image.builder == "acr" and not _GIT_URL.match(image.source_repo):
             raise ConfigError(
                 f"imageSourceRepo={image.source_repo!r}: the acr builder clones this "
-                "repository; give its https://.../<name>.git URL (or use imageBuilder docker)"
+                "repository and no https or ssh origin remote says where it is; give its "
+                "https://.../<name>.git URL (or use imageBuilder docker)"
             )
         if not _IMAGE_REF.match(image.base):
             raise ConfigError(

@@ -18,6 +18,7 @@ commit has the tag of that commit's checkout.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 from pathlib import Path, PurePosixPath
 
@@ -32,6 +33,34 @@ IMAGE_INPUTS = (
     "scripts/horovod-blocking-wait.patch",
     "trainer",
 )
+
+
+# An ssh remote (git@host:org/repo.git or ssh://git@host/org/repo) and its https clone URL.
+_GIT_SSH = re.compile(r"^(?:ssh://)?git@([^:/]+)[:/](.+?)(?:\.git)?/?$")
+
+
+def git_https_url(remote: str) -> str | None:
+    """An https://...git clone URL for a remote URL (https, or ssh as git@host:org/repo)."""
+    remote = remote.strip()
+    if remote.startswith("https://"):
+        return remote if remote.endswith(".git") else f"{remote.rstrip('/')}.git"
+    match = _GIT_SSH.match(remote)
+    return f"https://{match.group(1)}/{match.group(2)}.git" if match else None
+
+
+def origin_clone_url(root: Path = REPO) -> str | None:
+    """The https clone URL of the checkout's ``origin`` remote; None without one (not a
+    checkout, no origin, or an origin that is a local path)."""
+    try:
+        remote = subprocess.run(
+            ["git", "-C", str(root), "remote", "get-url", "origin"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return git_https_url(remote.stdout) if remote.returncode == 0 else None
 
 
 class ImageInputsError(RuntimeError):

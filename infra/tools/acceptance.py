@@ -41,6 +41,7 @@ import yaml
 
 from infra import cost, prices
 from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
+from infra.image_inputs import git_https_url
 from infra.naming import prefix
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, size_of
 from trainer.cli import OneLineParser
@@ -57,7 +58,6 @@ _CHECKPOINT_LINE = re.compile(r"checkpoint written: (\S+) \(uid (\d+)\)")
 _WORKERS_LINE = re.compile(r"node (\d+)/(\d+): starting (\d+) worker\(s\)")
 _PREFLIGHT_LINE = re.compile(r"preflight: allreduce bus bandwidth ([0-9.]+) GB/s")
 _NODE_SECTION = re.compile(r"^===== node (\d+)/(\d+) ", re.MULTILINE)
-_GIT_SSH = re.compile(r"^(?:ssh://)?git@([^:/]+)[:/](.+?)(?:\.git)?/?$")
 
 
 class InputError(ValueError):
@@ -960,15 +960,6 @@ def prerequisites(host: Host, secrets_provider: str | None) -> None:
         raise Unavailable("the Azure CLI (az) is not on PATH: install it, then az login")
     if host.run(["az", "account", "show", "-o", "none"]).returncode != 0:
         raise Unavailable("az is not logged in: run az login (and az account set -s <id>)")
-
-
-def git_https_url(remote: str) -> str | None:
-    """An https://...git clone URL for a remote URL (https, or ssh as git@host:org/repo)."""
-    remote = remote.strip()
-    if remote.startswith("https://"):
-        return remote if remote.endswith(".git") else f"{remote.rstrip('/')}.git"
-    match = _GIT_SSH.match(remote)
-    return f"https://{match.group(1)}/{match.group(2)}.git" if match else None
 
 
 def resolve_options(args: argparse.Namespace, host: Host, *, look_up: bool) -> Options:
