@@ -70,7 +70,7 @@ class ScheduledEvents:
         self._answered = False  # whether the service answered a request for events
         self._vm_name: str | None = None
 
-    def _request(self, path: str, body: bytes | None = None, timeout: float | None = None):
+    def _request(self, path: str, body: bytes | None = None, timeout: float | None = None) -> bytes:
         # IMDS refuses requests without this header, and any that pass through a proxy.
         request = urllib.request.Request(
             f"{self.base_url}{path}", data=body, headers={"Metadata": "true"}

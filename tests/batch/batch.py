@@ -7,8 +7,9 @@ with its own Batch folder tree, hardware (a fake ``/sys/class/infiniband``, a st
 ``nvidia-smi``), instance metadata service and storage route; each task process tree is a PID
 and mount namespace started by ``tests/batch/agent.py``. The emulated platform lists the pool's
 Scheduled Events on every node and starts them (at NotBefore, or soon after an approval): the
-VMs they name are taken, and a task that was running there is requeued, not retried. The rules below cite the Batch
-documentation they implement (paths are in MicrosoftDocs/azure-docs, ``articles/batch/``).
+VMs they name are taken, and a task that was running there is requeued, not retried. The rules
+below cite the Batch documentation they implement (paths are in MicrosoftDocs/azure-docs,
+``articles/batch/``).
 """
 
 from __future__ import annotations
