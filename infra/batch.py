@@ -36,6 +36,9 @@ TERMINATE_REASON = "UserTerminate"
 # Job states in which tasks may still run: terminate before delete so the launchers get SIGTERM
 # and checkpoint (a delete removes the task data at once).
 RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
+# Counts real failures only: after an eviction or maintenance notice the launcher waits for the
+# platform to take the VM, and Batch's recovery retries the task without counting it
+# (trainer/launch/supervisor.py, HOLD_SECONDS).
 MAX_TASK_RETRIES = 3
 # The engine of a job whose trainer settings choose none (``trainer_args`` then carry no
 # --backend): Horovod, the engine every job ran before the settings could choose one, so such a

@@ -1,7 +1,13 @@
 """A fake Azure Instance Metadata Service on 127.0.0.1 that answers like the documented one
 (articles/virtual-machines/linux/scheduled-events.md): it refuses requests without
 ``Metadata: true``, serves the VM name and the scheduled events document, and records the
-approvals it receives. It also issues the managed identity's tokens
+approvals it receives. Like Azure it turns Scheduled Events on with the first request for events
+and answers that request late ("You should expect a delayed response in your first call of up to
+two minutes", section "Enabling and Disabling Scheduled Events"): here ``first_call_delay``
+seconds (default ``FIRST_CALL_SECONDS``), or until ``enable()`` with ``first_call_delay=None``;
+until then every request for events waits. Its events may name other VMs too: events reach every
+VM of a scale set's placement group (section "Scope"), and a Batch pool is one. It also issues
+the managed identity's tokens
 (articles/active-directory/managed-identities-azure-resources/how-to-use-vm-token.md) for
 ``IDENTITY``: ``azure-identity`` asks there when ``AZURE_POD_IDENTITY_AUTHORITY_HOST`` names it,
 and Azurite with ``--oauth basic`` accepts them (it checks issuer, audience and lifetime)."""
@@ -24,20 +30,49 @@ VM = "batch-node-7"
 IDENTITY = "0b5c3e1d-6f8a-4c2e-9d7b-1a2b3c4d5e6f"
 TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
 TOKEN_PATH = "/metadata/identity/oauth2/token"
+# Azure's first answer can take two minutes; here a few seconds: longer than the two seconds the
+# watcher once waited before it gave up for good, short enough for the tests.
+FIRST_CALL_SECONDS = 2.5
 
 
 class FakeImds(ThreadingHTTPServer):
-    def __init__(self, vm_name: str = VM) -> None:
+    def __init__(self, vm_name: str = VM, first_call_delay: float | None = FIRST_CALL_SECONDS):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.vm_name = vm_name
         self.events: list[dict] = []
         self.approved: list[dict] = []
         self.requests: list[tuple[str, str, str | None]] = []
         self.tokens_issued = 0
+        self.first_call_delay = first_call_delay
+        self.enabled = threading.Event()  # Scheduled Events on: requests for events answer
+        self._lock = threading.Lock()
+        self._asked = False
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def enable(self) -> None:
+        """Scheduled Events on, as on a VM that asked within the last 24 hours."""
+        self.enabled.set()
+
+    def events_asked(self) -> int:
+        """How many requests for events arrived (answered or still waiting)."""
+        return sum(1 for _, path, _ in self.requests if path == "/metadata/scheduledevents")
+
+    def wait_until_enabled(self) -> None:
+        """The first request for events turns the service on, ``first_call_delay`` later."""
+        with self._lock:
+            first, self._asked = not self._asked, True
+        if first and self.first_call_delay is not None:
+            timer = threading.Timer(self.first_call_delay, self.enabled.set)
+            timer.daemon = True
+            timer.start()
+        self.enabled.wait()
+
+    def shutdown(self) -> None:
+        self.enabled.set()  # release the requests still waiting
+        super().shutdown()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -47,11 +82,14 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped waiting (a late first answer)
 
     def _route(self, method: str) -> None:
         url = urlparse(self.path)
@@ -65,6 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif url.path == TOKEN_PATH and method == "GET":
             self._token(parse_qs(url.query))
         elif url.path == "/metadata/scheduledevents" and api == EVENTS_API:
+            self.server.wait_until_enabled()
             if method == "GET":
                 document = {"DocumentIncarnation": 2, "Events": self.server.events}
                 self._answer(200, json.dumps(document).encode())
@@ -116,8 +155,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serving(vm_name: str = VM) -> Iterator[FakeImds]:
-    server = FakeImds(vm_name)
+def serving(
+    vm_name: str = VM, first_call_delay: float | None = FIRST_CALL_SECONDS
+) -> Iterator[FakeImds]:
+    server = FakeImds(vm_name, first_call_delay)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

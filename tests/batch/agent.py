@@ -4,8 +4,9 @@
                applies the node's and the container's mounts, the run options' ulimits, drops
                to the task user, starts the command, reports its exit code on a pipe and, if
                the container lifecycle says so, stays up (reaping) after the command returned.
-``imds FILE``  the node's instance metadata service: managed-identity tokens on
-               169.254.169.254:80 for the pool's user-assigned identities.
+``imds FILE``  the node's instance metadata service on 169.254.169.254:80: managed-identity
+               tokens for the pool's user-assigned identities, the VM's name and the pool's
+               Scheduled Events (the emulator's file; approvals appended to another).
 ``hold PORT``  Batch's own listener on the port in AZ_BATCH_MASTER_NODE (master node only).
 ``upload SPEC`` a task's output files to Blob storage with the node's managed identity.
 
@@ -22,6 +23,7 @@ import resource
 import signal
 import socket
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -237,32 +239,97 @@ def _token(resource_url: str, client_id: str, tenant: str) -> str:
     return f"{_b64(header)}.{_b64(claims)}.{_b64({'sig': 'emulated'})}"
 
 
+class ScheduledEvents:
+    """The VM's view of its placement group's Scheduled Events
+    (articles/virtual-machines/linux/scheduled-events.md): the events the emulator lists in
+    ``events`` (the whole pool's: events reach every VM of a placement group); approvals
+    (``StartRequests``) appended to ``approvals`` for the emulator, which then starts them. The
+    first request turns the service on and is answered late ("You should expect a delayed
+    response in your first call of up to two minutes"): ``first_call_delay`` seconds after
+    it; until then every request waits."""
+
+    def __init__(self, config: dict) -> None:
+        self.events_path, self.approvals_path = config["events"], config["approvals"]
+        self.vm_name = config["vm_name"]
+        self.delay = float(config.get("first_call_delay", 0))
+        self.on_at: float | None = None
+        self.lock = threading.Lock()
+
+    def wait_until_on(self) -> None:
+        with self.lock:
+            if self.on_at is None:
+                self.on_at = time.monotonic() + self.delay
+            on_at = self.on_at
+        time.sleep(max(0.0, on_at - time.monotonic()))
+
+    def document(self) -> dict:
+        try:
+            with open(self.events_path) as handle:
+                events = json.load(handle)
+        except FileNotFoundError:
+            events = []
+        return {"DocumentIncarnation": len(events), "Events": events}
+
+    def approve(self, body: dict) -> None:
+        with self.lock, open(self.approvals_path, "a") as handle:
+            handle.write(json.dumps({"vm": self.vm_name, **body}) + "\n")
+
+
 def imds(config_path: str) -> int:
     with open(config_path) as handle:
         config = json.load(handle)
     identities: dict[str, str] = config["identities"]  # client id -> resource id
     log = open(config["log"], "a", buffering=1)  # noqa: SIM115
+    events = ScheduledEvents(config)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *args: object) -> None:
             log.write(fmt % args + "\n")
 
-        def _reply(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+        def _reply(self, code: int, body: dict | str) -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            try:
+                self.send_response(code)
+                kind = "text/plain" if isinstance(body, str) else "application/json"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped waiting for a late answer
+
+        def _scheduled_events(self, method: str) -> None:
+            events.wait_until_on()
+            if method == "GET":
+                self._reply(200, events.document())
+                return
+            length = int(self.headers.get("Content-Length", 0))
+            events.approve(json.loads(self.rfile.read(length)))
+            self._reply(200, "")
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            if self.headers.get("Metadata") != "true":
+                self._reply(400, {"error": "Bad request. Required metadata header not specified"})
+            elif url.path == "/metadata/scheduledevents" and "api-version" in url.query:
+                self._scheduled_events("POST")
+            else:
+                self._reply(404, {"error": "not_found"})
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            if url.path != "/metadata/identity/oauth2/token":
-                self._reply(404, {"error": "not_found"})
-                return
             if self.headers.get("Metadata") != "true":
                 self._reply(400, {"error": "invalid_request", "error_description": "Metadata"})
+                return
+            if url.path == "/metadata/scheduledevents" and "api-version" in query:
+                self._scheduled_events("GET")
+                return
+            if url.path == "/metadata/instance/compute/name":
+                self._reply(200, events.vm_name)
+                return
+            if url.path != "/metadata/identity/oauth2/token":
+                self._reply(404, {"error": "not_found"})
                 return
             client_id = query.get("client_id")
             mi_res_id = query.get("mi_res_id") or query.get("msi_res_id")

@@ -5,13 +5,17 @@ Pulumi mocks) and the job and task as REST JSON (``job_options(spec).as_dict()``
 ``task_options(spec).as_dict()``). Each node is a network namespace (``tests.batch.fabric``)
 with its own Batch folder tree, hardware (a fake ``/sys/class/infiniband``, a stub
 ``nvidia-smi``), instance metadata service and storage route; each task process tree is a PID
-and mount namespace started by ``tests/batch/agent.py``. The rules below cite the Batch
-documentation they implement (paths are in MicrosoftDocs/azure-docs, ``articles/batch/``).
+and mount namespace started by ``tests/batch/agent.py``. The emulated platform lists the pool's
+Scheduled Events on every node and starts them (at NotBefore, or soon after an approval): the
+VMs they name are taken, and a task that was running there is requeued, not retried. The rules
+below cite the Batch documentation they implement (paths are in MicrosoftDocs/azure-docs,
+``articles/batch/``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import glob
 import json
 import os
@@ -50,6 +54,17 @@ BATCH_PORT = 6000
 # Between SIGTERM and SIGKILL when a task is terminated (Docker's `docker stop` default).
 STOP_GRACE_SECONDS = 10.0
 TENANT = "00000000-0000-0000-0000-0000000000aa"
+# Scheduled Events (articles/virtual-machines/linux/scheduled-events.md): the first request on a
+# VM may be answered "up to two minutes" late; here a few seconds, more than the two seconds the
+# launcher's watcher once waited before it gave up for good.
+IMDS_FIRST_CALL_SECONDS = 3.0
+# An approved event starts "when possible", not at once: the emulated platform takes its VMs
+# this long after the approval.
+APPROVED_START_SECONDS = 2.0
+# A taken node comes back (a reboot, or Spot capacity found again) after this long and runs
+# the start task again ("the nodes keep their IDs, but are reinitialized, going through
+# Creating and Starting states", articles/batch/batch-spot-vms.md).
+REJOIN_SECONDS = 1.0
 
 
 def _lower(value: Any) -> str:
@@ -319,6 +334,11 @@ class Node:
         return f"batchnode{self.index}"
 
     @property
+    def vm_name(self) -> str:
+        """What the node's metadata service calls its VM (and Scheduled Events' Resources)."""
+        return f"batchpoolvmss_{self.index}"
+
+    @property
     def shared_dir(self) -> Path:
         return self.root / "shared"
 
@@ -351,6 +371,7 @@ class Cluster:
         lifecycle: str = "kill",
         nodes: int | None = None,
         driver: str = "580.95.05",
+        imds_first_call: float = IMDS_FIRST_CALL_SECONDS,
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
@@ -362,6 +383,14 @@ class Cluster:
         self.helpers: list[subprocess.Popen[bytes]] = []
         self.events: list[str] = []
         self._lock = threading.Lock()
+        self.imds_first_call = imds_first_call
+        self.runs: list[JobRun] = []
+        # The pool's Scheduled Events (one placement group: every node lists them all).
+        self.scheduled_events = base / "specs" / "scheduled-events.json"
+        self.approvals = base / "logs" / "scheduled-approvals.jsonl"
+        self._scheduled: list[dict[str, Any]] = []
+        self._due: dict[str, float] = {}  # event id -> when the platform starts it
+        self._platform_stop = threading.Event()
         count = len(fabric.node_ips) if nodes is None else nodes
         (base / "specs").mkdir(parents=True, exist_ok=True)
         (base / "logs").mkdir(parents=True, exist_ok=True)
@@ -469,6 +498,92 @@ class Cluster:
             thread.start()
         for thread in threads:
             thread.join()
+        self._write_scheduled()
+        threading.Thread(target=self._platform, name="platform", daemon=True).start()
+
+    # --- the platform: Scheduled Events and what they do to nodes -------------------------------
+    def schedule_event(self, kind: str, vm_names: list[str], notice: float) -> str:
+        """An event for ``vm_names`` (the pool's or others: events reach the whole placement
+        group), which the platform starts ``notice`` seconds from now or soon after a VM
+        approves it; returns its id."""
+        event_id = f"emulated-{kind.lower()}-{len(self._due) + 1}"
+        not_before = email.utils.formatdate(time.time() + notice, usegmt=True)
+        with self._lock:
+            self._scheduled.append(
+                {
+                    "EventId": event_id,
+                    "EventStatus": "Scheduled",
+                    "EventType": kind,
+                    "ResourceType": "VirtualMachine",
+                    "Resources": vm_names,
+                    "NotBefore": not_before,
+                    "Description": "",
+                    "EventSource": "Platform",
+                    "DurationInSeconds": -1,
+                }
+            )
+            self._due[event_id] = time.monotonic() + notice
+        self._write_scheduled()
+        self.log(f"scheduled event {event_id}: {kind} {vm_names} not before {not_before}")
+        return event_id
+
+    def approved(self) -> list[tuple[str, str]]:
+        """(VM, event id) of every approval the nodes sent."""
+        if not self.approvals.exists():
+            return []
+        found = []
+        for line in self.approvals.read_text().splitlines():
+            record = json.loads(line)
+            found += [(record["vm"], r["EventId"]) for r in record.get("StartRequests", [])]
+        return found
+
+    def _write_scheduled(self) -> None:
+        with self._lock:
+            data = json.dumps(self._scheduled)
+        staged = self.scheduled_events.with_suffix(".tmp")
+        staged.write_text(data)
+        os.chmod(staged, 0o644)
+        staged.replace(self.scheduled_events)
+
+    def _platform(self) -> None:
+        """Starts each event when due: at its NotBefore, or APPROVED_START_SECONDS after a VM
+        approved it ("This call indicates to Azure that it can shorten the minimum
+        notification time (when possible)"). A started event is no longer listed, and takes
+        the pool's VMs it names."""
+        seen = 0
+        while not self._platform_stop.wait(0.2):
+            approvals = self.approved()
+            for _, event_id in approvals[seen:]:
+                if event_id in self._due:
+                    soon = time.monotonic() + APPROVED_START_SECONDS
+                    self._due[event_id] = min(self._due[event_id], soon)
+            seen = len(approvals)
+            now = time.monotonic()
+            with self._lock:
+                due = [e for e in self._scheduled if self._due[e["EventId"]] <= now]
+                self._scheduled = [e for e in self._scheduled if e not in due]
+            if not due:
+                continue
+            self._write_scheduled()
+            for event in due:
+                self.log(f"platform starts {event['EventId']}: {event['EventType']}")
+                for node in self.nodes:
+                    if node.vm_name in event["Resources"] and event["EventType"] != "Freeze":
+                        self._take(node, event["EventType"])
+
+    def _take(self, node: Node, kind: str) -> None:
+        """The VM goes away (preempted, rebooted, redeployed, deleted): every process on it
+        dies with it; the node comes back after REJOIN_SECONDS and runs the start task."""
+        node.state = "preempted" if kind == "Preempt" else "rebooting"
+        self.log(f"node {node.index}: taken by {kind}")
+        for run in list(self.runs):
+            run.node_lost(node)
+
+        def rejoin() -> None:
+            time.sleep(REJOIN_SECONDS)
+            self._run_start_task(node)
+
+        threading.Thread(target=rejoin, daemon=True).start()
 
     def _start_imds(self, node: Node) -> None:
         config = self.base / "specs" / f"imds-n{node.index}.json"
@@ -482,6 +597,10 @@ class Cluster:
                     "identities": self.identities,
                     "tenant": TENANT,
                     "log": str(self.base / "logs" / f"imds-n{node.index}.log"),
+                    "vm_name": node.vm_name,
+                    "events": str(self.scheduled_events),
+                    "approvals": str(self.approvals),
+                    "first_call_delay": self.imds_first_call,
                 }
             )
         )
@@ -776,6 +895,7 @@ class Cluster:
         }
         if not self.fabric.isolated:
             container_env["AZURE_POD_IDENTITY_AUTHORITY_HOST"] = node.imds_endpoint  # type: ignore[attr-defined]
+            container_env["AZURE_IMDS_URL"] = node.imds_endpoint  # type: ignore[attr-defined]
         stage = self.base / "stage" / name
         stage.mkdir(parents=True, exist_ok=True)
         mounts = self._container_mounts(node, settings, task_dir, job_prep_dir, options, stage)
@@ -829,10 +949,12 @@ class Cluster:
         if job["poolInfo"]["poolId"] != self.pool.pool_id:
             raise PayloadError(f"job pool {job['poolInfo']['poolId']} is not {self.pool.pool_id}")
         run = JobRun(self, job, task)
+        self.runs.append(run)
         run.start()
         return run
 
     def close(self) -> None:
+        self._platform_stop.set()
         with self._lock:
             processes = list(self.processes)
         for proc in processes:
@@ -849,6 +971,7 @@ class Try:
     exit_code: int | None
     reason: str
     seconds: float
+    recovered: bool = False  # a node of the try was taken: requeued, not a retry
 
 
 class JobRun(threading.Thread):
@@ -868,8 +991,11 @@ class JobRun(threading.Thread):
         self.running: dict[int, Proc] = {}
         self.application: Proc | None = None
         self.prep_exit: dict[int, int | None] = {}
+        self.retry_count = 0  # Batch's executionInfo.retryCount
+        self.requeue_count = 0  # tries ended by the platform taking a node
         self.finished = threading.Event()
         self._terminate = threading.Event()
+        self._lost: set[int] = set()  # nodes of the current try the platform took
 
     # --- public ---
     def wait(self, timeout: float) -> bool:
@@ -912,27 +1038,70 @@ class JobRun(threading.Thread):
             # batch-mpi.md: such a pool never schedules a multi-instance task; it stays active.
             self.reason = "pool lacks inter-node communication or has taskSlotsPerNode > 1"
             return
-        prep = self.job.get("jobPreparationTask")
+        retries = int((self.task.get("constraints") or {}).get("maxTaskRetryCount") or 0)
         prepared: set[int] = set()
+        attempt = 0
+        while self._schedule(instances, prepared):
+            self.state = "running"
+            # batch-mpi.md, "Master node": one of the nodes is the master and runs the primary.
+            # The docs do not order AZ_BATCH_HOST_LIST; the emulator lists the master last, so
+            # nothing may assume the first host is the master.
+            self.master = self.nodes[-1]
+            self._lost = set()
+            started = time.monotonic()
+            code, reason = self._try(attempt, instances)
+            attempt += 1
+            recovered = bool(self._lost) and not self.terminated
+            if recovered:
+                reason = f"nodes {sorted(self._lost)} taken by the platform ({reason})"
+            self.tries.append(Try(code, reason, time.monotonic() - started, recovered))
+            self.cluster.log(f"task try {attempt - 1}: exit {code} ({reason})")
+            self.exit_code = code
+            if recovered:
+                # A node that disappears (or is rebooted) under a task triggers Batch's
+                # recovery, which retries the task "independent of and ... not counted against
+                # the maxTaskRetryCount" (the REST spec's TaskAddParameter); a preempted Spot
+                # node's tasks "are requeued and run again when capacity returns"
+                # (batch-spot-vms.md). For a multi-instance task that is the whole task.
+                self.requeue_count += 1
+                self.state = "active"
+                continue
+            # BatchTaskConstraints.maxTaskRetryCount: "The Batch service retries a Task if its
+            # exit code is nonzero"; a terminated task is not retried. Any nonzero code counts:
+            # exit conditions (ExitOptions.jobAction none/disable/terminate) act only once the
+            # task completes, "with a non-zero exit code after exhausting its retry count"
+            # (JobAddParameter.onTaskFailure).
+            if code == 0 or self.terminated or self.retry_count >= retries:
+                break
+            self.retry_count += 1
+        self.state = "completed"
+        if self.tries:
+            self.reason = self.tries[-1].reason
+
+    def _schedule(self, instances: int, prepared: set[int]) -> bool:
+        """Chooses the task's nodes (and runs the job preparation on them); False when the
+        task was terminated while it waited for nodes."""
+        prep = self.job.get("jobPreparationTask")
         while True:
             candidates = [n for n in self._eligible() if n.index not in self.prep_failed()]
             if len(candidates) < instances:
                 # Not enough usable nodes: the task is not scheduled; it stays active until
-                # nodes come (none do here) or it is terminated.
+                # nodes come (a taken node comes back) or it is terminated.
                 self.reason = (
                     f"needs {instances} nodes, {len(candidates)} usable "
                     f"({[(n.index, n.state) for n in self.cluster.nodes]})"
                 )
-                self._terminate.wait()
-                self.terminated = True
-                self.state = "completed"
-                return
+                if self._terminate.wait(0.2):
+                    self.terminated = True
+                    self.state = "completed"
+                    return False
+                continue
             self.nodes = candidates[:instances]
             # batch-job-prep-release.md: the job preparation task runs on each node scheduled
             # to run a task, before the task; with waitForSuccess (the default) a node whose
             # preparation failed after its retries gets no task of the job.
             if prep is None:
-                break
+                return True
             self.state = "preparing"
             todo = [n for n in self.nodes if n.index not in prepared]
             threads = [threading.Thread(target=self._prepare, args=(n, prep)) for n in todo]
@@ -944,25 +1113,22 @@ class JobRun(threading.Thread):
                 if self.prep_exit.get(node.index) == 0:
                     prepared.add(node.index)
             if all(n.index in prepared for n in self.nodes) or prep.get("waitForSuccess") is False:
-                break
-        self.state = "running"
-        # batch-mpi.md, "Master node": one of the nodes is the master and runs the primary.
-        # The docs do not order AZ_BATCH_HOST_LIST; the emulator lists the master last, so
-        # nothing may assume the first host is the master.
-        self.master = self.nodes[-1]
-        retries = int((self.task.get("constraints") or {}).get("maxTaskRetryCount") or 0)
-        for attempt in range(retries + 1):
-            started = time.monotonic()
-            code, reason = self._try(attempt, instances)
-            self.tries.append(Try(code, reason, time.monotonic() - started))
-            self.cluster.log(f"task try {attempt}: exit {code} ({reason})")
-            self.exit_code = code
-            # BatchTaskConstraints.maxTaskRetryCount: "The Batch service retries a Task if its
-            # exit code is nonzero"; a terminated task is not retried.
-            if code == 0 or self.terminated:
-                break
-        self.state = "completed"
-        self.reason = self.tries[-1].reason
+                return True
+
+    def node_lost(self, node: Node) -> None:
+        """The platform took ``node``. If a process of the current try still ran there, it dies
+        with the VM and the try is recovered (see ``_run``); a node whose part of the try had
+        already returned loses nothing."""
+        if self.state != "running" or node not in self.nodes:
+            return
+        procs = [self.running.get(node.index)]
+        if node is self.master:
+            procs.append(self.application)
+        live = [p for p in procs if p is not None and not p.done.is_set()]
+        if live:
+            self._lost.add(node.index)
+        for proc in live:
+            proc.kill()
 
     def prep_failed(self) -> set[int]:
         prep = self.job.get("jobPreparationTask")
@@ -1060,9 +1226,10 @@ class JobRun(threading.Thread):
             if holder is not None:
                 holder.kill()
                 holder.wait()
-        self.cluster.upload_outputs(
-            self.master, self.task, envs[self.master.index], 1 if code is None else code
-        )
+        if self.master.index not in self._lost:  # a taken VM uploads nothing
+            self.cluster.upload_outputs(
+                self.master, self.task, envs[self.master.index], 1 if code is None else code
+            )
         return code, reason
 
     def _task_env(self, node: Node, settings: dict[str, Any]) -> dict[str, str]:

@@ -264,3 +264,66 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
     assert "stopped by signal" in logs, logs
     assert _checkpoints(folder)[0] > before, logs
+
+
+def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
+    """A condition: a try later than ``after_attempt`` runs and has logged a step."""
+
+    def condition() -> bool:
+        try:
+            attempt = _current_attempt(folder)
+        except (OSError, ValueError):
+            return False
+        return attempt != after_attempt and len(metrics(folder)) > metrics_before
+
+    return condition
+
+
+def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_still_uses_one(
+    make_cluster, storage, cpu_stack
+):
+    """Four scheduled events take a node of the job, one after the other (MAX_TASK_RETRIES is
+    3: a fourth counted retry would fail the task); each time the job checkpoints, the event is
+    approved unless it also names another job's VM, the platform takes the node and Batch's
+    recovery requeues the task. A worker that dies afterwards is a real failure: a retry."""
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    attempt = None
+    events = []
+    plan = [
+        ("Preempt", [], 60),
+        # Also another job's VM: not to be approved; the platform acts at NotBefore.
+        ("Reboot", ["vm-of-another-job"], 25),
+        ("Redeploy", [], 60),
+        ("Terminate", [], 60),
+    ]
+    for index, (kind, others, notice) in enumerate(plan):
+        _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
+                  cluster, run)  # fmt: skip
+        attempt = _current_attempt(folder)
+        victim = next(n for n in run.nodes if n is not run.master)
+        events.append(cluster.schedule_event(kind, [victim.vm_name, *others], notice))
+        _wait_for(lambda i=index: len(run.tries) > i, RUN_SECONDS, f"{kind} ends the try",
+                  cluster, run)  # fmt: skip
+        assert run.tries[index].recovered, describe(cluster, run)
+        logs = _folder_logs(folder, attempt)
+        assert f"scheduled event {kind} {events[-1]}" in logs, logs
+        assert "waiting for the platform to take this VM" in logs, logs
+    assert (run.retry_count, run.requeue_count, run.finished.is_set()) == (0, 4, False), describe(
+        cluster, run
+    )
+    assert sorted(event for _, event in cluster.approved()) == sorted(events[:1] + events[2:])
+    assert "not approving Reboot" in _folder_logs(folder)
+
+    # A real failure still counts: a worker dies, the try fails, Batch retries it.
+    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
+    subtask = next(n for n in run.nodes if n is not run.master)
+    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    _wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
+    assert not run.tries[4].recovered and run.tries[4].exit_code != 0, describe(cluster, run)
+    assert run.retry_count == 1 and not run.finished.is_set(), describe(cluster, run)
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)

@@ -101,10 +101,14 @@ def test_sigterm_to_the_launchers_reaches_the_workers_which_checkpoint_and_exit_
     assert report(trainer_command(out)).returncode != 0  # interrupted: not a finished run
 
 
-def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_then_is_approved(tmp_path):
-    """Node 2's metadata service announces a Preempt: its launcher signals its worker, the
-    trainer stops every rank at the same step with a checkpoint, and only then is the event
-    approved. Node 1's metadata service announces nothing."""
+def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_is_approved_and_waited_out(
+    tmp_path,
+):
+    """Both nodes' metadata services (one placement group) list a Preempt of node 2: its
+    launcher signals its worker, the trainer stops every rank at the same step with a
+    checkpoint, and only then is the event approved. Node 1's launcher finishes; node 2's waits
+    for the platform to take its VM (Batch then requeues the task without counting a retry),
+    which this test does once the approval came."""
     out = tmp_path / "run"
     with serving("node-1") as quiet, serving("node-2") as evicted:
         nodes = start_nodes(
@@ -117,10 +121,18 @@ def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_then_is_appro
         while not read_metrics(out):
             assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
             time.sleep(0.2)
-        evicted.events = [fake_event("spot-1", "Preempt", ["node-2"])]
-        assert _wait_all(nodes, 60) == [0, 0], _logs(tmp_path)
+        quiet.events = evicted.events = [fake_event("spot-1", "Preempt", ["node-2"])]
+        assert nodes[0].wait(timeout=60) == 0, _logs(tmp_path)
+        deadline = time.monotonic() + 60
+        while not evicted.approved:
+            assert time.monotonic() < deadline and nodes[1].poll() is None, _logs(tmp_path)
+            time.sleep(0.2)
+        assert nodes[1].poll() is None, _logs(tmp_path)  # waiting to be taken
+        nodes[1].kill()  # the platform takes the VM
+        nodes[1].wait()
         logs = _logs(tmp_path)
         assert "scheduled event Preempt spot-1" in logs and "checkpoint now" in logs
+        assert "waiting for the platform to take this VM" in logs
         assert evicted.approved == [{"StartRequests": [{"EventId": "spot-1"}]}]
         assert quiet.approved == []
         assert any((out / "checkpoints").iterdir())

@@ -16,6 +16,9 @@ Failures end the whole job, never hang it: a launcher whose worker fails records
 rendezvous store and stops its workers; every launcher polls the store (and treats a master
 that stopped answering as a failure), so all nodes exit non-zero within a few seconds. SIGTERM
 (a Batch terminate, a Spot eviction) is forwarded to the workers, which checkpoint and exit 0.
+With ``--watch-scheduled-events`` a notice for this VM does the same; the launcher then approves
+the event if it takes only this job's VMs (``StoreVms``) and waits for the platform to take the
+VM (``HOLD_SECONDS``), so that Batch requeues the task without counting a retry.
 
 Records: when the worker command has ``--output-dir``, that folder (on the shared file system)
 gets ``logs/<attempt>/launch-<node>.log`` (everything this launcher and its workers printed)
@@ -86,6 +89,15 @@ INTERRUPTED_EXIT = 75
 STORE_LOST_SECONDS = 10
 KILL_GRACE_SECONDS = 10
 DONE_WAIT_SECONDS = 60
+# After a scheduled event's checkpoint the launcher of the VM it takes does not exit: Batch counts
+# a non-zero exit as a retry of the task (maxTaskRetryCount, infra/batch.py), while a task whose
+# node is rebooted or disappears is retried by Batch's recovery, "independent of and ... not
+# counted against the maxTaskRetryCount" (the Batch REST spec, TaskAddParameter), and a Spot
+# node's preemption requeues its tasks (articles/batch/batch-spot-vms.md). So the launcher waits
+# for the platform to take the VM: at most this long (the longest minimum notice of an event
+# that takes the VM, a Reboot's 15 minutes, and five more), or until the event ends without
+# taking it (cancelled): then it exits, which costs a retry.
+HOLD_SECONDS = 20 * 60
 
 
 class LaunchError(RuntimeError):
@@ -259,6 +271,24 @@ def join_store(
                 "task output"
             )
         time.sleep(sleep)
+
+
+class StoreVms:
+    """The VM names of this job's nodes (``trainer.scheduled_events.JobVms``), exchanged through
+    the launchers' store: each launcher puts the name its metadata service gives
+    (``vm-<index>``); the watcher reads them all when an event comes. Batch tells a node the
+    others' addresses (``AZ_BATCH_HOST_LIST``), not their VM names, which Scheduled Events
+    lists; asking Batch's API for them would need a credential on the node. A node that has not
+    published (yet) is missing, so an event naming its VM is not approved."""
+
+    def __init__(self, store: Store, nodes: int, index: int) -> None:
+        self.store, self.nodes, self.index = store, nodes, index
+
+    def publish(self, vm_name: str) -> None:
+        self.store.put(f"vm-{self.index}", vm_name)
+
+    def names(self) -> set[str]:
+        return {name for i in range(self.nodes) if (name := self.store.get(f"vm-{i}"))}
 
 
 class RunLog:
@@ -763,29 +793,59 @@ def main(argv: list[str] | None = None) -> int:
     watcher = None
     if args.watch_scheduled_events:
         imds = env.get("AZURE_IMDS_URL", IMDS)
-        watcher = Watcher(ScheduledEvents(imds)).start()
+        job_vms = StoreVms(store, len(node.hosts), node.index)
+        watcher = Watcher(ScheduledEvents(imds), say=log.say, job=job_vms).start()
     outcome = supervise(node, workers, store, log, watcher)
     workers.join_output()
     if watcher is not None:
         watcher.stop()
         if watcher.noticed:
-            # The workers have checkpointed: let the platform go ahead without waiting out
-            # the notice.
-            try:
-                watcher.client.approve(watcher.events)
-                log.say("approved the scheduled event(s): the checkpoint is written")
-            except OSError as err:
-                log.say(f"could not approve the scheduled event(s): {err}")
+            _approve(watcher, log)
     if stop_server is not None:
         if outcome.code == 0:
             _wait_for_other_nodes(node, store)
         stop_server()
     log.say(f"done: {outcome.reason} (exit {outcome.code})")
-    log.close()
     if records is not None:
         try:
             records.finish(attempt, node.name, outcome)
         except OSError as err:
+            log.close()
             print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
             return outcome.code or 1
+    if watcher is not None and watcher.noticed:
+        _hold(watcher, log)
+    log.close()
     return 0 if args.defer_exit_code else outcome.code
+
+
+def _approve(watcher: Watcher, log: RunLog) -> None:
+    """The workers have checkpointed: let the platform go ahead without waiting out the notice,
+    for the events that take only this job's VMs."""
+    approve, foreign = watcher.approvable()
+    for event in foreign:
+        others = sorted(set(event.resources) - watcher.job_vms)
+        log.say(
+            f"not approving {event.event_type} {event.event_id}: it also takes VMs outside "
+            f"this job ({', '.join(others)}); the platform goes ahead at {event.not_before}"
+        )
+    if not approve:
+        return
+    try:
+        watcher.client.approve(approve)
+        log.say("approved the scheduled event(s): the checkpoint is written")
+    except OSError as err:
+        log.say(f"could not approve the scheduled event(s): {err}")
+
+
+def _hold(watcher: Watcher, log: RunLog) -> None:
+    """Wait for the platform to take this VM (``HOLD_SECONDS``); a signal ends the wait."""
+    log.say(
+        "waiting for the platform to take this VM: Batch then requeues the task without "
+        "counting a retry"
+    )
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: watcher.release())
+    if not watcher.hold(HOLD_SECONDS):
+        log.say("the scheduled event ended without taking this VM: exiting (Batch retries)")
+    else:
+        log.say("stopped waiting for the platform to take this VM: exiting (Batch retries)")
