@@ -347,7 +347,7 @@ def test_a_stack_that_chooses_backend_local_is_refused_in_one_line(tmp_path):
 
     path = tmp_path / "local.yaml"
     path.write_text("model: tiny\nbackend: local\n", encoding="utf-8")
-    values = {"jobs": {"small": {"trainerConfig": str(path)}}, "node_count": 2, "spot_nodes": 0}
+    values = {"jobs": {"small": {"trainerConfig": str(path)}}, "node_count": 2}
     with pytest.raises(ConfigError) as refused:
         job_settings(values, {"jobs"})
     message = str(refused.value)
