@@ -385,15 +385,8 @@ class StackSettings:
                 f"budgetStartMonth={budget.start_month!r}: give the first "
                 "month as YYYY-MM, or leave it empty to start in the month it is created"
             )
-        # Azure refuses a budget whose period starts before the current one. The start only
-        # matters when the budget is created (later changes are ignored, infra/budget.py).
-        this_month = current_month()
-        if budget.start_month and budget.start_month < this_month:
-            raise ConfigError(
-                f"budgetStartMonth={budget.start_month}: before the current month "
-                f"{this_month}, which Azure refuses for a new budget; leave it empty (the budget "
-                "starts in the month it is created and keeps that start)"
-            )
+        # Whether the month is one Azure takes depends on the month the budget is created in,
+        # which only the engine knows: checked then (infra/budget.py), never on later updates.
         if not budget.emails or not all(_EMAIL.match(e) for e in budget.emails):
             raise ConfigError(
                 f"budgetEmails={list(budget.emails)}: a budget needs at least "
