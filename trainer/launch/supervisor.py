@@ -62,6 +62,7 @@ from trainer.launch.rendezvous import (
     start_gloo_rendezvous,
     torch_worker_env,
 )
+from trainer.launch.task_user import task_user_environment
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
@@ -753,7 +754,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    base = worker_environment(args.vm_size, env)
+    base = worker_environment(args.vm_size, task_user_environment(env))
     envs = worker_envs(engine, node, slots, base, torch_port, token=store.token)
     log.say(
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
