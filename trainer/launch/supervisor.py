@@ -53,12 +53,14 @@ import yaml
 from trainer.cli import OneLineParser, fail
 from trainer.cli import build_parser as trainer_parser
 from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS, one_line
-from trainer.files import ensure_writable_folder, open_atomic, write_atomic
+from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
 from trainer.launch.rendezvous import (
     gloo_worker_env,
     job_segment,
     new_token,
+    publish_token,
+    read_token,
     start_gloo_rendezvous,
     torch_worker_env,
 )
@@ -544,17 +546,11 @@ class RunRecords:
         self.token = self.root / "rendezvous.token"
 
     def publish_token(self, token: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open_atomic(self.token) as file:
-            os.fchmod(file.fileno(), 0o600)  # the task's user only (the same uid on every node)
-            file.write(token.encode())
+        publish_token(self.token, token)  # readable by the other nodes' uids (rendezvous.py)
 
     def read_token(self) -> str | None:
         """The token the master published, None until it did (or while it cannot be read)."""
-        try:
-            return self.token.read_text(encoding="ascii").strip() or None
-        except (OSError, UnicodeDecodeError):
-            return None
+        return read_token(self.token)
 
     @staticmethod
     def new_attempt() -> str:
