@@ -143,9 +143,28 @@ class JobFields(Generic[S]):
     priority: int = 0  # Batch job priority, -1000..1000
 
 
+def job_priority(value: Any) -> int:
+    """A job's priority as Batch takes it: an int32 in -1000..1000 (Batch REST reference, Job -
+    Add). Pulumi's engine hands a dynamic provider every number as a float (protobuf Struct
+    numbers are doubles), so ``5.0`` arrives where the stack said 5; sent as is, the job body
+    would carry ``"priority": 5.0`` and the job id would hash "5.0" where an int hashes "5"."""
+    whole = isinstance(value, int | float) and float(value).is_integer()
+    if isinstance(value, bool) or not whole or not -1000 <= value <= 1000:
+        raise ValueError(
+            f"priority={value!r}: a Batch job priority is a whole number in -1000..1000; "
+            "set jobs.<name>.priority to one"
+        )
+    return int(value)
+
+
 @dataclass(frozen=True)
 class JobSpec(JobFields[str]):
     """Everything the job payloads depend on, as plain values."""
+
+    def __post_init__(self) -> None:
+        # One form for every way a spec is made (engine floats, state-file ints, Python code), so
+        # the payload is an int32 and the id the one an int priority has always given.
+        object.__setattr__(self, "priority", job_priority(self.priority))
 
     def _identity(self) -> dict[str, Any]:
         values = asdict(self)

@@ -91,7 +91,7 @@ def in_bash(script: str) -> str:
     return f"/bin/bash -c {shlex.quote(script)}"
 
 
-def autoscale_formula(dedicated: int, spot: int, idle_minutes: int) -> str:
+def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
     """Start the whole pool when any task is queued or running; go to zero after
     ``idle_minutes`` without one. A multi-instance job needs all its nodes at once, so the
     formula switches between 0 and the full size rather than following the task count."""
@@ -103,7 +103,6 @@ def autoscale_formula(dedicated: int, spot: int, idle_minutes: int) -> str:
             "max($PendingTasks.GetSample($window));",
             "$busy = max($now, $recent) > 0;",
             f"$TargetDedicatedNodes = $busy ? {dedicated} : 0;",
-            f"$TargetLowPriorityNodes = $busy ? {spot} : 0;",
             "$NodeDeallocationOption = taskcompletion;",
         ]
     )
@@ -115,7 +114,6 @@ class GpuClusterArgs:
     account_name: str
     size: GpuSize
     node_count: int
-    spot_nodes: int
     scale_mode: str
     idle_minutes: int
     subnet_id: pulumi.Input[str]
@@ -156,7 +154,6 @@ class GpuClusterArgs:
             account_name=account_name,
             size=cluster.gpu,
             node_count=cluster.node_count,
-            spot_nodes=cluster.spot_nodes,
             scale_mode=cluster.scale_mode,
             idle_minutes=cluster.idle_minutes,
             subnet_id=subnet_id,
@@ -235,7 +232,7 @@ class GpuCluster(pulumi.ComponentResource):
             pool_name=POOL_ID,
             account_name=account.name,
             resource_group_name=args.placement.resource_group_name,
-            display_name=f"{args.size.name} x {args.node_count + args.spot_nodes}",
+            display_name=f"{args.size.name} x {args.node_count}",
             vm_size=args.size.name,
             deployment_configuration=batch.DeploymentConfigurationArgs(
                 virtual_machine_configuration=batch.VirtualMachineConfigurationArgs(
@@ -285,9 +282,9 @@ class GpuCluster(pulumi.ComponentResource):
                 )
             ],
             scale_settings=scale_settings(args),
-            # Read by the policy pack: Spot nodes are allowed only for checkpointing jobs, the
-            # CPU acceptance size only on a pool that says it is an acceptance pool, and jobs
-            # that wait for a debugger on a production stack only on a pool that allows them.
+            # Read by the policy pack: the CPU acceptance size only on a pool that says it is an
+            # acceptance pool, and jobs that wait for a debugger on a production stack only on a
+            # pool that allows them. checkpointing records the stack's setting.
             metadata=[
                 batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower()),
                 *(
@@ -350,15 +347,16 @@ def scale_settings(args: GpuClusterArgs) -> batch.ScaleSettingsArgs:
     if args.scale_mode == "fixed":
         return batch.ScaleSettingsArgs(
             fixed_scale=batch.FixedScaleSettingsArgs(
+                # Dedicated nodes only: a BatchService-mode account gets no Spot nodes
+                # (infra.config StackSettings._check_spot).
                 target_dedicated_nodes=args.node_count,
-                target_low_priority_nodes=args.spot_nodes,
                 resize_timeout="PT30M",
                 node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
             )
         )
     return batch.ScaleSettingsArgs(
         auto_scale=batch.AutoScaleSettingsArgs(
-            formula=autoscale_formula(args.node_count, args.spot_nodes, args.idle_minutes),
+            formula=autoscale_formula(args.node_count, args.idle_minutes),
             evaluation_interval="PT5M",
         )
     )

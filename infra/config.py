@@ -91,7 +91,7 @@ class ClusterSettings:
 
     vm_size: str
     node_count: int
-    spot_nodes: int
+    spot_nodes: int  # always 0: refused otherwise (``_check_spot``)
     scale_mode: str
     idle_minutes: int
     checkpointing: bool
@@ -105,10 +105,6 @@ class ClusterSettings:
         """The pool's size: an InfiniBand GPU size, or (acceptance profile cpu only) the CPU
         acceptance size, whose ``gpus`` and ``ib_ports`` are 0."""
         return size_of(self.vm_size)
-
-    @property
-    def max_nodes(self) -> int:
-        return self.node_count + self.spot_nodes
 
 
 @dataclass(frozen=True)
@@ -268,10 +264,8 @@ class StackSettings:
                 f"location={self.location}: {cluster.vm_size} is not offered there "
                 f"in our table; use one of {', '.join(sorted(cluster.gpu.regions))}"
             )
-        _range("nodeCount", cluster.node_count, 0, 100)
-        _range("spotNodes", cluster.spot_nodes, 0, 100)
-        if cluster.max_nodes < 1:
-            raise ConfigError("nodeCount=0 with spotNodes=0: the pool needs at least one node")
+        self._check_spot()
+        _range("nodeCount", cluster.node_count, 1, 100)
         if cluster.scale_mode not in SCALE_MODES:
             raise ConfigError(f"scaleMode={cluster.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
         _range("idleMinutes", cluster.idle_minutes, 5, 1440)
@@ -285,11 +279,6 @@ class StackSettings:
             raise ConfigError(
                 f"sshPublicKey={nfs.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "
                 'key; run pulumi config set sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"'
-            )
-        if cluster.spot_nodes and not cluster.checkpointing:
-            raise ConfigError(
-                f"spotNodes={cluster.spot_nodes} with checkpointing=false: Spot nodes "
-                "are evicted at any time; turn checkpointing on or use 0 Spot nodes"
             )
         if cluster.job_submitter_type not in PRINCIPAL_TYPES:
             raise ConfigError(
@@ -305,6 +294,22 @@ class StackSettings:
         self._check_tags()
         self._check_image()
         self._check_jobs()
+
+    def _check_spot(self) -> None:
+        """The stack's Batch account allocates pools in BatchService mode (infra/cluster.py), whose
+        low-priority nodes Azure retired on 2025-09-30; Spot nodes exist only in UserSubscription
+        mode (articles/batch/low-priority-vms-retirement-migration-guide.md,
+        articles/batch/batch-spot-vms.md), which this program does not set up (README: Spot
+        needs a UserSubscription-mode account)."""
+        spot = self.cluster.spot_nodes
+        if spot != 0:
+            raise ConfigError(
+                f"spotNodes={spot}: this stack's Batch account allocates pools in BatchService "
+                "mode, where Azure retired low-priority nodes on 2025-09-30 and Spot needs "
+                "UserSubscription mode, which this program does not set up; set spotNodes to 0 "
+                "and size the pool with nodeCount (README: Spot needs a UserSubscription-mode "
+                "account)"
+            )
 
     @property
     def _cpu_acceptance(self) -> bool:
@@ -359,12 +364,12 @@ class StackSettings:
 
     def _check_jobs(self) -> None:
         names = [job.name for job in self.jobs]
-        max_nodes = self.cluster.max_nodes
+        pool_nodes = self.cluster.node_count
         for job in self.jobs:
-            if job.nodes > max_nodes:
+            if job.nodes > pool_nodes:
                 raise ConfigError(
-                    f"jobs.{job.name}.nodes={job.nodes}: the pool has {max_nodes} nodes "
-                    "(nodeCount + spotNodes); use at most that many"
+                    f"jobs.{job.name}.nodes={job.nodes}: the pool has {pool_nodes} nodes "
+                    "(nodeCount); use at most that many"
                 )
         unknown = sorted(set(self.replace_jobs) - set(names))
         if unknown:
@@ -383,15 +388,8 @@ class StackSettings:
                 f"budgetStartMonth={budget.start_month!r}: give the first "
                 "month as YYYY-MM, or leave it empty to start in the month it is created"
             )
-        # Azure refuses a budget whose period starts before the current one. The start only
-        # matters when the budget is created (later changes are ignored, infra/budget.py).
-        this_month = current_month()
-        if budget.start_month and budget.start_month < this_month:
-            raise ConfigError(
-                f"budgetStartMonth={budget.start_month}: before the current month "
-                f"{this_month}, which Azure refuses for a new budget; leave it empty (the budget "
-                "starts in the month it is created and keeps that start)"
-            )
+        # Whether the month is one Azure takes depends on the month the budget is created in,
+        # which only the engine knows: checked then (infra/budget.py), never on later updates.
         if not budget.emails or not all(_EMAIL.match(e) for e in budget.emails):
             raise ConfigError(
                 f"budgetEmails={list(budget.emails)}: a budget needs at least "
@@ -399,7 +397,7 @@ class StackSettings:
             )
 
     def _check_network(self) -> None:
-        net, max_nodes = self.network, self.cluster.max_nodes
+        net, max_nodes = self.network, self.cluster.node_count
         vnet = _network("vnetCidr", net.vnet_cidr)
         if not vnet.is_private:
             raise ConfigError(f"vnetCidr={net.vnet_cidr}: must be private (RFC 1918)")
@@ -474,7 +472,7 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
     """The stack's jobs: each entry of the ``jobs`` map, or (when the map is empty) the one job
     of ``submitJob``/``trainerConfig``/``datasetPrefix``. Giving both forms is an error."""
     jobs = values["jobs"]
-    node_count = values["node_count"] + values["spot_nodes"]
+    node_count = values["node_count"]
     if not jobs:
         prefix = values["dataset_prefix"]
         _check_prefix("datasetPrefix", prefix)

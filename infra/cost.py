@@ -18,7 +18,6 @@ DEFAULT_BUSY_HOURS = 160
 class CostInputs:
     gpu_size: str
     dedicated_nodes: int
-    spot_nodes: int
     always_on: bool
     nfs_vm_size: str | None = None
     nfs_disk_gb: int = 0
@@ -31,7 +30,6 @@ class CostInputs:
         return cls(
             gpu_size=cluster.vm_size,
             dedicated_nodes=cluster.node_count,
-            spot_nodes=cluster.spot_nodes,
             always_on=cluster.scale_mode == "fixed",
             nfs_vm_size=nfs.vm_size if vm_mode else None,
             nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
@@ -51,13 +49,6 @@ def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tu
         items.append(
             (f"{c.dedicated_nodes} x {c.gpu_size}, {hours} h", gpu * c.dedicated_nodes * hours)
         )
-        if c.spot_nodes:
-            items.append(
-                (
-                    f"{c.spot_nodes} x Spot {c.gpu_size}, {hours} h",
-                    gpu * prices.SPOT_FRACTION * c.spot_nodes * hours,
-                )
-            )
     if c.nfs_vm_size is not None:
         vm = prices.VM_PER_HOUR.get(c.nfs_vm_size)
         items.append(

@@ -15,9 +15,6 @@ VM_PER_HOUR = {
     "Standard_D16s_v5": 0.768,
     "Standard_D32s_v5": 1.536,
 }
-# Spot prices float; this is the typical fraction of the pay-as-you-go price for GPU sizes.
-SPOT_FRACTION = 0.35
-
 PREMIUM_SSD_PER_GB_MONTH = 0.135
 PREMIUM_FILES_PER_GB_MONTH = 0.16
 NAT_GATEWAY_PER_HOUR = 0.045

@@ -196,14 +196,16 @@ def _formula_count(formula: str, variable: str) -> int:
 
 
 @_for(POOL)
-def _spot_needs_checkpointing(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """Spot (low-priority) nodes only for pools whose jobs checkpoint."""
-    if _pool_nodes(args.props, "LowPriority") == 0:
-        return
-    if _metadata(args.props).get("checkpointing") != "true":
+def _no_low_priority_nodes(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """No low-priority (Spot) nodes: this program's Batch accounts allocate pools in
+    BatchService mode, whose low-priority nodes Azure retired on 2025-09-30 (a pool asking for
+    them never gets them); Spot nodes need UserSubscription mode
+    (articles/batch/low-priority-vms-retirement-migration-guide.md)."""
+    wanted = _pool_nodes(args.props, "LowPriority")
+    if wanted:
         report(
-            "Spot nodes are evicted without warning: set checkpointing (pool metadata "
-            "checkpointing=true) or use dedicated nodes",
+            f"{wanted} low-priority nodes: a BatchService-mode account gets none since "
+            "2025-09-30 and Spot needs UserSubscription mode; use dedicated nodes (spotNodes 0)",
             None,
         )
 
@@ -307,7 +309,6 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
     return cost.CostInputs(
         gpu_size=pool.get("vmSize", ""),
         dedicated_nodes=_pool_nodes(pool, "Dedicated"),
-        spot_nodes=_pool_nodes(pool, "LowPriority"),
         always_on=bool((pool.get("scaleSettings") or {}).get("fixedScale")),
         nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
         nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
@@ -372,7 +373,7 @@ RESOURCE_RULES: dict[str, Validate] = {
     "nsg-no-internet-inbound": _nsg_no_internet_inbound,
     "pool-infiniband-size": _pool_infiniband,
     "required-tags": _required_tags,
-    "spot-needs-checkpointing": _spot_needs_checkpointing,
+    "no-low-priority-nodes": _no_low_priority_nodes,
     "acr-export-policy-needs-private-registry": _acr_export_policy,
     "storage-service-metric-categories": _storage_service_metrics,
     "storage-ip-rules-public": _storage_ip_rules,

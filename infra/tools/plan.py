@@ -214,18 +214,13 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
     family = f"az vm list-skus -l {s.location} --size {c.vm_size} --query '[0].family' -o tsv"
     account = (
         f"az batch account show -n {account} -g {resource_group} --query "
-        "'{dedicated: dedicatedCoreQuotaPerVmFamily, lowPriority: lowPriorityCoreQuota}'"
+        "'{dedicated: dedicatedCoreQuotaPerVmFamily}'"
     )
     lines = [
         "Batch account quota needed (request it before `pulumi up`; new accounts often have 0):",
         f"  dedicated cores of the {c.vm_size} family: {c.node_count} nodes x "
         f"{c.gpu.vcpus} vCPUs = {c.node_count * c.gpu.vcpus}",
     ]
-    if c.spot_nodes:
-        lines.append(
-            f"  Spot (low-priority) cores: {c.spot_nodes} nodes x {c.gpu.vcpus} vCPUs = "
-            f"{c.spot_nodes * c.gpu.vcpus}"
-        )
     return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
 

@@ -359,11 +359,11 @@ def sweep_stack(args: argparse.Namespace, out: Any, stamp: str) -> int:
         settings = _stack_settings(args.stack)
     except ConfigError as err:
         raise SweepError(f"stack={args.stack}: {err}") from None
-    most = settings.cluster.max_nodes
+    most = settings.cluster.node_count
     if args.nodes[-1] > most:
         raise SweepError(
             f"--nodes={','.join(map(str, args.nodes))}: the pool of stack {args.stack} has at "
-            f"most {most} nodes (nodeCount + spotNodes); sweep at most that many"
+            f"most {most} nodes (nodeCount); sweep at most that many"
         )
     spec = deployed_spec(read_state(args.stack, args.state_file), args.stack, args.job)
     cfg = _trainer_config(with_steps(spec.trainer_args, args.steps), f"job {spec.job_id}")

@@ -19,6 +19,7 @@ import email.utils
 import glob
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -90,6 +91,7 @@ class PoolSpec:
     def from_declared(cls, inputs: dict[str, Any]) -> PoolSpec:
         from infra import sizes
 
+        _refuse_low_priority_nodes(inputs)
         size_of = getattr(sizes, "size_of", sizes.SUPPORTED.__getitem__)
         size = size_of(inputs["vmSize"])
         mounts = inputs.get("mountConfiguration") or []
@@ -1421,6 +1423,23 @@ def _command_argv(command_line: str) -> list[str]:
     if not argv:
         raise PayloadError("empty command line")
     return argv
+
+
+def _refuse_low_priority_nodes(pool: dict[str, Any]) -> None:
+    """The stack's account allocates pools in BatchService mode, where Azure retired
+    low-priority nodes on 2025-09-30: "attempts to seek back to target low-priority node counts
+    will fail, and you'll no longer be able to provision new pools with low-priority compute
+    nodes"; Spot nodes need UserSubscription mode
+    (articles/batch/low-priority-vms-retirement-migration-guide.md)."""
+    scale = pool.get("scaleSettings") or {}
+    fixed = int((scale.get("fixedScale") or {}).get("targetLowPriorityNodes") or 0)
+    formula = str((scale.get("autoScale") or {}).get("formula") or "")
+    asked = re.search(r"\$TargetLowPriorityNodes\s*=([^;]*);", formula)
+    if fixed or (asked and any(int(n) for n in re.findall(r"\d+", asked.group(1)))):
+        raise PayloadError(
+            "pool asks for low-priority nodes: a BatchService-mode account gets none since "
+            "2025-09-30 (Spot needs UserSubscription mode)"
+        )
 
 
 def _user_of(identity: dict[str, Any] | None) -> tuple[int, int]:

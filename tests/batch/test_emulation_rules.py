@@ -163,3 +163,30 @@ def test_output_files_follow_pattern_path_and_upload_condition(tmp_path):
     assert failed == {"job/stdout.txt", "job/failed.txt"}
     with pytest.raises(PayloadError, match="identity"):
         output_uploads(task, env, 0, {"client": "/another"})
+
+
+def test_a_pool_asking_for_low_priority_nodes_never_gets_them(pool_spec):
+    """The emulated Batch refuses what the retired low-priority nodes would never give, and the
+    stack's own pool asks for dedicated nodes only."""
+    assert pool_spec.vm_size  # the declared pool passed the emulator's reading
+    fixed = {"scaleSettings": {"fixedScale": {"targetDedicatedNodes": 2}}}
+    fixed["scaleSettings"]["fixedScale"]["targetLowPriorityNodes"] = 2
+    with pytest.raises(PayloadError, match="low-priority nodes: a BatchService-mode account"):
+        PoolSpec.from_declared(fixed)
+    formula = "$TargetDedicatedNodes = $busy ? 2 : 0;\n$TargetLowPriorityNodes = $busy ? 1 : 0;"
+    with pytest.raises(PayloadError, match="low-priority nodes"):
+        PoolSpec.from_declared({"scaleSettings": {"autoScale": {"formula": formula}}})
+
+
+def test_a_stack_asking_for_spot_nodes_stops_before_anything_is_declared():
+    """Today's program declared such a pool, which the emulator refuses; the stack's settings
+    now stop it first, with one line naming the setting."""
+    from infra.config import ConfigError
+    from infra.tools.plan import evaluate
+    from tests.infra.conftest import stack_values
+
+    with pytest.raises(ConfigError) as refused:
+        evaluate("dev", {**stack_values("dev"), "gpu-cluster:spotNodes": 1})
+    message = str(refused.value)
+    assert message.startswith("spotNodes=1: this stack's Batch account allocates pools in ")
+    assert "set spotNodes to 0" in message and "\n" not in message

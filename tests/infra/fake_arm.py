@@ -70,3 +70,20 @@ def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle)
     finally:
         server.shutdown()
         server.server_close()
+
+
+def arm_creates_budget(start_date: str, today: str) -> bool:
+    """Whether ARM creates a monthly cost budget starting on ``start_date`` (YYYY-MM-DD) on
+    ``today`` (YYYY-MM-DD). The Consumption REST reference (BudgetTimePeriod.startDate): "Must
+    be first of the month ... Future start date should not be more than twelve months. Past
+    start date should be selected within the timegrain period" (for a monthly budget: this
+    month). An update never moves the start (infra/budget.py ignores it), so only a create
+    meets this rule."""
+    from datetime import date
+
+    start, now = date.fromisoformat(start_date), date.fromisoformat(today)
+    if start.day != 1:
+        return False
+    first_of_this_month = now.replace(day=1)
+    months_ahead = (start.year - now.year) * 12 + start.month - now.month
+    return start >= first_of_this_month and months_ahead <= 12

@@ -118,6 +118,8 @@ class FakeBatch:
         parts = [p for p in request.path.split("/") if p]
         method = request.method
         if parts == ["jobs"] and method == "POST":
+            if not _valid_priority(request.body.get("priority", 0)):
+                return 400, _error("InvalidPropertyValue")
             job_id = request.body["id"]
             if job_id in self.jobs:
                 return 409, _error("JobExists")
@@ -184,6 +186,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+def _valid_priority(value: Any) -> bool:
+    """A job's priority as Batch's REST reference types it (Job - Add: ``priority``, int32,
+    -1000..1000; the SDKs' own models hold an ``int``): a JSON integer token in range. ``0.0``
+    is a JSON number that is not an int32 literal, so the fake refuses it as a strict JSON
+    reader of that schema would."""
+    return isinstance(value, int) and not isinstance(value, bool) and -1000 <= value <= 1000
 
 
 def _error(code: str) -> dict[str, Any]:

@@ -43,8 +43,8 @@ INVALID = [
     ({"vmSize": "Standard_NC24rs_v3"}, "vmSize=Standard_NC24rs_v3", "retired"),
     ({"vmSize": "Standard_NC6s_v3"}, "vmSize=Standard_NC6s_v3", "Standard_ND96isr_H100_v5"),
     ({"location": "brazilsouth"}, "location=brazilsouth", "eastus"),
-    ({"nodeCount": -1}, "nodeCount=-1", "0..100"),
-    ({"nodeCount": 0, "spotNodes": 0}, "nodeCount=0 with spotNodes=0", "at least one"),
+    ({"nodeCount": -1}, "nodeCount=-1", "1..100"),
+    ({"nodeCount": 0, "spotNodes": 0}, "nodeCount=0", "1..100"),
     ({"nodeCount": "two"}, "nodeCount='two'", "integer"),
     ({"nodeCount": True}, "nodeCount=True", "integer"),
     ({"scaleMode": "manual"}, "scaleMode='manual'", "autoscale"),
@@ -84,11 +84,11 @@ INVALID = [
     ({"costCenter": ""}, "costCenter=''", "pulumi config set costCenter"),
     ({"costCenter": 42}, "costCenter=42", "expected string"),
     ({"nodeSize": "big"}, "unknown setting 'nodeSize'", "vmSize"),
-    (
-        {"spotNodes": 2, "checkpointing": False},
-        "spotNodes=2 with checkpointing=false",
-        "turn checkpointing on",
-    ),
+    # Spot needs a UserSubscription-mode account; low-priority nodes are retired
+    # (articles/batch/low-priority-vms-retirement-migration-guide.md).
+    ({"spotNodes": 2}, "spotNodes=2: this stack's Batch account", "set spotNodes to 0"),
+    ({"spotNodes": 2, "checkpointing": False}, "spotNodes=2", "UserSubscription mode"),
+    ({"spotNodes": 4, "nodeCount": 0}, "spotNodes=4", "retired low-priority nodes"),
     ({"jobSubmitterType": "Robot"}, "jobSubmitterType='Robot'", "ServicePrincipal"),
     ({"jobSubmitterObjectId": "vision-team"}, "jobSubmitterObjectId='vision-team'", "GUID"),
     ({"checkpointing": "maybe"}, "checkpointing='maybe'", "boolean"),

@@ -14,6 +14,7 @@ from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
 from infra.nfs import CUSTOM_DATA_PROPERTY
 from infra.tools.plan import evaluate, render
 from tests.infra.conftest import STACKS, of_type, one, stack_values
+from tests.infra.fake_arm import arm_creates_budget
 
 TEAM_GROUP = "33333333-3333-3333-3333-333333333333"
 
@@ -151,13 +152,64 @@ def test_a_budget_starts_this_month_and_never_moves_afterwards(monkeypatch, plan
     assert _at(budget.inputs, BUDGET_START_PROPERTY)
 
 
-def test_a_budget_month_before_the_current_one_is_refused(monkeypatch):
+def _budget_hook(plan):
+    """The hook the engine runs before it creates the budget, and the budget's inputs."""
+    budget = one(plan, "azure-native:consumption:Budget")
+    hooks = plan.options[budget.name].hooks
+    (hook,) = hooks.before_create
+    assert not (hooks.before_update or hooks.after_update)  # never on an update
+    assert hook.opts.on_dry_run  # a preview (pulumi up's own first) stops before any create
+    return hook, budget
+
+
+def _engine_creates(hook, budget) -> None:
+    """What the engine does before it creates the budget: run the hook with the new inputs."""
+    from pulumi import ResourceHookArgs
+
+    urn = f"urn:pulumi:dev::gpu-cluster::azure-native:consumption:Budget::{budget.name}"
+    hook(ResourceHookArgs(urn, "", budget.name, budget.typ, new_inputs=budget.inputs))
+
+
+def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatch):
+    """The month after the budget was made, its start month has passed: an update of the stack
+    (no create of the budget) must still evaluate, and the start is not sent again."""
     monkeypatch.setattr(config_module, "current_month", lambda: "2027-01")
-    values = {**stack_values("dev"), "budgetStartMonth": "2026-12"}
-    with pytest.raises(ConfigError, match=r"budgetStartMonth=2026-12: before the current month"):
-        StackSettings.from_mapping("dev", values, load_schema())
-    values["budgetStartMonth"] = "2027-01"
-    assert StackSettings.from_mapping("dev", values, load_schema()).budget.start_month
+    plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": "2026-12"})
+    _, budget = _budget_hook(plan)  # checked by the engine only before it creates the budget
+    assert budget.inputs["timePeriod"]["startDate"] == "2026-12-01"
+    assert plan.options[budget.name].ignore_changes == [BUDGET_START_PROPERTY]
+
+
+@pytest.mark.parametrize(
+    ("start_month", "today"),
+    [
+        ("2026-12", "2027-01-15"),  # the month has passed: refused
+        ("2027-01", "2027-01-31"),
+        ("2028-01", "2027-01-01"),  # twelve months ahead: the furthest Azure takes
+        ("2028-02", "2027-01-01"),
+        ("2026-01", "2027-01-01"),
+    ],
+)
+def test_a_new_budget_is_created_only_with_a_start_azure_takes(monkeypatch, start_month, today):
+    monkeypatch.setattr(config_module, "current_month", lambda: today[:7])
+    plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": start_month})
+    hook, budget = _budget_hook(plan)
+    start = budget.inputs["timePeriod"]["startDate"]
+    if arm_creates_budget(start, today):
+        _engine_creates(hook, budget)
+        return
+    with pytest.raises(ConfigError) as refused:
+        _engine_creates(hook, budget)
+    message = str(refused.value)
+    assert message.startswith(f"budgetStartMonth={start_month}: ") and "\n" not in message
+    assert "which Azure refuses for a new budget" in message and "leave it empty" in message
+
+
+def test_an_empty_start_month_creates_the_budget_in_the_month_it_is_made(monkeypatch):
+    monkeypatch.setattr(config_module, "current_month", lambda: "2027-03")
+    hook, budget = _budget_hook(evaluate("dev", stack_values("dev")))
+    assert budget.inputs["timePeriod"]["startDate"] == "2027-03-01"
+    _engine_creates(hook, budget)
 
 
 def test_storage_admits_the_configured_public_addresses():

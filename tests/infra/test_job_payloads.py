@@ -4,6 +4,7 @@ records what ran), and the provider with the real installed SDK against a fake B
 
 from __future__ import annotations
 
+import re
 import time
 
 import pulumi
@@ -347,7 +348,7 @@ def test_a_stack_that_chooses_backend_local_is_refused_in_one_line(tmp_path):
 
     path = tmp_path / "local.yaml"
     path.write_text("model: tiny\nbackend: local\n", encoding="utf-8")
-    values = {"jobs": {"small": {"trainerConfig": str(path)}}, "node_count": 2, "spot_nodes": 0}
+    values = {"jobs": {"small": {"trainerConfig": str(path)}}, "node_count": 2}
     with pytest.raises(ConfigError) as refused:
         job_settings(values, {"jobs"})
     message = str(refused.value)
@@ -484,6 +485,49 @@ def test_create_adds_the_job_with_noaction_then_its_task_then_terminatejob(batch
     assert result.outs["state"] == "active"
     assert result.outs["log_url"] == f"https://visiondata.blob.core.windows.net/logs/{job_id}/"
     assert result.outs["checkpoint_path"] == f"shared/runs/vision-prod/{SPEC.run_name}"
+
+
+# Pulumi's engine hands a dynamic provider every number as a float: create's props come through
+# protobuf's Struct, whose numbers are doubles (pulumi.runtime.rpc.deserialize_properties); a
+# stack's state file, read back as JSON (the sweep's --state-file), has ints.
+def _engine_props(fake: FakeBatch, priority: float) -> dict:
+    return {**_props(fake), "node_count": float(SPEC.node_count), "priority": priority}
+
+
+def test_a_priority_the_engine_hands_over_as_a_float_reaches_batch_as_an_int32(batch):
+    job_id = TrainingJobProvider().create(_engine_props(batch, 5.0)).id
+    (create,) = [r for r in batch.requests if r.method == "POST" and r.path == "/jobs"]
+    assert create.body["priority"] == 5 and type(create.body["priority"]) is int
+    assert job_id == _spec(endpoint=batch.url, priority=5).job_id
+    # The payload built with azure-batch's own models, as the SDK serializes it.
+    wire = job_options(JobSpec.from_props(_engine_props(batch, 0.0))).as_dict()["priority"]
+    assert wire == 0 and type(wire) is int
+
+
+def test_the_job_id_is_the_same_for_a_float_or_an_int_priority_and_unchanged_for_ints():
+    props = {**SPEC.__dict__, "trainer_args": list(SPEC.trainer_args)}
+    for priority in (5, -3, 1000):
+        as_int = JobSpec.from_props({**props, "priority": priority})
+        assert JobSpec.from_props({**props, "priority": float(priority)}).job_id == as_int.job_id
+    # The ids jobs whose priority arrived as an int have always had (computed before the
+    # change), and priority 0 (the default) is left out of the id in either form.
+    assert JobSpec.from_props({**props, "priority": 5}).job_id == "vision-prod-e5377b5e05"
+    assert JobSpec.from_props({**props, "priority": 0.0}).job_id == "vision-prod-03023df92e"
+    assert SPEC.job_id == "vision-prod-03023df92e"
+    # A deployed job keeps its id whichever form its priority came in: the diff compares the
+    # inputs (5.0 == 5), not a recomputed id, so nothing is replaced.
+    olds = {**props, "priority": 5.0, "state": "active", "job_id": "recorded-id"}
+    diff = TrainingJobProvider().diff("recorded-id", olds, {**props, "priority": 5})
+    assert diff.changes is False
+
+
+@pytest.mark.parametrize("priority", [2.5, float("nan"), 1001.0, "5", None, True])
+def test_a_priority_that_is_not_a_batch_priority_is_refused_in_one_line(priority):
+    props = {**SPEC.__dict__, "trainer_args": list(SPEC.trainer_args), "priority": priority}
+    message = rf"^priority={re.escape(repr(priority))}: a Batch job priority is a whole number"
+    with pytest.raises(ValueError, match=message) as e:
+        JobSpec.from_props(props)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("failing", ["tasks", "update"])

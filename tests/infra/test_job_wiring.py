@@ -19,7 +19,7 @@ def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_p
     assert job.inputs["endpoint"] == f"https://{dev_plan.outputs['batch_account_endpoint']}"
     assert job.inputs["account_id"].endswith(f"/batch/{account.inputs['accountName']}")
     assert (
-        job.inputs["node_count"] == s.cluster.max_nodes
+        job.inputs["node_count"] == s.cluster.node_count
         and job.inputs["vm_size"] == s.cluster.vm_size
     )
     assert job.inputs["node_identity_client_id"] == f"client-{nodes.name}"

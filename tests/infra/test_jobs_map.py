@@ -40,7 +40,7 @@ def test_each_job_of_the_map_is_its_own_resource_with_its_own_id_and_run_folder(
     assert set(jobs) == {"platform-dev-job-resnet", "platform-dev-job-small"}
     resnet, small = jobs["platform-dev-job-resnet"], jobs["platform-dev-job-small"]
     assert (resnet["name"], small["name"]) == ("resnet", "small")
-    assert (resnet["node_count"], small["node_count"]) == (plan.settings.cluster.max_nodes, 1)
+    assert (resnet["node_count"], small["node_count"]) == (plan.settings.cluster.node_count, 1)
     assert small["priority"] == 100
     specs = [JobSpec.from_props(inputs) for inputs in jobs.values()]
     assert len({spec.job_id for spec in specs}) == 2

@@ -108,7 +108,9 @@ def test_scale_settings_follow_the_stack(dev_plan, prod_plan):
     assert "TimeInterval_Minute * 10" in dev["autoScale"]["formula"]
     prod = one(prod_plan, "azure-native:batch:Pool").inputs["scaleSettings"]
     assert prod["fixedScale"]["targetDedicatedNodes"] == 4
-    assert prod["fixedScale"]["targetLowPriorityNodes"] == 0
+    # Dedicated nodes only: a BatchService-mode account gets no low-priority (Spot) nodes.
+    assert "targetLowPriorityNodes" not in prod["fixedScale"]
+    assert "TargetLowPriorityNodes" not in dev["autoScale"]["formula"]
 
 
 def test_batch_account_uses_entra_auth_and_identity_auto_storage(plan):
@@ -287,7 +289,7 @@ def test_budget_alerts_the_stack_emails(plan):
     }
 
 
-def test_pool_declares_checkpointing_for_the_spot_policy(plan):
+def test_pool_records_the_checkpointing_setting(plan):
     metadata = one(plan, "azure-native:batch:Pool").inputs["metadata"]
     assert metadata == [{"name": "checkpointing", "value": "true"}]
 

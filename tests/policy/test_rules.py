@@ -73,7 +73,7 @@ POOL = {
     "interNodeCommunication": "Enabled",
     "targetNodeCommunicationMode": "Simplified",
     "networkConfiguration": {"publicIPAddressConfiguration": {"provision": "NoPublicIPAddresses"}},
-    "scaleSettings": {"fixedScale": {"targetDedicatedNodes": 2, "targetLowPriorityNodes": 0}},
+    "scaleSettings": {"fixedScale": {"targetDedicatedNodes": 2}},
     "metadata": [{"name": "checkpointing", "value": "true"}],
 }
 STORAGE = {
@@ -221,36 +221,30 @@ CASES = [
         changed(STORAGE, ["tags"], {"team": "vision"}),
         "project, stack, cost-center",
     ),
+    # Low-priority nodes are retired in BatchService mode, checkpointing or not
+    # (articles/batch/low-priority-vms-retirement-migration-guide.md).
     (
-        "spot-needs-checkpointing",
-        "azure-native:batch:Pool",
-        changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
-        changed(
-            changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
-            ["metadata"],
-            [],
-        ),
-        "Spot",
-    ),
-    (
-        "spot-needs-checkpointing",
+        "no-low-priority-nodes",
         "azure-native:batch:Pool",
         POOL,
+        changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
+        "2 low-priority nodes: a BatchService-mode account gets none",
+    ),
+    (
+        "no-low-priority-nodes",
+        "azure-native:batch:Pool",
+        changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 0),
         changed(
-            changed(
-                POOL,
-                ["scaleSettings"],
-                {
-                    "autoScale": {
-                        "formula": "$TargetDedicatedNodes = $busy ? 2 : 0;\n"
-                        "$TargetLowPriorityNodes = $busy ? 3 : 0;"
-                    }
-                },
-            ),
-            ["metadata"],
-            [{"name": "checkpointing", "value": "false"}],
+            POOL,
+            ["scaleSettings"],
+            {
+                "autoScale": {
+                    "formula": "$TargetDedicatedNodes = $busy ? 2 : 0;\n"
+                    "$TargetLowPriorityNodes = $busy ? 3 : 0;"
+                }
+            },
         ),
-        "Spot",
+        "3 low-priority nodes",
     ),
 ]
 

@@ -133,9 +133,28 @@ def test_the_topology_file_is_the_first_that_exists_on_the_node(size, present, e
     assert env.get("NCCL_TOPO_FILE") == expected
 
 
-def test_ndv5_lets_nccl_ignore_the_inherited_cpu_affinity_as_the_hpc_image_does():
-    assert worker_environment("Standard_ND96isr_H100_v5", {})["NCCL_IGNORE_CPU_AFFINITY"] == "1"
-    assert "NCCL_IGNORE_CPU_AFFINITY" not in worker_environment("Standard_ND96amsr_A100_v4", {})
+# What the Azure HPC image writes to the host's /etc/nccl.conf per family, which a container
+# never reads (Azure/azhpc-images customizations/ndv4.sh at 4657de67, ndv5.sh at bf3b320e);
+# NCCL_TOPO_FILE is left out: the launcher names the first topology file on the node instead.
+HPC_IMAGE_NCCL_CONF = {
+    "ndv4": {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_IGNORE_CPU_AFFINITY": "1"},
+    "ndv5": {"NCCL_IB_PCI_RELAXED_ORDERING": "1", "NCCL_IGNORE_CPU_AFFINITY": "1"},
+}
+FAMILY = {
+    "Standard_ND96isr_H100_v5": "ndv5",
+    "Standard_ND96isr_H200_v5": "ndv5",
+    "Standard_ND96asr_v4": "ndv4",
+    "Standard_ND96amsr_A100_v4": "ndv4",
+}
+
+
+@pytest.mark.parametrize("size", sorted(FAMILY))
+def test_every_gpu_size_gets_its_hpc_images_nccl_settings_in_the_container(size):
+    assert set(FAMILY) == set(FABRICS)  # a new size needs its family's settings here too
+    env = worker_environment(size, {})
+    assert {key: env.get(key) for key in HPC_IMAGE_NCCL_CONF[FAMILY[size]]} == (
+        HPC_IMAGE_NCCL_CONF[FAMILY[size]]
+    )
 
 
 def test_the_cpu_acceptance_size_runs_one_gloo_worker_per_node_with_no_nccl_or_floor():

@@ -3,15 +3,23 @@ line, on a real server on 127.0.0.1 (the one the launcher serves, Horovod's hand
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.ports import free_port
 from trainer.launch.rendezvous import gloo_rendezvous_addr, new_token, start_gloo_rendezvous
 from trainer.launch.supervisor import LaunchError, Node, Store, join_store
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -76,3 +84,41 @@ def test_a_node_that_read_an_earlier_launchs_token_keeps_trying_until_the_new_on
     assert len(lines) == 1  # the stale token's probe was refused and logged
     with pytest.raises(LaunchError, match="did not answer to this launch's token in 0 s"):
         join_store(node, new_token, seconds=0, sleep=0)
+
+
+# The master's and another node's task user: Batch's pool-scope auto-user, whose uid Batch does
+# not document and each node creates on its own (the containers get that uid mapped in).
+MASTER_UID, OTHER_UID = 20001, 20002
+
+
+def _as_uid(uid: int, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return subprocess.run(
+        [*setpriv, sys.executable, "-c", code, *args],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="setpriv --reuid needs root"
+)
+def test_a_node_whose_task_user_has_another_uid_reads_the_masters_token():
+    """The run folder on the shared file system, written by the master's uid and read by
+    another node's (NFS grants by numeric uid, as this local folder does)."""
+    shared = Path(tempfile.mkdtemp(prefix="runs-"))
+    try:
+        shared.chmod(0o1777)  # the export's runs folder (infra.cloud_init RUNS_MODE)
+        run = str(shared / "stack" / "run")
+        records = "import sys; from pathlib import Path; from trainer.launch.supervisor import "
+        records += "RunRecords; records = RunRecords(Path(sys.argv[1]))\n"
+        published = _as_uid(MASTER_UID, records + "records.publish_token(sys.argv[2])", run, "t")
+        assert published.returncode == 0, published.stderr
+        read = _as_uid(OTHER_UID, records + "print(records.read_token())", run)
+        assert read.returncode == 0, read.stderr
+        assert read.stdout.strip() == "t"
+    finally:
+        shutil.rmtree(shared)

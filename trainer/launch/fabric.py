@@ -46,11 +46,13 @@ _COMMON = {
     "UCX_TLS": "rc",
     "NCCL_NET_GDR_LEVEL": "PHB",
 }
-# The Azure HPC images' own NCCL settings for NDv5 (Azure/azhpc-images customizations/ndv5.sh,
-# which writes them to /etc/nccl.conf): the topology file under /opt/microsoft/ndv5/, and NCCL
-# ignoring the CPU affinity it inherits, so it binds each rank next to its GPU itself.
+# The Azure HPC images' own NCCL settings for NDv5 and NDv4 (Azure/azhpc-images
+# customizations/ndv5.sh at bf3b320e and customizations/ndv4.sh at 4657de67, which write them to
+# the host's /etc/nccl.conf, where a container never reads them): the topology file under
+# /opt/microsoft/<family>/, and NCCL ignoring the CPU affinity it inherits, so it binds each rank
+# next to its GPU itself.
 _NDV5 = {**_COMMON, "NCCL_IGNORE_CPU_AFFINITY": "1"}
-_NDV4 = dict(_COMMON)
+_NDV4 = {**_COMMON, "NCCL_IGNORE_CPU_AFFINITY": "1"}
 # /opt/microsoft/<family>/topo.xml is the current place; /opt/microsoft/<family>-topo.xml the
 # deprecated one that older images have only.
 _NDV5_TOPO = ("/opt/microsoft/ndv5/topo.xml", "/opt/microsoft/ndv5-topo.xml")

@@ -22,16 +22,49 @@ network can (the compute subnet's rules), and the launchers' own store is still 
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+from trainer.files import open_atomic
 
 # 32 random bytes, URL-safe base64 (letters, digits, "-" and "_"): a path segment as it is.
 TOKEN_BYTES = 32
+# The token file in the run folder on the shared file system, where the master hands the token
+# to the other nodes. Readable by every uid, not 0600: the nodes' task user is Batch's pool-scope
+# auto-user, mapped into each container with a uid Batch does not document and creates on each
+# node on its own (articles/batch/batch-docker-container-workloads.md), while NFS (AUTH_SYS)
+# grants access by the numeric uid; a 0600 file of the master's uid is unreadable wherever that
+# user got another uid (and readable by whatever account holds that uid there). The file is no
+# wider than the run folder it lives in: only the compute subnet mounts the share (the NFS
+# server's export, the Azure Files share's network rules), and whoever can read the run folder
+# can already rewrite its checkpoints; what the token keeps out is the rest of the VNet, which
+# cannot read the share.
+TOKEN_FILE_MODE = 0o644
 
 
 def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def publish_token(path: Path, token: str) -> None:
+    """Write the master's ``token`` to ``path`` atomically, readable by the job's other nodes
+    whatever their uid (``TOKEN_FILE_MODE``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_atomic(path) as file:
+        os.fchmod(file.fileno(), TOKEN_FILE_MODE)
+        file.write(token.encode())
+
+
+def read_token(path: Path) -> str | None:
+    """The token the master published at ``path``, None until it did (or while it cannot be
+    read)."""
+    try:
+        return path.read_text(encoding="ascii").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def job_segment(token: str, port: int) -> str:

@@ -56,15 +56,18 @@ import yaml
 from trainer.cli import OneLineParser, fail
 from trainer.cli import build_parser as trainer_parser
 from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS, one_line
-from trainer.files import ensure_writable_folder, open_atomic, write_atomic
+from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
 from trainer.launch.rendezvous import (
     gloo_worker_env,
     job_segment,
     new_token,
+    publish_token,
+    read_token,
     start_gloo_rendezvous,
     torch_worker_env,
 )
+from trainer.launch.task_user import task_user_environment
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
@@ -573,17 +576,11 @@ class RunRecords:
         self.token = self.root / "rendezvous.token"
 
     def publish_token(self, token: str) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open_atomic(self.token) as file:
-            os.fchmod(file.fileno(), 0o600)  # the task's user only (the same uid on every node)
-            file.write(token.encode())
+        publish_token(self.token, token)  # readable by the other nodes' uids (rendezvous.py)
 
     def read_token(self) -> str | None:
         """The token the master published, None until it did (or while it cannot be read)."""
-        try:
-            return self.token.read_text(encoding="ascii").strip() or None
-        except (OSError, UnicodeDecodeError):
-            return None
+        return read_token(self.token)
 
     @staticmethod
     def new_attempt() -> str:
@@ -783,7 +780,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 1)
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
-    base = worker_environment(args.vm_size, env)
+    base = worker_environment(args.vm_size, task_user_environment(env))
     envs = worker_envs(engine, node, slots, base, torch_port, token=store.token)
     log.say(
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
