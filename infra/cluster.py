@@ -116,6 +116,7 @@ class GpuClusterArgs:
     node_count: int
     scale_mode: str
     idle_minutes: int
+    os_disk_size_gb: int
     subnet_id: pulumi.Input[str]
     node_identity_id: pulumi.Input[str]
     storage_account_id: pulumi.Input[str]
@@ -156,6 +157,7 @@ class GpuClusterArgs:
             node_count=cluster.node_count,
             scale_mode=cluster.scale_mode,
             idle_minutes=cluster.idle_minutes,
+            os_disk_size_gb=cluster.os_disk_size_gb,
             subnet_id=subnet_id,
             node_identity_id=node_identity_id,
             storage_account_id=storage_account_id,
@@ -243,6 +245,10 @@ class GpuCluster(pulumi.ComponentResource):
                         version="latest",
                     ),
                     node_agent_sku_id=image.node_agent_sku_id,
+                    # Docker's data root is on the OS disk: the HPC image leaves about 20 GB of
+                    # its 64 GB free, less than the trainer image needs while it is pulled
+                    # (Batch API 2024-07-01, VirtualMachineConfiguration.osDisk.diskSizeGB).
+                    os_disk=batch.OSDiskArgs(disk_size_gb=args.os_disk_size_gb),
                     container_configuration=batch.ContainerConfigurationArgs(
                         type=batch.ContainerType.DOCKER_COMPATIBLE,
                         container_registries=[

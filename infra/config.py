@@ -45,7 +45,8 @@ _MONTH = re.compile(r"^20\d\d-(0[1-9]|1[0-2])$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _GIT_URL = re.compile(r"^https://[^\s#]+\.git$")
-_IMAGE_REF = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
+# [registry[:port]/]repository:tag; Docker Hub's official images have no namespace (ubuntu:22.04).
+_IMAGE_REF = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 # Pulumi.yaml has no object type: a map setting is declared with a plain `value:` default.
@@ -94,6 +95,7 @@ class ClusterSettings:
     spot_nodes: int  # always 0: refused otherwise (``_check_spot``)
     scale_mode: str
     idle_minutes: int
+    os_disk_size_gb: int
     checkpointing: bool
     # Jobs that wait for a debugger (debug_rank) may run on a production stack (policy pack).
     allow_debugger: bool
@@ -205,6 +207,7 @@ class StackSettings:
                 spot_nodes=take("spot_nodes"),
                 scale_mode=take("scale_mode"),
                 idle_minutes=take("idle_minutes"),
+                os_disk_size_gb=take("os_disk_size_gb"),
                 checkpointing=take("checkpointing"),
                 allow_debugger=take("allow_debugger"),
                 job_submitter_object_id=take("job_submitter_object_id"),
@@ -269,6 +272,9 @@ class StackSettings:
         if cluster.scale_mode not in SCALE_MODES:
             raise ConfigError(f"scaleMode={cluster.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
         _range("idleMinutes", cluster.idle_minutes, 5, 1440)
+        # Azure grows an image's OS disk but never shrinks it; 4095 GB is a managed OS disk's
+        # largest size (articles/virtual-machines/managed-disks-overview.md).
+        _range("osDiskSizeGb", cluster.os_disk_size_gb, cluster.gpu.image.os_disk_gb, 4095)
         if nfs.mode not in NFS_MODES:
             raise ConfigError(f"nfsMode={nfs.mode!r}: use {' or '.join(NFS_MODES)}")
         _range("nfsDiskCount", nfs.disk_count, 1, 16)
@@ -347,14 +353,14 @@ class StackSettings:
             )
         if not _IMAGE_REF.match(image.base):
             raise ConfigError(
-                f"imageBase={image.base!r}: give <registry>/<repository>:<tag>, "
-                "for example nvidia/cuda:13.0.1-devel-ubuntu22.04"
+                f"imageBase={image.base!r}: give [<registry>/]<repository>:<tag>, "
+                "for example ubuntu:22.04"
             )
         cuda = cuda_of_base(image.base)
         if cuda is not None and cuda != CUDA:
             raise ConfigError(
                 f"imageBase={image.base}: CUDA {cuda}, but torch's wheel is built for CUDA "
-                f"{CUDA}; use a {CUDA}.x base such as nvidia/cuda:13.0.1-devel-ubuntu22.04"
+                f"{CUDA}; use ubuntu:22.04 (torch's wheels bring CUDA) or a CUDA {CUDA}.x base"
             )
         if image.base_digest and not _DIGEST.match(image.base_digest):
             raise ConfigError(

@@ -28,6 +28,7 @@ DOCKERFILE = "docker/Dockerfile"
 IMAGE_INPUTS = (
     DOCKERFILE,
     "docker/requirements.txt",
+    "scripts/build_gpu_wheel.sh",
     "scripts/build_horovod.sh",
     "scripts/build_jpeg_region.sh",
     "scripts/horovod-blocking-wait.patch",

@@ -41,6 +41,12 @@ class BatchImage:
     offer: str
     sku: str
     node_agent_sku_id: str
+    # The Azure HPC images are built on a 64 GB OS disk (Azure/azhpc-images packer/source.pkr.hcl,
+    # os_disk_size_gb = 64); a pool's osDisk.diskSizeGB may grow it, never shrink it. Their
+    # drivers, CUDA, MPI and tools fill about 45 GB of it (reported; not measured here), and
+    # Docker's data root, where the trainer image lands, is on the same disk.
+    os_disk_gb: int = 64
+    os_used_gb: int = 45
 
 
 UBUNTU_HPC_2404 = BatchImage("microsoft-dsvm", "ubuntu-hpc", "2404", "batch.node.ubuntu 24.04")

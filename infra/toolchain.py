@@ -2,9 +2,10 @@
 
 torch 2.13.0's Linux wheel on PyPI is a CUDA 13.0 build: its metadata requires
 ``cuda-toolkit==13.0.*`` and ``nvidia-nccl-cu13`` (tests/docker reads it with
-``pip install --dry-run --report``). So the image's base carries the CUDA 13.0 toolkit (nvcc for
-Horovod's GPU kernels), Horovod links the NCCL of torch's own ``nvidia-nccl-cu13`` wheel, and
-every node needs a driver of the R580 branch or newer: CUDA 13.0 needs 580.65.06 (CUDA 13.0
+``pip install --dry-run --report``). So the image needs no CUDA base: its builder stage compiles
+Horovod's GPU kernels with that toolkit's own wheels (nvcc, headers, cudart:
+scripts/build_gpu_wheel.sh), Horovod links the NCCL of torch's own ``nvidia-nccl-cu13`` wheel,
+and every node needs a driver of the R580 branch or newer: CUDA 13.0 needs 580.65.06 (CUDA 13.0
 release notes, "CUDA Toolkit and Corresponding Driver Versions"; NVIDIA's data-center support
 matrix lists R580 as the branch for CUDA 13.x). The Azure HPC Ubuntu 24.04 images the pool
 runs carry R580 since their 2026-01 refresh (Azure/azhpc-images #478); the pool's start task
@@ -19,6 +20,26 @@ CUDA = "13.0"
 MIN_DRIVER = "580.65.06"
 # The CUDA version at the front of an nvidia/cuda style tag: 13.0.1-devel-ubuntu22.04 -> 13.0.
 _CUDA_TAG = re.compile(r":(\d+\.\d+)\.\d+-[^@]*$")
+
+
+# What the trainer image holds unpacked, in GB: the pool's OS disk must take it beside the HPC
+# image (dt-plan prints both). Measured on 2026-11-26 with `du -s` after `pip install
+# --isolated` into empty folders: torch 2.13.0 with its CUDA 13.0 wheels (no toolkit: the image
+# runs on torch's own libraries) and docker/requirements.txt; the OS layer is estimated from
+# Ubuntu's package sizes.
+IMAGE_PARTS_GB = (
+    ("torch 2.13.0 and its CUDA 13.0 wheels (measured)", 4.7),
+    ("the trainer's other Python requirements (measured)", 0.3),
+    ("Horovod with NCCL operations (measured)", 0.1),
+    ("Ubuntu 22.04, Python 3.11, rdma-core, libjpeg (estimated)", 0.4),
+)
+# While Docker pulls, a layer's compressed download sits beside its unpacked files: assume the
+# compressed image is about half the unpacked one.
+PULL_OVERHEAD = 0.5
+
+
+def image_unpacked_gb() -> float:
+    return round(sum(size for _, size in IMAGE_PARTS_GB), 1)
 
 
 def cuda_of_base(image_base: str) -> str | None:

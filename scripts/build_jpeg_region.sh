@@ -6,9 +6,17 @@
 set -euo pipefail
 python=$1
 
+# The module alone, not the trainer.data package, which imports the whole input pipeline: the
+# image's builder stage runs this with an interpreter that has numpy but not the pipeline's
+# other requirements.
 read -r source library digest < <("$python" -c '
-from trainer.data.jpeg_region import LIBRARY, SOURCE, source_digest
-print(SOURCE, LIBRARY, source_digest())')
+import importlib.util, pathlib
+package = importlib.util.find_spec("trainer").submodule_search_locations[0]
+path = pathlib.Path(package, "data", "jpeg_region.py")
+spec = importlib.util.spec_from_file_location("jpeg_region", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(module.SOURCE, module.LIBRARY, module.source_digest())')
 cc=${CC:-cc}
 if ! echo '#include <stdio.h>
 #include <jpeglib.h>' | "$cc" -E -x c - >/dev/null 2>&1; then

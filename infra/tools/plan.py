@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from infra import cost, prices
+from infra import cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor
 from trainer.cli import OneLineParser
@@ -224,6 +224,26 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
     return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
 
+def disk_lines(s: StackSettings) -> list[str]:
+    """The node's OS disk against what it must hold: the HPC image and the trainer image, which
+    Docker unpacks onto it (its compressed layers beside it while pulling)."""
+    image = s.cluster.gpu.image
+    trainer = toolchain.image_unpacked_gb()
+    peak = image.os_used_gb + trainer * (1 + toolchain.PULL_OVERHEAD)
+    parts = "; ".join(f"{label} {size:g}" for label, size in toolchain.IMAGE_PARTS_GB)
+    verdict = (
+        f"fits, {s.cluster.os_disk_size_gb - peak:.0f} GB to spare at the pull's peak"
+        if peak <= s.cluster.os_disk_size_gb
+        else "TOO SMALL: raise osDiskSizeGb"
+    )
+    return [
+        f"Node OS disk (osDiskSizeGb): {s.cluster.os_disk_size_gb} GB; {verdict}",
+        f"  the HPC image uses about {image.os_used_gb} GB of its own {image.os_disk_gb} GB",
+        f"  the trainer image is about {trainer:g} GB unpacked (GB: {parts}), about "
+        f"{trainer * (1 + toolchain.PULL_OVERHEAD):.1f} GB while it is pulled",
+    ]
+
+
 def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None = None) -> str:
     s = plan.settings
     lines = [
@@ -242,6 +262,8 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
     lines += [
         "",
         *quota_lines(s, account, resource_group),
+        "",
+        *disk_lines(s),
         "",
         *job_lines(plan, deployed),
         "Outputs:",

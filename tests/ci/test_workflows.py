@@ -39,7 +39,7 @@ def test_tests_run_the_readme_command_as_root():
     runs = [step["run"] for step in steps["steps"] if "run" in step]
     # The runner's user sets up; the tests run as root, where the seam tests can run, and see
     # CI (GitHub sets CI=true) so that a seam test skipped for want of root fails the run.
-    assert runs[0] == "make setup"
+    assert runs[0] == "make setup gpu-wheel"
     sudo = shlex.split(runs[1])
     assert sudo[0] == "sudo" and sudo[-2:] == ["make", "test"]
     assert "CI" in sudo[1].removeprefix("--preserve-env=").split(",")

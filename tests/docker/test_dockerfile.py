@@ -21,6 +21,7 @@ from tests.infra.conftest import stack_values
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
+GPU_WHEEL_SCRIPT = REPO / "scripts" / "build_gpu_wheel.sh"
 HADOLINT = Path(sys.executable).parent / "hadolint"
 
 
@@ -49,6 +50,16 @@ def test_image_lock_matches_the_project_pins():
     assert sorted(lock) == sorted(pins.values())
     torch_pin = next(d for d in project["dependencies"] if d.startswith("torch=="))
     assert f"ARG TORCH_VERSION={torch_pin.split('==')[1]}" in DOCKERFILE.read_text()
+    # The Horovod build links the same torch the image runs.
+    assert f"TORCH_VERSION={torch_pin.split('==')[1]}\n" in GPU_WHEEL_SCRIPT.read_text()
+
+
+def _stages() -> tuple[str, str]:
+    """The builder stage's text and the runtime stage's text."""
+    builder, runtime = re.split(r"^FROM \$\{BASE_IMAGE\}.*$", DOCKERFILE.read_text(), flags=re.M)[
+        1:
+    ]
+    return builder, runtime
 
 
 def _from_reference(build_args: dict[str, str]) -> str:
@@ -74,23 +85,37 @@ def test_the_dockerfile_default_base_is_the_schema_default_and_an_empty_digest_i
         Reference.parse_normalized_named(load_schema()["imageBase"]["default"] + "@")
 
 
-def test_horovod_comes_from_the_shared_script_after_the_requirements():
-    text = DOCKERFILE.read_text()
-    assert "build_horovod.sh python /tmp/wheels gpu" in text
+def test_horovod_comes_from_the_script_make_test_runs_and_the_runtime_stays_slim():
+    builder, runtime = _stages()
+    # The builder compiles Horovod with scripts/build_gpu_wheel.sh, the script `make test`
+    # builds and checks the same wheel with (tests/docker/test_gpu_wheel.py), before it sees the
+    # trainer's sources (a trainer change rebuilds no Horovod).
+    wheel = builder.index("/build/scripts/build_gpu_wheel.sh /build/cache")
+    assert wheel < builder.index("COPY trainer")
+    # The runtime stage: no compiler, no CUDA toolkit, no MPI; the wheel comes from the builder.
+    for heavy in ("build-essential", "cmake", "-dev ", "openmpi", "cuda-toolkit", "nvcc"):
+        assert heavy not in runtime, heavy
+    assert "COPY --from=builder /build/wheels/" in runtime
     # Requirements are installed before the trainer sources are copied (layer caching).
-    assert text.index("COPY docker/requirements.txt") < text.index("COPY trainer")
-    assert re.search(r"^USER 1000:1000$", text, re.M)
-    assert "horovodrun --check-build" in text and "[X] NCCL" in text
+    assert runtime.index("COPY docker/requirements.txt") < runtime.index("COPY trainer")
+    assert re.search(r"^USER 1000:1000$", runtime, re.M)
+    assert "horovodrun --check-build" in runtime and "[X] NCCL" in runtime
+    # The container runtime mounts libcuda only for the compute capability.
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in runtime
 
 
 def test_the_region_decoder_is_built_from_the_copied_sources_and_checked():
-    text = DOCKERFILE.read_text()
-    build = text.index("RUN /tmp/build_jpeg_region.sh python")
-    # After the sources it compiles (and PYTHONPATH, which its script imports them through),
-    # before the image drops root (it writes into the venv), and loaded by the smoke test.
-    assert text.index("COPY trainer") < text.index("ENV PYTHONPATH=/opt/trainer") < build
-    assert build < text.index("USER 1000:1000") < text.index("r.available()")
-    assert re.search(r"apt-get install[^&]*\blibjpeg-dev\b", text)
+    builder, runtime = _stages()
+    # Built in the builder from the sources it copied, with the build environment's python
+    # (the script loads the module alone, so numpy suffices), against libjpeg-turbo's headers.
+    assert builder.index("COPY trainer") < builder.index("build_jpeg_region.sh")
+    assert re.search(r"apt-get install[^&]*\blibjpeg-dev\b", builder)
+    # The runtime takes the library where the trainer loads it (sys.prefix/lib/trainer), has
+    # libjpeg-turbo's runtime library, and the smoke test loads the decoder after USER.
+    assert "COPY --from=builder /build/libjpeg_region.so /opt/venv/lib/trainer/" in runtime
+    assert re.search(r"apt-get install[^&]*\blibjpeg-turbo8\b", runtime)
+    assert runtime.index("ENV PYTHONPATH=/opt/trainer") < runtime.index("USER 1000:1000")
+    assert runtime.index("USER 1000:1000") < runtime.index("r.available()")
 
 
 def _torch_wheel_requirements(version: str) -> list[Requirement]:
@@ -120,10 +145,14 @@ def test_base_image_torch_wheel_nccl_and_driver_floor_are_one_cuda_set():
     assert toolkit.operator == "==" and toolkit.version.rsplit(".", 1)[0] == CUDA
     # Horovod links the NCCL of the same wheel set (nvidia-nccl-cu<major>).
     assert f"nvidia-nccl-cu{CUDA.split('.')[0]}" in requirements
-    assert "nvidia.nccl" in DOCKERFILE.read_text()
-    # The base the image builds from by default carries the same CUDA.
-    assert cuda_of_base(load_schema()["imageBase"]["default"]) == CUDA
-    assert cuda_of_base(_from_reference({})) == CUDA
+    assert "nvidia.nccl" in GPU_WHEEL_SCRIPT.read_text()
+    # Horovod is compiled with the toolkit torch's wheel pins: nvcc, headers and cudart alike.
+    pinned = re.search(
+        r'CUDA_TOOLKIT="cuda-toolkit\[[^]]*\]==([\d.]+)"', GPU_WHEEL_SCRIPT.read_text()
+    )
+    assert pinned and pinned.group(1) == toolkit.version
+    # The base carries no CUDA of its own: torch's wheels bring it.
+    assert cuda_of_base(load_schema()["imageBase"]["default"]) is None
     # R580 is the driver branch for CUDA 13.x (NVIDIA's data-center support matrix).
     assert CUDA.startswith("13.") and MIN_DRIVER.split(".")[0] == "580"
 
@@ -134,7 +163,8 @@ def test_dockerignore_admits_only_what_the_build_copies():
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.startswith("!")
     ]
-    copied = re.findall(r"^COPY (.+) \S+$", DOCKERFILE.read_text(), re.M)
+    # What the build context gives (COPY --from copies between stages).
+    copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), re.M)
     sources = {source for line in copied for source in line.split()}
     assert sources == set(allowed)
     # The content tag hashes exactly what the build can see, plus the Dockerfile itself.

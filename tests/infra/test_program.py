@@ -84,6 +84,7 @@ def test_pool_is_an_infiniband_multi_instance_pool(plan):
     assert vm["imageReference"]["publisher"] == "microsoft-dsvm"
     assert vm["imageReference"]["offer"] == "ubuntu-hpc"
     assert vm["nodeAgentSkuId"] == s.cluster.gpu.image.node_agent_sku_id
+    assert vm["osDisk"] == {"diskSizeGB": s.cluster.os_disk_size_gb}
     registry = vm["containerConfiguration"]["containerRegistries"][0]
     assert registry["registryServer"] == plan.outputs["registry_login_server"]
     assert registry["identityReference"]["resourceId"].endswith("-nodes")
