@@ -29,18 +29,17 @@ from typing import Any
 
 import pulumi
 import pulumi_docker_build as docker_build
-from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult
 from pulumi_azure_native import authorization, containerregistry
 
 from infra import credentials
 from infra.config import ConfigError, ImageSettings
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.identity import ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
 from infra.registry import Registry
 from infra.toolchain import base_reference
-from trainer.config import one_line
 
 IMAGE_REPOSITORY = "trainer"
 # ACR's token exchange wants this user name with a refresh token as the password.
@@ -166,11 +165,8 @@ def exchange_acr_token(login_server: str) -> str:
 # provider process imports this module on every call.
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(OneLineError):
     """An ACR run did not push the image; the message is one line naming the run."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)
@@ -362,7 +358,7 @@ def run_build(spec: BuildSpec) -> dict[str, str]:
     return {"run_id": run_id, "digest": digest, "status": str(run.status)}
 
 
-class ImageBuildProvider(ResourceProvider):
+class ImageBuildProvider(Provider):
     """Runs the build task once per set of inputs (a new content tag, new build arguments or a
     new task/registry). Keep this class's name and module: stacks refer to them."""
 

@@ -27,7 +27,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, TypeVar
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult
 
 from infra import batch
 from infra.batch import (
@@ -43,7 +43,7 @@ from infra.batch import (
     terminate_options,
 )
 from infra.config import SHORTHAND_JOB
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
 
 T = TypeVar("T")
 # New role assignments take minutes to reach Batch's data plane: until then it answers 403
@@ -55,7 +55,7 @@ POLL_SECONDS = 5
 DELETE_WAIT_SECONDS = 900.0
 
 
-class JobError(RuntimeError):
+class JobError(OneLineError):
     """A Batch call failed; one line naming the job, the call and the fix."""
 
 
@@ -135,7 +135,7 @@ PROGRESS_TIMEOUT_SECONDS = 10.0
 NOT_THE_JOB = ("protect_running",)
 
 
-class TrainingJobProvider(ResourceProvider):
+class TrainingJobProvider(Provider):
     # Renaming or moving this class breaks refresh and destroy of existing stacks: the SDK
     # pickles it by reference (module and name) into every job's ``__provider`` input.
 

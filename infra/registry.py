@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, UpdateResult
 from pulumi_azure_native import containerregistry as acr
 
 from infra import credentials
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.naming import Placement
-from trainer.config import one_line
 
 
 @dataclass(frozen=True)
@@ -110,11 +109,8 @@ PATCH_TIMEOUT_SECONDS = 900
 TASK_BYPASS_OUTPUT_KEYS = ("allowed_for_tasks",)
 
 
-class TaskBypassError(RuntimeError):
+class TaskBypassError(OneLineError):
     """The registry does not let ACR Tasks through; the message is one line naming it."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
 
 
 def _registry_name(registry_id: str) -> str:
@@ -205,7 +201,7 @@ def enable_task_bypass(registry_id: str) -> bool:
     return True
 
 
-class TaskBypassProvider(ResourceProvider):
+class TaskBypassProvider(Provider):
     """Opts the registry's tasks into the trusted-services bypass on create and update. Keep
     this class's name and module: stacks refer to them."""
 

@@ -18,6 +18,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -380,3 +381,44 @@ def test_a_deploy_under_github_oidc_gets_batch_tokens_long_after_its_login(tmp_p
         host.close()
         batch.close()
         entra.close()
+
+
+# ---- refusals reach the engine as one line --------------------------------------------------
+# The host answers any exception a provider raises with `context.abort(UNKNOWN,
+# traceback.format_exc())` (pulumi/dynamic/__main__.py, `_abort_with_traceback`), and the engine
+# prints the status message as the resource's error (sdk/go/common/util/rpcutil/rpcerror). The
+# user must see our one line, as the engine would print it: the gRPC error's details.
+
+
+def _refusal(call: Callable[[], Any]) -> str:
+    with pytest.raises(grpc.RpcError) as failed:
+        call()
+    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+    return failed.value.details()
+
+
+def test_replacing_a_protected_running_job_is_refused_in_one_line(host, fake):
+    news = _inputs(fake, "protected", protect_running=True, name="resnet")
+    job_id = JobSpec.from_props(news).job_id
+    fake.add_job(job_id, "active")
+    olds = {**news, "job_id": job_id, "state": "active"}
+    longer = {**news, "trainer_args": ["--model", "resnet50", "--epochs", "120"]}
+    request = provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(longer))
+    details = _refusal(lambda: host.stub.Diff(request, timeout=TIMEOUT))
+    assert details == (
+        f"job resnet ({job_id}) is active, and this change would replace it (trainer_args): "
+        "let it finish, cancel it (python -m infra.tools.ops cancel --stack <stack> --job "
+        "resnet), or add resnet to replaceJobs; a replacement with the same training settings "
+        "resumes from its newest checkpoint"
+    )
+    assert "Traceback" not in host.stderr()
+
+
+def test_a_failed_create_is_one_line_naming_the_job_and_the_call(host, fake):
+    props = _inputs(fake, "refused-create")
+    job_id = JobSpec.from_props(props).job_id
+    fake.fail("POST", "/jobs", 400, "InvalidPropertyValue")
+    details = _refusal(lambda: _create(host, props))
+    assert details.startswith(f"create job {job_id} at {fake.url} failed: ")
+    assert "InvalidPropertyValue" in details
+    assert "\n" not in details and "Traceback" not in details
