@@ -38,7 +38,7 @@ from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.identity import ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
-from infra.registry import Registry
+from infra.registry import Registry, ensure_task_bypass
 from infra.toolchain import base_reference
 
 IMAGE_REPOSITORY = "trainer"
@@ -191,6 +191,13 @@ class BuildSpec:
             build_args=dict(props.get("build_args") or {}),
         )
 
+    @property
+    def registry_id(self) -> str:
+        return (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group_name}"
+            f"/providers/Microsoft.ContainerRegistry/registries/{self.registry_name}"
+        )
+
     def log_hint(self, run_id: str) -> str:
         return (
             f"see its log with `az acr task logs --registry {self.registry_name} --run-id "
@@ -339,10 +346,14 @@ class _Runs:
 
 def run_build(spec: BuildSpec) -> dict[str, str]:
     """Adopt the task's run for this image (one still going, or one that pushed it), else
-    schedule the task once; wait for the run to end and return its id, status and the digest
-    it pushed; any other end raises ``ImageBuildError``."""
+    check that the registry lets tasks through (``ensure_task_bypass``) and schedule the task
+    once; wait for the run to end and return its id, status and the digest it pushed; any other
+    end raises ``ImageBuildError``."""
     runs = _Runs(spec, time.monotonic() + BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS)
     adopted = runs.adoptable()
+    if adopted is None:
+        # A run the registry's network rules refuse fails only at its push, many minutes in.
+        ensure_task_bypass(spec.registry_id)
     run = runs.wait(adopted or runs.schedule())
     run_id = str(run.run_id)
     succeeded = run.status == "Succeeded"
