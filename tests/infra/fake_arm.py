@@ -8,7 +8,7 @@ import json
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,9 @@ Handle = Callable[
 ]
 
 
-@contextmanager
-def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle) -> Iterator[str]:
-    """Serve ``handle`` as ARM; yields its base URL. ``DefaultAzureCredential`` gives a token for
-    ARM's scope only, and no proxy stands between the client and the fake."""
-    import azure.identity
-    from azure.core.credentials import AccessToken
+def start_arm(folder: Path, handle: Handle) -> tuple[ThreadingHTTPServer, Path]:
+    """Serve ``handle`` as ARM over TLS on 127.0.0.1; returns the server (``shutdown()`` it)
+    and the certificate a client must trust."""
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
@@ -55,12 +52,22 @@ def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle)
         def log_message(self, *args: object) -> None:
             pass
 
+    return serve_https(Handler, folder, "fake-arm")
+
+
+@contextmanager
+def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle) -> Iterator[str]:
+    """Serve ``handle`` as ARM; yields its base URL. ``DefaultAzureCredential`` gives a token for
+    ARM's scope only, and no proxy stands between the client and the fake."""
+    import azure.identity
+    from azure.core.credentials import AccessToken
+
     class FakeCredential:
         def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
             assert scopes == ("https://management.azure.com/.default",)
             return AccessToken("fake-arm-token", 4102444800)
 
-    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
+    server, cert_file = start_arm(tmp_path, handle)
     monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
     for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):

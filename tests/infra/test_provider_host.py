@@ -31,8 +31,11 @@ from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
 from infra.batch import TASK_ID, JobSpec
+from infra.image import ImageBuildProvider
 from infra.job import TrainingJobProvider
+from infra.registry import TaskBypassProvider
 from tests.fake_entra import FakeEntra, write_federated_az
+from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
 from tests.infra.fake_batch import FakeBatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,28 +85,47 @@ def _dict(struct: struct_pb2.Struct) -> dict[str, Any]:
     return rpc.deserialize_properties(struct)
 
 
+# The providers that call ARM build its URL from a module constant: this host's ARM is the fake.
+ARM_HERE = """
+if os.environ.get("FAKE_ARM"):
+    import infra.image, infra.registry
+
+    infra.image.ARM_ENDPOINT = infra.registry.ARM_ENDPOINT = os.environ["FAKE_ARM"]
+"""
+
+
 class Host:
-    def __init__(self, folder: Path, fake: FakeBatch, entra: FakeEntra | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        fake: FakeBatch,
+        entra: FakeEntra | None = None,
+        arm: tuple[str, Path] | None = None,  # a fake ARM's URL and certificate
+    ) -> None:
         bin_dir, site = folder / "bin", folder / "site"
         bin_dir.mkdir()
         site.mkdir()
+        cas = [fake.ca_path]
         if entra is None:
             (bin_dir / "az").write_text(AZ_STUB)
             (bin_dir / "az").chmod(0o755)
             identity = {"AZURE_TOKEN_CREDENTIALS": "AzureCliCredential"}
-            ca_path = fake.ca_path
         else:
             identity = _github_deploy(folder, bin_dir, entra)
-            ca_path = folder / "ca-bundle.pem"
-            ca_path.write_text(fake.ca_path.read_text() + entra.ca_path.read_text())
-        (site / "sitecustomize.py").write_text(NO_TORCH)
+            cas.append(entra.ca_path)
+        if arm is not None:
+            identity["FAKE_ARM"] = arm[0]
+            cas.append(arm[1])
+        ca_path = folder / "ca-bundle.pem"
+        ca_path.write_text("".join(ca.read_text() for ca in cas))
+        (site / "sitecustomize.py").write_text(NO_TORCH + ARM_HERE)
         self.az_calls = folder / "az-calls"
         self.no_torch_marker = folder / "no-torch-active"
         self.stderr_path = folder / "host-stderr.txt"
         env = {
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(site),
+            "PYTHONPATH": os.pathsep.join((str(site), str(REPO))),
             **identity,
             "FAKE_AZ_CALLS": str(self.az_calls),
             "NO_TORCH_MARKER": str(self.no_torch_marker),
@@ -422,3 +444,59 @@ def test_a_failed_create_is_one_line_naming_the_job_and_the_call(host, fake):
     assert details.startswith(f"create job {job_id} at {fake.url} failed: ")
     assert "InvalidPropertyValue" in details
     assert "\n" not in details and "Traceback" not in details
+
+
+@pytest.fixture(scope="module")
+def arm_host(tmp_path_factory, fake):
+    """A host whose ARM is a fake registry that refuses every update and knows no build task."""
+    registry = FakeRegistry()
+    registry.refuse = (403, {"error": {"code": "AuthorizationFailed", "message": "no write"}})
+    server, cert = start_arm(tmp_path_factory.mktemp("arm"), registry.handle)
+    started = Host(
+        tmp_path_factory.mktemp("arm-host"),
+        fake,
+        arm=(f"https://127.0.0.1:{server.server_port}", cert),
+    )
+    started.stub.Configure(
+        provider_pb2.ConfigureRequest(acceptSecrets=False, args=_struct({})), timeout=TIMEOUT
+    )
+    yield started
+    started.close()
+    server.shutdown()
+    server.server_close()
+
+
+def _serialized(provider: Any) -> str:
+    return _serialize(True, serialize_provider, provider)[0]
+
+
+def test_a_registry_that_refuses_the_task_bypass_is_one_line(arm_host):
+    props = {
+        "registry_id": REGISTRY_ID,
+        "registry_network": "[]",
+        "allowed_for_tasks": None,
+        "__provider": _serialized(TaskBypassProvider()),
+    }
+    request = provider_pb2.CreateRequest(urn=URN, properties=_struct(props), timeout=TIMEOUT)
+    details = _refusal(lambda: arm_host.stub.Create(request, timeout=TIMEOUT))
+    assert details.startswith(
+        "could not set networkRuleBypassAllowedForTasks on registry teamacr: "
+    )
+    assert "AuthorizationFailed" in details and "az resource update --ids" in details
+    assert "\n" not in details and "Traceback" not in arm_host.stderr()
+
+
+def test_an_image_build_that_cannot_start_is_one_line(arm_host):
+    props = {
+        "subscription_id": SUB,
+        "resource_group_name": "rg-team-dev",
+        "registry_name": "teamacr",
+        "task_id": f"{REGISTRY_ID}/tasks/build-trainer",
+        "image": "trainer:0123456789abcdef",
+        "build_args": {},
+        "__provider": _serialized(ImageBuildProvider()),
+    }
+    request = provider_pb2.CreateRequest(urn=URN, properties=_struct(props), timeout=TIMEOUT)
+    details = _refusal(lambda: arm_host.stub.Create(request, timeout=TIMEOUT))
+    assert details.startswith("could not read build task build-trainer: HTTP 404")
+    assert "\n" not in details and "Traceback" not in arm_host.stderr()
