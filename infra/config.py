@@ -22,7 +22,7 @@ import yaml
 from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
-from infra.toolchain import CUDA, cuda_of_base
+from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
 from trainer.config import one_line
 
@@ -361,6 +361,15 @@ class StackSettings:
             raise ConfigError(
                 f"imageBase={image.base}: CUDA {cuda}, but torch's wheel is built for CUDA "
                 f"{CUDA}; use ubuntu:22.04 (torch's wheels bring CUDA) or a CUDA {CUDA}.x base"
+            )
+        base_os = os_of_base(image.base)
+        if base_os is not None and base_os != BASE_OS:
+            manager = "apt" if base_os.startswith(APT_FAMILIES) else "apt, which it does not have"
+            raise ConfigError(
+                f"imageBase={image.base}: a {base_os} image, but the trainer image installs "
+                f"{BASE_OS}'s packages with {manager} (python3.11, the InfiniBand user space: "
+                f"docker/Dockerfile); use an {BASE_OS} base such as "
+                "nvidia/cuda:13.0.1-devel-ubuntu22.04"
             )
         if image.base_digest and not _DIGEST.match(image.base_digest):
             raise ConfigError(

@@ -29,18 +29,17 @@ from typing import Any
 
 import pulumi
 import pulumi_docker_build as docker_build
-from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult
 from pulumi_azure_native import authorization, containerregistry
 
 from infra import credentials
 from infra.config import ConfigError, ImageSettings
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.identity import ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
-from infra.registry import Registry
+from infra.registry import Registry, ensure_task_bypass
 from infra.toolchain import base_reference
-from trainer.config import one_line
 
 IMAGE_REPOSITORY = "trainer"
 # ACR's token exchange wants this user name with a refresh token as the password.
@@ -166,11 +165,8 @@ def exchange_acr_token(login_server: str) -> str:
 # provider process imports this module on every call.
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(OneLineError):
     """An ACR run did not push the image; the message is one line naming the run."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)
@@ -193,6 +189,13 @@ class BuildSpec:
             task_id=props["task_id"],
             image=props["image"],
             build_args=dict(props.get("build_args") or {}),
+        )
+
+    @property
+    def registry_id(self) -> str:
+        return (
+            f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group_name}"
+            f"/providers/Microsoft.ContainerRegistry/registries/{self.registry_name}"
         )
 
     def log_hint(self, run_id: str) -> str:
@@ -343,10 +346,14 @@ class _Runs:
 
 def run_build(spec: BuildSpec) -> dict[str, str]:
     """Adopt the task's run for this image (one still going, or one that pushed it), else
-    schedule the task once; wait for the run to end and return its id, status and the digest
-    it pushed; any other end raises ``ImageBuildError``."""
+    check that the registry lets tasks through (``ensure_task_bypass``) and schedule the task
+    once; wait for the run to end and return its id, status and the digest it pushed; any other
+    end raises ``ImageBuildError``."""
     runs = _Runs(spec, time.monotonic() + BUILD_TIMEOUT_SECONDS + QUEUE_GRACE_SECONDS)
     adopted = runs.adoptable()
+    if adopted is None:
+        # A run the registry's network rules refuse fails only at its push, many minutes in.
+        ensure_task_bypass(spec.registry_id)
     run = runs.wait(adopted or runs.schedule())
     run_id = str(run.run_id)
     succeeded = run.status == "Succeeded"
@@ -362,7 +369,7 @@ def run_build(spec: BuildSpec) -> dict[str, str]:
     return {"run_id": run_id, "digest": digest, "status": str(run.status)}
 
 
-class ImageBuildProvider(ResourceProvider):
+class ImageBuildProvider(Provider):
     """Runs the build task once per set of inputs (a new content tag, new build arguments or a
     new task/registry). Keep this class's name and module: stacks refer to them."""
 

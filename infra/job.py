@@ -24,10 +24,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult
 
 from infra import batch
 from infra.batch import (
@@ -43,7 +44,8 @@ from infra.batch import (
     terminate_options,
 )
 from infra.config import SHORTHAND_JOB
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
+from trainer.config import one_line
 
 T = TypeVar("T")
 # New role assignments take minutes to reach Batch's data plane: until then it answers 403
@@ -55,7 +57,7 @@ POLL_SECONDS = 5
 DELETE_WAIT_SECONDS = 900.0
 
 
-class JobError(RuntimeError):
+class JobError(OneLineError):
     """A Batch call failed; one line naming the job, the call and the fix."""
 
 
@@ -128,14 +130,17 @@ OUTPUT_KEYS = (
     "step",
     "images_per_sec",
     "tokens_per_sec",
+    "progress_at",
+    "progress_error",
 )
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
 PROGRESS_TIMEOUT_SECONDS = 10.0
 NOT_THE_JOB = ("protect_running",)
+UNITS = ("images", "tokens")  # what a run's rate counts (infra.live_metrics.rate_key)
 
 
-class TrainingJobProvider(ResourceProvider):
+class TrainingJobProvider(Provider):
     # Renaming or moving this class breaks refresh and destroy of existing stacks: the SDK
     # pickles it by reference (module and name) into every job's ``__provider`` input.
 
@@ -246,7 +251,7 @@ class TrainingJobProvider(ResourceProvider):
         # State written before metrics_url was an output has the log URL it derives from.
         if metrics_url := props.get("metrics_url") or _metrics_url(props.get("log_url")):
             live["metrics_url"] = metrics_url
-            live.update(_progress(id_, metrics_url))
+            live.update(_progress(id_, metrics_url, props))
         return ReadResult(id_, {**props, **live})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -321,24 +326,54 @@ def _metrics_url(log_url: Any) -> str | None:
     return live_folder_url(log_url) if isinstance(log_url, str) and log_url else None
 
 
-def _progress(job_id: str, metrics_url: str) -> dict[str, Any]:
-    """The job's last logged step and images/s, from what its rank 0 uploaded; nothing (and a
-    warning when storage refused) if there is none: a refresh never fails on its metrics."""
-    from infra.live_metrics import NotUploaded, StorageError, blob_container, latest_step
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _progress(job_id: str, metrics_url: str, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The job's last logged step and images/s, from what its rank 0 uploaded, and when that
+    was uploaded (``progress_at``); nothing before the first upload. A refresh never fails on
+    its metrics: when storage refuses, the recorded step stays, ``progress_error`` says why it
+    is not current, and a warning gives its age."""
+    from infra.live_metrics import NotUploaded, StorageError, blob_container, latest_progress
     from trainer.blob_folder import BlobFolder
 
     try:
         folder = BlobFolder.parse(metrics_url)
-        latest = latest_step(blob_container(folder, timeout=PROGRESS_TIMEOUT_SECONDS), folder)
+        container = blob_container(folder, timeout=PROGRESS_TIMEOUT_SECONDS)
+        latest = latest_progress(container, folder)
     except NotUploaded:
-        return {}
+        return {"progress_error": None}
     except (StorageError, ValueError) as err:
-        pulumi.log.warn(f"job {job_id}: no current step: {err}")
-        return {}
+        pulumi.log.warn(f"job {job_id}: no current step: {err}{_staleness(recorded)}")
+        return {"progress_error": one_line(str(err))}
     if latest is None:
-        return {}
-    step, rate, unit = latest  # unit: images, or tokens for a language model's run
-    return {"step": step, **({} if rate is None else {f"{unit}_per_sec": round(rate, 1)})}
+        return {"progress_error": None}
+    step, rate, unit, uploaded = latest  # unit: images, or tokens for a language model's run
+    return {
+        "step": step,
+        **({} if rate is None else {f"{unit}_per_sec": round(rate, 1)}),
+        "progress_at": None if uploaded is None else uploaded.astimezone(UTC).isoformat(),
+        "progress_error": None,
+    }
+
+
+def _staleness(recorded: dict[str, Any]) -> str:
+    """What the recorded step and rate are, and how old: '; step 40 and 120.0 images/s are as
+    of <time> (3 h 5 min ago)'; nothing without a recorded step."""
+    if recorded.get("step") is None:
+        return ""
+    rates = [f"{recorded[f'{u}_per_sec']} {u}/s" for u in UNITS if recorded.get(f"{u}_per_sec")]
+    shown = " and ".join([f"step {recorded['step']}", *rates[:1]])
+    verb = "are" if rates else "is"
+    try:
+        at = datetime.fromisoformat(str(recorded.get("progress_at")))
+    except ValueError:
+        return f"; {shown} {verb} from an earlier refresh (time unknown)"
+    minutes = max(0, int((_now() - at).total_seconds() // 60))
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    age = " ".join(f"{n} {u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "min")) if n)
+    return f"; {shown} {verb} as of {recorded['progress_at']} ({age or '0 min'} ago)"
 
 
 @dataclass(frozen=True)
@@ -358,6 +393,8 @@ class TrainingJob(pulumi.dynamic.Resource):
     step: pulumi.Output[int]
     images_per_sec: pulumi.Output[float]
     tokens_per_sec: pulumi.Output[float]
+    progress_at: pulumi.Output[str]
+    progress_error: pulumi.Output[str]
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     metrics_url: pulumi.Output[str]

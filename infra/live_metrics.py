@@ -142,15 +142,23 @@ def rate_key(records: Sequence[dict[str, Any]]) -> tuple[str, str]:
     return unit, f"{unit}_per_sec_total"
 
 
-def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None, str] | None:
-    """The last logged training step, its rate (all ranks) and the rate's unit ("images" or
-    "tokens"); None before the first."""
-    records, _ = read_metrics(container, folder, TAIL_BYTES)
+def latest_progress(
+    container: Any, folder: BlobFolder
+) -> tuple[int, float | None, str, datetime | None] | None:
+    """The last logged training step, its rate (all ranks), the rate's unit ("images" or
+    "tokens") and when the metrics holding it were uploaded; None before the first step."""
+    records, uploaded = read_metrics(container, folder, TAIL_BYTES)
     train = train_records(records)
     if not train:
         return None
     unit, key = rate_key(train[-1:])
-    return train[-1]["step"], number(train[-1], key), unit
+    return train[-1]["step"], number(train[-1], key), unit, uploaded
+
+
+def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None, str] | None:
+    """``latest_progress`` without the upload time."""
+    latest = latest_progress(container, folder)
+    return None if latest is None else latest[:3]
 
 
 def noise_advice(records: list[dict[str, Any]]) -> str | None:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, UpdateResult
 from pulumi_azure_native import containerregistry as acr
 
 from infra import credentials
-from infra.dynamic import changed_inputs
+from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.naming import Placement
-from trainer.config import one_line
 
 
 @dataclass(frozen=True)
@@ -110,11 +109,8 @@ PATCH_TIMEOUT_SECONDS = 900
 TASK_BYPASS_OUTPUT_KEYS = ("allowed_for_tasks",)
 
 
-class TaskBypassError(RuntimeError):
+class TaskBypassError(OneLineError):
     """The registry does not let ACR Tasks through; the message is one line naming it."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
 
 
 def _registry_name(registry_id: str) -> str:
@@ -152,6 +148,21 @@ def _arm_client() -> Any:
     )
 
 
+def _read_allowed(client: Any, registry_id: str) -> Any:
+    """The registry's ``networkRuleBypassAllowedForTasks`` as ARM reports it (None if unset)."""
+    from azure.core.exceptions import HttpResponseError
+    from azure.core.rest import HttpRequest
+    from azure.mgmt.core.exceptions import ARMErrorFormat
+
+    url = f"{ARM_ENDPOINT.rstrip('/')}{registry_id}"
+    answer = client.send_request(
+        HttpRequest("GET", url, params={"api-version": TASK_BYPASS_API_VERSION})
+    )
+    if answer.status_code != 200:
+        raise HttpResponseError(response=answer, error_format=ARMErrorFormat)
+    return (answer.json().get("properties") or {}).get(TASK_BYPASS_PROPERTY)
+
+
 def enable_task_bypass(registry_id: str) -> bool:
     """PATCH ``networkRuleBypassAllowedForTasks: true`` onto the registry, wait for ARM to
     finish, read the setting back; anything but ``true`` raises ``TaskBypassError``."""
@@ -186,16 +197,12 @@ def enable_task_bypass(registry_id: str) -> bool:
                 f"registry {name}: the update that sets {TASK_BYPASS_PROPERTY} is still "
                 f"{poller.status()} after {PATCH_TIMEOUT_SECONDS} s; {_fix_hint(registry_id)}"
             )
-        answer = client.send_request(HttpRequest("GET", url, params=params))
-        if answer.status_code != 200:
-            raise HttpResponseError(response=answer, error_format=ARMErrorFormat)
-        properties = answer.json().get("properties") or {}
+        allowed = _read_allowed(client, registry_id)
     except HttpResponseError as err:
         raise TaskBypassError(
             f"could not set {TASK_BYPASS_PROPERTY} on registry {name}: {err.message}; "
             f"{_fix_hint(registry_id)}"
         ) from None
-    allowed = properties.get(TASK_BYPASS_PROPERTY)
     if allowed is not True:
         raise TaskBypassError(
             f"registry {name} reports {TASK_BYPASS_PROPERTY}={json.dumps(allowed)} after the "
@@ -205,7 +212,32 @@ def enable_task_bypass(registry_id: str) -> bool:
     return True
 
 
-class TaskBypassProvider(ResourceProvider):
+def ensure_task_bypass(registry_id: str) -> None:
+    """Before a task runs: the setting as the registry has it now, set again if it is off. The
+    ``TaskBypass`` resource sets it only when the registry's network settings change, and an
+    owner can turn it off since (portal, ``az``); the run would then fail at its push with 403
+    (articles/container-registry/manage-network-bypass-policy-for-tasks.md)."""
+    from azure.core.exceptions import HttpResponseError
+
+    name = _registry_name(registry_id)
+    try:
+        allowed = _read_allowed(_arm_client(), registry_id)
+    except HttpResponseError as err:
+        raise TaskBypassError(
+            f"could not read {TASK_BYPASS_PROPERTY} of registry {name}: {err.message}; "
+            "the deployer needs read access to the registry (e.g. Reader), then run pulumi up "
+            "again"
+        ) from None
+    if allowed is True:
+        return
+    pulumi.log.warn(
+        f"registry {name} has {TASK_BYPASS_PROPERTY}={json.dumps(allowed)} (turned off since "
+        "the stack set it?): setting it again before the image build"
+    )
+    enable_task_bypass(registry_id)
+
+
+class TaskBypassProvider(Provider):
     """Opts the registry's tasks into the trusted-services bypass on create and update. Keep
     this class's name and module: stacks refer to them."""
 

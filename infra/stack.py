@@ -238,6 +238,9 @@ def _job(
         "step": resource.step,
         "images_per_sec": resource.images_per_sec,
         "tokens_per_sec": resource.tokens_per_sec,
+        # When the step above was uploaded; a refresh that could not read it says why here.
+        "progress_at": resource.progress_at,
+        "progress_error": resource.progress_error,
     }
 
 

@@ -10,6 +10,11 @@ release notes, "CUDA Toolkit and Corresponding Driver Versions"; NVIDIA's data-c
 matrix lists R580 as the branch for CUDA 13.x). The Azure HPC Ubuntu 24.04 images the pool
 runs carry R580 since their 2026-01 refresh (Azure/azhpc-images #478); the pool's start task
 checks the driver on every node anyway.
+
+The base's OS is part of the set: docker/Dockerfile installs its packages with apt, by Ubuntu
+22.04's names (python3.11 is in jammy-updates' universe, packages.ubuntu.com/jammy-updates/
+python3.11; rdma-core's InfiniBand user space, OpenMPI and UCX), which images of the
+RHEL-like families have no apt for and other Ubuntu releases name otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ CUDA = "13.0"
 MIN_DRIVER = "580.65.06"
 # The CUDA version at the front of an nvidia/cuda style tag: 13.0.1-devel-ubuntu22.04 -> 13.0.
 _CUDA_TAG = re.compile(r":(\d+\.\d+)\.\d+-[^@]*$")
+BASE_OS = "ubuntu22.04"
+APT_FAMILIES = ("ubuntu", "debian")
+# The OS at the end of an nvidia/cuda style tag (its image families: ubuntu, ubi, rockylinux,
+# oraclelinux; older ones centos, opensuse): 13.0.1-devel-ubuntu22.04 -> ubuntu22.04.
+_OS_TAG = re.compile(
+    r":[^@]*-((?:ubuntu|debian|ubi|rockylinux|oraclelinux|centos|opensuse|amzn|alpine)"
+    r"\d+(?:\.\d+)*)$"
+)
 
 
 # What the trainer image holds unpacked, in GB: the pool's OS disk must take it beside the HPC
@@ -45,6 +58,12 @@ def image_unpacked_gb() -> float:
 def cuda_of_base(image_base: str) -> str | None:
     """The CUDA major.minor an ``nvidia/cuda``-style tag names, None when the tag has none."""
     found = _CUDA_TAG.search(image_base)
+    return found.group(1) if found else None
+
+
+def os_of_base(image_base: str) -> str | None:
+    """The OS an ``nvidia/cuda``-style tag ends with, None when the tag names none."""
+    found = _OS_TAG.search(image_base)
     return found.group(1) if found else None
 
 

@@ -70,6 +70,8 @@ JOB_OUTPUTS = (
     "step",
     "images_per_sec",
     "tokens_per_sec",
+    "progress_at",
+    "progress_error",
 )
 TENSORBOARD_FOLDER = "tensorboard/"
 TENSORBOARD_SYNC_SECONDS = 60.0
@@ -452,12 +454,24 @@ def list_jobs(
                 pass
             except StorageError as error:
                 notes.append(f"job {job.name}: metrics: {error}")
+                step, rate = _recorded_progress(job.outputs)
         row = (job.name, job.job_id, job_state, task_state, str(nodes or "-"), retries, step, rate)
         rows.append(row)
     out.write(_table(rows, right={4, 5, 6, 7}))
     for note in notes:
         err.write(f"note: {note}\n")
     return 0
+
+
+def _recorded_progress(outputs: dict[str, Any]) -> tuple[str, str]:
+    """The step and rate the stack's last refresh recorded, marked with when they were
+    uploaded (``progress_at``); ("-", "-") without them."""
+    step, at = outputs.get("step"), outputs.get("progress_at")
+    if step is None or not at:
+        return "-", "-"
+    unit = next((u for u in ("images", "tokens") if outputs.get(f"{u}_per_sec")), None)
+    rate = "-" if unit is None else f"{outputs[f'{unit}_per_sec']:.1f} {unit}/s"
+    return f"{step} (as of {at})", rate
 
 
 # ---------------------------------------------------------------------- TensorBoard

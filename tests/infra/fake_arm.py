@@ -8,7 +8,7 @@ import json
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,9 @@ Handle = Callable[
 ]
 
 
-@contextmanager
-def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle) -> Iterator[str]:
-    """Serve ``handle`` as ARM; yields its base URL. ``DefaultAzureCredential`` gives a token for
-    ARM's scope only, and no proxy stands between the client and the fake."""
-    import azure.identity
-    from azure.core.credentials import AccessToken
+def start_arm(folder: Path, handle: Handle) -> tuple[ThreadingHTTPServer, Path]:
+    """Serve ``handle`` as ARM over TLS on 127.0.0.1; returns the server (``shutdown()`` it)
+    and the certificate a client must trust."""
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self) -> None:
@@ -55,12 +52,22 @@ def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle)
         def log_message(self, *args: object) -> None:
             pass
 
+    return serve_https(Handler, folder, "fake-arm")
+
+
+@contextmanager
+def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle) -> Iterator[str]:
+    """Serve ``handle`` as ARM; yields its base URL. ``DefaultAzureCredential`` gives a token for
+    ARM's scope only, and no proxy stands between the client and the fake."""
+    import azure.identity
+    from azure.core.credentials import AccessToken
+
     class FakeCredential:
         def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
             assert scopes == ("https://management.azure.com/.default",)
             return AccessToken("fake-arm-token", 4102444800)
 
-    server, cert_file = serve_https(Handler, tmp_path, "fake-arm")
+    server, cert_file = start_arm(tmp_path, handle)
     monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
     for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
@@ -87,3 +94,112 @@ def arm_creates_budget(start_date: str, today: str) -> bool:
     first_of_this_month = now.replace(day=1)
     months_ahead = (start.year - now.year) * 12 + start.month - now.month
     return start >= first_of_this_month and months_ahead <= 12
+
+
+# ---- a container registry, as ACR's Registries API answers for it --------------------------
+
+SUB = "00000000-0000-0000-0000-00000000abcd"
+REGISTRY_ID = (
+    f"/subscriptions/{SUB}/resourceGroups/rg-team-dev/providers/"
+    "Microsoft.ContainerRegistry/registries/teamacr"
+)
+OPERATION = f"/subscriptions/{SUB}/providers/Microsoft.ContainerRegistry/locations/eastus/op-1"
+BYPASS_PROPERTY = "networkRuleBypassAllowedForTasks"
+BYPASS_PATCH = {"properties": {BYPASS_PROPERTY: True}}
+BYPASS_API_VERSION = "2025-11-01"
+
+
+class FakeRegistry:
+    """ACR's registry endpoint (Registries - Get and Update). ``mode`` is how the PATCH is
+    answered: ``sync`` (200 with the updated registry), ``azure-async-operation`` or
+    ``location`` (202 and a status monitor that says InProgress once, then ``outcome``). The
+    setting turns true when the update succeeds, unless ``honours`` is false (an API that
+    ignores the property).
+
+    ``allowed`` is the registry's networkRuleBypassAllowedForTasks as ARM reports it now: an
+    owner can turn it off in the portal or with `az resource update` after the stack set it, and
+    from then on ACR refuses its tasks' system-assigned identity past the registry's network
+    rules with 403 Forbidden (articles/container-registry/
+    manage-network-bypass-policy-for-tasks.md); a run's push then fails (``refuses_tasks``)."""
+
+    def __init__(self, registry_path: str = REGISTRY_ID) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.registry_path = registry_path
+        self.mode = "sync"
+        self.outcome = "Succeeded"
+        self.honours = True
+        self.refuse: tuple[int, Any] | None = None  # (status, ARM error) for the PATCH
+        self.allowed = False
+        self.pending = False
+        self.polls = 0
+        self.base = ""
+
+    @property
+    def refuses_tasks(self) -> bool:
+        return not self.allowed
+
+    def _registry(self) -> tuple[int, dict[str, str], Any]:
+        return (
+            200,
+            {},
+            {
+                "id": self.registry_path,
+                "name": self.registry_path.rsplit("/", 1)[-1],
+                "type": "Microsoft.ContainerRegistry/registries",
+                "properties": {
+                    "provisioningState": "Succeeded",
+                    "publicNetworkAccess": "Enabled",
+                    "networkRuleBypassOptions": "AzureServices",
+                    BYPASS_PROPERTY: self.allowed,
+                },
+            },
+        )
+
+    def _finish(self) -> None:
+        self.pending = False
+        if self.outcome == "Succeeded" and self.honours:
+            self.allowed = True
+
+    def handle(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        body: Any,
+    ) -> tuple[int, dict[str, str], Any]:
+        self.requests.append(
+            {"method": method, "path": path, "query": query, "headers": headers, "body": body}
+        )
+        if path == self.registry_path and method == "PATCH":
+            if self.refuse:
+                return self.refuse[0], {}, self.refuse[1]
+            if body != BYPASS_PATCH:
+                return 400, {}, {"error": {"code": "BadRequest", "message": json.dumps(body)}}
+            if self.mode == "sync":
+                self._finish()
+                return self._registry()
+            self.pending, self.polls = True, 0
+            monitor = f"{self.base}{OPERATION}?api-version={BYPASS_API_VERSION}"
+            header = "Azure-AsyncOperation" if self.mode == "azure-async-operation" else "Location"
+            return 202, {header: monitor}, None
+        if path == self.registry_path and method == "GET":
+            return self._registry()
+        if path == OPERATION and method == "GET" and self.pending:
+            return self._poll()
+        return 404, {}, {"error": {"code": "NotFound", "message": f"{method} {path}"}}
+
+    def _poll(self) -> tuple[int, dict[str, str], Any]:
+        self.polls += 1
+        if self.polls == 1:
+            if self.mode == "location":
+                return 202, {"Location": f"{self.base}{OPERATION}"}, None
+            return 200, {}, {"status": "InProgress"}
+        outcome = self.outcome
+        self._finish()
+        if self.mode == "location":
+            if outcome != "Succeeded":
+                return 500, {}, {"error": {"code": outcome, "message": "update failed"}}
+            return 200, {}, None
+        error = {"code": "UpdateFailed", "message": "registry update failed"}
+        return 200, {}, {"status": outcome, **({} if outcome == "Succeeded" else {"error": error})}

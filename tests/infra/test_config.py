@@ -1,7 +1,10 @@
+import re
+
 import pytest
 
 from infra.config import ConfigError, StackSettings
-from tests.infra.conftest import STACKS, stack_values
+from infra.toolchain import BASE_OS, os_of_base
+from tests.infra.conftest import REPO, STACKS, stack_values
 
 VALID = {
     "team": "vision",
@@ -99,6 +102,22 @@ INVALID = [
     ({"imageSourceRepo": "git@github.com:o/r"}, "imageSourceRepo='git@github.com:o/r'", ".git URL"),
     ({"imageBase": "cuda"}, "imageBase='cuda'", "[<registry>/]<repository>:<tag>"),
     ({"imageBaseDigest": "sha256:abc"}, "imageBaseDigest='sha256:abc'", "64 hex"),
+    # The image installs Ubuntu 22.04's packages with apt (docker/Dockerfile).
+    (
+        {"imageBase": "nvidia/cuda:13.0.1-devel-ubi9"},
+        "imageBase=nvidia/cuda:13.0.1-devel-ubi9: a ubi9 image",
+        "use an ubuntu22.04 base such as nvidia/cuda:13.0.1-devel-ubuntu22.04",
+    ),
+    (
+        {"imageBase": "nvidia/cuda:13.0.1-cudnn-devel-rockylinux9"},
+        "imageBase=nvidia/cuda:13.0.1-cudnn-devel-rockylinux9: a rockylinux9 image",
+        "apt",
+    ),
+    (
+        {"imageBase": "nvidia/cuda:13.0.1-devel-ubuntu24.04"},
+        "imageBase=nvidia/cuda:13.0.1-devel-ubuntu24.04: a ubuntu24.04 image",
+        "use an ubuntu22.04 base",
+    ),
     ({"datasetPrefix": "../etc"}, "datasetPrefix='../etc'", "python -m trainer.data upload"),
     ({"trainerConfig": "missing.yaml"}, "trainerConfig=missing.yaml: cannot read", "No such"),
     (
@@ -124,6 +143,25 @@ def test_every_invalid_value_names_key_value_and_fix(schema, changes, names, fix
     assert names in str(caught.value)
     assert fix in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        "nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04",
+        # A base of one's own whose tag names no OS: the build itself tells.
+        "teamacr.azurecr.io/cuda-base:2026-11-v2",
+    ],
+)
+def test_an_ubuntu_22_04_base_or_one_that_names_no_os_is_accepted(schema, base):
+    assert settings(schema, imageBase=base).image.base == base
+
+
+def test_the_default_bases_run_the_os_the_image_installs_packages_for(schema):
+    dockerfile = (REPO / "docker/Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert os_of_base(default) == os_of_base(schema["imageBase"]["default"]) == BASE_OS
+    assert "apt-get install" in dockerfile and "python3.11" in dockerfile
 
 
 def test_team_is_required(schema):

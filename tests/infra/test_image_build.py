@@ -10,20 +10,26 @@ import sys
 import pytest
 
 from infra import image as image_module
+from infra import registry as registry_module
 from infra.image import (
     RUN_API_VERSION,
     BuildSpec,
     ImageBuildError,
     ImageBuildProvider,
 )
+from infra.registry import TaskBypassError
 from tests.infra.conftest import REPO
-from tests.infra.fake_arm import DROP, serving_arm
-
-SUB = "00000000-0000-0000-0000-00000000abcd"
-REGISTRY_PATH = (
-    f"/subscriptions/{SUB}/resourceGroups/rg-team-dev/providers/"
-    "Microsoft.ContainerRegistry/registries/teamacr"
+from tests.infra.fake_arm import (
+    BYPASS_PATCH,
+    DROP,
+    OPERATION,
+    REGISTRY_ID,
+    SUB,
+    FakeRegistry,
+    serving_arm,
 )
+
+REGISTRY_PATH = REGISTRY_ID
 TASK_ID = f"{REGISTRY_PATH}/tasks/build-trainer"
 DIGEST = "sha256:" + "c" * 64
 SPEC = BuildSpec(
@@ -100,20 +106,36 @@ class FakeArm:
     """ACR's run API as the image build uses it: ``schedule`` answers scheduleRun, ``runs`` the
     successive GETs of the run it queues (ca7), ``failures`` what the next GETs of a run answer
     first (a 503, a dropped connection), ``existing`` the registry's earlier runs (id -> its
-    successive states), which Runs - List filters; the task was last changed at TASK_CHANGED."""
+    successive states), which Runs - List filters; the task was last changed at TASK_CHANGED.
+    ``registry`` is the registry itself, its bypass for tasks on as the stack deployed it."""
 
     def __init__(self):
         self.requests = []
+        self.registry = FakeRegistry(REGISTRY_PATH)
+        self.registry.allowed = True
         self.schedule = (200, _run("Queued"))
         self.runs = [_run("Running"), _run("Succeeded", outputImages=_pushed())]
         self.failures: list[tuple[int, dict | None]] = []
         self.existing: dict[str, list[dict]] = {}
+
+    def serve(self, method, path, query, headers, body):
+        if path in (REGISTRY_PATH, OPERATION):
+            self.requests.append({"method": method, "path": path, "query": query, "body": body})
+            return self.registry.handle(method, path, query, headers, body)
+        status, answer = self.handle(method, path, query, headers, body)
+        return status, {}, answer
 
     def handle(self, method, path, query, headers, body):
         self.requests.append(
             {"method": method, "path": path, "query": query, "headers": headers, "body": body}
         )
         if method == "POST" and path == f"{REGISTRY_PATH}/scheduleRun":
+            if self.schedule[0] == 200 and self.registry.refuses_tasks:
+                # The task's identity is no longer let through the registry's network rules:
+                # the run is queued and its push is refused with 403 (articles/
+                # container-registry/manage-network-bypass-policy-for-tasks.md; the run's exact
+                # error text is not documented).
+                self.runs = [_run("Running"), _run("Failed", runErrorMessage=PUSH_REFUSED)]
             return self.schedule
         if method == "GET" and path == f"{REGISTRY_PATH}/runs":
             return self._list(query)
@@ -150,17 +172,18 @@ class FakeArm:
         return [r for r in self.requests if r["method"] == method and r["path"].endswith(suffix)]
 
 
+PUSH_REFUSED = "failed to push teamacr.azurecr.io/trainer:0123456789abcdef: 403 Forbidden"
+
+
 @pytest.fixture
 def arm(tmp_path, monkeypatch):
     fake = FakeArm()
-
-    def handle(*request):
-        status, answer = fake.handle(*request)
-        return status, {}, answer
-
-    with serving_arm(tmp_path, monkeypatch, handle) as base:
+    with serving_arm(tmp_path, monkeypatch, fake.serve) as base:
+        fake.registry.base = base
         monkeypatch.setattr(image_module, "ARM_ENDPOINT", base)
+        monkeypatch.setattr(registry_module, "ARM_ENDPOINT", base)
         monkeypatch.setattr(image_module, "POLL_SECONDS", 0)
+        monkeypatch.setattr(registry_module, "POLL_SECONDS", 0)
         yield fake
 
 
@@ -185,6 +208,36 @@ def test_create_schedules_the_task_once_and_returns_the_pushed_digest(arm):
     }
     assert schedule["headers"]["Authorization"] == "Bearer fake-arm-token"
     assert len(arm.of("GET", "/runs/ca7")) == 2
+
+
+def test_the_build_checks_the_registry_lets_tasks_through_before_it_schedules(arm):
+    ImageBuildProvider().create(_props())
+    calls = [(r["method"], r["path"]) for r in arm.requests]
+    assert ("GET", REGISTRY_PATH) in calls and ("PATCH", REGISTRY_PATH) not in calls
+    assert calls.index(("GET", REGISTRY_PATH)) < calls.index(
+        ("POST", f"{REGISTRY_PATH}/scheduleRun")
+    )
+
+
+def test_a_bypass_turned_off_since_the_deploy_is_set_again_before_the_build(arm):
+    arm.registry.allowed = False  # turned off in the portal after `pulumi up` set it
+    result = ImageBuildProvider().create(_props())
+    assert result.outs["digest"] == DIGEST and result.outs["status"] == "Succeeded"
+    calls = [(r["method"], r["path"]) for r in arm.requests]
+    patch = calls.index(("PATCH", REGISTRY_PATH))
+    assert arm.requests[patch]["body"] == BYPASS_PATCH
+    assert patch < calls.index(("POST", f"{REGISTRY_PATH}/scheduleRun"))
+
+
+def test_a_bypass_that_cannot_be_set_again_stops_the_build_in_one_line(arm):
+    arm.registry.allowed = False
+    arm.registry.refuse = (403, {"error": {"code": "AuthorizationFailed", "message": "no write"}})
+    with pytest.raises(TaskBypassError) as failed:
+        ImageBuildProvider().create(_props())
+    message = str(failed.value)
+    assert "\n" not in message and "registry teamacr" in message
+    assert "networkRuleBypassAllowedForTasks" in message and "az resource update --ids" in message
+    assert not arm.of("POST")  # no build that would fail at its push
 
 
 def test_a_failed_run_is_one_line_naming_the_run_its_status_and_its_log(arm):

@@ -8,6 +8,7 @@ deployer's `az login`)."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -104,3 +105,45 @@ def test_storage_it_cannot_reach_warns_once_and_the_refresh_goes_on(cloud, warni
     assert outs["state"] == "active" and "step" not in outs
     assert len(warnings) == 1
     assert warnings[0].startswith(f"job {job_id}: no current step: {closed}metrics.jsonl: ")
+
+
+def _uploaded_at(logs, job_id: str) -> str:
+    """When Azurite says the job's metrics.jsonl was last uploaded (its Last-Modified)."""
+    properties = logs.get_blob_client(f"{job_id}/live/metrics.jsonl").get_blob_properties()
+    return properties.last_modified.astimezone(UTC).isoformat()
+
+
+def test_a_refresh_says_when_the_step_it_shows_was_uploaded(cloud, warnings):
+    fake, storage, logs = cloud
+    job_id, state = _state(fake, storage, "dated")
+    _upload(logs, job_id, [_train(7, 90.0)])
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert outs["step"] == 7 and outs["progress_at"] == _uploaded_at(logs, job_id)
+    assert outs["progress_error"] is None and warnings == []
+
+
+def test_a_failed_progress_read_keeps_the_last_step_marked_with_its_age(
+    cloud, warnings, monkeypatch
+):
+    fake, storage, logs = cloud
+    job_id, state = _state(fake, storage, "stale")
+    _upload(logs, job_id, [_train(40, 120.0)])
+    before = TrainingJobProvider().read(job_id, state).outs
+    uploaded = datetime.fromisoformat(before["progress_at"])
+    # Three hours later this machine can no longer reach the account.
+    monkeypatch.setattr(job_module, "_now", lambda: uploaded + timedelta(hours=3, minutes=5))
+    closed = f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/{job_id}/live/"
+    outs = TrainingJobProvider().read(job_id, {**before, "metrics_url": closed}).outs
+    assert (outs["step"], outs["images_per_sec"]) == (40, 120.0)
+    assert outs["progress_at"] == before["progress_at"]
+    error = outs["progress_error"]
+    assert error.startswith(f"{closed}metrics.jsonl: ") and "\n" not in error
+    (warning,) = warnings
+    assert warning.startswith(f"job {job_id}: no current step: {closed}metrics.jsonl: ")
+    assert warning.endswith(
+        f"; step 40 and 120.0 images/s are as of {before['progress_at']} (3 h 5 min ago)"
+    )
+    # The next good read is current again.
+    reachable = {**outs, "metrics_url": before["metrics_url"]}
+    again = TrainingJobProvider().read(job_id, reachable).outs
+    assert again["progress_error"] is None

@@ -436,6 +436,9 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
         f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/vit/live/"  # unreachable
     )
     del outputs["jobs"]["bert"]["node_count"]  # then the task's instances
+    # What the stack's last refresh recorded for vit, whose metrics this machine cannot reach.
+    recorded_at = "2026-11-20T10:00:00+00:00"
+    outputs["jobs"]["vit"].update(step=1200, images_per_sec=950.0, progress_at=recorded_at)
     _upload_metrics(
         logs, "resnet/live/", [_train(s, 800.0 + s) for s in range(1, 2000)]
     )  # more than the tail read: the cut first line is skipped
@@ -488,7 +491,21 @@ def test_list_shows_every_job_with_state_nodes_retries_step_and_rate(
             "2799.0",
             "images/s",
         ],
-        ["vit", "dev-vit-2a2b3c4d5e", "not", "found", "-", "2", "-", "-", "-"],
+        [
+            "vit",
+            "dev-vit-2a2b3c4d5e",
+            "not",
+            "found",
+            "-",
+            "2",
+            "-",
+            "1200",
+            "(as",
+            "of",
+            f"{recorded_at})",
+            "950.0",
+            "images/s",
+        ],
     ]
     assert err.count("\n") == 1 and err.startswith("note: job vit: metrics: https://127.0.0.1:")
     assert "cannot reach it" in err

@@ -18,6 +18,7 @@ import queue
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,11 @@ from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
 from infra.batch import TASK_ID, JobSpec
+from infra.image import ImageBuildProvider
 from infra.job import TrainingJobProvider
+from infra.registry import TaskBypassProvider
 from tests.fake_entra import FakeEntra, write_federated_az
+from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
 from tests.infra.fake_batch import FakeBatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,28 +85,47 @@ def _dict(struct: struct_pb2.Struct) -> dict[str, Any]:
     return rpc.deserialize_properties(struct)
 
 
+# The providers that call ARM build its URL from a module constant: this host's ARM is the fake.
+ARM_HERE = """
+if os.environ.get("FAKE_ARM"):
+    import infra.image, infra.registry
+
+    infra.image.ARM_ENDPOINT = infra.registry.ARM_ENDPOINT = os.environ["FAKE_ARM"]
+"""
+
+
 class Host:
-    def __init__(self, folder: Path, fake: FakeBatch, entra: FakeEntra | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        fake: FakeBatch,
+        entra: FakeEntra | None = None,
+        arm: tuple[str, Path] | None = None,  # a fake ARM's URL and certificate
+    ) -> None:
         bin_dir, site = folder / "bin", folder / "site"
         bin_dir.mkdir()
         site.mkdir()
+        cas = [fake.ca_path]
         if entra is None:
             (bin_dir / "az").write_text(AZ_STUB)
             (bin_dir / "az").chmod(0o755)
             identity = {"AZURE_TOKEN_CREDENTIALS": "AzureCliCredential"}
-            ca_path = fake.ca_path
         else:
             identity = _github_deploy(folder, bin_dir, entra)
-            ca_path = folder / "ca-bundle.pem"
-            ca_path.write_text(fake.ca_path.read_text() + entra.ca_path.read_text())
-        (site / "sitecustomize.py").write_text(NO_TORCH)
+            cas.append(entra.ca_path)
+        if arm is not None:
+            identity["FAKE_ARM"] = arm[0]
+            cas.append(arm[1])
+        ca_path = folder / "ca-bundle.pem"
+        ca_path.write_text("".join(ca.read_text() for ca in cas))
+        (site / "sitecustomize.py").write_text(NO_TORCH + ARM_HERE)
         self.az_calls = folder / "az-calls"
         self.no_torch_marker = folder / "no-torch-active"
         self.stderr_path = folder / "host-stderr.txt"
         env = {
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(site),
+            "PYTHONPATH": os.pathsep.join((str(site), str(REPO))),
             **identity,
             "FAKE_AZ_CALLS": str(self.az_calls),
             "NO_TORCH_MARKER": str(self.no_torch_marker),
@@ -380,3 +403,100 @@ def test_a_deploy_under_github_oidc_gets_batch_tokens_long_after_its_login(tmp_p
         host.close()
         batch.close()
         entra.close()
+
+
+# ---- refusals reach the engine as one line --------------------------------------------------
+# The host answers any exception a provider raises with `context.abort(UNKNOWN,
+# traceback.format_exc())` (pulumi/dynamic/__main__.py, `_abort_with_traceback`), and the engine
+# prints the status message as the resource's error (sdk/go/common/util/rpcutil/rpcerror). The
+# user must see our one line, as the engine would print it: the gRPC error's details.
+
+
+def _refusal(call: Callable[[], Any]) -> str:
+    with pytest.raises(grpc.RpcError) as failed:
+        call()
+    assert failed.value.code() == grpc.StatusCode.UNKNOWN
+    return failed.value.details()
+
+
+def test_replacing_a_protected_running_job_is_refused_in_one_line(host, fake):
+    news = _inputs(fake, "protected", protect_running=True, name="resnet")
+    job_id = JobSpec.from_props(news).job_id
+    fake.add_job(job_id, "active")
+    olds = {**news, "job_id": job_id, "state": "active"}
+    longer = {**news, "trainer_args": ["--model", "resnet50", "--epochs", "120"]}
+    request = provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(longer))
+    details = _refusal(lambda: host.stub.Diff(request, timeout=TIMEOUT))
+    assert details == (
+        f"job resnet ({job_id}) is active, and this change would replace it (trainer_args): "
+        "let it finish, cancel it (python -m infra.tools.ops cancel --stack <stack> --job "
+        "resnet), or add resnet to replaceJobs; a replacement with the same training settings "
+        "resumes from its newest checkpoint"
+    )
+    assert "Traceback" not in host.stderr()
+
+
+def test_a_failed_create_is_one_line_naming_the_job_and_the_call(host, fake):
+    props = _inputs(fake, "refused-create")
+    job_id = JobSpec.from_props(props).job_id
+    fake.fail("POST", "/jobs", 400, "InvalidPropertyValue")
+    details = _refusal(lambda: _create(host, props))
+    assert details.startswith(f"create job {job_id} at {fake.url} failed: ")
+    assert "InvalidPropertyValue" in details
+    assert "\n" not in details and "Traceback" not in details
+
+
+@pytest.fixture(scope="module")
+def arm_host(tmp_path_factory, fake):
+    """A host whose ARM is a fake registry that refuses every update and knows no build task."""
+    registry = FakeRegistry()
+    registry.refuse = (403, {"error": {"code": "AuthorizationFailed", "message": "no write"}})
+    server, cert = start_arm(tmp_path_factory.mktemp("arm"), registry.handle)
+    started = Host(
+        tmp_path_factory.mktemp("arm-host"),
+        fake,
+        arm=(f"https://127.0.0.1:{server.server_port}", cert),
+    )
+    started.stub.Configure(
+        provider_pb2.ConfigureRequest(acceptSecrets=False, args=_struct({})), timeout=TIMEOUT
+    )
+    yield started
+    started.close()
+    server.shutdown()
+    server.server_close()
+
+
+def _serialized(provider: Any) -> str:
+    return _serialize(True, serialize_provider, provider)[0]
+
+
+def test_a_registry_that_refuses_the_task_bypass_is_one_line(arm_host):
+    props = {
+        "registry_id": REGISTRY_ID,
+        "registry_network": "[]",
+        "allowed_for_tasks": None,
+        "__provider": _serialized(TaskBypassProvider()),
+    }
+    request = provider_pb2.CreateRequest(urn=URN, properties=_struct(props), timeout=TIMEOUT)
+    details = _refusal(lambda: arm_host.stub.Create(request, timeout=TIMEOUT))
+    assert details.startswith(
+        "could not set networkRuleBypassAllowedForTasks on registry teamacr: "
+    )
+    assert "AuthorizationFailed" in details and "az resource update --ids" in details
+    assert "\n" not in details and "Traceback" not in arm_host.stderr()
+
+
+def test_an_image_build_that_cannot_start_is_one_line(arm_host):
+    props = {
+        "subscription_id": SUB,
+        "resource_group_name": "rg-team-dev",
+        "registry_name": "teamacr",
+        "task_id": f"{REGISTRY_ID}/tasks/build-trainer",
+        "image": "trainer:0123456789abcdef",
+        "build_args": {},
+        "__provider": _serialized(ImageBuildProvider()),
+    }
+    request = provider_pb2.CreateRequest(urn=URN, properties=_struct(props), timeout=TIMEOUT)
+    details = _refusal(lambda: arm_host.stub.Create(request, timeout=TIMEOUT))
+    assert details.startswith("could not read build task build-trainer: HTTP 404")
+    assert "\n" not in details and "Traceback" not in arm_host.stderr()

@@ -21,105 +21,32 @@ from infra.registry import (
 )
 from infra.tools.mocks import AzureMocks
 from tests.infra.conftest import REPO
-from tests.infra.fake_arm import serving_arm
-
-SUB = "00000000-0000-0000-0000-00000000abcd"
-REGISTRY_ID = (
-    f"/subscriptions/{SUB}/resourceGroups/rg-team-dev/providers/"
-    "Microsoft.ContainerRegistry/registries/teamacr"
+from tests.infra.fake_arm import (
+    BYPASS_API_VERSION,
+    BYPASS_PATCH,
+    BYPASS_PROPERTY,
+    OPERATION,
+    REGISTRY_ID,
+    FakeRegistry,
+    serving_arm,
 )
-OPERATION = f"/subscriptions/{SUB}/providers/Microsoft.ContainerRegistry/locations/eastus/op-1"
-PROPERTY = "networkRuleBypassAllowedForTasks"
-PATCH_BODY = {"properties": {PROPERTY: True}}
+
+PROPERTY = BYPASS_PROPERTY
+PATCH_BODY = BYPASS_PATCH
 NETWORK = json.dumps([{"defaultAction": "Deny"}, "AzureServices", "Enabled"])
+
+
+def test_the_fake_speaks_the_api_version_the_provider_uses():
+    assert BYPASS_API_VERSION == TASK_BYPASS_API_VERSION
 
 
 def _props(registry_id=REGISTRY_ID, network=NETWORK):
     return {"registry_id": registry_id, "registry_network": network, "allowed_for_tasks": None}
 
 
-class FakeArm:
-    """ACR's registry endpoint. ``mode`` is how the PATCH is answered: ``sync`` (200 with the
-    updated registry), ``azure-async-operation`` or ``location`` (202 and a status monitor that
-    says InProgress once, then ``outcome``). The setting turns true when the update succeeds,
-    unless ``honours`` is false (an API that ignores the property)."""
-
-    def __init__(self):
-        self.requests = []
-        self.registry_path = REGISTRY_ID
-        self.mode = "sync"
-        self.outcome = "Succeeded"
-        self.honours = True
-        self.refuse = None  # (status, ARM error) to answer the PATCH with
-        self.allowed = False
-        self.pending = False
-        self.polls = 0
-        self.base = ""
-
-    def _registry(self):
-        return (
-            200,
-            {},
-            {
-                "id": self.registry_path,
-                "name": self.registry_path.rsplit("/", 1)[-1],
-                "type": "Microsoft.ContainerRegistry/registries",
-                "properties": {
-                    "provisioningState": "Succeeded",
-                    "publicNetworkAccess": "Enabled",
-                    "networkRuleBypassOptions": "AzureServices",
-                    PROPERTY: self.allowed,
-                },
-            },
-        )
-
-    def _finish(self):
-        self.pending = False
-        if self.outcome == "Succeeded" and self.honours:
-            self.allowed = True
-
-    def handle(self, method, path, query, headers, body):
-        self.requests.append(
-            {"method": method, "path": path, "query": query, "headers": headers, "body": body}
-        )
-        if path == self.registry_path and method == "PATCH":
-            if self.refuse:
-                return self.refuse[0], {}, self.refuse[1]
-            if body != PATCH_BODY:
-                return 400, {}, {"error": {"code": "BadRequest", "message": json.dumps(body)}}
-            if self.mode == "sync":
-                self._finish()
-                return self._registry()
-            self.pending, self.polls = True, 0
-            monitor = f"{self.base}{OPERATION}?api-version={TASK_BYPASS_API_VERSION}"
-            header = "Azure-AsyncOperation" if self.mode == "azure-async-operation" else "Location"
-            return 202, {header: monitor}, None
-        if path == self.registry_path and method == "GET":
-            return self._registry()
-        if path == OPERATION and method == "GET" and self.pending:
-            self.polls += 1
-            if self.polls == 1:
-                if self.mode == "location":
-                    return 202, {"Location": f"{self.base}{OPERATION}"}, None
-                return 200, {}, {"status": "InProgress"}
-            outcome = self.outcome
-            self._finish()
-            if self.mode == "location":
-                if outcome != "Succeeded":
-                    return 500, {}, {"error": {"code": outcome, "message": "update failed"}}
-                return 200, {}, None
-            error = {"code": "UpdateFailed", "message": "registry update failed"}
-            return (
-                200,
-                {},
-                {"status": outcome, **({} if outcome == "Succeeded" else {"error": error})},
-            )
-        return 404, {}, {"error": {"code": "NotFound", "message": f"{method} {path}"}}
-
-
 @pytest.fixture
 def arm(tmp_path, monkeypatch):
-    fake = FakeArm()
+    fake = FakeRegistry()
     with serving_arm(tmp_path, monkeypatch, fake.handle) as base:
         fake.base = base
         monkeypatch.setattr(registry_module, "ARM_ENDPOINT", base)
