@@ -368,8 +368,7 @@ class StackSettings:
             raise ConfigError(
                 f"imageBase={image.base}: a {base_os} image, but the trainer image installs "
                 f"{BASE_OS}'s packages with {manager} (python3.11, the InfiniBand user space: "
-                f"docker/Dockerfile); use an {BASE_OS} base such as "
-                "nvidia/cuda:13.0.1-devel-ubuntu22.04"
+                f"docker/Dockerfile); use an {BASE_OS} base such as ubuntu:22.04"
             )
         if image.base_digest and not _DIGEST.match(image.base_digest):
             raise ConfigError(

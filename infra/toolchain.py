@@ -27,12 +27,12 @@ MIN_DRIVER = "580.65.06"
 _CUDA_TAG = re.compile(r":(\d+\.\d+)\.\d+-[^@]*$")
 BASE_OS = "ubuntu22.04"
 APT_FAMILIES = ("ubuntu", "debian")
+_OS_FAMILIES = "ubuntu|debian|ubi|rockylinux|oraclelinux|centos|opensuse|amzn|alpine"
 # The OS at the end of an nvidia/cuda style tag (its image families: ubuntu, ubi, rockylinux,
 # oraclelinux; older ones centos, opensuse): 13.0.1-devel-ubuntu22.04 -> ubuntu22.04.
-_OS_TAG = re.compile(
-    r":[^@]*-((?:ubuntu|debian|ubi|rockylinux|oraclelinux|centos|opensuse|amzn|alpine)"
-    r"\d+(?:\.\d+)*)$"
-)
+_OS_TAG = re.compile(rf":[^@]*-((?:{_OS_FAMILIES})\d+(?:\.\d+)*)$")
+# An OS's own image, named by its release: ubuntu:22.04, docker.io/library/debian:12.
+_OS_IMAGE = re.compile(rf"(?:^|/)({_OS_FAMILIES}):(\d+(?:\.\d+)*)(?:@.*)?$")
 
 
 # What the trainer image holds unpacked, in GB: the pool's OS disk must take it beside the HPC
@@ -62,7 +62,10 @@ def cuda_of_base(image_base: str) -> str | None:
 
 
 def os_of_base(image_base: str) -> str | None:
-    """The OS an ``nvidia/cuda``-style tag ends with, None when the tag names none."""
+    """The OS of an OS image (``ubuntu:22.04`` -> ubuntu22.04) or the one an ``nvidia/cuda``-
+    style tag ends with; None when the reference names none (a base of one's own)."""
+    if own := _OS_IMAGE.search(image_base):
+        return own.group(1) + own.group(2)
     found = _OS_TAG.search(image_base)
     return found.group(1) if found else None
 

@@ -106,8 +106,10 @@ INVALID = [
     (
         {"imageBase": "nvidia/cuda:13.0.1-devel-ubi9"},
         "imageBase=nvidia/cuda:13.0.1-devel-ubi9: a ubi9 image",
-        "use an ubuntu22.04 base such as nvidia/cuda:13.0.1-devel-ubuntu22.04",
+        "use an ubuntu22.04 base such as ubuntu:22.04",
     ),
+    ({"imageBase": "ubuntu:24.04"}, "imageBase=ubuntu:24.04: a ubuntu24.04 image", "ubuntu:22.04"),
+    ({"imageBase": "rockylinux:9"}, "imageBase=rockylinux:9: a rockylinux9 image", "apt"),
     (
         {"imageBase": "nvidia/cuda:13.0.1-cudnn-devel-rockylinux9"},
         "imageBase=nvidia/cuda:13.0.1-cudnn-devel-rockylinux9: a rockylinux9 image",
@@ -148,6 +150,8 @@ def test_every_invalid_value_names_key_value_and_fix(schema, changes, names, fix
 @pytest.mark.parametrize(
     "base",
     [
+        "ubuntu:22.04",
+        "docker.io/library/ubuntu:22.04",
         "nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04",
         # A base of one's own whose tag names no OS: the build itself tells.
         "teamacr.azurecr.io/cuda-base:2026-11-v2",
