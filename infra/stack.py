@@ -238,6 +238,7 @@ def _job(
         "step": resource.step,
         "images_per_sec": resource.images_per_sec,
         "tokens_per_sec": resource.tokens_per_sec,
+        "pool_errors": resource.pool_errors,
     }
 
 

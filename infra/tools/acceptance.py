@@ -436,6 +436,12 @@ def _one_line(err: BaseException) -> str:
     return one_line(lines[-1] if lines else type(err).__name__)
 
 
+def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
+    from infra.tools.ops import pool_lines as lines
+
+    return lines(client, job, cancel_hint)
+
+
 def _state(value: Any) -> str:
     from infra.batch import state_text
 
@@ -634,11 +640,18 @@ class Acceptance:
         deadline = started + self.opts.profile.job_minutes * 60
         seen = ""
         while True:
-            state = _state(self.client.get_job(job_id).state)
+            job = self.client.get_job(job_id)
+            state = _state(job.state)
             task = self._task_state(job_id)
             if f"{state}/{task}" != seen:
                 seen = f"{state}/{task}"
                 self.say(f"job {job_id}: {state}, task {task}")
+            if task == "active":
+                # Nodes that will not come (quota, capacity, failed start tasks) show on the
+                # pool only (infra/pool_health.py): stop now, not after the profile's limit.
+                problems = pool_lines(self.client, job, "the acceptance check destroys the stack")
+                if problems:
+                    raise CheckFailed(problems[0])
             if state == "completed":
                 minutes = (self.clock() - started) / 60
                 return f"completed after {minutes:.0f} min"
@@ -651,6 +664,7 @@ class Acceptance:
             self.sleep(POLL_SECONDS)
 
     def _task_state(self, job_id: str) -> str:
+        """The task's state; "not added yet" while the job has none."""
         from azure.core.exceptions import ResourceNotFoundError
 
         from infra.batch import TASK_ID

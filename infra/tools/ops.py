@@ -49,6 +49,7 @@ from infra.live_metrics import (
     storage_errors,
     train_records,
 )
+from infra.pool_health import pool_problems
 from infra.tools import sweep
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
@@ -71,6 +72,7 @@ JOB_OUTPUTS = (
     "step",
     "images_per_sec",
     "tokens_per_sec",
+    "pool_errors",
 )
 TENSORBOARD_FOLDER = "tensorboard/"
 TENSORBOARD_SYNC_SECONDS = 60.0
@@ -261,7 +263,25 @@ def select_job(outputs: dict[str, Any], stack: str, name: str | None) -> Job:
     raise JobsError(f"job={name}: stack {stack} has no such job; its jobs: {names}")
 
 
-def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
+def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
+    """Why the job's pool gives it no nodes (infra.pool_health); a credential that may not read
+    the pool gets one line saying so instead."""
+    from azure.core.exceptions import HttpResponseError
+
+    pool_id = job.pool_info.pool_id if job.pool_info is not None else None
+    if not pool_id:
+        return []
+    try:
+        return pool_problems(client, pool_id, cancel_hint)
+    except HttpResponseError as err:
+        if err.status_code not in (401, 403):
+            raise
+        return [f"pool {pool_id}: not readable with this credential ({err.status_code})"]
+
+
+def status(
+    client: Any, outputs: dict[str, Any], out: TextIO, cancel_hint: str = "cancel the job"
+) -> int:
     job_id = outputs["job_id"]
     job = client.get_job(job_id)
     task = client.get_task(job_id, TASK_ID)
@@ -277,6 +297,8 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
         )
         if info.failure_info is not None:
             lines.append(f"            failure: {info.failure_info.message}")
+    if state_text(task.state) != "completed":
+        lines += [f"pool        {line}" for line in pool_lines(client, job, cancel_hint)]
     for label, key in (
         ("portal", "job_portal_url"),
         ("logs", "job_log_url"),
@@ -763,7 +785,11 @@ def main(
             return fetch_job(job, args.stack, args.to, args.force, sys.stdout)
         client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
         if args.command == "status":
-            return status(client, job.outputs, sys.stdout)
+            hint = (
+                f"cancel the job (python -m infra.tools.ops cancel --stack {args.stack} "
+                f"--job {job.name})"
+            )
+            return status(client, job.outputs, sys.stdout, hint)
         if args.command == "logs":
             name = "stderr.txt" if args.stderr else "stdout.txt"
             return logs(client, job.outputs, sys.stdout, file_name=name, follow=not args.no_follow)

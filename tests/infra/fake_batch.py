@@ -93,8 +93,12 @@ class FakeBatch:
     # until the task is scheduled (``place_task``).
     placements: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     task_pools: dict[tuple[str, str], str] = field(default_factory=dict)
-    # Pool id -> the pool's JSON (Pool - Get) and its nodes' JSON (Compute Node - List).
-    pools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Pool id -> the pool's JSON (Pool - Get) and its nodes' JSON (Compute Node - List). The
+    # stack's pool (infra.cluster.POOL_ID) exists, steady and without errors, unless a test
+    # says otherwise.
+    pools: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {"ib-gpu": {"id": "ib-gpu", "allocationState": "steady"}}
+    )
     pool_nodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

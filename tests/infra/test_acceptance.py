@@ -716,3 +716,43 @@ def test_the_cpu_preset_trains_20_steps_and_logs_the_checkpoints_the_check_reads
         "step-000000010.pt",
         "step-000000020.pt",
     ]
+
+
+def test_a_job_whose_pool_cannot_get_nodes_fails_at_once_with_the_fix(tmp_path):
+    """Quota reached: the task stays active and the pool says why (resizeErrors); the check
+    stops at the first poll with the pool's line instead of waiting out the profile's hour."""
+    world = World(tmp_path)
+    real_get_job, real_get_task = world.get_job, world.get_task
+
+    def get_job(job_id, **kwargs):
+        job = real_get_job(job_id)
+        job.pool_info = m.BatchPoolInfo(pool_id="ib-gpu")
+        return job
+
+    def get_task(job_id, task_id, **kwargs):
+        task = real_get_task(job_id, task_id)
+        task.state = "active"
+        return task
+
+    world.get_job, world.get_task = get_job, get_task  # type: ignore[method-assign]
+    make_client = world.batch_client
+
+    def batch_client(endpoint):
+        client = make_client(endpoint)
+        client.get_pool.return_value = m.BatchPool(
+            id="ib-gpu",
+            resize_errors=[
+                m.ResizeError(code="AccountCoreQuotaReached", message="core quota reached")
+            ],
+        )
+        client.list_nodes.return_value = []
+        return client
+
+    world.batch_client = batch_client  # type: ignore[method-assign]
+    code, text, (stack,) = run_main(world)
+    assert code == 1 and results(text)["job"] == "FAIL", text
+    assert (
+        "pool ib-gpu: resize error AccountCoreQuotaReached (core quota reached): the account's "
+        "total dedicated core quota is used up" in text
+    )
+    assert stack.calls[-2:] == [("destroy", ()), ("remove_stack", stack.name)]

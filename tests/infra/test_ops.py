@@ -243,3 +243,59 @@ def test_the_fake_reads_byte_ranges_as_batch_does(batch):
     with pytest.raises(ResourceNotFoundError):
         client.get_task_file_properties(JOB, "train", "missing.txt")
     assert client.get_task_file_properties(JOB, "train", "stdout.txt").content_length == 10
+
+
+# ---------------------------------------------------------------------- pool errors
+QUOTA_MESSAGE = (
+    "The specified account has reached VM series core quota for standardNDASv4_A100Family"
+)
+
+
+def pool_in_trouble(batch, pool_id="ib-gpu"):
+    """A pool as Batch shows it when a job waits in vain: a resize that hit the account's
+    family quota (resizeErrors, "Check for pool and node errors"), and the one node it got
+    failed its start task (state starttaskfailed, startTaskInfo.failureInfo)."""
+    batch.pools[pool_id] = {
+        "id": pool_id,
+        "allocationState": "steady",
+        "enableAutoScale": True,
+        "currentDedicatedNodes": 1,
+        "targetDedicatedNodes": 2,
+        "resizeErrors": [{"code": "AccountVMSeriesCoreQuotaReached", "message": QUOTA_MESSAGE}],
+    }
+    batch.pool_nodes[pool_id] = [
+        {
+            "id": "tvm-0",
+            "state": "starttaskfailed",
+            "schedulingState": "enabled",
+            "startTaskInfo": {
+                "state": "completed",
+                "exitCode": 1,
+                "result": "failure",
+                "retryCount": 0,
+                "failureInfo": {
+                    "category": "usererror",
+                    "code": "FailureExitCode",
+                    "message": "The task process exited with an unexpected exit code",
+                },
+            },
+        }
+    ]
+
+
+def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys):
+    batch.add_job(JOB, "active")
+    batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
+    batch.tasks[JOB] = [{"id": "train"}]
+    batch.task_state = "active"
+    pool_in_trouble(batch)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    argv = ["status", "--stack", "dev", "--outputs-file", str(outputs)]
+    assert jobs.main(argv, lambda endpoint: _real_client(batch)) == 0
+    pool = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+    assert len(pool) == 2, pool
+    assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]
+    assert "request more for the Batch account, not the subscription" in pool[0]
+    assert "1 of 1 node(s) failed their start task (tvm-0: The task process exited" in pool[1]
+    assert "cancel the job (python -m infra.tools.ops cancel --stack dev --job default)" in pool[1]
