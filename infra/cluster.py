@@ -94,7 +94,13 @@ def in_bash(script: str) -> str:
 def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
     """Start the whole pool when any task is queued or running; go to zero after
     ``idle_minutes`` without one. A multi-instance job needs all its nodes at once, so the
-    formula switches between 0 and the full size rather than following the task count."""
+    formula switches between 0 and the full size rather than following the task count.
+
+    A formula sees task and node counts and metrics, never node states
+    (articles/batch/batch-automatic-scaling.md): nodes that failed their start task keep the
+    waiting task pending, and so the pool up. Nothing here can detect that; the job's
+    ``pool_errors`` output and ``dt-jobs status`` report it, with the action that ends the
+    billing (cancel the job; infra/pool_health.py)."""
     return "\n".join(
         [
             f"$window = TimeInterval_Minute * {idle_minutes};",

@@ -45,6 +45,7 @@ IMAGE_REPOSITORY = "trainer"
 # ACR's token exchange wants this user name with a refresh token as the password.
 ACR_TOKEN_USER = "00000000-0000-0000-0000-000000000000"
 BUILD_TIMEOUT_SECONDS = 7200  # Horovod's NCCL build dominates
+BUILD_AGENT_CPUS = 8  # the ACR Task agent's CPUs; billed per CPU-second (infra/prices.py)
 BUILD_TASK_NAME = "build-trainer"  # one per registry, and each stack has its own registry
 # A task's credential for its own system-assigned identity, as `az acr task credential add
 # --use-identity [system]` writes it (MicrosoftDocs/azure-management-docs, articles/
@@ -525,7 +526,7 @@ class TrainerImage(pulumi.ComponentResource):
                 os=containerregistry.OS.LINUX,
                 architecture=containerregistry.Architecture.AMD64,
             ),
-            agent_configuration=containerregistry.AgentPropertiesArgs(cpu=8),
+            agent_configuration=containerregistry.AgentPropertiesArgs(cpu=BUILD_AGENT_CPUS),
             timeout=BUILD_TIMEOUT_SECONDS,
             status=containerregistry.TaskStatus.ENABLED,
             credentials=credentials,

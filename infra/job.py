@@ -132,6 +132,7 @@ OUTPUT_KEYS = (
     "tokens_per_sec",
     "progress_at",
     "progress_error",
+    "pool_errors",
 )
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
@@ -252,6 +253,8 @@ class TrainingJobProvider(Provider):
         if metrics_url := props.get("metrics_url") or _metrics_url(props.get("log_url")):
             live["metrics_url"] = metrics_url
             live.update(_progress(id_, metrics_url, props))
+        if props.get("pool_id"):
+            live["pool_errors"] = _pool_errors(client, id_, props)
         return ReadResult(id_, {**props, **live})
 
     def delete(self, id_: str, props: dict[str, Any]) -> None:
@@ -308,6 +311,26 @@ def _task_or_none(client: Any, job_id: str) -> Any:
         return client.get_task(job_id, TASK_ID)
     except ResourceNotFoundError:
         return None
+
+
+def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
+    """Why the pool gives the job no nodes (infra.pool_health), one line each with the fix; a
+    refresh never fails on it: what it cannot read is a warning."""
+    from azure.core.exceptions import AzureError
+
+    from infra.pool_health import pool_problems
+
+    name = props.get("name") or SHORTHAND_JOB
+    stack = props.get("stack")
+    hint = f"cancel the job (python -m infra.tools.ops cancel --stack {stack} --job {name})"
+    try:
+        problems = pool_problems(client, props["pool_id"], hint)
+    except AzureError as err:
+        pulumi.log.warn(f"job {job_id}: pool {props['pool_id']} not read: {_first_line(err)}")
+        return []
+    for line in problems:
+        pulumi.log.warn(f"job {job_id}: {line}")
+    return problems
 
 
 def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
@@ -395,6 +418,9 @@ class TrainingJob(pulumi.dynamic.Resource):
     tokens_per_sec: pulumi.Output[float]
     progress_at: pulumi.Output[str]
     progress_error: pulumi.Output[str]
+    pool_errors: pulumi.Output[list[str]]
+    """The pool's resize errors and start-task failures as of the last refresh (one line each,
+    with the fix); empty when there are none."""
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     metrics_url: pulumi.Output[str]

@@ -23,3 +23,6 @@ PUBLIC_IP_PER_HOUR = 0.005
 # container-registry-skus.md): a stack that lives an hour still pays one day of it.
 ACR_PREMIUM_PER_MONTH = 50.0
 ACR_PREMIUM_PER_DAY = round(ACR_PREMIUM_PER_MONTH / 30, 3)
+# ACR Tasks bill each second of each CPU of the build agent (Azure Container Registry pricing,
+# "Container Build": USD 0.0001 per CPU-second), whatever the registry's tier.
+ACR_TASK_PER_CPU_SECOND = 0.0001

@@ -241,6 +241,7 @@ def _job(
         # When the step above was uploaded; a refresh that could not read it says why here.
         "progress_at": resource.progress_at,
         "progress_error": resource.progress_error,
+        "pool_errors": resource.pool_errors,
     }
 
 

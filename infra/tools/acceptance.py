@@ -41,6 +41,7 @@ import yaml
 
 from infra import cost, prices
 from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
+from infra.image import BUILD_AGENT_CPUS
 from infra.image_inputs import git_https_url
 from infra.naming import prefix
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, size_of
@@ -50,6 +51,9 @@ from trainer.config import one_line
 POLICY_PACK = REPO / "policy"
 JOB_TYPE = "pulumi-python:dynamic:Resource"  # TrainingJob's type token (infra/job.py)
 POLL_SECONDS = 30.0
+# What the dry run assumes the ACR Task build takes (not a measurement; Horovod's NCCL build
+# dominates it); a real run counts its `pulumi up`, which holds the build, as an upper bound.
+ASSUMED_BUILD_MINUTES = 60
 AUTH_WAIT_SECONDS = 600.0  # new role assignments and IP rules take minutes to apply
 LOG_WAIT_SECONDS = 300.0  # output files are uploaded as the task completes
 RUNNING_WAIT_SECONDS = 1800.0
@@ -314,10 +318,21 @@ def expected_checkpoints(trainer_config: str) -> list[int]:
 
 
 # ---------------------------------------------------------------- cost
-def run_cost(s: StackSettings, hours: float, node_hours: float) -> list[tuple[str, float]]:
-    """(item, USD) for a stack that existed ``hours`` with ``node_hours`` of pool nodes, at
-    the list prices of infra/prices.py. A registry bills a fixed charge per started day."""
+def run_cost(
+    s: StackSettings, hours: float, node_hours: float, build_minutes: float = 0.0
+) -> list[tuple[str, float]]:
+    """(item, USD) for a stack that existed ``hours`` with ``node_hours`` of pool nodes and an
+    ACR Task build of ``build_minutes`` (acr builder), at the list prices of infra/prices.py. A
+    registry bills a fixed charge per started day; the build agent each CPU-second."""
     days = max(1, math.ceil(hours / 24))
+    build = []
+    if s.image.builder == "acr" and build_minutes > 0:
+        build = [
+            (
+                f"image build: ACR Task agent, {BUILD_AGENT_CPUS} CPUs x {build_minutes:.0f} min",
+                BUILD_AGENT_CPUS * build_minutes * 60 * prices.ACR_TASK_PER_CPU_SECOND,
+            )
+        ]
     nfs_gb = s.nfs.disk_count * s.nfs.disk_size_gb
     network = prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR
     return [
@@ -332,16 +347,19 @@ def run_cost(s: StackSettings, hours: float, node_hours: float) -> list[tuple[st
         ),
         (f"NAT gateway + public IP, {hours:.2f} h", network * hours),
         (f"container registry (Premium), {days} day(s)", prices.ACR_PREMIUM_PER_DAY * days),
+        *build,
     ]
 
 
-def cost_lines(s: StackSettings, hours: float, node_hours: float) -> list[str]:
-    items = run_cost(s, hours, node_hours)
+def cost_lines(
+    s: StackSettings, hours: float, node_hours: float, build_minutes: float = 0.0
+) -> list[str]:
+    items = run_cost(s, hours, node_hours, build_minutes)
     lines = [f"    {label:<56} ${usd:>8.2f}" for label, usd in items]
     lines.append(f"    {'total':<56} ${cost.total(items):>8.2f}")
     lines.append(
-        f"    (list prices {prices.PRICES_AS_OF}, East US, pay-as-you-go; not included: the ACR "
-        "Task's build time, storage transactions, log ingestion, bandwidth)"
+        f"    (list prices {prices.PRICES_AS_OF}, East US, pay-as-you-go; not included: storage "
+        "transactions, log ingestion, bandwidth)"
     )
     return lines
 
@@ -393,7 +411,14 @@ def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
         "ACR is most of it):\n"
     )
     hours = profile.assumed_minutes / 60
-    w("\n".join(cost_lines(settings, hours, _node_hours(settings, hours, hours))) + "\n")
+    node_hours = _node_hours(settings, hours, hours)
+    w("\n".join(cost_lines(settings, hours, node_hours, ASSUMED_BUILD_MINUTES)) + "\n")
+    if settings.image.builder == "acr":
+        w(
+            f"    (the image build assumed at {ASSUMED_BUILD_MINUTES} min of the ACR Task agent, "
+            "its usual length with the Horovod build; a real run counts the whole `pulumi up` "
+            "as build time, an upper bound)\n"
+        )
     if settings.cluster.scale_mode != "fixed":
         w("    (autoscaled pool: counted for the whole run, an upper bound)\n")
 
@@ -436,6 +461,12 @@ def _one_line(err: BaseException) -> str:
     return one_line(lines[-1] if lines else type(err).__name__)
 
 
+def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
+    from infra.tools.ops import pool_lines as lines
+
+    return lines(client, job, cancel_hint)
+
+
 def _state(value: Any) -> str:
     from infra.batch import state_text
 
@@ -468,6 +499,7 @@ class Acceptance:
         self.client: Any = None
         self.stdout_text = ""
         self.busy_since: float | None = None
+        self.build_minutes = 0.0  # `pulumi up`'s minutes: the ACR build's upper bound
 
     # ---------------------------------------------------------- driver
     def run(self) -> int:
@@ -517,6 +549,7 @@ class Acceptance:
 
     # ---------------------------------------------------------- steps (in CHECKS order)
     def _up(self) -> str:
+        started = self.clock()
         self.stack.set_all_config(config_map(self.values), path=True)
         if self.opts.image_source_token:
             from pulumi.automation import ConfigValue
@@ -531,6 +564,7 @@ class Acceptance:
             policy_packs=[str(POLICY_PACK)],
         )
         self.busy_since = self.clock()
+        self.build_minutes = (self.busy_since - started) / 60
         changes = getattr(getattr(result, "summary", None), "resource_changes", None) or {}
         return f"{changes.get('create', 0)} resources created"
 
@@ -634,11 +668,18 @@ class Acceptance:
         deadline = started + self.opts.profile.job_minutes * 60
         seen = ""
         while True:
-            state = _state(self.client.get_job(job_id).state)
+            job = self.client.get_job(job_id)
+            state = _state(job.state)
             task = self._task_state(job_id)
             if f"{state}/{task}" != seen:
                 seen = f"{state}/{task}"
                 self.say(f"job {job_id}: {state}, task {task}")
+            if task == "active":
+                # Nodes that will not come (quota, capacity, failed start tasks) show on the
+                # pool only (infra/pool_health.py): stop now, not after the profile's limit.
+                problems = pool_lines(self.client, job, "the acceptance check destroys the stack")
+                if problems:
+                    raise CheckFailed(problems[0])
             if state == "completed":
                 minutes = (self.clock() - started) / 60
                 return f"completed after {minutes:.0f} min"
@@ -651,6 +692,7 @@ class Acceptance:
             self.sleep(POLL_SECONDS)
 
     def _task_state(self, job_id: str) -> str:
+        """The task's state; "not added yet" while the job has none."""
         from azure.core.exceptions import ResourceNotFoundError
 
         from infra.batch import TASK_ID
@@ -877,7 +919,7 @@ class Acceptance:
         for r in results:
             w(f"  {r.status:<8} {r.check.title:<28} {r.detail}\n")
         minutes = hours * 60
-        total = cost.total(run_cost(self.settings, hours, node_hours))
+        total = cost.total(run_cost(self.settings, hours, node_hours, self.build_minutes))
         time_note = cost_note = ""
         if self.opts.profile.target is not None:
             target_minutes, target_usd = self.opts.profile.target
@@ -890,7 +932,7 @@ class Acceptance:
         seconds = round(hours * 3600)
         w(f"Time: {seconds // 60} min {seconds % 60} s{time_note}\n")
         w(f"Estimated cost: ${total:.2f}{cost_note}\n")
-        w("\n".join(cost_lines(self.settings, hours, node_hours)) + "\n")
+        w("\n".join(cost_lines(self.settings, hours, node_hours, self.build_minutes)) + "\n")
         self.out.flush()
 
 

@@ -19,6 +19,7 @@ Those reads use the same credential (``az login``; Storage Blob Data Reader).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -48,6 +49,7 @@ from infra.live_metrics import (
     storage_errors,
     train_records,
 )
+from infra.pool_health import pool_problems
 from infra.tools import sweep
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
@@ -72,6 +74,7 @@ JOB_OUTPUTS = (
     "tokens_per_sec",
     "progress_at",
     "progress_error",
+    "pool_errors",
 )
 TENSORBOARD_FOLDER = "tensorboard/"
 TENSORBOARD_SYNC_SECONDS = 60.0
@@ -262,7 +265,25 @@ def select_job(outputs: dict[str, Any], stack: str, name: str | None) -> Job:
     raise JobsError(f"job={name}: stack {stack} has no such job; its jobs: {names}")
 
 
-def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
+def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
+    """Why the job's pool gives it no nodes (infra.pool_health); a credential that may not read
+    the pool gets one line saying so instead."""
+    from azure.core.exceptions import HttpResponseError
+
+    pool_id = job.pool_info.pool_id if job.pool_info is not None else None
+    if not pool_id:
+        return []
+    try:
+        return pool_problems(client, pool_id, cancel_hint)
+    except HttpResponseError as err:
+        if err.status_code not in (401, 403):
+            raise
+        return [f"pool {pool_id}: not readable with this credential ({err.status_code})"]
+
+
+def status(
+    client: Any, outputs: dict[str, Any], out: TextIO, cancel_hint: str = "cancel the job"
+) -> int:
     job_id = outputs["job_id"]
     job = client.get_job(job_id)
     task = client.get_task(job_id, TASK_ID)
@@ -278,6 +299,8 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
         )
         if info.failure_info is not None:
             lines.append(f"            failure: {info.failure_info.message}")
+    if state_text(task.state) != "completed":
+        lines += [f"pool        {line}" for line in pool_lines(client, job, cancel_hint)]
     for label, key in (
         ("portal", "job_portal_url"),
         ("logs", "job_log_url"),
@@ -292,6 +315,108 @@ def status(client: Any, outputs: dict[str, Any], out: TextIO) -> int:
     return 0
 
 
+@dataclass
+class _LogFile:
+    """One instance's file of the running task, read from ``offset`` on."""
+
+    label: str  # the node it is on ("" when the task runs on one node)
+    size: Callable[[], Any]  # its properties (content_length)
+    read: Callable[[str], Any]  # ocp_range -> chunks
+    offset: int = 0
+    partial: bytes = b""  # a line not finished yet
+
+
+def _task_log_files(
+    client: Any, job_id: str, task: Any, file_name: str, files: dict[str, _LogFile]
+) -> list[_LogFile]:
+    """The task's file on every node it runs on, keyed (and kept across polls, with their
+    offsets) by node and path. The primary's files are the task's files; a subtask's are in
+    its ``taskRootDirectory`` on its node, read with the node file API (articles/batch/
+    batch-mpi.md, "Obtain information about subtasks": List Subtasks, which leaves out the
+    primary, then Get Node File)."""
+    settings = task.multi_instance_settings
+    several = settings is not None and (settings.number_of_instances or 1) > 1
+    node = task.node_info.node_id if task.node_info is not None else "primary"
+    where = [
+        (
+            f"task:{file_name}",
+            node,
+            lambda: client.get_task_file_properties(job_id, TASK_ID, file_name),
+            lambda span: client.download_task_file(job_id, TASK_ID, file_name, ocp_range=span),
+        )
+    ]
+    if several:
+        for sub in client.list_subtasks(job_id, TASK_ID):
+            info = sub.node_info
+            if info is None or not info.task_root_directory:
+                continue  # not scheduled yet
+            path = f"{info.task_root_directory.rstrip('/')}/{file_name}"
+            where.append(
+                (
+                    f"{info.pool_id}/{info.node_id}:{path}",
+                    info.node_id,
+                    functools.partial(
+                        client.get_node_file_properties, info.pool_id, info.node_id, path
+                    ),
+                    functools.partial(_node_range, client, info.pool_id, info.node_id, path),
+                )
+            )
+    for key, label, size, read in where:
+        log = files.setdefault(key, _LogFile("", size, read))
+        # The primary's node is known once the task is scheduled.
+        log.label, log.size, log.read = (label if several else ""), size, read
+    return [files[key] for key, *_ in where]
+
+
+def _node_range(client: Any, pool_id: str, node_id: str, path: str, span: str) -> Any:
+    return client.download_node_file(pool_id, node_id, path, ocp_range=span)
+
+
+def _readable_size(log: _LogFile) -> int | None:
+    """The file's size now; None while it cannot be read yet: 404 before its command wrote it,
+    409 OperationInvalidForCurrentState before the task has a node (the properties call is a
+    HEAD, so the answer has no error body to tell the two 409s apart; "Batch Status and Error
+    Codes"; Azure/batch-shipyard convoy/batch.py waits both out the same way)."""
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+    try:
+        return int(log.size().content_length)
+    except ResourceNotFoundError:
+        return None
+    except HttpResponseError as err:
+        if err.status_code == 409:
+            return None
+        raise
+
+
+def _emit(log: _LogFile, data: bytes, out: TextIO, final: bool = False) -> None:
+    """Whole lines of ``data``, each with its node's label when the task runs on several."""
+    text = log.partial + data
+    *lines, log.partial = text.split(b"\n")
+    if final and log.partial:
+        lines, log.partial = [*lines, log.partial], b""
+    prefix = f"[{log.label}] " if log.label else ""
+    for line in lines:
+        out.write(prefix + line.decode("utf-8", errors="replace") + "\n")
+
+
+def _read_new(log: _LogFile, out: TextIO) -> bool:
+    """Print what ``log`` gained since the last read, asking Batch for those bytes only
+    (``ocp-range: bytes=first-last``, answered 200 with that part; Tasks - Get Task File).
+    True when it read something."""
+    size = _readable_size(log)
+    if size is None:
+        return False
+    if size < log.offset:  # a new file (the task was retried): start it from its first byte
+        log.offset, log.partial = 0, b""
+    if size == log.offset:
+        return False
+    data = b"".join(log.read(f"bytes={log.offset}-{size - 1}"))
+    log.offset += len(data)
+    _emit(log, data, out)
+    return bool(data)
+
+
 def logs(
     client: Any,
     outputs: dict[str, Any],
@@ -301,31 +426,29 @@ def logs(
     follow: bool = True,
     poll_seconds: float = POLL_SECONDS,
 ) -> int:
-    """Print the primary task's file, then (``follow``) new bytes until the task completes."""
-    from azure.core.exceptions import ResourceNotFoundError
-
+    """Print the task's ``file_name`` on every node it runs on as it grows; then (``follow``,
+    like ``tail -f``) poll for new bytes until the task has completed. Batch uploads the files
+    to the logs container only when the task ends (``upload_condition`` taskcompletion in
+    infra/batch.py); while it runs they are read from the nodes through the Batch file API."""
     job_id = outputs["job_id"]
-    offset = 0
+    files: dict[str, _LogFile] = {}
     waiting_said = False
     while True:
-        state = state_text(client.get_task(job_id, TASK_ID).state)
-        try:
-            size = client.get_task_file_properties(job_id, TASK_ID, file_name).content_length
-        except ResourceNotFoundError:
-            size = None
-            if not waiting_said:
-                out.write(f"waiting for task {TASK_ID} to start (state: {state})\n")
-                waiting_said = True
-        if size is not None and size > offset:
-            chunks = client.download_task_file(
-                job_id, TASK_ID, file_name, ocp_range=f"bytes={offset}-{size - 1}"
-            )
-            for chunk in chunks:
-                out.write(chunk.decode("utf-8", errors="replace"))
+        task = client.get_task(job_id, TASK_ID)
+        state = state_text(task.state)
+        current = _task_log_files(client, job_id, task, file_name, files)
+        read = [_read_new(log, out) for log in current]
+        out.flush()
+        nothing_yet = all(log.offset == 0 for log in files.values())
+        if nothing_yet and not waiting_said and state != "completed":
+            out.write(f"waiting for task {TASK_ID} to start (state: {state})\n")
+            waiting_said = True
+        if state == "completed" or not follow:
+            if state == "completed" and any(read):
+                continue  # the last bytes may have landed after this read: once more
+            for log in files.values():
+                _emit(log, b"", out, final=True)
             out.flush()
-            offset = size
-            continue
-        if not follow or state == "completed":
             return 0
         time.sleep(poll_seconds)
 
@@ -590,7 +713,7 @@ def build_parser() -> OneLineParser:
     for name, helptext in (
         ("list", "every job of the stack: state, nodes, retries, current step, throughput"),
         ("status", "job and task state, retries, exit code, where logs and checkpoints are"),
-        ("logs", "stream the primary task's stdout (like tail -f)"),
+        ("logs", "stream the task's stdout on every node while it runs (like tail -f)"),
         ("cancel", "terminate the job (checkpoints are kept)"),
         ("metrics", "the last logged steps and the throughput, from the uploaded metrics"),
         ("tensorboard", "copy the uploaded TensorBoard files to a folder and start TensorBoard"),
@@ -676,7 +799,11 @@ def main(
             return fetch_job(job, args.stack, args.to, args.force, sys.stdout)
         client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
         if args.command == "status":
-            return status(client, job.outputs, sys.stdout)
+            hint = (
+                f"cancel the job (python -m infra.tools.ops cancel --stack {args.stack} "
+                f"--job {job.name})"
+            )
+            return status(client, job.outputs, sys.stdout, hint)
         if args.command == "logs":
             name = "stderr.txt" if args.stderr else "stdout.txt"
             return logs(client, job.outputs, sys.stdout, file_name=name, follow=not args.no_follow)

@@ -2,6 +2,10 @@
 the job calls the TrainingJob provider and ``infra.tools.ops`` make the way Batch's REST reference
 describes them (status codes, JSON bodies, Batch's error JSON), and recording every request.
 
+It also models what a running job looks like from outside: the multi-instance task's subtasks
+on other nodes, the task's and the nodes' files growing while the task runs (read by byte
+range), and the pool's resize errors and node states.
+
 Used in-process (a real ``azure.batch.BatchClient`` with ``connection_verify``) and by the
 dynamic-provider host in another process (trusting ``ca_path`` through REQUESTS_CA_BUNDLE).
 """
@@ -16,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from tests.fake_entra import FakeEntra
 from tests.tls import serve_https
@@ -28,6 +32,16 @@ ERROR_MESSAGES = {
     "AuthorizationFailure": "This request is not authorized to perform this operation.",
     "InvalidPropertyValue": "The value provided for one of the properties is invalid.",
     "AuthenticationFailed": "Server failed to authenticate the request.",
+    # Batch REST docs, "Batch Status and Error Codes" (file reads and pools).
+    "FileNotFound": "The specified file does not exist.",
+    "OperationInvalidForCurrentState": "The specified operation is not valid for the current "
+    "state of the resource.",
+    "InvalidRange": "The range specified is invalid for the current size of the resource.",
+    "InvalidHeaderValue": "The value provided for one of the HTTP headers was not in the correct "
+    "format.",
+    "PoolNotFound": "The specified pool does not exist.",
+    "NodeNotFound": "The specified node does not exist.",
+    "TaskNotFound": "The specified task does not exist.",
 }
 # The scope azure-batch asks tokens for (azure/batch/_configuration.py).
 BATCH_SCOPE = "https://batch.core.windows.net//.default"
@@ -40,6 +54,14 @@ class Request:
     query: str
     headers: dict[str, str]
     body: Any
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A response that is not JSON: a file's bytes (or none, for HEAD) and its headers."""
+
+    body: bytes
+    headers: dict[str, str]
 
 
 # A fault hook gets each request and the fake; (status, Batch error code or None for no body)
@@ -65,6 +87,19 @@ class FakeBatch:
     # caller (a colleague, where the role went to whoever deployed last) gets 403
     # AuthorizationFailure on every call, as Batch answers a caller without a role.
     granted: set[str] | None = None
+    # Node id -> path under the node's root -> content: what each node's tasks wrote so far.
+    node_files: dict[str, dict[str, bytearray]] = field(default_factory=dict)
+    # (job id, task id) -> the nodes the multi-instance task runs on, the primary first; unset
+    # until the task is scheduled (``place_task``).
+    placements: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    task_pools: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Pool id -> the pool's JSON (Pool - Get) and its nodes' JSON (Compute Node - List). The
+    # stack's pool (infra.cluster.POOL_ID) exists, steady and without errors, unless a test
+    # says otherwise.
+    pools: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {"ib-gpu": {"id": "ib-gpu", "allocationState": "steady"}}
+    )
+    pool_nodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -86,6 +121,125 @@ class FakeBatch:
 
     def add_job(self, job_id: str, state: str = "active") -> None:
         self.jobs[job_id] = {"id": job_id, "state": state, "onAllTasksComplete": "noaction"}
+
+    # ------------------------------------------------------------------ a running task
+    @staticmethod
+    def task_root(job_id: str, task_id: str, instance: int) -> str:
+        """Where instance ``instance`` (0: the primary) keeps its files on its node. Batch reports
+        it as ``nodeInfo.taskRootDirectory``; clients must read it from there, never build it."""
+        suffix = "" if instance == 0 else f"_{instance}"
+        return f"workitems/{job_id}/job-1/{task_id}{suffix}"
+
+    def place_task(self, job_id: str, task_id: str, nodes: list[str], pool_id: str = "ib-gpu"):
+        """Schedule the task: the primary on ``nodes[0]``, one subtask on each other node
+        (articles/batch/batch-mpi.md: one primary and numberOfInstances - 1 subtasks, one per
+        node). Each instance's stdout.txt and stderr.txt exist from its start, empty."""
+        self.placements[(job_id, task_id)] = list(nodes)
+        self.task_pools[(job_id, task_id)] = pool_id
+        self.pools.setdefault(pool_id, {"id": pool_id, "allocationState": "steady"})
+        listed = self.pool_nodes.setdefault(pool_id, [])
+        for node in nodes:
+            if not any(n["id"] == node for n in listed):
+                listed.append({"id": node, "state": "running", "schedulingState": "enabled"})
+        for instance, node in enumerate(nodes):
+            root = self.task_root(job_id, task_id, instance)
+            files = self.node_files.setdefault(node, {})
+            for name in ("stdout.txt", "stderr.txt"):
+                files.setdefault(f"{root}/{name}", bytearray())
+
+    def write(self, job_id: str, task_id: str, instance: int, data: bytes, name="stdout.txt"):
+        """Append ``data`` to an instance's file, as its command writes it."""
+        node = self.placements[(job_id, task_id)][instance]
+        with self._lock:
+            path = f"{self.task_root(job_id, task_id, instance)}/{name}"
+            self.node_files[node].setdefault(path, bytearray()).extend(data)
+
+    def _node_info(self, job_id: str, task_id: str, instance: int) -> dict[str, Any]:
+        node = self.placements[(job_id, task_id)][instance]
+        pool = self.task_pools[(job_id, task_id)]
+        root = self.task_root(job_id, task_id, instance)
+        return {
+            "poolId": pool,
+            "nodeId": node,
+            "nodeUrl": f"{self.url}/pools/{pool}/nodes/{node}",
+            "taskRootDirectory": root,
+            "taskRootDirectoryUrl": f"{self.url}/pools/{pool}/nodes/{node}/files/{root}",
+        }
+
+    def _subtasks(self, job_id: str, task_id: str) -> dict[str, Any]:
+        """Task - List Subtasks: every instance but the primary (articles/batch/batch-mpi.md,
+        "Obtain information about subtasks": it does not return the primary, ID 0)."""
+        nodes = self.placements.get((job_id, task_id), [])
+        return {
+            "value": [
+                {
+                    "id": instance,
+                    "state": "completed" if self.task_state == "completed" else "running",
+                    "nodeInfo": self._node_info(job_id, task_id, instance),
+                }
+                for instance in range(1, len(nodes))
+            ]
+        }
+
+    def _file(self, request: Request, node: str, path: str) -> tuple[int, Any]:
+        """File - Get / Get Properties (from a task or a node). A HEAD answer has no body, so a
+        failed one carries the status alone (RFC 9110 9.3.2). A range is ``ocp-range:
+        bytes=first-last`` (last may pass the end: Batch sends up to the end, as Batch
+        Shipyard's tail of a running task relies on, Azure/batch-shipyard convoy/batch.py); the
+        answer is 200 with those bytes, the only success the REST reference documents (Tasks -
+        Get Task File; azure-batch 15.1 accepts nothing else). A first byte at or past the end
+        is 416 InvalidRange ("Batch Status and Error Codes")."""
+        head = request.method == "HEAD"
+        content = self.node_files.get(node, {}).get(path)
+        if content is None:
+            return (404, None) if head else (404, _error("FileNotFound"))
+        data = bytes(content)
+        headers = {
+            "ocp-batch-file-isdirectory": "False",
+            "ocp-batch-file-url": f"{self.url}/files/{path}",
+            "ocp-batch-file-mode": "0o100644",
+            "ocp-creation-time": "Mon, 23 Nov 2026 10:00:00 GMT",
+            "Last-Modified": "Mon, 23 Nov 2026 10:00:00 GMT",
+            "Content-Type": "application/octet-stream",
+        }
+        if head:
+            return 200, Raw(b"", {**headers, "Content-Length": str(len(data))})
+        wanted = request.headers.get("ocp-range")
+        if wanted is not None:
+            first, last = _byte_range(wanted)
+            if first is None:
+                return 400, _error("InvalidHeaderValue")
+            if first >= len(data):
+                return 416, _error("InvalidRange")
+            data = data[first : (len(data) if last is None else last + 1)]
+        return 200, Raw(data, headers)
+
+    def _task_file(self, request: Request, job_id: str, task_id: str, name: str):
+        """The task's files are the primary's (articles/batch/batch-mpi.md: methods on the
+        multi-instance task apply only to the primary). Before the task has a node there are
+        none to read: Batch answers 409 OperationInvalidForCurrentState, which Batch Shipyard's
+        tail waits out (Azure/batch-shipyard convoy/batch.py, stream_file_and_wait_for_task)."""
+        if (job_id, task_id) not in self.placements:
+            if request.method == "HEAD":
+                return 409, None
+            return 409, _error("OperationInvalidForCurrentState")
+        node = self.placements[(job_id, task_id)][0]
+        return self._file(request, node, f"{self.task_root(job_id, task_id, 0)}/{name}")
+
+    def _pool_route(self, request: Request, parts: list[str]) -> tuple[int, Any]:
+        pool = self.pools.get(parts[1])
+        if pool is None:
+            return (404, None) if request.method == "HEAD" else (404, _error("PoolNotFound"))
+        rest = parts[2:]
+        if rest == [] and request.method == "GET":
+            return 200, pool
+        if rest == ["nodes"] and request.method == "GET":
+            return 200, {"value": self.pool_nodes.get(parts[1], [])}
+        if len(rest) >= 4 and rest[0] == "nodes" and rest[2] == "files":
+            if not any(n.get("id") == rest[1] for n in self.pool_nodes.get(parts[1], [])):
+                return (404, None) if request.method == "HEAD" else (404, _error("NodeNotFound"))
+            return self._file(request, rest[1], "/".join(rest[3:]))
+        return 404, _error("InvalidPropertyValue")
 
     def fail(self, method: str, path: str, status: int, code: str, times: int = 1) -> None:
         """Answer the next ``times`` ``method path`` requests with ``status``/``code``."""
@@ -115,8 +269,12 @@ class FakeBatch:
             return self._route(request)
 
     def _route(self, request: Request) -> tuple[int, Any]:
-        parts = [p for p in request.path.split("/") if p]
+        # The SDK percent-encodes each path segment, a file path's slashes too (%2F).
+        parts = [unquote(p) for p in request.path.split("/") if p]
+        parts = [piece for p in parts for piece in p.split("/") if piece]
         method = request.method
+        if parts[:1] == ["pools"] and len(parts) >= 2:
+            return self._pool_route(request, parts)
         if parts == ["jobs"] and method == "POST":
             if not _valid_priority(request.body.get("priority", 0)):
                 return 400, _error("InvalidPropertyValue")
@@ -148,12 +306,20 @@ class FakeBatch:
         if rest == ["tasks"] and method == "POST":
             self.tasks.setdefault(job["id"], []).append(request.body)
             return 201, None
-        if len(rest) == 2 and rest[0] == "tasks" and method == "GET":
+        task = None
+        if len(rest) >= 2 and rest[0] == "tasks":
             task = next((t for t in self.tasks.get(job["id"], []) if t["id"] == rest[1]), None)
             if task is None:
-                return 404, _error("TaskNotFound")
+                return (404, None) if method == "HEAD" else (404, _error("TaskNotFound"))
+        if len(rest) == 2 and rest[0] == "tasks" and method == "GET":
             info = {"retryCount": self.task_retries, "requeueCount": 0}
-            return 200, {**task, "state": self.task_state, "executionInfo": info}
+            placed = (job["id"], rest[1]) in self.placements
+            node = {"nodeInfo": self._node_info(job["id"], rest[1], 0)} if placed else {}
+            return 200, {**task, "state": self.task_state, "executionInfo": info, **node}
+        if rest[2:] == ["subtasksinfo"] and method == "GET":
+            return 200, self._subtasks(job["id"], rest[1])
+        if len(rest) >= 4 and rest[2] == "files" and method in ("GET", "HEAD"):
+            return self._task_file(request, job["id"], rest[1], "/".join(rest[3:]))
         return 404, _error("InvalidPropertyValue")
 
 
@@ -173,16 +339,25 @@ class _Handler(BaseHTTPRequestHandler):
             json.loads(raw) if raw else None,
         )
         status, body = self.batch.answer(request)
-        payload = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         self.send_header("request-id", str(uuid.uuid4()))
+        if isinstance(body, Raw):
+            for name, value in body.headers.items():
+                self.send_header(name, value)
+            if "Content-Length" not in body.headers:
+                self.send_header("Content-Length", str(len(body.body)))
+            self.end_headers()
+            self.wfile.write(body.body)
+            return
+        payload = json.dumps(body).encode() if body is not None else b""
         self.send_header("Content-Length", str(len(payload)))
         if payload:
             self.send_header("Content-Type", "application/json;odata=minimalmetadata")
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
 
-    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = do_HEAD = _serve
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -194,6 +369,18 @@ def _valid_priority(value: Any) -> bool:
     is a JSON number that is not an int32 literal, so the fake refuses it as a strict JSON
     reader of that schema would."""
     return isinstance(value, int) and not isinstance(value, bool) and -1000 <= value <= 1000
+
+
+def _byte_range(value: str) -> tuple[int | None, int | None]:
+    """``bytes=first-last`` or ``bytes=first-`` -> (first, last or None); (None, None) when
+    the header is not one range of that form."""
+    spec = value.strip().removeprefix("bytes=")
+    first, sep, last = spec.partition("-")
+    if not sep or not first.isdigit() or (last and not last.isdigit()):
+        return None, None
+    if last and int(last) < int(first):
+        return None, None
+    return int(first), int(last) if last else None
 
 
 def _error(code: str) -> dict[str, Any]:

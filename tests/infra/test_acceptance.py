@@ -512,9 +512,16 @@ def test_the_summary_prints_the_time_and_the_cost_against_the_target(tmp_path):
     hours = elapsed / 3600
     seconds = round(elapsed)
     assert f"Time: {seconds // 60} min {seconds % 60} s (target: under 30 min, over it)" in text
-    total = cost.total(run_cost(world.settings, hours, 2 * hours))  # fixed pool: 2 nodes
-    assert f"Estimated cost: ${total:.2f} (target: under $2" in text
+    # A fixed pool of 2 nodes; `pulumi up` (which holds the ACR build) took what the fake
+    # clock says, counted as the build's time.
+    build = re.search(r"image build: ACR Task agent, 8 CPUs x (\d+) min", text)
+    assert build is not None, text
+    up_minutes = float(build.group(1))
+    total = cost.total(run_cost(world.settings, hours, 2 * hours, up_minutes))
+    assert abs(float(re.search(r"Estimated cost: \$([0-9.]+)", text).group(1)) - total) < 0.05
+    assert "(target: under $2" in text
     assert "container registry (Premium), 1 day(s)" in text
+    assert "not included: the ACR" not in text
 
 
 def test_run_cost_charges_nodes_by_the_hour_and_the_registry_by_the_day():
@@ -525,6 +532,15 @@ def test_run_cost_charges_nodes_by_the_hour_and_the_registry_by_the_day():
     assert items["NAT gateway + public IP, 1.00 h"] == pytest.approx(0.05)
     assert items["container registry (Premium), 1 day(s)"] == pytest.approx(1.667)
     assert dict(run_cost(s, 25.0, 50.0))["container registry (Premium), 2 day(s)"] == 3.334
+
+
+def test_run_cost_counts_the_acr_task_build_by_the_cpu_second():
+    """The acr builder's agent has 8 CPUs (infra/image.py), billed USD 0.0001 per CPU-second:
+    an hour of it is USD 2.88, more than the CPU profile's nodes, NFS and network together."""
+    s = validated(acceptance_options("cpu"), acceptance_values("cpu"))
+    items = dict(run_cost(s, 1.25, 2.5, build_minutes=60))
+    assert items["image build: ACR Task agent, 8 CPUs x 60 min"] == pytest.approx(2.88)
+    assert cost.total(list(items.items())) > 2.88 + 1.667
 
 
 # ---------------------------------------------------------------- one-line failures
@@ -627,6 +643,9 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
         assert "Then: the time taken and an estimated cost" in text
     assert '"vmSize": "Standard_D2s_v5"' in cpu and cpu.count("SKIPPED for profile cpu") == 2
     assert CPU_SKIP_MESSAGE in cpu and "(target: under 30 min and under $2)" in cpu
+    # The acr builder's hour of an 8-CPU agent is counted, not left out.
+    for text in (cpu, gpu):
+        assert re.search(r"image build: ACR Task agent, 8 CPUs x 60 min +\$ +2\.88", text), text
     assert '{"name": "acceptance", "value": "cpu"}' in cpu  # what the policy pack admits
     assert '"vmSize": "Standard_ND96asr_v4"' in gpu and "SKIPPED" not in gpu
     assert "2 nodes x 96 vCPUs = 192" in gpu  # the Batch quota the profile needs
@@ -716,3 +735,43 @@ def test_the_cpu_preset_trains_20_steps_and_logs_the_checkpoints_the_check_reads
         "step-000000010.pt",
         "step-000000020.pt",
     ]
+
+
+def test_a_job_whose_pool_cannot_get_nodes_fails_at_once_with_the_fix(tmp_path):
+    """Quota reached: the task stays active and the pool says why (resizeErrors); the check
+    stops at the first poll with the pool's line instead of waiting out the profile's hour."""
+    world = World(tmp_path)
+    real_get_job, real_get_task = world.get_job, world.get_task
+
+    def get_job(job_id, **kwargs):
+        job = real_get_job(job_id)
+        job.pool_info = m.BatchPoolInfo(pool_id="ib-gpu")
+        return job
+
+    def get_task(job_id, task_id, **kwargs):
+        task = real_get_task(job_id, task_id)
+        task.state = "active"
+        return task
+
+    world.get_job, world.get_task = get_job, get_task  # type: ignore[method-assign]
+    make_client = world.batch_client
+
+    def batch_client(endpoint):
+        client = make_client(endpoint)
+        client.get_pool.return_value = m.BatchPool(
+            id="ib-gpu",
+            resize_errors=[
+                m.ResizeError(code="AccountCoreQuotaReached", message="core quota reached")
+            ],
+        )
+        client.list_nodes.return_value = []
+        return client
+
+    world.batch_client = batch_client  # type: ignore[method-assign]
+    code, text, (stack,) = run_main(world)
+    assert code == 1 and results(text)["job"] == "FAIL", text
+    assert (
+        "pool ib-gpu: resize error AccountCoreQuotaReached (core quota reached): the account's "
+        "total dedicated core quota is used up" in text
+    )
+    assert stack.calls[-2:] == [("destroy", ()), ("remove_stack", stack.name)]

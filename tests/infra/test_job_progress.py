@@ -147,3 +147,19 @@ def test_a_failed_progress_read_keeps_the_last_step_marked_with_its_age(
     reachable = {**outs, "metrics_url": before["metrics_url"]}
     again = TrainingJobProvider().read(job_id, reachable).outs
     assert again["progress_error"] is None
+
+
+def test_a_refresh_reports_why_the_pool_gives_the_job_no_nodes(cloud, warnings):
+    from tests.infra.test_ops import QUOTA_MESSAGE, pool_in_trouble
+
+    fake, storage, _ = cloud
+    job_id, state = _state(fake, storage, "stuck")
+    pool_in_trouble(fake)
+    outs = TrainingJobProvider().read(job_id, state).outs
+    errors = outs["pool_errors"]
+    assert len(errors) == 2 and QUOTA_MESSAGE in errors[0], errors
+    assert "--stack stuck --job default" in errors[1]
+    assert [w for w in warnings if "pool ib-gpu" in w] == [f"job {job_id}: {e}" for e in errors]
+    fake.pools["ib-gpu"].pop("resizeErrors")
+    fake.pool_nodes["ib-gpu"] = []
+    assert TrainingJobProvider().read(job_id, state).outs["pool_errors"] == []

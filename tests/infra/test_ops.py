@@ -11,9 +11,7 @@ from unittest.mock import create_autospec
 import pytest
 from azure.batch import BatchClient
 from azure.batch import models as m
-from azure.batch.models._patch import BatchFileProperties
 from azure.core.credentials import AccessToken
-from azure.core.exceptions import ResourceNotFoundError
 
 from infra.tools import ops as jobs
 from tests.infra.fake_batch import FakeBatch
@@ -31,10 +29,6 @@ def client():
     return create_autospec(BatchClient, instance=True)
 
 
-def _props(size):
-    return BatchFileProperties(last_modified=None, content_length=size)
-
-
 def test_status_shows_job_task_retries_and_locations(client):
     client.get_job.return_value = m.BatchJob(state="active")
     client.get_task.return_value = m.BatchTask(
@@ -47,26 +41,6 @@ def test_status_shows_job_task_retries_and_locations(client):
     assert "task        train: running" in text and "retries 1, exit code -" in text
     assert "checkpoints shared/runs/dev/7335cd45683b" in text
     client.get_task.assert_called_once_with("dev-892e482eaf", "train")
-
-
-def test_logs_follow_new_bytes_until_the_task_completes(client):
-    states = iter(["active", "running", "running", "completed", "completed"])
-    client.get_task.side_effect = lambda job, task: m.BatchTask(state=next(states))
-    sizes = iter([ResourceNotFoundError("not yet"), _props(6), _props(6), _props(11), _props(11)])
-
-    def properties(job, task, name):
-        value = next(sizes)
-        if isinstance(value, Exception):
-            raise value
-        return value
-
-    client.get_task_file_properties.side_effect = properties
-    client.download_task_file.side_effect = [iter([b"hello\n"]), iter([b"done\n"])]
-    out = io.StringIO()
-    assert jobs.logs(client, OUTPUTS, out, poll_seconds=0) == 0
-    assert out.getvalue() == "waiting for task train to start (state: active)\nhello\ndone\n"
-    ranges = [c.kwargs["ocp_range"] for c in client.download_task_file.call_args_list]
-    assert ranges == ["bytes=0-5", "bytes=6-10"]
 
 
 class StaticToken:
@@ -158,3 +132,170 @@ def test_main_wires_the_stack_outputs_to_the_client(tmp_path, client, capsys):
     assert jobs.main(["cancel", "--stack", "dev", "--outputs-file", str(outputs)], factory) == 0
     assert endpoints == ["platformbatch.eastus.batch.azure.com"]
     assert "terminated" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- logs
+JOB = OUTPUTS["job_id"]
+
+
+def _multi_instance(batch, nodes=2):
+    batch.add_job(JOB, "active")
+    settings = {"numberOfInstances": nodes, "coordinationCommandLine": "launch"}
+    batch.tasks[JOB] = [{"id": "train", "multiInstanceSettings": settings}]
+    batch.task_state = "active"
+
+
+def _ranges(batch):
+    """(path, ocp-range) of every file read (GET) the fake saw."""
+    return [
+        (r.path, r.headers.get("ocp-range"))
+        for r in batch.requests
+        if r.method == "GET" and "/files/" in r.path
+    ]
+
+
+def test_logs_follow_every_node_of_a_running_task_by_byte_range(batch, monkeypatch):
+    """The task runs on two nodes; their stdout grows while it runs. `logs` shows each node's
+    new lines as they come (by byte range, only new bytes), waits out the files that are not
+    readable before the task is scheduled, and stops once the task has completed."""
+    _multi_instance(batch)
+    timeline = iter(
+        [
+            lambda: (
+                batch.place_task(JOB, "train", ["tvm-0", "tvm-1"]),
+                setattr(batch, "task_state", "running"),
+                batch.write(JOB, "train", 0, b"node 1/2: starting 1 worker(s)\n"),
+                batch.write(JOB, "train", 1, b"node 2/2: starting 1 worker(s)\nstep 1 lo"),
+            ),
+            lambda: batch.write(JOB, "train", 1, b"ss 2.0\n"),
+            lambda: (
+                batch.write(JOB, "train", 0, b"node 1/2: done\n"),
+                setattr(batch, "task_state", "completed"),
+            ),
+        ]
+    )
+    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: next(timeline)())
+    out = io.StringIO()
+    assert jobs.logs(_real_client(batch), OUTPUTS, out, poll_seconds=0) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "waiting for task train to start (state: active)"
+    assert lines[1:] == [
+        "[tvm-0] node 1/2: starting 1 worker(s)",
+        "[tvm-1] node 2/2: starting 1 worker(s)",
+        "[tvm-1] step 1 loss 2.0",
+        "[tvm-0] node 1/2: done",
+    ]
+    primary = f"/jobs/{JOB}/tasks/train/files/stdout.txt"
+    subtask = "/pools/ib-gpu/nodes/tvm-1/files/" + "%2F".join(
+        [*batch.task_root(JOB, "train", 1).split("/"), "stdout.txt"]
+    )
+    assert _ranges(batch) == [
+        (primary, "bytes=0-30"),
+        (subtask, "bytes=0-39"),
+        (subtask, "bytes=40-46"),
+        (primary, "bytes=31-45"),
+    ]
+
+
+def test_logs_without_follow_print_what_is_there_and_return(batch, monkeypatch):
+    _multi_instance(batch)
+    batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
+    batch.task_state = "running"
+    batch.write(JOB, "train", 0, b"ready\n", name="stderr.txt")
+    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: pytest.fail("must not wait"))
+    out = io.StringIO()
+    client = _real_client(batch)
+    assert jobs.logs(client, OUTPUTS, out, file_name="stderr.txt", follow=False) == 0
+    assert out.getvalue() == "[tvm-0] ready\n"
+
+
+def test_a_single_node_task_prints_its_lines_as_they_are(batch, monkeypatch):
+    _multi_instance(batch, nodes=1)
+    batch.place_task(JOB, "train", ["tvm-0"])
+    batch.task_state = "completed"
+    batch.write(JOB, "train", 0, b"hello\nno newline at the end")
+    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: pytest.fail("must not wait"))
+    out = io.StringIO()
+    assert jobs.logs(_real_client(batch), OUTPUTS, out) == 0
+    assert out.getvalue() == "hello\nno newline at the end\n"
+
+
+def test_the_fake_reads_byte_ranges_as_batch_does(batch):
+    """The fake's file API: 200 with the bytes asked for (a last byte past the end reads to
+    the end), 416 InvalidRange from the end on, 404 for a file not written, 409 before the
+    task has a node."""
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+    _multi_instance(batch)
+    client = _real_client(batch)
+    with pytest.raises(HttpResponseError) as refused:
+        client.get_task_file_properties(JOB, "train", "stdout.txt")
+    assert refused.value.status_code == 409
+    batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
+    batch.write(JOB, "train", 0, b"0123456789")
+    read = b"".join(client.download_task_file(JOB, "train", "stdout.txt", ocp_range="bytes=2-4"))
+    assert read == b"234"
+    read = b"".join(client.download_task_file(JOB, "train", "stdout.txt", ocp_range="bytes=8-99"))
+    assert read == b"89"
+    with pytest.raises(HttpResponseError) as past_end:
+        list(client.download_task_file(JOB, "train", "stdout.txt", ocp_range="bytes=10-12"))
+    assert past_end.value.status_code == 416
+    with pytest.raises(ResourceNotFoundError):
+        client.get_task_file_properties(JOB, "train", "missing.txt")
+    assert client.get_task_file_properties(JOB, "train", "stdout.txt").content_length == 10
+
+
+# ---------------------------------------------------------------------- pool errors
+QUOTA_MESSAGE = (
+    "The specified account has reached VM series core quota for standardNDASv4_A100Family"
+)
+
+
+def pool_in_trouble(batch, pool_id="ib-gpu"):
+    """A pool as Batch shows it when a job waits in vain: a resize that hit the account's
+    family quota (resizeErrors, "Check for pool and node errors"), and the one node it got
+    failed its start task (state starttaskfailed, startTaskInfo.failureInfo)."""
+    batch.pools[pool_id] = {
+        "id": pool_id,
+        "allocationState": "steady",
+        "enableAutoScale": True,
+        "currentDedicatedNodes": 1,
+        "targetDedicatedNodes": 2,
+        "resizeErrors": [{"code": "AccountVMSeriesCoreQuotaReached", "message": QUOTA_MESSAGE}],
+    }
+    batch.pool_nodes[pool_id] = [
+        {
+            "id": "tvm-0",
+            "state": "starttaskfailed",
+            "schedulingState": "enabled",
+            "startTaskInfo": {
+                "state": "completed",
+                "exitCode": 1,
+                "result": "failure",
+                "retryCount": 0,
+                "failureInfo": {
+                    "category": "usererror",
+                    "code": "FailureExitCode",
+                    "message": "The task process exited with an unexpected exit code",
+                },
+            },
+        }
+    ]
+
+
+def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys):
+    batch.add_job(JOB, "active")
+    batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
+    batch.tasks[JOB] = [{"id": "train"}]
+    batch.task_state = "active"
+    pool_in_trouble(batch)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    argv = ["status", "--stack", "dev", "--outputs-file", str(outputs)]
+    assert jobs.main(argv, lambda endpoint: _real_client(batch)) == 0
+    pool = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+    assert len(pool) == 2, pool
+    assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]
+    assert "request more for the Batch account, not the subscription" in pool[0]
+    assert "1 of 1 node(s) failed their start task (tvm-0: The task process exited" in pool[1]
+    assert "cancel the job (python -m infra.tools.ops cancel --stack dev --job default)" in pool[1]

@@ -1,0 +1,101 @@
+"""Why a job's nodes do not come: the pool's resize errors and the nodes that failed their start
+task, one line each with the fix. Read by ``dt-jobs status`` (infra/tools/ops.py), the job
+resource's refresh (``pool_errors`` output, infra/job.py) and the acceptance check.
+
+Batch reports these only on the pool and its nodes ("Check for pool and node errors",
+articles/batch/batch-pool-node-error-checking.md): a resize that cannot get its nodes leaves the
+pool steady with ``resizeErrors``, and a node whose start task fails (waitForSuccess) goes to
+``starttaskfailed``: it is never given a task, yet it bills. Nothing of this reaches the job or
+its task, which simply wait.
+
+What the autoscale formula cannot do: its variables are task counts, node counts and resource
+metrics ($PendingTasks, $CurrentDedicatedNodes, $CPUPercent, ...; no node state; "Create a
+formula to automatically scale compute nodes", articles/batch/batch-automatic-scaling.md). A
+multi-instance task waiting for nodes that failed their start task keeps $PendingTasks above
+zero, so the formula keeps the whole pool up. The action that releases it is ending the task:
+cancel the job, and the formula drops the pool to zero after its idle minutes.
+
+Azure SDK imports stay inside functions (the job resource's provider host imports this module).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Resize error codes (Batch REST ``ResizeError``; the Azure support article "Azure Batch pool
+# resizing failure" lists the quota codes) -> what to do.
+QUOTA_FIX = (
+    "request more for the Batch account, not the subscription (portal: Batch account > Quotas; "
+    "`az batch account show` shows them), then resize or resubmit"
+)
+RESIZE_FIXES = {
+    "AccountCoreQuotaReached": f"the account's total dedicated core quota is used up: {QUOTA_FIX}",
+    "AccountVMSeriesCoreQuotaReached": (
+        f"the account's dedicated core quota for this VM family is used up: {QUOTA_FIX}"
+    ),
+    "AccountLowPriorityCoreQuotaReached": (
+        f"the account's Spot core quota is used up: {QUOTA_FIX}"
+    ),
+    "AccountSpotCoreQuotaReached": f"the account's Spot core quota is used up: {QUOTA_FIX}",
+    "AllocationFailed": (
+        "Azure had no capacity for this size in the region now: retry later, or choose another "
+        "region or size"
+    ),
+    "AllocationTimedOut": (
+        "the nodes did not come within the resize timeout: retry; if it repeats, look at the "
+        "pool in the portal"
+    ),
+}
+DEFAULT_RESIZE_FIX = "look at the pool's resize errors in the portal (Batch account > Pools)"
+SHOWN_NODES = 3
+
+
+def _first_line(text: Any) -> str:
+    return (str(text or "").strip().splitlines() or [""])[0]
+
+
+def resize_error_lines(pool_id: str, errors: Any) -> list[str]:
+    lines = []
+    for error in errors or []:
+        code = str(getattr(error, "code", None) or "unknown")
+        fix = RESIZE_FIXES.get(code, DEFAULT_RESIZE_FIX)
+        message = _first_line(getattr(error, "message", ""))
+        lines.append(f"pool {pool_id}: resize error {code} ({message}): {fix}")
+    return lines
+
+
+def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | None:
+    """One line for the nodes in ``starttaskfailed``; None when there are none."""
+    from infra.batch import state_text
+
+    failed = [n for n in nodes if state_text(n.state) == "starttaskfailed"]
+    if not failed:
+        return None
+    info = failed[0].start_task_info
+    failure = getattr(info, "failure_info", None) if info is not None else None
+    exit_code = getattr(info, "exit_code", None) if info is not None else None
+    why = _first_line(getattr(failure, "message", "")) or f"exit code {exit_code}"
+    shown = ", ".join(str(n.id) for n in failed[:SHOWN_NODES])
+    more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
+    return (
+        f"pool {pool_id}: {len(failed)} of {len(nodes)} node(s) failed their start task "
+        f"({shown}{more}: {why}); they bill but never run a task, and the autoscale formula "
+        f"cannot see node states: read startup/stderr.txt on a node (portal: the node's files), "
+        f"fix the cause, then {cancel_hint} so the pool scales to zero, or reboot the nodes"
+    )
+
+
+def pool_problems(client: Any, pool_id: str, cancel_hint: str = "cancel the job") -> list[str]:
+    """The pool's resize errors and start-task failures, one line each with the fix."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        pool = client.get_pool(pool_id)
+    except ResourceNotFoundError:
+        return [
+            f"pool {pool_id}: does not exist, so the job's task waits for it: run `pulumi up` "
+            "(it declares the pool)"
+        ]
+    lines = resize_error_lines(pool_id, pool.resize_errors)
+    line = start_task_line(pool_id, list(client.list_nodes(pool_id)), cancel_hint)
+    return [*lines, *([line] if line else [])]
