@@ -57,10 +57,12 @@ def start_arm(folder: Path, handle: Handle) -> tuple[ThreadingHTTPServer, Path]:
 
 @contextmanager
 def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle) -> Iterator[str]:
-    """Serve ``handle`` as ARM; yields its base URL. ``DefaultAzureCredential`` gives a token for
-    ARM's scope only, and no proxy stands between the client and the fake."""
-    import azure.identity
+    """Serve ``handle`` as ARM; yields its base URL. The process's one credential
+    (``infra.credentials``) gives a token for ARM's scope only, and no proxy stands between the
+    client and the fake."""
     from azure.core.credentials import AccessToken
+
+    from infra import credentials
 
     class FakeCredential:
         def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
@@ -68,7 +70,7 @@ def serving_arm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Handle)
             return AccessToken("fake-arm-token", 4102444800)
 
     server, cert_file = start_arm(tmp_path, handle)
-    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
+    monkeypatch.setattr(credentials, "credential", FakeCredential)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert_file))  # trust the fake endpoint only
     for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
         monkeypatch.delenv(proxy, raising=False)

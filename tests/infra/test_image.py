@@ -196,7 +196,7 @@ def test_acr_token_exchange_posts_the_entra_token_and_returns_the_refresh_token(
     import io
     import urllib.parse
 
-    import azure.identity
+    from infra import credentials
 
     class FakeCredential:
         def get_token(self, scope):
@@ -209,7 +209,7 @@ def test_acr_token_exchange_posts_the_entra_token_and_returns_the_refresh_token(
         sent["url"], sent["form"] = request.full_url, urllib.parse.parse_qs(request.data.decode())
         return io.BytesIO(json.dumps({"refresh_token": "acr-refresh-token"}).encode())
 
-    monkeypatch.setattr(azure.identity, "DefaultAzureCredential", FakeCredential)
+    monkeypatch.setattr(credentials, "credential", FakeCredential)
     monkeypatch.setattr(image_module.urllib.request, "urlopen", fake_urlopen)
     assert image_module.exchange_acr_token("team.azurecr.io") == "acr-refresh-token"
     assert sent["url"] == "https://team.azurecr.io/oauth2/exchange"
