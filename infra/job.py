@@ -184,17 +184,24 @@ class TrainingJobProvider(Provider):
         defaults = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
         changed = changed_inputs(olds, news, (*OUTPUT_KEYS, *NOT_THE_JOB), defaults)
         if changed and news.get("protect_running"):
-            self._refuse_replacing_a_running_job(id_, olds, news, changed)
+            state = self._running_state(id_, olds)
+            if state and changed == ["image_ref"]:
+                # A new image (any change to the trainer) waits for the run: the job keeps
+                # the image it started with, in its state too, so the replacement comes with
+                # the first `pulumi up` after it ends. Nothing else of the stack waits for it.
+                pulumi.log.warn(_keeps_image_message(id_, olds, news, state))
+                return DiffResult(changes=False)
+            if state:
+                raise JobError(_refusal(id_, news, state, changed))
         return DiffResult(
             changes=bool(changed), replaces=changed, delete_before_replace=bool(changed)
         )
 
     @staticmethod
-    def _refuse_replacing_a_running_job(
-        id_: str, olds: dict[str, Any], news: dict[str, Any], changed: list[str]
-    ) -> None:
+    def _running_state(id_: str, olds: dict[str, Any]) -> str | None:
         """protectRunningJobs: a replace deletes the running job (its task checkpoints on the
-        terminate first). Its live state decides; the recorded one when Batch cannot say."""
+        terminate first). The job's state when tasks may still run, else None; its live state
+        decides, the recorded one when Batch cannot say."""
         from azure.core.exceptions import AzureError, ResourceNotFoundError
 
         state = str(olds.get("state") or "")
@@ -203,19 +210,10 @@ class TrainingJobProvider(Provider):
             try:
                 state = state_text(batch.client(endpoint).get_job(id_).state)
             except ResourceNotFoundError:
-                return  # gone already: nothing to protect
+                return None  # gone already: nothing to protect
             except AzureError:
                 pass
-        if state not in RUNNING_STATES:
-            return
-        name = news.get("name") or SHORTHAND_JOB
-        raise JobError(
-            f"job {name} ({id_}) is {state}, and this change would replace it "
-            f"({', '.join(sorted(changed))}): let it finish, cancel it "
-            f"(python -m infra.tools.ops cancel --stack <stack> --job {name}), or add {name} to "
-            "replaceJobs; a replacement with the same training settings resumes from its "
-            "newest checkpoint"
-        )
+        return state if state in RUNNING_STATES else None
 
     # Read and delete use only the endpoint and the id: the state of an existing stack was
     # written by an older version of this provider, with other inputs than ``JobSpec`` has now.
@@ -301,6 +299,30 @@ class TrainingJobProvider(Provider):
             f"job {job_id} at {endpoint} is still {state} after its delete: look at the job "
             "in the portal, then run the operation again"
         )
+
+
+# The words the preview's jobs summary (infra/tools/preview_jobs.py) finds this warning by.
+KEEPS_IMAGE = "keeps the image it started with"
+
+
+def _keeps_image_message(id_: str, olds: dict[str, Any], news: dict[str, Any], state: str) -> str:
+    name = news.get("name") or SHORTHAND_JOB
+    return (
+        f"job {name} ({id_}) is {state} and {KEEPS_IMAGE} ({olds.get('image_ref')}); "
+        f"{news.get('image_ref')} replaces it with the first `pulumi up` after it ends, or now "
+        f"with {name} in replaceJobs (it resumes from its newest checkpoint)"
+    )
+
+
+def _refusal(id_: str, news: dict[str, Any], state: str, changed: list[str]) -> str:
+    name = news.get("name") or SHORTHAND_JOB
+    return (
+        f"job {name} ({id_}) is {state}, and this change would replace it "
+        f"({', '.join(sorted(changed))}): let it finish, cancel it "
+        f"(python -m infra.tools.ops cancel --stack <stack> --job {name}), or add {name} to "
+        "replaceJobs; a replacement with the same training settings resumes from its "
+        "newest checkpoint"
+    )
 
 
 def _task_or_none(client: Any, job_id: str) -> Any:

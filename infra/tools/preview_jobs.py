@@ -9,7 +9,9 @@ otherwise it starts a fresh run in a new folder, and the summary says so.
 The input is the engine's preview digest (``pulumi preview --json``; its shape is the
 PreviewDigest/PreviewStep types of the Pulumi CLI's ``display`` package): ``steps``, each with
 ``op``, ``urn``, ``oldState``/``newState`` (``inputs``, ``outputs``) and, on a replacement,
-``replaceReasons``.
+``replaceReasons``; and ``diagnostics`` (``urn``, ``message``, ``severity``), where a running
+job's provider says it keeps its image, and where a failed preview's errors are: the summary
+then says the preview failed and why, so the pull request gets its comment either way.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.batch import run_folder, run_name
+from infra.job import KEEPS_IMAGE
 from trainer.cli import OneLineParser, fail
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
@@ -52,7 +55,7 @@ class PreviewError(ValueError):
 @dataclass(frozen=True)
 class JobChange:
     name: str
-    change: str  # created | replaced | deleted
+    change: str  # created | replaced | deleted | kept running
     reasons: tuple[str, ...]
     training: str
 
@@ -143,11 +146,44 @@ def job_changes(digest: Any) -> list[JobChange]:
             changes.append(
                 JobChange(_job_name(old, urn), "deleted", (), f"checkpoints stay in {folder}")
             )
-    return changes
+    return changes + _kept_running(digest)
 
 
-def render(stack: str, changes: list[JobChange]) -> str:
+def _diagnostics(digest: dict[str, Any], severity: str) -> list[dict[str, Any]]:
+    found = digest.get("diagnostics")
+    return [
+        d
+        for d in (found if isinstance(found, list) else [])
+        if isinstance(d, dict)
+        and d.get("severity") == severity
+        and isinstance(d.get("message"), str)
+    ]
+
+
+def _kept_running(digest: dict[str, Any]) -> list[JobChange]:
+    """Running jobs a new image waits for (infra/job.py: their provider's warning)."""
+    kept = []
+    for warning in _diagnostics(digest, "warning"):
+        message = warning["message"].strip()
+        if KEEPS_IMAGE in message and message.startswith("job "):
+            name = message.split()[1]
+            why = "new trainer image waits until the job ends (or is listed in replaceJobs)"
+            kept.append(JobChange(name, "kept running", (why,), message))
+    return kept
+
+
+def errors(digest: Any) -> list[str]:
+    """The preview's error messages, one line each."""
+    if not isinstance(digest, dict):
+        return []
+    return [" ".join(d["message"].split()) for d in _diagnostics(digest, "error")]
+
+
+def render(stack: str, changes: list[JobChange], failures: list[str] = ()) -> str:
     title = f"### Training jobs: stack `{stack}`\n\n"
+    if failures:
+        title += "**The preview failed**, so what follows may be incomplete:\n\n"
+        title += "".join(f"- {failure}\n" for failure in failures) + "\n"
     if not changes:
         return title + "No training job is created, replaced or deleted.\n"
     replaced = sum(c.change == "replaced" for c in changes)
@@ -176,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         digest = json.loads(args.preview.read_bytes())
-        changes = job_changes(digest)
+        changes, failures = job_changes(digest), errors(digest)
     except OSError as err:
         fail(f"{args.preview}: cannot read it ({err.strerror or err})", 1)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         fail(f"{args.preview}: not JSON; give the output of `pulumi preview --json`", 2)
     except PreviewError as err:
         fail(f"{args.preview}: {err}", 2)
-    sys.stdout.write(render(args.stack, changes))
+    sys.stdout.write(render(args.stack, changes, failures))
     return 0
 
 

@@ -253,3 +253,22 @@ def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):
     summary = (work / "jobs.md").read_text()
     assert "| small | replaced | node count changed | resumes from the newest checkpoint" in summary
     assert (tmp_path / "summary.md").read_text() == summary
+
+    # A preview that fails (a refused replacement) exits 1 after writing its digest with the
+    # error; the step and the comment run anyway (the preview step before them failed too).
+    assert step["if"] == "${{ !cancelled() }}" and comment["if"].startswith("${{ !cancelled() &&")
+    refusal = "job small (dev-small-1) is active, and this change would replace it (node_count)"
+    (tmp_path / "digest.json").write_text(
+        json.dumps({"diagnostics": [{"message": refusal, "severity": "error"}]})
+    )
+    (bin_dir / "pulumi").write_text(
+        '#!/bin/sh\nif [ "$1" = preview ]; then cat "$DIGEST"; exit 1; fi\n'
+    )
+    subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+        cwd=work,
+        env=env,
+        check=True,
+    )
+    assert "**The preview failed**" in (work / "jobs.md").read_text()
+    assert refusal in (work / "jobs.md").read_text()

@@ -131,3 +131,45 @@ def test_the_cli_prints_markdown_and_bad_files_are_one_line_errors(tmp_path, cap
     with pytest.raises(SystemExit) as exited:
         preview_jobs.main(["--stack", "dev", str(tmp_path / "missing.json")])
     assert exited.value.code == 1 and "cannot read it" in capsys.readouterr().err
+
+
+def test_a_running_job_that_keeps_its_image_is_listed_as_kept(monkeypatch):
+    from infra import batch as batch_module
+    from infra import job as job_module
+
+    class Batch:  # Batch says the job is running
+        def get_job(self, job_id):
+            return type("Job", (), {"state": "active"})()
+
+    before = _jobs(TWO_JOBS)["platform-dev-job-resnet"]
+    after = {**before, "image_ref": before["image_ref"] + "-rebuilt", "protect_running": True}
+    monkeypatch.setattr(batch_module, "client", lambda endpoint: Batch())
+    warned: list[str] = []
+    monkeypatch.setattr(
+        job_module.pulumi.log, "warn", lambda message, *a, **k: warned.append(message)
+    )
+    olds = {**_state(before, deployed=True)["outputs"], "state": "active"}
+    assert TrainingJobProvider().diff("dev-resnet-0123456789", olds, after).changes is False
+    # The engine shows no step for an unchanged resource, and the provider's warning among the
+    # digest's diagnostics.
+    (message,) = warned
+    digest = {
+        "steps": [],
+        "diagnostics": [{"urn": URN + "resnet", "message": message + "\n", "severity": "warning"}],
+    }
+    (kept,) = preview_jobs.job_changes(digest)
+    assert (kept.name, kept.change) == ("resnet", "kept running")
+    rendered = preview_jobs.render("dev", [kept])
+    assert "| resnet | kept running | new trainer image waits until the job ends" in rendered
+
+
+def test_a_failed_preview_still_gets_its_comment_with_the_errors(tmp_path, capsys):
+    refusal = "job small (dev-small-1) is active, and this change would replace it (node_count)"
+    digest = {
+        "diagnostics": [{"urn": URN + "small", "message": refusal + "\n", "severity": "error"}]
+    }
+    path = tmp_path / "preview.json"
+    path.write_text(json.dumps(digest))
+    assert preview_jobs.main(["--stack", "dev", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "**The preview failed**" in out and f"- {refusal}\n" in out

@@ -436,6 +436,36 @@ def test_replacing_a_protected_running_job_is_refused_in_one_line(host, fake):
     assert "Traceback" not in host.stderr()
 
 
+def test_a_new_image_waits_for_a_protected_running_job_and_replaces_it_once_it_ended(host, fake):
+    news = _inputs(fake, "new-image", protect_running=True, name="resnet")
+    job_id = JobSpec.from_props(news).job_id
+    fake.add_job(job_id, "active")
+    # The engine hands Diff the old outputs: the image the job started with.
+    olds = {**news, "job_id": job_id, "state": "active"}
+    rebuilt = {**news, "image_ref": "acr.azurecr.io/trainer:def@sha256:" + "b" * 64}
+    request = provider_pb2.DiffRequest(
+        id=job_id, urn=URN, olds=_struct(olds), news=_struct(rebuilt)
+    )
+    kept = host.stub.Diff(request, timeout=TIMEOUT)
+    assert kept.changes == provider_pb2.DiffResponse.DIFF_NONE and not kept.replaces
+    assert (
+        f"job resnet ({job_id}) is active and keeps the image it started with "
+        f"({news['image_ref']}); {rebuilt['image_ref']} replaces it with the first `pulumi up` "
+        "after it ends, or now with resnet in replaceJobs"
+    ) in host.stderr()
+    # Settings besides the image still stop the update while the job runs.
+    both = {**rebuilt, "trainer_args": ["--model", "resnet50", "--epochs", "120"]}
+    request = provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(both))
+    assert "(image_ref, trainer_args)" in _refusal(lambda: host.stub.Diff(request, timeout=TIMEOUT))
+    # Once the job has ended, the next update brings the new image.
+    fake.jobs[job_id]["state"] = "completed"
+    request = provider_pb2.DiffRequest(
+        id=job_id, urn=URN, olds=_struct(olds), news=_struct(rebuilt)
+    )
+    replaced = host.stub.Diff(request, timeout=TIMEOUT)
+    assert list(replaced.replaces) == ["image_ref"] and replaced.deleteBeforeReplace
+
+
 def test_a_failed_create_is_one_line_naming_the_job_and_the_call(host, fake):
     props = _inputs(fake, "refused-create")
     job_id = JobSpec.from_props(props).job_id
