@@ -3,6 +3,7 @@ datasets, and Azurite (the Blob emulator) on 127.0.0.1 for the data and fault te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -271,3 +272,38 @@ def shards(tmp_path, prepared) -> Path:
 
     ignore = shutil.ignore_patterns(VERIFIED_NAME)
     return Path(shutil.copytree(prepared, tmp_path / "shards", ignore=ignore))
+
+
+@dataclass(frozen=True)
+class LateGrants:
+    """``azurite_entra`` behind the grant clock (tests/storage_grants.py): ``storage`` is reached
+    like ``azurite_entra`` (its ``env()`` for subprocesses, ``container()`` for key-signed setup,
+    which the grants never refuse); ``grants`` says when each identity's role has propagated."""
+
+    storage: EntraStorage
+    grants: Any  # tests.storage_grants.Grants
+
+
+@pytest.fixture
+def late_grants(azurite_entra, tmp_path) -> Iterator[LateGrants]:
+    """Storage that refuses the managed identity (403 AuthorizationPermissionMismatch) until
+    ``grants.grant(IDENTITY, ...)``; the real clock (``late_grants_on`` takes another)."""
+    with _late_grants(azurite_entra, tmp_path, time.monotonic) as late:
+        yield late
+
+
+@pytest.fixture
+def late_grants_on(azurite_entra, tmp_path):
+    """``late_grants`` on a clock the test gives (tests.storage_grants.FakeClock)."""
+    with contextlib.ExitStack() as stack:
+        yield lambda clock: stack.enter_context(_late_grants(azurite_entra, tmp_path, clock))
+
+
+@contextlib.contextmanager
+def _late_grants(entra: EntraStorage, tmp_path: Path, clock) -> Iterator[LateGrants]:
+    from tests.storage_grants import Grants, grant_proxy
+
+    grants = Grants(clock=clock)
+    upstream = entra.blob_endpoint.removesuffix(f"/{DEV_ACCOUNT}")
+    with grant_proxy(upstream, entra.ca_file, grants, tmp_path / "grants-tls") as (url, cert):
+        yield LateGrants(EntraStorage(f"{url}/{DEV_ACCOUNT}", cert, entra.imds), grants)

@@ -19,6 +19,7 @@ from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
 from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
 from trainer.files import OutputError
+from trainer.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, GrantWait
 
 
 def build_parser() -> OneLineParser:
@@ -64,9 +65,24 @@ def build_parser() -> OneLineParser:
         sub.add_argument("--container", default="datasets", help="blob container")
         sub.add_argument("--prefix", required=True, help="dataset folder in the container")
         sub.add_argument("--parallel", type=positive_int, default=8, help="shards at a time")
+        sub.add_argument(
+            "--grant-wait-minutes",
+            type=minutes,
+            default=GRANT_WAIT_MINUTES,
+            help="while Storage refuses the identity for want of its role (a new role "
+            "assignment takes up to 30 min to propagate), retry for this long (0: fail at once)",
+        )
     for sub in commands.choices.values():
         sub.error = parser.error  # type: ignore[method-assign]  # one line for subcommands too
     return parser
+
+
+def minutes(text: str) -> float:
+    """An argparse type for a duration in minutes: 0 or more."""
+    value = float(text)
+    if not value >= 0:  # NaN too
+        raise ValueError(text)
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "upload":
             container = container_client(args.account_url, args.container)
-            upload(args.folder, container, args.prefix, parallel=args.parallel)
+            wait = GrantWait(CONTRIBUTOR, args.grant_wait_minutes, log=_say)
+            upload(args.folder, container, args.prefix, parallel=args.parallel, grant_wait=wait)
         else:
             container = container_client(args.account_url, args.container)
-            stage(container, args.prefix, args.dest, parallel=args.parallel)
+            wait = GrantWait(READER, args.grant_wait_minutes, log=_say)
+            stage(container, args.prefix, args.dest, parallel=args.parallel, grant_wait=wait)
     except DataError as err:
         fail(str(err), 2)
     except OutputError as err:
@@ -102,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         fail("interrupted; rerun the same command to resume", 130)
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # a job's log shows each wait as it starts
 
 
 if __name__ == "__main__":

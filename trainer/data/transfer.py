@@ -6,6 +6,9 @@ against the manifest's SHA-256: before it is uploaded, and while it is downloade
 goes to a hidden temp name and is renamed only when its checksum matches, so no partial shard
 is ever visible; a rerun skips shards that are already verified, which makes an interrupted
 transfer resumable. The manifest travels last: its presence means the shard set is complete.
+While the identity's role assignment is still propagating (up to 30 minutes; Storage answers 403
+AuthorizationPermissionMismatch) every call waits it out (``trainer.grant_wait``), then fails in
+one line naming the missing role.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from trainer.files import (
     remove_partials,
     write_atomic,
 )
+from trainer.grant_wait import CONTRIBUTOR, READER, GrantMissing, GrantWait
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient
@@ -82,6 +86,8 @@ def _azure_errors(where: str) -> Iterator[None]:
 
     try:
         yield
+    except GrantMissing as err:
+        raise DataError(str(err)) from None
     except ResourceNotFoundError as err:
         raise DataError(f"{where}: not found ({err.reason}); upload the dataset first") from None
     except ClientAuthenticationError as err:
@@ -100,8 +106,11 @@ def upload(
     *,
     parallel: int = 8,
     log: Callable[[str], None] = print,
+    grant_wait: GrantWait | None = None,
 ) -> TransferResult:
-    """Upload a prepared dataset; blobs whose size and recorded SHA-256 match are skipped."""
+    """Upload a prepared dataset; blobs whose size and recorded SHA-256 match are skipped.
+    ``grant_wait``: how long a refusal for want of the role is waited out (default: 30 min)."""
+    wait = grant_wait or GrantWait(CONTRIBUTOR, log=log)
     manifest = Manifest.load(folder)
     with ThreadPoolExecutor(parallel) as pool:
         valid = list(pool.map(lambda s: shard_is_valid(folder / s.name, s), manifest.shards))
@@ -113,10 +122,13 @@ def upload(
             )
     where = f"{container.url}/{prefix}"
     with _azure_errors(where):
-        existing = {
-            blob.name: blob
-            for blob in container.list_blobs(name_starts_with=prefix, include=["metadata"])
-        }
+        existing = wait.call(
+            lambda: {
+                blob.name: blob
+                for blob in container.list_blobs(name_starts_with=prefix, include=["metadata"])
+            },
+            where,
+        )
 
     def send(shard: ShardEntry) -> int:
         name = _blob_name(prefix, shard.name)
@@ -127,24 +139,33 @@ def upload(
             and (blob.metadata or {}).get("sha256") == shard.sha256
         ):
             return 0
-        with _azure_errors(f"{container.url}/{name}"), open(folder / shard.name, "rb") as file:
-            # A block blob becomes visible only when all its blocks commit: never partial.
-            container.upload_blob(
-                name,
-                file,
-                length=shard.bytes,
-                overwrite=True,
-                metadata={"sha256": shard.sha256},
-                validate_content=True,
-                max_concurrency=4,
-            )
+
+        def put() -> None:
+            with open(folder / shard.name, "rb") as file:
+                # A block blob becomes visible only when all its blocks commit: never partial.
+                container.upload_blob(
+                    name,
+                    file,
+                    length=shard.bytes,
+                    overwrite=True,
+                    metadata={"sha256": shard.sha256},
+                    validate_content=True,
+                    max_concurrency=4,
+                )
+
+        with _azure_errors(f"{container.url}/{name}"):
+            wait.call(put, f"{container.url}/{name}")
         return shard.bytes
 
     with ThreadPoolExecutor(parallel) as pool:
         sent = list(pool.map(send, manifest.shards))
+    manifest_blob = _blob_name(prefix, MANIFEST_NAME)
     with _azure_errors(where):
-        container.upload_blob(
-            _blob_name(prefix, MANIFEST_NAME), manifest.to_json().encode(), overwrite=True
+        wait.call(
+            lambda: container.upload_blob(
+                manifest_blob, manifest.to_json().encode(), overwrite=True
+            ),
+            f"{container.url}/{manifest_blob}",
         )
     result = TransferResult.of(sent)
     log(
@@ -154,23 +175,20 @@ def upload(
     return result
 
 
-def _download(container: ContainerClient, name: str, target: Path, shard: ShardEntry) -> None:
+def _download(
+    container: ContainerClient, name: str, target: Path, shard: ShardEntry, wait: GrantWait
+) -> None:
     """Download ``name`` to ``target`` through a temp file; rename only when the SHA-256 matches;
     one retry, then a clear failure."""
     got = ""
+    where = f"{container.url}/{name}"
     for _ in range(DOWNLOAD_ATTEMPTS):
         # The shared temp-name scheme, per thread: remove_partials tidies what a kill leaves.
         temp = partial_path(target)
         temp = temp.with_name(f"{temp.name}-{threading.get_ident()}")
-        digest = hashlib.sha256()
         try:
-            with _azure_errors(f"{container.url}/{name}"), open(temp, "wb") as file:
-                for chunk in container.download_blob(name, max_concurrency=4).chunks():
-                    digest.update(chunk)
-                    file.write(chunk)
-                file.flush()
-                os.fsync(file.fileno())
-            got = digest.hexdigest()
+            with _azure_errors(where):
+                got = wait.call(lambda: _fetch(container, name, temp), where)  # noqa: B023
             if got == shard.sha256 and temp.stat().st_size == shard.bytes:
                 os.replace(temp, target)
                 return
@@ -182,6 +200,18 @@ def _download(container: ContainerClient, name: str, target: Path, shard: ShardE
     )
 
 
+def _fetch(container: ContainerClient, name: str, temp: Path) -> str:
+    """Write blob ``name`` to ``temp`` from its start (a retry rewrites it), synced; its SHA-256."""
+    digest = hashlib.sha256()
+    with open(temp, "wb") as file:
+        for chunk in container.download_blob(name, max_concurrency=4).chunks():
+            digest.update(chunk)
+            file.write(chunk)
+        file.flush()
+        os.fsync(file.fileno())
+    return digest.hexdigest()
+
+
 def stage(
     container: ContainerClient,
     prefix: str,
@@ -189,14 +219,18 @@ def stage(
     *,
     parallel: int = 8,
     log: Callable[[str], None] = print,
+    grant_wait: GrantWait | None = None,
 ) -> TransferResult:
-    """Copy a dataset from Blob to ``dest``, verified; resumable; the manifest lands last."""
+    """Copy a dataset from Blob to ``dest``, verified; resumable; the manifest lands last.
+    ``grant_wait``: how long a refusal for want of the role is waited out (default: 30 min)."""
+    wait = grant_wait or GrantWait(READER, log=log)
     manifest_blob = _blob_name(prefix, MANIFEST_NAME)
-    with _azure_errors(f"{container.url}/{manifest_blob}"):
-        text = container.download_blob(manifest_blob).readall().decode()
-    manifest = Manifest.from_json(text, f"{container.url}/{manifest_blob}")
+    where = f"{container.url}/{manifest_blob}"
+    with _azure_errors(where):
+        text = wait.call(lambda: container.download_blob(manifest_blob).readall().decode(), where)
+    manifest = Manifest.from_json(text, where)
     try:
-        fetched = _stage_into(container, prefix, dest, manifest, text, parallel)
+        fetched = _stage_into(container, prefix, dest, manifest, text, parallel, wait)
     except OSError as err:
         # Downloads go to temp names that are removed when a write fails, and the manifest
         # lands last: nothing left here passes for a complete, staged dataset.
@@ -216,6 +250,7 @@ def _stage_into(
     manifest: Manifest,
     text: str,
     parallel: int,
+    wait: GrantWait,
 ) -> list[int]:
     """Fetch what ``dest`` lacks, drop what the manifest does not list, then write the manifest
     (``text``); the bytes each shard's transfer copied."""
@@ -229,7 +264,7 @@ def _stage_into(
         target = dest / shard.name
         if shard_is_valid(target, shard):
             return 0
-        _download(container, _blob_name(prefix, shard.name), target, shard)
+        _download(container, _blob_name(prefix, shard.name), target, shard, wait)
         return shard.bytes
 
     with ThreadPoolExecutor(parallel) as pool:

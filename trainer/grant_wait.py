@@ -1,0 +1,116 @@
+"""Waiting out a role assignment that has not reached Storage yet.
+
+A node's identity is granted its data role on the storage account by the same ``pulumi up`` that
+creates the pool, and "Azure role assignments may take up to 30 minutes to propagate"
+(azure-docs articles/storage/blobs/authorize-access-azure-active-directory.md). Until then
+Storage answers 403 ``AuthorizationPermissionMismatch``. ``GrantWait.call`` retries such a call:
+one log line per wait, waits at most a minute apart, for at most ``minutes`` in all (counted from
+the first refusal, shared by every thread using the same ``GrantWait``), then one line naming the
+role that is missing. Any other error goes to the caller unchanged.
+
+The Azure SDK is imported inside functions: the trainer's command line loads without it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# The documented propagation time (see above): the default bound on the wait.
+GRANT_WAIT_MINUTES = 30.0
+# About this many waits fit in the bound (at most a minute apart): short bounds retry quickly.
+WAITS_PER_BOUND = 30
+MAX_PAUSE_S = 60.0
+PENDING = "AuthorizationPermissionMismatch"
+READER = "Storage Blob Data Reader"
+CONTRIBUTOR = "Storage Blob Data Contributor"
+
+
+class GrantMissing(Exception):
+    """The role was still missing when the wait's bound ran out (a one-line message)."""
+
+
+def is_pending(err: BaseException) -> bool:
+    """Whether ``err`` is Storage's refusal of an identity without the data role."""
+    from azure.core.exceptions import HttpResponseError
+
+    return (
+        isinstance(err, HttpResponseError)
+        and err.status_code == 403
+        and getattr(err, "error_code", None) == PENDING
+    )
+
+
+def identity() -> str:
+    """Who is refused, as the operator can look it up: the managed identity the job names in
+    ``AZURE_CLIENT_ID`` on a node, else the Azure CLI's login."""
+    client_id = os.environ.get("AZURE_CLIENT_ID")
+    return f"identity {client_id}" if client_id else "the signed-in identity (az login)"
+
+
+def missing_role(role: str) -> str:
+    """The fix, in words, for an identity that lacks ``role``."""
+    return f"{identity()} lacks {role} on the storage account"
+
+
+class GrantWait:
+    """Retries calls that Storage refuses with 403 AuthorizationPermissionMismatch."""
+
+    def __init__(
+        self,
+        role: str,
+        minutes: float = GRANT_WAIT_MINUTES,
+        *,
+        log: Callable[[str], None] = print,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if minutes < 0:
+            raise ValueError(f"minutes={minutes}: must be >= 0")
+        self.role, self.minutes, self.log = role, minutes, log
+        self._sleep, self._clock = sleep, clock
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._waits = 0  # how many waits have ended: a thread refused before one retries now
+        self.pause_s = min(MAX_PAUSE_S, minutes * 60 / WAITS_PER_BOUND)
+
+    def call(self, fn: Callable[[], T], where: str) -> T:
+        """``fn()``, called again after each wait while Storage refuses it for want of the role;
+        GrantMissing when the bound runs out."""
+        while True:
+            waits = self._waits
+            try:
+                return fn()
+            except Exception as err:
+                if not is_pending(err):
+                    raise
+            self._wait(waits, where)
+
+    def _wait(self, waits: int, where: str) -> None:
+        with self._lock:  # one thread waits and logs; the others wait for it, silently
+            if self._waits != waits:
+                return  # a wait ended since this thread's call began: try again at once
+            now = self._clock()
+            if self._deadline is None:
+                self._deadline = now + self.minutes * 60
+            left = self._deadline - now
+            if left <= 0:
+                raise GrantMissing(
+                    f"{where}: Storage still refuses access ({PENDING}) after "
+                    f"{self.minutes:g} min: {missing_role(self.role)}; assign it (the stack "
+                    f"grants it to the nodes' identity), or wait for the assignment to "
+                    f"propagate (up to 30 min), then rerun"
+                )
+            pause = min(self.pause_s, left)
+            self.log(
+                f"{where}: Storage refuses access ({PENDING}): {missing_role(self.role)} yet "
+                f"(a new role assignment takes up to 30 min to propagate); retrying in "
+                f"{pause:.3g} s, for {left / 60:.3g} min more"
+            )
+            self._sleep(pause)
+            self._waits += 1
