@@ -10,7 +10,9 @@ job names in ``AZURE_CLIENT_ID``; no keys.
 A background thread does the copying, so training steps never wait for storage. Only files
 whose size or modification time changed since their last successful upload are sent, each
 overwriting its blob. A failure never stops training: it logs one warning line and the next
-period tries again.
+period tries again. That also rides out a role assignment still propagating when the run starts
+(Storage refuses with 403 AuthorizationPermissionMismatch for up to 30 minutes): the warning then
+names the missing role (``trainer.grant_wait``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from trainer.blob_folder import BlobFolder
 from trainer.config import TrainConfig, first_line
+from trainer.grant_wait import CONTRIBUTOR, PENDING, is_pending, missing_role
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,11 @@ class LiveUploader:
                 self.uploads += 1
         except Exception as err:  # never let storage stop training
             reason = first_line(err)
+            if is_pending(err):
+                reason = (
+                    f"{PENDING}: {missing_role(CONTRIBUTOR)} yet; a new role assignment takes "
+                    f"up to 30 min to propagate"
+                )
             minutes = self.period_s / 60
             log.warning(
                 "live upload to %s failed (%s: %s); %s",

@@ -14,7 +14,9 @@ Each file is written atomically (``trainer.files``: temp name, fsync, rename) an
 removed before a new set is written, so a crash never leaves a manifest vouching for a mixture.
 With ``--outputs-url`` rank 0 then copies the folder to Blob storage (the stack's ``outputs``
 container, under the job's id) in the same order: the old manifest deleted first, the files, the
-manifest last; ``python -m infra.tools.ops fetch`` downloads and verifies them.
+manifest last; ``python -m infra.tools.ops fetch`` downloads and verifies them. While the node
+identity's role assignment is still propagating (a short run can end within the 30 minutes it
+may take) the upload waits it out (``trainer.grant_wait``).
 
 torch, safetensors and the Azure SDK are imported inside functions: the trainer's command line
 and its settings load without them.
@@ -38,6 +40,7 @@ from trainer.files import (
     sha256_file,
     write_atomic,
 )
+from trainer.grant_wait import CONTRIBUTOR, GrantMissing, GrantWait
 from trainer.results_manifest import MANIFEST, Entry, ResultsError, manifest_bytes, verify
 
 if TYPE_CHECKING:
@@ -172,25 +175,26 @@ def is_complete(folder: Path) -> bool:
 
 
 # ---------------------------------------------------------------------- Blob storage
-def upload(folder: Path, destination: BlobFolder) -> list[Entry]:
+def upload(
+    folder: Path, destination: BlobFolder, grant_wait: GrantWait | None = None
+) -> list[Entry]:
     """Rank 0: copy a complete results folder to ``destination``, the manifest last (after the
-    previous one is deleted); ResultsError, one line, when it cannot."""
-    from azure.core.exceptions import AzureError, ResourceNotFoundError
+    previous one is deleted); ResultsError, one line, when it cannot. ``grant_wait``: how long
+    a refusal for want of the role is waited out (default: 30 min)."""
+    from azure.core.exceptions import AzureError
 
     from trainer.live_upload import container_client
 
     entries = verify(folder)  # never upload what no longer matches its manifest
-    manifest = destination.blob(MANIFEST)
+    wait = grant_wait or GrantWait(CONTRIBUTOR, log=_say)
     try:
         container = container_client(destination)
-        with suppress(ResourceNotFoundError):
-            container.delete_blob(manifest)
-        for entry in entries:
-            with open(folder / entry.name, "rb") as data:
-                container.upload_blob(
-                    destination.blob(entry.name), data, length=entry.size, overwrite=True
-                )
-        container.upload_blob(manifest, (folder / MANIFEST).read_bytes(), overwrite=True)
+        wait.call(lambda: _send(folder, destination, entries, container), destination.url)
+    except GrantMissing as err:
+        raise ResultsError(
+            f"outputs_url={err}; the results are complete in {folder}, and running the job "
+            "again uploads them"
+        ) from None
     except (AzureError, OSError) as err:
         raise ResultsError(
             f"outputs_url={destination.url}: cannot upload the results "
@@ -198,3 +202,23 @@ def upload(folder: Path, destination: BlobFolder) -> list[Entry]:
             "running the job again uploads them (a finished run trains no more)"
         ) from None
     return entries
+
+
+def _send(folder: Path, destination: BlobFolder, entries: list[Entry], container: Any) -> None:
+    """The old manifest deleted, every file, the manifest last (all again after a refusal:
+    each upload overwrites)."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    manifest = destination.blob(MANIFEST)
+    with suppress(ResourceNotFoundError):
+        container.delete_blob(manifest)
+    for entry in entries:
+        with open(folder / entry.name, "rb") as data:
+            container.upload_blob(
+                destination.blob(entry.name), data, length=entry.size, overwrite=True
+            )
+    container.upload_blob(manifest, (folder / MANIFEST).read_bytes(), overwrite=True)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

@@ -168,3 +168,39 @@ def test_an_unreachable_endpoint_is_one_warning_line_and_the_run_still_succeeds(
     assert warnings[0].endswith("giving up: the run has ended")
     assert any(line.startswith("done: step 4") for line in lines)
     assert (run / "metrics.jsonl").exists()
+
+
+def test_a_late_role_assignment_is_one_warning_naming_the_role_until_it_arrives(
+    tmp_path, late_grants, caplog, monkeypatch
+):
+    """A late grant (tests/storage_grants.py): each period before it is one warning line that
+    says which role is missing; the first period after it uploads everything."""
+    from tests.fake_imds import IDENTITY
+    from trainer.grant_wait import CONTRIBUTOR
+
+    storage = late_grants.storage
+    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
+        monkeypatch.delenv(name)
+    for name, value in storage.env().items():
+        monkeypatch.setenv(name, value)
+    container = storage.container("late-live")
+    container.create_container()
+    try:
+        _record(tmp_path)
+        folder = BlobFolder.parse(storage.folder_url("late-live", "j/"))
+        uploader = LiveUploader(tmp_path, folder, period_s=3600)
+        with caplog.at_level(logging.INFO):
+            assert uploader.sync() is False
+        [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert "\n" not in warning
+        assert "AuthorizationPermissionMismatch" in warning
+        assert f"identity {IDENTITY} lacks {CONTRIBUTOR} on the storage account" in warning
+        assert warning.endswith("retrying in 60 min")
+        late_grants.grants.grant(IDENTITY)
+        assert uploader.sync() is True
+        assert set(_blobs(container)) == {
+            "j/metrics.jsonl",
+            "j/tensorboard/events.out.tfevents.1.node.1",
+        }
+    finally:
+        container.delete_container()

@@ -5,9 +5,12 @@ them as rank 0 does on a node (Azurite over HTTPS, the managed identity's tokens
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from infra.tools import ops
 from tests.conftest import tiny_config
@@ -56,5 +59,50 @@ def test_a_finished_run_uploads_its_results_which_fetch_downloads_verified(
         assert {p.name: p.read_bytes() for p in dest.iterdir()} == local
         # Every file the manifest lists, checked against it.
         assert f"{len(local) - 1} file(s)" in capsys.readouterr().out
+    finally:
+        outputs.delete_container()
+
+
+def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_grants_on, monkeypatch):
+    """Storage refuses the identity (403 AuthorizationPermissionMismatch, tests/storage_grants.py)
+    for 3 minutes after the run ends: the upload waits, one line per wait, then uploads; with
+    the role never granted it fails in one line naming it."""
+    from tests.fake_imds import IDENTITY
+    from tests.storage_grants import FakeClock
+    from tests.unit.test_results import _write
+    from trainer import results
+    from trainer.blob_folder import BlobFolder
+    from trainer.grant_wait import CONTRIBUTOR, GrantWait
+    from trainer.model import build_model
+    from trainer.results_manifest import ResultsError
+
+    clock = FakeClock()
+    late = late_grants_on(clock)
+    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
+        monkeypatch.delenv(name)
+    for name, value in late.storage.env().items():
+        monkeypatch.setenv(name, value)
+    folder = tmp_path / "results"
+    _write(folder, build_model("tiny", 5))
+    outputs = late.storage.container("late-outputs")
+    outputs.create_container()
+    lines: list[str] = []
+    wait = GrantWait(CONTRIBUTOR, log=lines.append, sleep=clock.advance, clock=clock)
+    destination = BlobFolder.parse(late.storage.folder_url("late-outputs", "dev-1/"))
+    try:
+        with pytest.raises(ResultsError) as caught:
+            results.upload(folder, destination, grant_wait=wait)
+        assert f"identity {IDENTITY} lacks {CONTRIBUTOR} on the storage account" in str(
+            caught.value
+        )
+        assert len(lines) == 30 and "\n" not in str(caught.value)
+
+        late.grants.grant(IDENTITY, after_s=180)
+        lines.clear()
+        wait = GrantWait(CONTRIBUTOR, log=lines.append, sleep=clock.advance, clock=clock)
+        entries = results.upload(folder, destination, grant_wait=wait)
+        assert len(lines) == 3
+        names = {b.name for b in outputs.list_blobs()}
+        assert names == {f"dev-1/{e.name}" for e in entries} | {"dev-1/manifest.json"}
     finally:
         outputs.delete_container()
