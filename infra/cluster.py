@@ -60,16 +60,47 @@ oldest=$(printf '%s\\n' {MIN_DRIVER} "$driver" | sort -V | sed -n 1p)
 [ "$oldest" = {MIN_DRIVER} ] ||
   fail "NVIDIA driver $driver is older than {MIN_DRIVER}, which the image's CUDA {CUDA} needs;" \\
     "use a newer pool image"
-ib=0
-for port in /sys/class/infiniband/*/ports/*; do
-  [ "$(cat "$port/link_layer" 2>/dev/null)" = InfiniBand ] || continue
-  case "$(cat "$port/state" 2>/dev/null)" in *ACTIVE*) ib=$((ib + 1)) ;; esac
-done
-[ "$ib" -ge {ib_ports} ] || fail "expected {ib_ports} active InfiniBand ports, found $ib"
-{_RUNS_FOLDER}
+{_ib_wait(ib_ports)}{_RUNS_FOLDER}
 echo "node ok: $n GPUs, driver $driver, $ib active InfiniBand ports"
 """
     return in_bash(script)
+
+
+# How long the start task waits for InfiniBand ports to turn ACTIVE, polling every
+# IB_POLL_SECONDS. After boot a port sits in INIT (link up, not yet configured by the subnet
+# manager; Documentation/infiniband/sysfs.txt lists DOWN, INIT, ARMED, ACTIVE) and the VF
+# itself is attached asynchronously on Azure's HPC sizes; Azure documents no bound. Slurm
+# sites wait up to 180 s at boot (OleHolmNielsen/Slurm_tools InfiniBand/waitforib.sh); five
+# minutes leaves room above that, and costs a broken node five minutes before it fails.
+IB_WAIT_SECONDS = 300
+IB_POLL_SECONDS = 5
+
+
+def _ib_wait(ib_ports: int) -> str:
+    """Count the ACTIVE InfiniBand ports until there are ``ib_ports``, polling up to
+    IB_WAIT_SECONDS; then fail in one line naming each port that is not ACTIVE and its state.
+    Any state but ACTIVE is waited on (DOWN too: Azure does not say a port is never DOWN while
+    its VF comes up), and the glob is read afresh each time, so a device that appears late
+    counts. ``sleep`` is the node's; the tests' stub advances a fake clock."""
+    return f"""waited=0
+while :; do
+  ib=0 idle=""
+  for port in /sys/class/infiniband/*/ports/*; do
+    [ "$(cat "$port/link_layer" 2>/dev/null)" = InfiniBand ] || continue
+    state=$(cat "$port/state" 2>/dev/null || echo unreadable)
+    case "$state" in
+      *ACTIVE*) ib=$((ib + 1)) ;;
+      *) idle="$idle, ${{port#/sys/class/infiniband/}} is $state" ;;
+    esac
+  done
+  [ "$ib" -lt {ib_ports} ] && [ "$waited" -lt {IB_WAIT_SECONDS} ] || break
+  sleep {IB_POLL_SECONDS}
+  waited=$((waited + {IB_POLL_SECONDS}))
+done
+[ "$ib" -ge {ib_ports} ] || fail "expected {ib_ports} active InfiniBand ports, found $ib" \\
+  "after waiting $waited s${{idle:+:}}${{idle#,}}"
+[ "$waited" -eq 0 ] || echo "InfiniBand ports active after $waited s"
+"""
 
 
 # The jobs' shared runs folder, for the non-admin task user (see infra/cloud_init.py). The pool's

@@ -38,8 +38,9 @@ from tests.batch.image import (
     NVIDIA_ENTRYPOINT,
     ImageConfig,
     PayloadError,
+    batch_create_args,
     container_argv,
-    parse_run_options,
+    docker_create_options,
 )
 from tests.ports import free_port
 
@@ -787,6 +788,25 @@ class Cluster:
         sources["jobprep"] = job_prep_dir
         return sources
 
+    def _batch_binds(
+        self, node: Node, settings: dict[str, Any], task_dir: Path, job_prep_dir: Path | None
+    ) -> list[tuple[Path, bool]]:
+        """The Batch folders Batch binds into a task's container, each at its own path."""
+        # BatchTaskContainerSettings.containerHostBatchBindMounts: "If this array is null or be
+        # not present, container task will mount ... AZ_BATCH_NODE_ROOT_DIR in Linux. It won't
+        # mount any data paths into container if this array is set as empty."
+        entries = settings.get("containerHostBatchBindMounts")
+        if entries is None:
+            return [(node.root, False)]
+        sources = self._bind_sources(node, task_dir, job_prep_dir)
+        keep: list[tuple[Path, bool]] = []
+        for entry in entries:
+            source = sources.get(_lower(entry.get("source")))
+            if source is None:
+                raise PayloadError(f"containerHostBatchBindMounts: no {entry.get('source')}")
+            keep.append((source, bool(entry.get("isReadOnly"))))
+        return keep
+
     def _container_mounts(
         self,
         node: Node,
@@ -797,20 +817,7 @@ class Cluster:
         stage: Path,
     ) -> list[dict[str, Any]]:
         ops = self._node_mounts(node, stage)
-        # BatchTaskContainerSettings.containerHostBatchBindMounts: "If this array is null or be
-        # not present, container task will mount ... AZ_BATCH_NODE_ROOT_DIR in Linux. It won't
-        # mount any data paths into container if this array is set as empty."
-        entries = settings.get("containerHostBatchBindMounts")
-        keep: list[tuple[Path, bool]] = []
-        if entries is None:
-            keep.append((node.root, False))
-        else:
-            sources = self._bind_sources(node, task_dir, job_prep_dir)
-            for entry in entries:
-                source = sources.get(_lower(entry.get("source")))
-                if source is None:
-                    raise PayloadError(f"containerHostBatchBindMounts: no {entry.get('source')}")
-                keep.append((source, bool(entry.get("isReadOnly"))))
+        keep = self._batch_binds(node, settings, task_dir, job_prep_dir)
         # Everything of the Batch tree that is not mounted is absent in the container, and so
         # are the other emulated nodes' trees.
         ops += _hide_except(self.base / "nodes", keep, stage / "batch")
@@ -864,17 +871,28 @@ class Cluster:
         ("For Linux, Batch will map the user/group permission to the container")."""
         settings = task["containerSettings"]
         self._check_container(settings)
-        options = parse_run_options(settings.get("containerRunOptions"))
+        user = _user_of(task.get("userIdentity"))
+        image_default = _lower(settings.get("workingDirectory")) == "containerimagedefault"
+        batch_args = batch_create_args(
+            gpu_pool=self.pool.gpus > 0,
+            user=user,
+            workdir=None if image_default else env["AZ_BATCH_TASK_WORKING_DIR"],
+            env=env,
+            binds=[
+                (str(path), ro)
+                for path, ro in self._batch_binds(node, settings, task_dir, job_prep_dir)
+            ],
+        )
+        options = docker_create_options(batch_args, settings.get("containerRunOptions"))
         for device in options.devices:
             if device != "/dev/infiniband":  # the HPC image's RDMA devices exist on IB sizes
                 raise PayloadError(f"--device {device}: not on the node")
         argv = container_argv(self.image, command_line, options.entrypoint)
         if not argv:
             raise PayloadError("no command: empty command line and the image has no CMD")
-        user = _user_of(task.get("userIdentity"))
         workdir = (
             Path(self.image.workdir or "/")
-            if _lower(settings.get("workingDirectory")) == "containerimagedefault"
+            if image_default
             else Path(env["AZ_BATCH_TASK_WORKING_DIR"])
         )
         if options.workdir:

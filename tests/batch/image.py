@@ -273,6 +273,8 @@ class RunOptions:
     entrypoint: str | None = None
     user: str | None = None
     raw: list[str] = field(default_factory=list)
+    networks: list[str] = field(default_factory=list)  # every --network, in order
+    gpus: list[str] = field(default_factory=list)  # every --gpus (Batch's own only)
 
 
 def _limit(text: str, option: str) -> int:
@@ -285,15 +287,16 @@ def _limit(text: str, option: str) -> int:
     return value
 
 
-def parse_run_options(text: str | None) -> RunOptions:
-    """Validate ``containerRunOptions`` as the Docker CLI parses ``docker create`` options."""
+def parse_run_options(text: str | None, owner: str = "containerRunOptions") -> RunOptions:
+    """Validate ``containerRunOptions`` as the Docker CLI parses ``docker create`` options
+    (``owner`` names whose arguments they are in a message)."""
     options = RunOptions(raw=shlex.split(text or ""))
     words = list(options.raw)
     while words:
         word = words.pop(0)
         if not word.startswith("-"):
             raise PayloadError(
-                f"containerRunOptions: {word!r} is not an option; Batch appends the image and "
+                f"{owner}: {word!r} is not an option; Batch appends the image and "
                 f"command line itself"
             )
         name, has_inline, inline = word.partition("=")
@@ -301,19 +304,24 @@ def parse_run_options(text: str | None) -> RunOptions:
         if name in _FLAG_OPTIONS:
             continue
         if name not in _VALUE_OPTIONS:
-            raise PayloadError(f"containerRunOptions: unknown flag: {name} (docker create)")
+            raise PayloadError(f"{owner}: unknown flag: {name} (docker create)")
         if has_inline:
             value = inline
         elif words:
             value = words.pop(0)
         else:
-            raise PayloadError(f"containerRunOptions: flag needs an argument: {name}")
+            raise PayloadError(f"{owner}: flag needs an argument: {name}")
+        if name == "--gpus" and owner != "containerRunOptions":
+            options.gpus.append(value)
+            continue
         _apply(options, name, value)
     return options
 
 
 def _apply(options: RunOptions, name: str, value: str) -> None:
     if name == "--gpus":
+        # Batch refuses it before Docker sees it: ContainerInvalidSettings "Some supplied docker
+        # options are not recognized or are unsupported: --gpus" (epi2me-labs/wf-basecalling #6).
         # batch-docker-container-workloads.md: "For container pools with GPU-enabled hardware,
         # Batch will automatically enable GPU for container tasks, so you shouldn't include the
         # --gpus argument."
@@ -327,6 +335,7 @@ def _apply(options: RunOptions, name: str, value: str) -> None:
         ):
             raise PayloadError(f"--network {value}: not a network mode")
         options.network = value
+        options.networks.append(value)
     elif name == "--ipc":
         if value not in ("host", "private", "shareable", "none") and not value.startswith(
             "container:"
@@ -374,3 +383,78 @@ def _apply(options: RunOptions, name: str, value: str) -> None:
         options.entrypoint = value
     elif name == "--user":
         options.user = value
+
+
+# --- the whole `docker create` of a container task ------------------------------------------
+# What Batch adds to `docker create` itself, from batch-docker-container-workloads.md ("Container
+# task working directory"): the Batch folders mapped into the container at the same paths (all of
+# AZ_BATCH_NODE_ROOT_DIR, or the containerHostBatchBindMounts entries), every task environment
+# variable, the task working directory AZ_BATCH_TASK_WORKING_DIR (unless the task's
+# workingDirectory is containerImageDefault), the task user's uid:gid ("Batch will map the
+# user/group permission to the container") and, on a GPU pool, the GPUs ("Batch will
+# automatically enable GPU for container tasks"). No --network: the same article warns that
+# Docker's default bridge (172.17.0.0/16) may clash with the pool's virtual network, so
+# containers get the default network unless the run options say otherwise.
+# The exact arguments are undocumented (the agent drives Docker's API from Python: the
+# "UnixHTTPConnectionPool" error of Azure/Batch #4), so the emulator takes the unfavourable
+# reading of each: GPUs as `--gpus all`, which collides with a user's --gpus, and binds as
+# `-v src:src`, which collide with a user's volume at the same destination.
+def batch_create_args(
+    *,
+    gpu_pool: bool,
+    user: tuple[int, int],
+    workdir: str | None,
+    env: dict[str, str],
+    binds: list[tuple[str, bool]],
+) -> list[str]:
+    """Batch's own ``docker create`` arguments for a task, before the run options."""
+    args = ["--gpus", "all"] if gpu_pool else []
+    args += ["-u", f"{user[0]}:{user[1]}"]
+    if workdir is not None:
+        args += ["-w", workdir]
+    for key, value in env.items():
+        args += ["-e", f"{key}={value}"]
+    for source, read_only in binds:
+        args += ["-v", f"{source}:{source}" + (":ro" if read_only else "")]
+    return args
+
+
+def docker_create_options(batch_args: list[str], run_options: str | None) -> RunOptions:
+    """The run options as Batch validates them, then the whole argument list
+    (``docker create [Batch's arguments] [run options] IMAGE ...``) as Docker parses it;
+    returns the run options' part, which the emulator acts on."""
+    options = parse_run_options(run_options)
+    whole = parse_run_options(shlex.join(batch_args), owner="Batch's own arguments")
+    _check_together(whole, options)
+    return options
+
+
+def _check_together(batch: RunOptions, ours: RunOptions) -> None:
+    """What Docker (or, where unknown, the agent: the unfavourable reading) refuses when the
+    run options meet Batch's own arguments or repeat themselves."""
+    networks = batch.networks + ours.networks
+    for network in set(networks):
+        if networks.count(network) > 1:
+            # docker/cli parseNetworkOpts: "network %q is specified multiple times".
+            raise PayloadError(f"--network {network}: network is specified multiple times")
+    builtin = {"host", "bridge", "none", "default"}
+    if len(set(networks)) > 1 and any(n in builtin or n.startswith("container:") for n in networks):
+        # docker/cli parseNetworkOpts: a built-in network mode cannot be combined with another.
+        raise PayloadError(
+            f"--network {' --network '.join(networks)}: conflicting options: cannot attach both "
+            "user-defined and non-user-defined network-modes"
+        )
+    devices = batch.devices + ours.devices
+    for device in set(devices):
+        if devices.count(device) > 1:
+            # runc tolerates a device node twice; the agent's own option handling is not
+            # documented: the unfavourable reading, refused.
+            raise PayloadError(f"--device {device}: given twice (by Batch or the run options)")
+    gpus = batch.gpus + ours.gpus
+    if len(gpus) > 1:
+        raise PayloadError(f"--gpus {' --gpus '.join(gpus)}: GPUs requested twice")
+    destinations = [container for _, container, _ in batch.volumes + ours.volumes]
+    for destination in set(destinations):
+        if destinations.count(destination) > 1:
+            # moby daemon (volumes): "Duplicate mount point: %s", the container is not created.
+            raise PayloadError(f"-v ...:{destination}: Duplicate mount point: {destination}")

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import CONTAINER_RUN_OPTIONS
+from infra.batch import CONTAINER_RUN_OPTIONS, CPU_CONTAINER_RUN_OPTIONS
 from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
 from tests.batch.batch import NfsExport, PoolSpec, _chmod, _command_argv, output_uploads
 from tests.batch.image import (
     NVIDIA_ENTRYPOINT,
     PayloadError,
+    batch_create_args,
     container_argv,
+    docker_create_options,
     parse_run_options,
     read_dockerfile,
 )
@@ -59,6 +61,48 @@ def test_the_cuda_base_entrypoint_is_inherited_unless_cleared(tmp_path):
     assert inherited.entrypoint == (NVIDIA_ENTRYPOINT,)
     cleared = read_dockerfile(_dockerfile(tmp_path, 'ENTRYPOINT []\nCMD ["bash"]'))
     assert cleared.entrypoint == () and container_argv(cleared, "", None) == ["bash"]
+
+
+def _batch_args(gpu_pool: bool) -> list[str]:
+    """Batch's own arguments for a task of our payload: the four Batch folders it binds."""
+    root = "/mnt/batch/tasks"
+    return batch_create_args(
+        gpu_pool=gpu_pool,
+        user=(1000, 1000),
+        workdir=f"{root}/workitems/j/job-1/t/wd",
+        env={"AZ_BATCH_TASK_WORKING_DIR": f"{root}/workitems/j/job-1/t/wd", "A": "x y"},
+        binds=[(f"{root}/{folder}", False) for folder in ("workitems/j", "shared", "fsmounts")],
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu_pool", "run_options"),
+    [(True, CONTAINER_RUN_OPTIONS), (False, CPU_CONTAINER_RUN_OPTIONS)],
+    ids=["gpu-pool", "cpu-pool"],
+)
+def test_our_run_options_combine_cleanly_with_batchs_own_arguments(gpu_pool, run_options):
+    batch = _batch_args(gpu_pool)
+    assert ("--gpus" in batch) is gpu_pool  # Batch enables the GPUs itself, on GPU pools only
+    options = docker_create_options(batch, run_options)
+    assert (options.network, options.ipc) == ("host", "host")
+    assert options.devices == (["/dev/infiniband"] if gpu_pool else [])
+
+
+@pytest.mark.parametrize(
+    ("run_options", "message"),
+    [
+        # Batch refuses a --gpus of ours beside its own (ContainerInvalidSettings).
+        ("--network host --gpus all", "--gpus"),
+        ("--device /dev/infiniband --device /dev/infiniband", "--device /dev/infiniband: given"),
+        ("--network host --network host", "specified multiple times"),
+        ("--network host --network bridge", "conflicting options"),
+        # A volume onto one of the folders Batch binds itself.
+        ("-v /opt/microsoft:/mnt/batch/tasks/shared:ro", "Duplicate mount point"),
+    ],
+)
+def test_run_options_that_clash_with_batchs_own_or_repeat_are_refused(run_options, message):
+    with pytest.raises(PayloadError, match=message):
+        docker_create_options(_batch_args(True), run_options)
 
 
 def test_run_options_of_the_payload_are_valid_docker_create_options():

@@ -1,6 +1,10 @@
 """The pool's start task run the way a Batch node runs it: the declared command line split into
 argv (Batch starts it without a shell) and executed, with a stub ``nvidia-smi`` on PATH and a
-fake ``/sys/class/infiniband`` tree bind-mounted in a private mount namespace (root only)."""
+fake ``/sys/class/infiniband`` tree bind-mounted in a private mount namespace (root only).
+
+The fake node's clock is its stub ``sleep``: each call adds its seconds to the node's time and
+moves every port whose time has come to ``4: ACTIVE``, so a wait of minutes runs in
+milliseconds and the test reads how long the task would have waited."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import pytest
 
 from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_MODE
-from infra.cluster import CPU_SKIP_MESSAGE
+from infra.cluster import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS
 from infra.toolchain import MIN_DRIVER
 from tests.infra.conftest import one
 
@@ -26,12 +30,33 @@ pytestmark = pytest.mark.skipif(
 INFINIBAND = {f"mlx5_ib{i}": "InfiniBand" for i in range(8)} | {"mlx5_an0": "Ethernet"}
 
 
+# A port's state file reads "<number>: <name>" (the kernel's ib_port_state: 1 DOWN, 2 INIT,
+# 3 ARMED, 4 ACTIVE; Documentation/infiniband/sysfs.txt). INIT: the link is physically up but
+# the subnet manager has not configured the port yet. Ports come up seconds after boot, later
+# than the Ethernet NIC (OleHolmNielsen/Slurm_tools InfiniBand/README.md, whose waitforib.sh
+# polls for up to 180 s), and on Azure the InfiniBand VF is attached asynchronously (Azure HPC
+# blog "Accelerated Networking on HB, HC, HBv2, HBv3 and NDv2"). Azure documents no bound on
+# how long a port may sit in INIT after the start task begins: the fake takes the hard reading,
+# any port may still be INIT when the task first looks, for as long as a test says.
+INIT = "2: INIT"
+ACTIVE = "4: ACTIVE"
+
+
 def fake_node(
-    root: Path, *, gpus: int = 8, driver: str = MIN_DRIVER, down: set[str] = frozenset()
+    root: Path,
+    *,
+    gpus: int = 8,
+    driver: str = MIN_DRIVER,
+    down: set[str] = frozenset(),
+    coming_up: dict[str, int | None] | None = None,
 ) -> dict[str, str]:
-    """A node's tools and sysfs under ``root``; returns the environment the task gets."""
+    """A node's tools and sysfs under ``root``; returns the environment the task gets.
+
+    ``coming_up`` maps a device to the node time (seconds slept) at which its port turns ACTIVE,
+    reading ``2: INIT`` until then; ``None`` keeps it INIT for good."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
+    _fake_clock(root, bin_dir, coming_up or {})
     listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})" for i in range(gpus))
     (bin_dir / "nvidia-smi").write_text(
         "#!/bin/bash\n"
@@ -43,10 +68,37 @@ def fake_node(
         port = root / "infiniband" / device / "ports" / "1"
         port.mkdir(parents=True)
         (port / "link_layer").write_text(link_layer + "\n")
-        (port / "state").write_text("1: DOWN\n" if device in down else "4: ACTIVE\n")
+        state = "1: DOWN" if device in down else INIT if device in (coming_up or {}) else ACTIVE
+        (port / "state").write_text(state + "\n")
     mounts = root / "fsmounts"
     (mounts / NFS_RELATIVE_MOUNT).mkdir(parents=True)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "AZ_BATCH_NODE_MOUNTS_DIR": str(mounts)}
+
+
+def _fake_clock(root: Path, bin_dir: Path, coming_up: dict[str, int | None]) -> None:
+    """A stub ``sleep`` that advances the node's clock (``root/clock``, seconds slept, one line
+    per call in ``root/sleeps``) and turns each port in ``coming_up`` ACTIVE once its time has
+    come. It writes to the tree bind-mounted over /sys/class/infiniband, so the task sees it."""
+    schedule = "".join(f"{dev} {at}\n" for dev, at in coming_up.items() if at is not None)
+    (root / "schedule").write_text(schedule)
+    (root / "clock").write_text("0\n")
+    (bin_dir / "sleep").write_text(
+        "#!/bin/bash\n"
+        f"root={shlex.quote(str(root))}\n"
+        'echo "$1" >> "$root/sleeps"\n'
+        'now=$(( $(cat "$root/clock") + $1 ))\n'
+        'echo "$now" > "$root/clock"\n'
+        "while read -r dev at; do\n"
+        f'  [ "$now" -lt "$at" ] || echo {ACTIVE!r} > "$root/infiniband/$dev/ports/1/state"\n'
+        'done < "$root/schedule"\n'
+    )
+    (bin_dir / "sleep").chmod(0o755)
+
+
+def slept(root: Path) -> list[int]:
+    """The seconds of each ``sleep`` the task called, in order."""
+    sleeps = root / "sleeps"
+    return [int(line) for line in sleeps.read_text().split()] if sleeps.exists() else []
 
 
 def run_start_task(
@@ -78,6 +130,7 @@ def test_a_healthy_node_passes_and_gets_a_runs_folder_every_task_user_can_write(
     result = run_start_task(start_task, tmp_path, env)
     assert result.returncode == 0, result.stderr
     assert "node ok: 8 GPUs" in result.stdout and "8 active InfiniBand ports" in result.stdout
+    assert slept(tmp_path) == []  # every port ACTIVE at once: no wait
     runs = Path(env["AZ_BATCH_NODE_MOUNTS_DIR"]) / NFS_RELATIVE_MOUNT / "runs"
     assert oct(runs.stat().st_mode & 0o7777) == f"0o{RUNS_MODE}"
 
@@ -87,12 +140,43 @@ def test_the_ethernet_nic_does_not_stand_in_for_a_down_infiniband_port(start_tas
     env = fake_node(tmp_path, down={f"mlx5_ib{i}" for i in range(8)})
     result = run_start_task(start_task, tmp_path, env)
     assert result.returncode == 1
-    assert result.stderr.strip() == "start task: expected 8 active InfiniBand ports, found 0"
+    down = ", ".join(f"mlx5_ib{i}/ports/1 is 1: DOWN" for i in range(8))
+    assert result.stderr.strip() == (
+        f"start task: expected 8 active InfiniBand ports, found 0 after waiting"
+        f" {IB_WAIT_SECONDS} s: {down}"
+    )
 
 
-def test_one_down_port_fails_the_node(start_task, tmp_path):
+def test_one_down_port_fails_the_node_once_the_wait_is_over(start_task, tmp_path):
     result = run_start_task(start_task, tmp_path, fake_node(tmp_path, down={"mlx5_ib3"}))
     assert result.returncode == 1 and "found 7" in result.stderr
+    assert result.stderr.strip().endswith(": mlx5_ib3/ports/1 is 1: DOWN")
+    assert sum(slept(tmp_path)) == IB_WAIT_SECONDS
+
+
+def test_ports_still_in_init_after_boot_are_waited_for_until_active(start_task, tmp_path):
+    # Two ports still INIT when the task starts; the subnet manager activates them at 40 s and
+    # 90 s of the node's clock. The node passes, having waited (at least) until the last one.
+    env = fake_node(tmp_path, coming_up={"mlx5_ib3": 40, "mlx5_ib5": 90})
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert "8 active InfiniBand ports" in result.stdout
+    assert 90 <= sum(slept(tmp_path)) < 90 + max(slept(tmp_path))
+    assert f"InfiniBand ports active after {sum(slept(tmp_path))} s" in result.stdout
+    assert result.stderr == ""
+
+
+def test_a_port_still_in_init_when_the_wait_is_over_fails_the_node_naming_it(start_task, tmp_path):
+    # mlx5_ib3 never leaves INIT (no subnet manager reaches it); mlx5_ib5 recovers at 60 s.
+    env = fake_node(tmp_path, coming_up={"mlx5_ib3": None, "mlx5_ib5": 60})
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"start task: expected 8 active InfiniBand ports, found 7 after waiting"
+        f" {IB_WAIT_SECONDS} s: mlx5_ib3/ports/1 is 2: INIT"
+    ]
+    assert sum(slept(tmp_path)) == IB_WAIT_SECONDS  # bounded: the node stops waiting
+    assert "node ok" not in result.stdout
 
 
 def test_a_missing_gpu_or_an_old_driver_fails_the_node(start_task, tmp_path):
