@@ -15,7 +15,8 @@ import hashlib
 import json
 import re
 import shlex
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Generic, TypeVar
 
@@ -105,10 +106,45 @@ def poll_succeeded(poller: Any, timeout: float | None = None) -> bool:
     return poller.status() != "Failed"
 
 
-def terminate_job(batch: Any, job_id: str) -> None:
-    """Terminate the job and wait until it is no longer terminating; raises what Batch said."""
-    if not poll_succeeded(batch.begin_terminate_job(job_id, terminate_options())):
+def terminate_job(batch: Any, job_id: str, poll_seconds: float = 5) -> None:
+    """Terminate the job and wait until it is no longer terminating; raises what Batch said.
+    A terminate under way already (409 JobBeingTerminated: an earlier cancel's, or a delete's)
+    is this one's work in progress: wait for it as the SDK's own poller would."""
+    from azure.core.exceptions import HttpResponseError
+
+    try:
+        poller = batch.begin_terminate_job(
+            job_id, terminate_options(), polling_interval=poll_seconds
+        )
+    except HttpResponseError as err:
+        if error_code(err) != "JobBeingTerminated":
+            raise
+        wait_while(lambda: state_text(batch.get_job(job_id).state), "terminating", poll_seconds)
+        return
+    if not poll_succeeded(poller):
         batch.get_job(job_id)  # the poller swallowed an error: read once more to raise it
+
+
+def error_code(err: Any) -> str:
+    """Batch's error code (``JobExists``) of an azure-core error; "" when it carries none."""
+    model = getattr(err, "model", None) or getattr(err, "error", None)
+    return str(getattr(model, "code", None) or "")
+
+
+def wait_while(read: Callable[[], str], state: str, poll_seconds: float, limit: float = 900.0):
+    """Call ``read`` (a job's state) every ``poll_seconds`` while it says ``state``, for at most
+    ``limit`` seconds; the last state read, or None once Batch no longer has the job."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            now = read()
+        except ResourceNotFoundError:
+            return None
+        if now != state or time.monotonic() >= deadline:
+            return now
+        time.sleep(poll_seconds)
 
 
 # ---------------------------------------------------------------------- payloads

@@ -21,6 +21,7 @@ the ``logs`` container with the nodes' managed identity when the task ends.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
@@ -36,6 +37,7 @@ from infra.batch import (
     TASK_ID,
     JobFields,
     JobSpec,
+    error_code,
     job_options,
     live_folder_url,
     poll_succeeded,
@@ -55,6 +57,15 @@ FIRST_AUTH_RETRY_SECONDS = 2.0
 MAX_AUTH_RETRY_SECONDS = 60.0
 POLL_SECONDS = 5
 DELETE_WAIT_SECONDS = 900.0
+# Batch's control plane is eventually consistent and documents no window: a job can be 404
+# JobNotFound right after its add succeeded (microsoft/CromwellOnAzure #483 retries Job - Get
+# on JobNotFound after the commit). A 404 for a job this provider just made, or one a refresh
+# finds missing, is believed only after this many further reads this far apart.
+NOT_FOUND_RETRIES = 4
+NOT_FOUND_PAUSE_SECONDS = 2.0
+# The 409s that mean the work is done or under way already, not a failure (Batch error codes,
+# BatchErrorCode in the REST reference): a retried add meets what its lost answer made.
+TERMINATE_UNDER_WAY = ("JobBeingTerminated", "JobCompleted")
 
 
 class JobError(OneLineError):
@@ -82,11 +93,18 @@ def _error_code(err: Any) -> str:
     return str(getattr(model, "code", None) or getattr(err, "reason", None) or "no code")
 
 
-def _call(endpoint: str, what: str, call: Callable[[], T], auth_wait: float | None = None) -> T:
+def _call(
+    endpoint: str,
+    what: str,
+    call: Callable[[], T],
+    auth_wait: float | None = None,
+    expected: tuple[str, ...] = (),
+) -> T:
     """``call()``, retrying Batch's authorization failures (401/403) with exponential backoff
     for up to ``auth_wait`` seconds (default ``AUTH_RETRY_SECONDS``): a role assignment made
     by this deployment takes minutes to reach the data plane. Then ``AccessRefused``; other
-    Batch errors become one line; ``ResourceNotFoundError`` passes through for the caller."""
+    Batch errors become one line; ``ResourceNotFoundError`` and the errors whose Batch code is
+    in ``expected`` pass through for the caller."""
     from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
 
     limit = AUTH_RETRY_SECONDS if auth_wait is None else auth_wait
@@ -99,6 +117,8 @@ def _call(endpoint: str, what: str, call: Callable[[], T], auth_wait: float | No
         except ResourceNotFoundError:
             raise
         except HttpResponseError as err:
+            if error_code(err) in expected:
+                raise
             if err.status_code not in (401, 403):
                 raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
             refused = (
@@ -115,6 +135,18 @@ def _call(endpoint: str, what: str, call: Callable[[], T], auth_wait: float | No
             delay = min(delay * 2, MAX_AUTH_RETRY_SECONDS)
         except AzureError as err:
             raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
+
+
+def _seen(endpoint: str, what: str, call: Callable[[], T], **options: Any) -> T:
+    """``_call`` that believes a 404 only once ``NOT_FOUND_RETRIES`` more calls got it too."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    for _ in range(NOT_FOUND_RETRIES):
+        try:
+            return _call(endpoint, what, call, **options)
+        except ResourceNotFoundError:
+            time.sleep(NOT_FOUND_PAUSE_SECONDS)
+    return _call(endpoint, what, call, **options)
 
 
 OUTPUT_KEYS = (
@@ -151,17 +183,16 @@ class TrainingJobProvider(Provider):
         spec = JobSpec.from_props(props)
         client = batch.client(spec.endpoint)
         job_id = spec.job_id
-        _call(spec.endpoint, f"create job {job_id}", lambda: client.create_job(job_options(spec)))
+        ran = self._add_job(spec, client)
+        if ran is not None:
+            return CreateResult(job_id, {**props, **_outputs(spec, state_text(ran.state))})
         try:
-            _call(
-                spec.endpoint,
-                f"add task {TASK_ID} to job {job_id}",
-                lambda: client.create_task(job_id, task_options(spec)),
-            )
+            # Batch may not show a job it has just added (404): every call on it waits for it.
+            _add_task(spec, client)
             # Batch's REST reference (Job - Add, onAllTasksComplete): a job without tasks counts
             # as complete, so create it with noaction and switch to terminatejob once the tasks
             # are added; the job then ends when its task does.
-            _call(
+            _seen(
                 spec.endpoint,
                 f"update job {job_id}",
                 lambda: client.update_job(
@@ -171,12 +202,63 @@ class TrainingJobProvider(Provider):
         except Exception:
             # No job without its task, nor one that never ends: it would hold the pool.
             try:
-                self._delete(spec.endpoint, job_id)
+                self._delete(spec.endpoint, job_id, fresh=True)
             except JobError as cleanup:
                 pulumi.log.warn(f"job {job_id} was left behind: {cleanup}")
             raise
-        job = _call(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
+        job = _seen(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
         return CreateResult(job_id, {**props, **_outputs(spec, state_text(job.state))})
+
+    @classmethod
+    def _add_job(cls, spec: JobSpec, client: Any) -> Any:
+        """Add the job. None when it is there to get its task: added now, or found under its
+        id (409 JobExists) still active: the job a lost answer made (the SDK resends a job add
+        that got 503, Azure/azure-sdk-for-net #36549) or an older failed create's, which has
+        these very inputs (the id hashes them). An older job that already ran is adopted as it
+        is and returned: its task's record and files stay. One that ended without its task, or
+        is being deleted, held nothing: it goes, and the job is added again."""
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+        endpoint, job_id = spec.endpoint, spec.job_id
+        what, read = f"create job {job_id}", f"read job {job_id}"
+
+        def now() -> str:
+            return state_text(_call(endpoint, read, lambda: client.get_job(job_id)).state)
+
+        for _ in range(4):  # at most: terminating, completed (deleted), gone, added
+            try:
+                add = lambda: client.create_job(job_options(spec))  # noqa: E731
+                _call(endpoint, what, add, expected=("JobExists",))
+                return None
+            except HttpResponseError:
+                pass
+            try:
+                job = _seen(endpoint, read, lambda: client.get_job(job_id))
+            except ResourceNotFoundError:
+                continue  # deleted since: add it again
+            if foreign := _foreign(spec, job):
+                raise JobError(
+                    f"{what} at {endpoint} failed: a job this stack did not make has its id "
+                    f"({foreign}): delete it in the portal, then run `pulumi up` again"
+                )
+            state = state_text(job.state)
+            if state in RUNNING_STATES:
+                pulumi.log.info(f"job {job_id} was there already ({state}): adopted it")
+                return None
+            if state in ("terminating", "deleting"):
+                batch.wait_while(now, state, POLL_SECONDS, DELETE_WAIT_SECONDS)
+                continue
+            task = _call(
+                endpoint, f"read task of job {job_id}", lambda: _task_or_none(client, job_id)
+            )
+            if task is not None:
+                pulumi.log.warn(_ran_message(job_id, state))
+                return job
+            cls._delete(endpoint, job_id)
+        raise JobError(
+            f"{what} at {endpoint} failed: a job with its id is still there (JobExists): look "
+            "at the job in the portal, then run `pulumi up` again"
+        )
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         # ``protect_running`` is this deployment's permission, not part of the job. A job
@@ -226,7 +308,8 @@ class TrainingJobProvider(Provider):
         # A refresh makes no role assignment to wait for: a refusal is an operator without a
         # Batch role (a colleague's preview of a stack CI deployed), who still gets a preview.
         try:
-            job = _call(endpoint, f"read job {id_}", lambda: client.get_job(id_), auth_wait=0)
+            # Not gone on the first 404: a refresh right after create may not see the job yet.
+            job = _seen(endpoint, f"read job {id_}", lambda: client.get_job(id_), auth_wait=0)
             task = _call(
                 endpoint,
                 f"read task of job {id_}",
@@ -259,10 +342,11 @@ class TrainingJobProvider(Provider):
         self._delete(props["endpoint"], id_)
 
     @staticmethod
-    def _delete(endpoint: str, job_id: str) -> None:
+    def _delete(endpoint: str, job_id: str, fresh: bool = False) -> None:
         """Terminate the job if tasks may run, delete it, and wait until Batch no longer has it;
-        a job that is gone already is fine."""
-        from azure.core.exceptions import ResourceNotFoundError
+        a job that is gone already is fine. ``fresh``: the job was just added, so a 404 is
+        believed only once it persists (``_seen``)."""
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
         client = batch.client(endpoint)
 
@@ -272,24 +356,36 @@ class TrainingJobProvider(Provider):
             )
 
         try:
-            state = read()
+            state = _seen(endpoint, f"read job {job_id}", read) if fresh else read()
             if state in RUNNING_STATES:
-                poller = _call(
-                    endpoint,
-                    f"terminate job {job_id}",
-                    lambda: client.begin_terminate_job(
-                        job_id, terminate_options(), polling_interval=POLL_SECONDS
-                    ),
-                )
-                poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: read again
+                try:
+                    poller = _call(
+                        endpoint,
+                        f"terminate job {job_id}",
+                        lambda: client.begin_terminate_job(
+                            job_id, terminate_options(), polling_interval=POLL_SECONDS
+                        ),
+                        expected=TERMINATE_UNDER_WAY,
+                    )
+                    poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: read again
+                except HttpResponseError:
+                    pass  # another terminate (a cancel's) is under way or done: wait for it
                 state = read()
+            if state == "terminating":  # the tasks checkpoint on their SIGTERM: let them
+                state = batch.wait_while(read, state, POLL_SECONDS, DELETE_WAIT_SECONDS)
+                if state is None:
+                    return
             if state != "deleting":
-                poller = _call(
-                    endpoint,
-                    f"delete job {job_id}",
-                    lambda: client.begin_delete_job(job_id, polling_interval=POLL_SECONDS),
-                )
-                poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: the loop reads
+                try:
+                    poller = _call(
+                        endpoint,
+                        f"delete job {job_id}",
+                        lambda: client.begin_delete_job(job_id, polling_interval=POLL_SECONDS),
+                        expected=("JobBeingDeleted",),
+                    )
+                    poll_succeeded(poller, DELETE_WAIT_SECONDS)  # not trusted: the loop reads
+                except HttpResponseError:
+                    pass  # JobBeingDeleted: an earlier delete's; the loop waits for it
             deadline = time.monotonic() + DELETE_WAIT_SECONDS
             while (state := read()) == "deleting" and time.monotonic() < deadline:
                 time.sleep(POLL_SECONDS)
@@ -299,6 +395,39 @@ class TrainingJobProvider(Provider):
             f"job {job_id} at {endpoint} is still {state} after its delete: look at the job "
             "in the portal, then run the operation again"
         )
+
+
+def _add_task(spec: JobSpec, client: Any) -> None:
+    from azure.core.exceptions import HttpResponseError
+
+    job_id = spec.job_id
+    # TaskExists: the job's one task is there, added by a lost answer's retry or an older create.
+    with contextlib.suppress(HttpResponseError):
+        _seen(
+            spec.endpoint,
+            f"add task {TASK_ID} to job {job_id}",
+            lambda: client.create_task(job_id, task_options(spec)),
+            expected=("TaskExists",),
+        )
+
+
+def _foreign(spec: JobSpec, job: Any) -> str | None:
+    """None when the job under ``spec``'s id is one this stack made (``job_options``: its
+    metadata and pool); else what it is, for the error."""
+    metadata = {item.name: item.value for item in job.metadata or []}
+    pool = getattr(job.pool_info, "pool_id", None)
+    wanted = {"stack": spec.stack, "run": spec.run_name}
+    if all(metadata.get(k) == v for k, v in wanted.items()) and pool == spec.pool_id:
+        return None
+    return ", ".join([*(f"{k}={metadata.get(k)}" for k in wanted), f"pool={pool}"])
+
+
+def _ran_message(job_id: str, state: str) -> str:
+    return (
+        f"job {job_id} already ran with these inputs ({state}): an earlier `pulumi up` made it "
+        "and did not record it; adopted it as it is, with its logs and results. To run it "
+        "again, `pulumi up --replace` its URN (it resumes from its newest checkpoint)"
+    )
 
 
 # The words the preview's jobs summary (infra/tools/preview_jobs.py) finds this warning by.

@@ -29,6 +29,11 @@ ERROR_MESSAGES = {
     "JobNotFound": "The specified job does not exist.",
     "JobExists": "The specified job already exists.",
     "JobCompleted": "The specified job is already in a completed state.",
+    "JobBeingTerminated": "The specified job is already in the process of being terminated.",
+    "JobBeingDeleted": "The specified job has been marked for deletion and is being garbage "
+    "collected.",
+    "TaskExists": "The specified task already exists.",
+    "ServerBusy": "The server is currently unable to receive requests. Please retry your request.",
     "AuthorizationFailure": "This request is not authorized to perform this operation.",
     "InvalidPropertyValue": "The value provided for one of the properties is invalid.",
     "AuthenticationFailed": "Server failed to authenticate the request.",
@@ -76,8 +81,24 @@ class FakeBatch:
     tasks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    # What a terminated job's state reads as right after the terminate call.
+    # What a terminated job's state reads as once its terminate is done.
     state_after_terminate: str = "completed"
+    # Batch's control plane is eventually consistent, and how long its transitions take is not
+    # documented, so the fake takes the unfavourable reading of each (see ``transition``):
+    # A terminate puts the job in ``terminating`` for this many reads of it (Job - Terminate:
+    # "sets the Job to the terminating state ... Then the Job moves into the completed state");
+    # another terminate meanwhile is 409 JobBeingTerminated (BatchErrorCode.JobBeingTerminated).
+    terminating_reads: int = 1
+    # A delete puts the job in ``deleting`` for this many reads of it before it is gone (Job -
+    # Delete: "sets the Job to the deleting state"; azure-batch's DeleteJobPollingMethod polls
+    # it); meanwhile its id stays taken (409 JobExists) and other calls on it are 409
+    # JobBeingDeleted (BatchErrorCode.JobBeingDeleted).
+    deleting_reads: int = 2
+    # A created job answers this many of the next requests on it with 404 JobNotFound, as a
+    # replica that has not seen it yet would: microsoft/CromwellOnAzure #483 retries Job - Get
+    # on JobNotFound right after the job's commit for this race. Off by default: tests that
+    # assert exact call sequences keep them.
+    invisible_after_create: int = 0
     # How an added task reads (Task - Get: state, executionInfo.retryCount).
     task_state: str = "running"
     task_retries: int = 0
@@ -100,9 +121,15 @@ class FakeBatch:
         default_factory=lambda: {"ib-gpu": {"id": "ib-gpu", "allocationState": "steady"}}
     )
     pool_nodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Hooks that see each request and the fake's answer once it acted on it (commit_then_fail).
+    after_commit: list[Callable[[Request, tuple[int, Any]], tuple[int, Any]]] = field(
+        default_factory=list
+    )
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._pending: dict[str, list[Any]] = {}  # job id -> [reads left, next state]
+        self._unseen: dict[str, int] = {}  # job id -> requests left that do not see it
         fake = self
 
         class Handler(_Handler):
@@ -241,6 +268,25 @@ class FakeBatch:
             return self._file(request, rest[1], "/".join(rest[3:]))
         return 404, _error("InvalidPropertyValue")
 
+    def commit_then_fail(
+        self, method: str, path: str, status=503, code="ServerBusy", times: int = 1
+    ) -> None:
+        """Carry out the next ``times`` ``method path`` requests, then answer ``status``/``code``
+        instead of their result: the response is lost after the service acted on the request.
+        azure-core's RetryPolicy resends a POST that got 500, 503 or 504 (``_is_method_retryable``
+        in azure/core/pipeline/policies/_retry.py), so a job add answered this way is sent again
+        and meets the job it made: 409 JobExists, as Azure/azure-sdk-for-net #36549 saw after the
+        SDK retried a throttled job add."""
+        left = [times]
+
+        def lose(request: Request, answer: tuple[int, Any]) -> tuple[int, Any]:
+            if request.method == method and request.path == path and left[0] > 0:
+                left[0] -= 1
+                return status, _error(code)
+            return answer
+
+        self.after_commit.append(lose)
+
     def fail(self, method: str, path: str, status: int, code: str, times: int = 1) -> None:
         """Answer the next ``times`` ``method path`` requests with ``status``/``code``."""
         left = [times]
@@ -266,7 +312,33 @@ class FakeBatch:
                 if failure is not None:
                     status, code = failure
                     return status, _error(code) if code else None
-            return self._route(request)
+            answer = self._route(request)
+            for hook in self.after_commit:
+                answer = hook(request, answer)
+            return answer
+
+    def transition(self, job_id: str, state: str, reads: int, then: str | None) -> None:
+        """Put the job in ``state`` for its next ``reads`` reads, then in ``then`` (None: gone)."""
+        self.jobs[job_id]["state"] = state
+        self._pending[job_id] = [reads, then]
+
+    def hide(self, job_id: str, requests: int) -> None:
+        """Answer the next ``requests`` requests on the job 404 JobNotFound."""
+        self._unseen[job_id] = requests
+
+    def _read(self, job: dict[str, Any]) -> dict[str, Any] | None:
+        """A read of the job moves its pending transition on; None once it is gone."""
+        pending = self._pending.get(job["id"])
+        if pending is not None:
+            if pending[0] <= 0:
+                del self._pending[job["id"]]
+                if pending[1] is None:
+                    del self.jobs[job["id"]]
+                    return None
+                job["state"] = pending[1]
+            else:
+                pending[0] -= 1
+        return job
 
     def _route(self, request: Request) -> tuple[int, Any]:
         # The SDK percent-encodes each path segment, a file path's slashes too (%2F).
@@ -279,32 +351,48 @@ class FakeBatch:
             if not _valid_priority(request.body.get("priority", 0)):
                 return 400, _error("InvalidPropertyValue")
             job_id = request.body["id"]
-            if job_id in self.jobs:
+            if job_id in self.jobs:  # a job being deleted still holds its id
                 return 409, _error("JobExists")
             self.jobs[job_id] = {**request.body, "state": "active"}
             self.jobs[job_id].setdefault("onAllTasksComplete", "noaction")
+            self.jobs[job_id]["creationTime"] = "2026-11-23T10:00:00.0000000Z"
+            self.tasks.pop(job_id, None)
+            self.hide(job_id, self.invisible_after_create)
             return 201, None
         if len(parts) < 2 or parts[0] != "jobs":
             return 404, _error("InvalidPropertyValue")
+        if self._unseen.get(parts[1], 0) > 0:
+            self._unseen[parts[1]] -= 1
+            return 404, _error("JobNotFound")
         job = self.jobs.get(parts[1])
+        rest = parts[2:]
+        if job is not None and rest == [] and method == "GET":
+            job = self._read(job)
         if job is None:
             return 404, _error("JobNotFound")
-        rest = parts[2:]
         if rest == [] and method == "GET":
             return 200, {"url": f"{self.url}/jobs/{job['id']}", "eTag": "0x1", **job}
+        if job["state"] == "deleting" and method != "GET":
+            return 409, _error("JobBeingDeleted")
         if rest == [] and method == "PATCH":
             job.update(request.body)
             return 200, None
         if rest == [] and method == "DELETE":
-            del self.jobs[job["id"]]
+            self.transition(job["id"], "deleting", self.deleting_reads, None)
             return 202, None
         if rest == ["terminate"] and method == "POST":
             if job["state"] == "completed":
                 return 409, _error("JobCompleted")
-            job["state"] = self.state_after_terminate
+            if job["state"] == "terminating":
+                return 409, _error("JobBeingTerminated")
+            then = self.state_after_terminate
+            self.transition(job["id"], "terminating", self.terminating_reads, then)
             return 202, None
         if rest == ["tasks"] and method == "POST":
-            self.tasks.setdefault(job["id"], []).append(request.body)
+            tasks = self.tasks.setdefault(job["id"], [])
+            if any(t["id"] == request.body["id"] for t in tasks):
+                return 409, _error("TaskExists")
+            tasks.append(request.body)
             return 201, None
         task = None
         if len(rest) >= 2 and rest[0] == "tasks":

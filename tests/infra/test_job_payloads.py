@@ -449,6 +449,7 @@ def batch(tmp_path, monkeypatch):
     monkeypatch.setattr(job_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
     monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 0.1)
     monkeypatch.setattr(job_module, "POLL_SECONDS", 0)
+    monkeypatch.setattr(job_module, "NOT_FOUND_PAUSE_SECONDS", 0)
     batch_module.client.cache_clear()
     yield fake
     fake.close()
@@ -664,3 +665,141 @@ def test_a_job_still_there_after_its_delete_is_an_error(batch, monkeypatch):
     batch.faults.append(keep)
     with pytest.raises(JobError, match=r"job sticky .* is still deleting after its delete"):
         TrainingJobProvider().delete("sticky", _old_state(batch))
+
+
+# ---------------------------------------------------------------- an eventually consistent Batch
+# Batch documents no consistency window: the fake takes the unfavourable reading of each race
+# (tests/infra/fake_batch.py), and the provider must neither delete nor orphan a job over it.
+
+
+def _made_before(fake: FakeBatch, state: str, with_task: bool, spec: JobSpec | None = None):
+    """A job an earlier `pulumi up` made with these inputs and never recorded (its create
+    failed after the job add): the same id and fields."""
+    spec = spec or _at(fake)
+    fake.jobs[spec.job_id] = {**job_options(spec).as_dict(), "state": state}
+    if with_task:
+        fake.tasks[spec.job_id] = [task_options(spec).as_dict()]
+    return spec.job_id
+
+
+def _warnings(monkeypatch) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: said.append(message))
+    return said
+
+
+def test_a_job_batch_does_not_show_yet_gets_its_task_and_is_kept(batch):
+    batch.invisible_after_create = 2  # the task add and its first retry meet JobNotFound
+    result = TrainingJobProvider().create(_props(batch))
+    job_id = _at(batch).job_id
+    assert result.id == job_id and result.outs["state"] == "active"
+    assert f"DELETE /jobs/{job_id}" not in batch.calls()
+    assert [t["id"] for t in batch.tasks[job_id]] == [TASK_ID]
+    assert batch.jobs[job_id]["onAllTasksComplete"] == "terminatejob"
+
+
+def test_a_job_add_whose_answer_was_lost_adopts_the_job_it_made(batch):
+    batch.commit_then_fail("POST", "/jobs")  # 503 after the commit: the SDK sends it again
+    result = TrainingJobProvider().create(_props(batch))
+    job_id = _at(batch).job_id
+    assert batch.calls().count("POST /jobs") == 2  # the SDK's own retry met JobExists
+    assert result.id == job_id and f"DELETE /jobs/{job_id}" not in batch.calls()
+    assert [t["id"] for t in batch.tasks[job_id]] == [TASK_ID]
+    assert batch.jobs[job_id]["onAllTasksComplete"] == "terminatejob"
+
+
+def test_a_task_add_whose_answer_was_lost_keeps_the_task_it_made(batch):
+    batch.commit_then_fail("POST", f"/jobs/{_at(batch).job_id}/tasks")
+    result = TrainingJobProvider().create(_props(batch))
+    assert [t["id"] for t in batch.tasks[result.id]] == [TASK_ID]
+    assert f"DELETE /jobs/{result.id}" not in batch.calls()
+
+
+@pytest.mark.parametrize("state", ["active", "disabled"])
+def test_a_job_an_older_create_left_without_its_task_is_completed_and_adopted(batch, state):
+    job_id = _made_before(batch, state, with_task=False)
+    result = TrainingJobProvider().create(_props(batch))
+    assert result.id == job_id and f"DELETE /jobs/{job_id}" not in batch.calls()
+    assert [t["id"] for t in batch.tasks[job_id]] == [TASK_ID]
+    assert batch.jobs[job_id]["onAllTasksComplete"] == "terminatejob"
+
+
+def test_a_job_an_older_create_left_that_ran_is_adopted_as_it_is(batch, monkeypatch):
+    said = _warnings(monkeypatch)
+    job_id = _made_before(batch, "completed", with_task=True)
+    result = TrainingJobProvider().create(_props(batch))
+    assert result.id == job_id and result.outs["state"] == "completed"
+    assert f"DELETE /jobs/{job_id}" not in batch.calls()  # its record and task files stay
+    assert f"POST /jobs/{job_id}/tasks" not in batch.calls()
+    assert any(job_id in line and "already ran" in line and "--replace" in line for line in said)
+
+
+def test_a_job_an_older_create_ended_before_its_task_is_made_again(batch):
+    job_id = _made_before(batch, "completed", with_task=False)
+    result = TrainingJobProvider().create(_props(batch))
+    calls = batch.calls()
+    assert result.id == job_id and result.outs["state"] == "active"
+    assert calls.index(f"DELETE /jobs/{job_id}") < len(calls) - 1 - calls[::-1].index("POST /jobs")
+    assert [t["id"] for t in batch.tasks[job_id]] == [TASK_ID]
+
+
+def test_a_job_still_being_deleted_under_the_id_is_waited_out(batch):
+    job_id = _made_before(batch, "completed", with_task=True)
+    # An older delete of this id (a destroy that gave up waiting) that is not done yet.
+    batch.transition(job_id, "deleting", 3, None)
+    result = TrainingJobProvider().create(_props(batch))
+    assert result.id == job_id and result.outs["state"] == "active"
+    assert [t["id"] for t in batch.tasks[job_id]] == [TASK_ID]
+
+
+def test_a_job_of_another_owner_under_the_id_is_left_alone_and_named(batch):
+    other = _spec(endpoint=batch.url, stack="someone-else")
+    job_id = _at(batch).job_id
+    batch.jobs[job_id] = {**job_options(other).as_dict(), "id": job_id, "state": "active"}
+    with pytest.raises(JobError) as failure:
+        TrainingJobProvider().create(_props(batch))
+    message = str(failure.value)
+    assert "\n" not in message and job_id in message and "stack=someone-else" in message
+    assert f"DELETE /jobs/{job_id}" not in batch.calls() and job_id in batch.jobs
+
+
+def test_a_failed_create_deletes_its_job_even_while_batch_does_not_show_it(batch):
+    job_id = _at(batch).job_id
+    batch.fail("POST", f"/jobs/{job_id}/tasks", 400, "InvalidPropertyValue")
+    batch.fail("GET", f"/jobs/{job_id}", 404, "JobNotFound", times=2)  # the cleanup's reads
+    with pytest.raises(JobError, match="InvalidPropertyValue"):
+        TrainingJobProvider().create(_props(batch))
+    assert f"DELETE /jobs/{job_id}" in batch.calls() and job_id not in batch.jobs
+
+
+def test_a_refresh_right_after_create_keeps_the_job(batch):
+    created = TrainingJobProvider().create(_props(batch))
+    batch.hide(created.id, 2)  # the refresh's first reads reach a replica without it
+    read = TrainingJobProvider().read(created.id, created.outs)
+    assert read.id == created.id and read.outs["state"] == "active"
+    assert TrainingJobProvider().read("gone", created.outs).id is None  # still forgets
+
+
+def test_delete_meets_a_terminate_already_under_way_and_waits_for_it(batch):
+    batch.add_job(SPEC.job_id, "active")
+    job_id = SPEC.job_id
+
+    def cancelled_meanwhile(request, fake):
+        # `ops cancel` terminated the job between the delete's read and its terminate.
+        terminate = request.method == "POST" and request.path.endswith("/terminate")
+        if terminate and fake.jobs[job_id]["state"] == "active":
+            fake.transition(job_id, "terminating", 2, "completed")
+        return None
+
+    batch.faults.append(cancelled_meanwhile)
+    TrainingJobProvider().delete(job_id, _old_state(batch))
+    assert batch.calls().count(f"POST /jobs/{job_id}/terminate") == 1
+    assert f"DELETE /jobs/{job_id}" in batch.calls() and job_id not in batch.jobs
+
+
+def test_a_second_terminate_while_the_first_runs_waits_for_it(batch):
+    batch.add_job("cancelled", "active")
+    batch.terminating_reads = 2
+    batch.transition("cancelled", "terminating", 2, "completed")  # a first cancel
+    batch_module.terminate_job(batch_module.client(batch.url), "cancelled", poll_seconds=0)
+    assert batch.jobs["cancelled"]["state"] == "completed"

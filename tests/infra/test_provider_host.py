@@ -530,3 +530,26 @@ def test_an_image_build_that_cannot_start_is_one_line(arm_host):
     details = _refusal(lambda: arm_host.stub.Create(request, timeout=TIMEOUT))
     assert details.startswith("could not read build task build-trainer: HTTP 404")
     assert "\n" not in details and "Traceback" not in arm_host.stderr()
+
+
+def test_a_create_batch_answers_late_and_twice_is_one_job_that_a_refresh_keeps(host, fake):
+    """The job add's answer is lost after the commit (503: the SDK resends it and meets 409
+    JobExists), then Batch does not show the job for two requests, nor to the refresh right
+    after: one job, with its task, adopted and kept."""
+    props = _inputs(fake, "eventual")
+    job_id = JobSpec.from_props(props).job_id
+    fake.commit_then_fail("POST", "/jobs")
+    fake.invisible_after_create = 2
+    try:
+        created = _create(host, props)
+    finally:
+        fake.invisible_after_create = 0
+    assert created.id == job_id and f"DELETE /jobs/{job_id}" not in fake.calls()
+    assert [t["id"] for t in fake.tasks[job_id]] == [TASK_ID]
+    assert fake.jobs[job_id]["onAllTasksComplete"] == "terminatejob"
+    fake.hide(job_id, 2)
+    read = host.stub.Read(
+        provider_pb2.ReadRequest(id=job_id, urn=URN, properties=created.properties),
+        timeout=TIMEOUT,
+    )
+    assert read.id == job_id and _dict(read.properties)["state"] == "active"
