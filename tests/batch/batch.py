@@ -53,7 +53,17 @@ ROOT = (0, 0)
 # The port in AZ_BATCH_MASTER_NODE; batch-compute-node-environment-variables.md gives
 # `10.0.0.4:6000` as the example and reserves that port for Batch.
 BATCH_PORT = 6000
-# Between SIGTERM and SIGKILL when a task is terminated (Docker's `docker stop` default).
+# How a terminated task's containers end. Batch documents only that it "terminates any running
+# Tasks" (REST reference, Job - Terminate; Task - Terminate), no signal, no grace period, and
+# whether its agent uses `docker stop` at all is not documented (containers have been seen to
+# outlive a terminate: Azure/batch-shipyard #308). So a terminate runs under either reading:
+# "stop", `docker stop` as Docker documents it ("The main process inside the container will
+# receive SIGTERM, and after a grace period, SIGKILL", docs.docker.com, docker container stop;
+# the container's other processes get nothing from Docker), or "kill", SIGKILL at once.
+STOP_MODES = ("stop", "kill")
+# Between SIGTERM and SIGKILL in a stop: Docker's default (`docker stop -t`, 10 s). Whether Batch
+# passes its own timeout to the Docker API's stop (which overrides a container's --stop-timeout)
+# is not documented, so the run options' --stop-timeout/--stop-signal are not honoured here.
 STOP_GRACE_SECONDS = 10.0
 TENANT = "00000000-0000-0000-0000-0000000000aa"
 # Scheduled Events (articles/virtual-machines/linux/scheduled-events.md): the first request on a
@@ -302,10 +312,40 @@ class Proc:
                     found.append(int(entry))
         return found
 
-    def signal_all(self, signum: int) -> None:
+    def main_pid(self) -> int | None:
+        """The container's first process (what Docker starts and `docker stop` signals): the
+        agent's oldest child; processes orphaned later are reparented to the agent too."""
+        init = self.init_pid()
+        if init is None:
+            return None
+        children = []
         for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == init:
+                    children.append((int(fields[19]), pid))  # starttime, pid
+        return min(children)[1] if children else None
+
+    def stop_signal(self, signum: int) -> str:
+        """``signum`` to the container's first process only, as `docker stop` sends it. That
+        process is PID 1 of the container's PID namespace, and "a process running as PID 1
+        inside a container ... ignores any signal with the default action" (docs.docker.com,
+        docker run reference, --init; the kernel drops a signal to a namespace's init that has
+        no handler for it). Here the agent is the namespace's init, so the rule is applied by
+        hand: the signal is dropped unless the first process catches it. What happened, for
+        the log."""
+        pid = self.main_pid()
+        if pid is None:
+            return "no process"
+        caught = 0
+        with contextlib.suppress(OSError, StopIteration, ValueError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            caught = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+        if not caught & (1 << (signum - 1)):
+            return f"dropped: PID 1 ({pid}) has no handler for signal {signum}"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        return f"sent to PID 1 ({pid})"
 
     def kill(self) -> None:
         """The container is removed: its PID 1 dies and the kernel kills the rest."""
@@ -1015,15 +1055,20 @@ class JobRun(threading.Thread):
         self.requeue_count = 0  # tries ended by the platform taking a node
         self.finished = threading.Event()
         self._terminate = threading.Event()
+        self._stop_how = "stop"
         self._lost: set[int] = set()  # nodes of the current try the platform took
 
     # --- public ---
     def wait(self, timeout: float) -> bool:
         return self.finished.wait(timeout)
 
-    def terminate(self) -> None:
-        """Terminate the task (or its job): Batch stops the task's processes; the emulator
-        sends them SIGTERM and, after STOP_GRACE_SECONDS, removes the containers."""
+    def terminate(self, how: str = "stop") -> None:
+        """Terminate the task (or its job) under one reading of ``STOP_MODES``: ``stop``, SIGTERM
+        to each container's first process and, after STOP_GRACE_SECONDS, SIGKILL to them all;
+        ``kill``, SIGKILL to them all at once."""
+        if how not in STOP_MODES:
+            raise ValueError(f"how={how!r}: one of {STOP_MODES}")
+        self._stop_how = how
         self._terminate.set()
 
     def task_dir(self, node: Node) -> Path:
@@ -1364,12 +1409,16 @@ class JobRun(threading.Thread):
 
     def _graceful_stop(self) -> None:
         live = [p for p in self._live()]
+        if self._stop_how == "stop":
+            for proc in live:
+                self.cluster.log(f"terminate: SIGTERM to {proc.name}: "
+                                 f"{proc.stop_signal(signal.SIGTERM)}")  # fmt: skip
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            while time.monotonic() < deadline and not all(p.done.is_set() for p in live):
+                time.sleep(0.1)
         for proc in live:
-            proc.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while time.monotonic() < deadline and not all(p.done.is_set() for p in live):
-            time.sleep(0.1)
-        for proc in live:
+            if not proc.done.is_set():
+                self.cluster.log(f"terminate: SIGKILL to {proc.name}")
             proc.kill()
 
     def _live(self) -> list[Proc]:

@@ -25,7 +25,7 @@ from infra.batch import JobSpec, job_options, task_options
 from tests.batch.batch import Cluster, JobRun
 from tests.batch.conftest import REPO, blob
 from tests.conftest import write_image_folder
-from trainer.checkpoint import list_checkpoints
+from trainer.checkpoint import list_checkpoints, load_latest
 
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
 TINY = (
@@ -326,4 +326,95 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
     assert not run.tries[4].recovered and run.tries[4].exit_code != 0, describe(cluster, run)
     assert run.retry_count == 1 and not run.finished.is_set(), describe(cluster, run)
     run.terminate()
+    assert run.wait(60), describe(cluster, run)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    caught = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signum - 1)))
+
+
+def _launcher(run: JobRun, node_index: int) -> int | None:
+    """The container's first process on a node once it is the launcher (bash exec'd it)."""
+    proc = run.running.get(node_index)
+    pid = proc.main_pid() if proc else None
+    if pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"trainer.launch" in argv else None
+
+
+def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_meeting_the_others(
+    make_cluster, storage, cpu_stack
+):
+    """Batch documents no signal for a terminate (``STOP_MODES`` in tests/batch/batch.py): both
+    readings. Under ``kill`` nothing can react: the newest periodic checkpoint must be intact and
+    the next run of the job resumes from it. Under ``stop`` only the container's first process
+    gets SIGTERM, and only if it has a handler (PID 1): the launcher must have one from its
+    first instant, also while it still waits for the master's rendezvous (frozen here), and
+    then must not start workers it would have to stop."""
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    folder = run_folder(cluster, spec)
+
+    # Kill: SIGKILL to every process of the task, at once, mid-run.
+    run = submit(cluster, spec)
+    _wait_for(lambda: len(_checkpoints(folder)) >= 2, RUN_SECONDS, "checkpoints", cluster, run)
+    run.terminate("kill")
+    assert run.wait(60) and run.terminated, describe(cluster, run)
+    newest = load_latest(folder / "checkpoints")
+    assert newest is not None, describe(cluster, run)
+    kept = int(newest[1]["step"])
+
+    # Stop while the non-primary launcher waits for the primary's rendezvous.
+    seen = len(cluster.events)  # the kill's events before
+    run = submit(cluster, spec)
+    _wait_for(lambda: run.master is not None and len(run.running) == 2, RUN_SECONDS,
+              "the coordination commands", cluster, run)  # fmt: skip
+    assert run.master is not None
+    master = run.master.index
+    subtask = next(n.index for n in run.nodes if n is not run.master)
+    _wait_for(lambda: _launcher(run, master) is not None, 60, "the launcher", cluster, run)
+    master_pid = _launcher(run, master)
+    assert master_pid is not None
+    os.kill(master_pid, signal.SIGSTOP)
+    try:
+        _wait_for(lambda: _launcher(run, subtask) is not None, RUN_SECONDS, "the launcher",
+                  cluster, run)  # fmt: skip
+        waiting = _launcher(run, subtask)
+        assert waiting is not None
+        what = "a SIGTERM handler in the launcher waiting for the master"
+        _wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, run)
+        run.terminate("stop")
+        stopping = f"terminate: SIGTERM to coord-n{subtask}"
+        _wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
+                  cluster, run)  # fmt: skip
+    finally:
+        os.kill(master_pid, signal.SIGCONT)
+    assert run.wait(60) and run.terminated, describe(cluster, run)
+    stop = next(e for e in cluster.events[seen:] if stopping in e)
+    assert "sent to PID 1" in stop, describe(cluster, run)
+    output = (run.task_dir(cluster.nodes[subtask]) / "stdout.txt").read_text()
+    output += (run.task_dir(cluster.nodes[subtask]) / "stderr.txt").read_text()
+    assert "before the workers started" in output, describe(cluster, run)
+    killed = f"terminate: SIGKILL to coord-n{subtask}"
+    assert killed not in "\n".join(cluster.events[seen:]), describe(cluster, run)
+    assert not _worker_pids(cluster, run, subtask)
+    assert load_latest(folder / "checkpoints")[0] == newest[0], describe(cluster, run)
+
+    # The next run resumes from the checkpoint the kill left.
+    run = submit(cluster, spec)
+    resumed = f"{newest[0].name} at step {kept} "  # the path as the node sees it ends so
+    _wait_for(lambda: resumed in _folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
+              cluster, run)  # fmt: skip
+    run.terminate("kill")
     assert run.wait(60), describe(cluster, run)

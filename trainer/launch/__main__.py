@@ -2,6 +2,10 @@
 
 import sys
 
-from trainer.launch.supervisor import main
+from trainer.launch.stop import STOP
+
+STOP.install()  # before the slow imports: a terminate from now on is not lost (trainer.launch.stop)
+
+from trainer.launch.supervisor import main  # noqa: E402
 
 sys.exit(main())

@@ -67,6 +67,7 @@ from trainer.launch.rendezvous import (
     start_gloo_rendezvous,
     torch_worker_env,
 )
+from trainer.launch.stop import STOP
 from trainer.launch.task_user import task_user_environment
 from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
@@ -105,6 +106,15 @@ HOLD_SECONDS = 20 * 60
 
 class LaunchError(RuntimeError):
     """The Batch environment or the options cannot start a run; one line for the user."""
+
+
+class Stopped(Exception):
+    """A SIGTERM/SIGINT came while the launcher waited for the other nodes (``STOP``)."""
+
+
+def _check_stop() -> None:
+    if STOP.requested:
+        raise Stopped(f"signal {STOP.signum}")
 
 
 @dataclass(frozen=True)
@@ -237,6 +247,7 @@ class Store:
         """The value of ``key`` once some launcher put it."""
         deadline = time.monotonic() + seconds
         while (value := self.get(key)) is None:
+            _check_stop()
             if time.monotonic() > deadline:
                 raise LaunchError(
                     f"the master did not publish {key!r} at {self.address} in {seconds:g} s: "
@@ -262,6 +273,7 @@ def join_store(
     the master replaced it, which the master's store refuses."""
     deadline = time.monotonic() + seconds
     while True:
+        _check_stop()
         token = token_of()
         if token is not None:
             store = Store(node.master_ip, node.port, token)
@@ -414,14 +426,14 @@ def supervise(
     checkpoint and stop; the trainer stops every rank at the same step."""
     terminating = False
 
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int) -> None:
         nonlocal terminating
         terminating = True
         log.say(f"signal {signum}: forwarding to the workers so they checkpoint")
         workers.signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    # A signal that came while the workers started is forwarded now (trainer.launch.stop).
+    STOP.forward_to(forward)
     store_lost_since: float | None = None
     while True:
         if watcher is not None and watcher.noticed and not terminating:
@@ -709,6 +721,7 @@ def _default_workers(vm_size: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    STOP.install()  # `python -m trainer.launch` did already, before its imports
     args = build_parser().parse_args(argv)
     command = list(args.command)
     output_dir = output_dir_of(command)
@@ -778,10 +791,25 @@ def main(argv: list[str] | None = None) -> int:
                 records.start(attempt, node.hosts, env)
     except LaunchError as err:
         fail(str(err), 1)
+    except Stopped as stopped:
+        # No attempt to record it under: say so in the task's output and end (the newest
+        # checkpoint stays the run's; a retry or the next run resumes from it).
+        log.say(f"{stopped} while the nodes met, before the workers started: not starting them")
+        if stop_server is not None:
+            stop_server()
+        log.close()
+        return 0 if args.defer_exit_code else INTERRUPTED_EXIT
     except OSError as err:
         fail(f"output_dir={output_dir}: cannot record the run ({err.strerror or err})", 1)
     base = worker_environment(args.vm_size, task_user_environment(env))
     envs = worker_envs(engine, node, slots, base, torch_port, token=store.token)
+    if STOP.requested:
+        # Nothing to checkpoint yet: the newest checkpoint stays the run's. The master does not
+        # wait for the others (they were stopped too; none needs its store any more).
+        outcome = Outcome(0, f"signal {STOP.signum} before the workers started", True)
+        log.say(f"{outcome.reason}: not starting them")
+        ending = _Ending(node, store, records, attempt, log, stop_server)
+        return ending.finish(outcome, args.defer_exit_code, wait_for_others=False)
     log.say(
         f"node {node.index + 1}/{len(node.hosts)}: starting {slots} worker(s) (attempt {attempt})"
         + ("" if engine == "horovod" else f", {engine} on {node.master_ip}:{torch_port}")
@@ -798,22 +826,46 @@ def main(argv: list[str] | None = None) -> int:
         watcher.stop()
         if watcher.noticed:
             _approve(watcher, log)
-    if stop_server is not None:
-        if outcome.code == 0:
-            _wait_for_other_nodes(node, store)
-        stop_server()
-    log.say(f"done: {outcome.reason} (exit {outcome.code})")
-    if records is not None:
-        try:
-            records.finish(attempt, node.name, outcome)
-        except OSError as err:
-            log.close()
-            print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
-            return outcome.code or 1
-    if watcher is not None and watcher.noticed:
-        _hold(watcher, log)
-    log.close()
-    return 0 if args.defer_exit_code else outcome.code
+    ending = _Ending(node, store, records, attempt, log, stop_server)
+    hold = watcher if watcher is not None and watcher.noticed else None
+    return ending.finish(outcome, args.defer_exit_code, hold=hold)
+
+
+@dataclass
+class _Ending:
+    """How a launch that met the other nodes ends: the master's rendezvous, the outcome
+    recorded for the report, and the exit code."""
+
+    node: Node
+    store: Store
+    records: RunRecords | None
+    attempt: str
+    log: RunLog
+    stop_server: Callable[[], None] | None
+
+    def finish(
+        self,
+        outcome: Outcome,
+        defer_exit_code: bool,
+        wait_for_others: bool = True,
+        hold: Watcher | None = None,
+    ) -> int:
+        if self.stop_server is not None:
+            if outcome.code == 0 and wait_for_others:
+                _wait_for_other_nodes(self.node, self.store)
+            self.stop_server()
+        self.log.say(f"done: {outcome.reason} (exit {outcome.code})")
+        if self.records is not None:
+            try:
+                self.records.finish(self.attempt, self.node.name, outcome)
+            except OSError as err:
+                self.log.close()
+                print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
+                return outcome.code or 1
+        if hold is not None:
+            _hold(hold, self.log)
+        self.log.close()
+        return 0 if defer_exit_code else outcome.code
 
 
 def _approve(watcher: Watcher, log: RunLog) -> None:
