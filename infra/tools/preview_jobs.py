@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,7 @@ def errors(digest: Any) -> list[str]:
     return [" ".join(d["message"].split()) for d in _diagnostics(digest, "error")]
 
 
-def render(stack: str, changes: list[JobChange], failures: list[str] = ()) -> str:
+def render(stack: str, changes: list[JobChange], failures: Sequence[str] = ()) -> str:
     title = f"### Training jobs: stack `{stack}`\n\n"
     if failures:
         title += "**The preview failed**, so what follows may be incomplete:\n\n"
