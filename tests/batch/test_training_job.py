@@ -197,6 +197,8 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(make_cluster, sto
     cluster = make_cluster(gpu_stack, ib_down={1: "mlx5_ib5"})
     outputs = {n.index: (n.startup_dir / "stderr.txt").read_text()[-1500:] for n in cluster.nodes}
     assert [n.state for n in cluster.nodes] == ["idle", "starttaskfailed", "idle"], outputs
+    # After the start task's bounded wait for ports still coming up, one line names the port.
+    assert "found 7 after waiting 300 s: mlx5_ib5/ports/1 is" in outputs[1], outputs[1]
     spec = make_spec(gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), node_count=3)
     run = submit(cluster, spec)
     # Three instances wanted, two usable nodes: the task is never scheduled, it stays active.
