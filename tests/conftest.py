@@ -212,15 +212,21 @@ def logs(azurite_entra, request):
     client.delete_container()
 
 
+def act_as_identity_of(storage: EntraStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process authenticates to ``storage`` with DefaultAzureCredential, as its managed
+    identity: only ``storage``'s AZURE_* variables (AZURE_IMDS_URL stays closed)."""
+    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
+        monkeypatch.delenv(name)
+    for name, value in storage.env().items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture
 def entra_env(azurite_entra, monkeypatch) -> EntraStorage:
     """This process authenticates to ``azurite_entra`` with DefaultAzureCredential."""
     from infra import credentials
 
-    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
-        monkeypatch.delenv(name)
-    for name, value in azurite_entra.env().items():
-        monkeypatch.setenv(name, value)
+    act_as_identity_of(azurite_entra, monkeypatch)
     credentials.credential.cache_clear()  # built afresh from this environment
     yield azurite_entra
     credentials.credential.cache_clear()

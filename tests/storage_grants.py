@@ -201,16 +201,10 @@ def grant_proxy(
 ) -> Iterator[tuple[str, Path]]:
     """The proxy over TLS in a daemon thread; yields its ``https://127.0.0.1:<port>`` address
     and the certificate (written to ``folder``) its clients must trust."""
-    from tests.tls import self_signed
+    from tests.tls import serve_tls
 
-    cert, key = self_signed(folder, name="grants")
     server = GrantProxy(upstream, upstream_ca, grants)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
+    cert = serve_tls(server, folder, name="grants")
     try:
         yield f"https://127.0.0.1:{server.server_address[1]}", cert
     finally:

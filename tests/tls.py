@@ -57,12 +57,18 @@ def serve_https(
 ) -> tuple[ThreadingHTTPServer, Path]:
     """``handler`` served over TLS on a free 127.0.0.1 port in a daemon thread; returns the
     server (``shutdown()`` it) and the certificate clients must trust."""
-    cert_path, key_path = self_signed(folder, name=name)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    return server, serve_tls(server, folder, name)
+
+
+def serve_tls(server: ThreadingHTTPServer, folder: Path, name: str = "test") -> Path:
+    """Serve ``server`` (bound, not yet serving) over TLS in a daemon thread; returns the
+    certificate, written to ``folder``, that its clients must trust."""
+    cert_path, key_path = self_signed(folder, name=name)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_path, key_path)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.daemon = True
     thread.start()
-    return server, cert_path
+    return cert_path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import checksums
+from tests.conftest import act_as_identity_of, checksums
 from tests.fake_imds import IDENTITY
 from tests.storage_grants import MISMATCH, FakeClock
 from trainer.data.errors import DataError
@@ -28,10 +28,7 @@ def on_fake_clock(late_grants_on, monkeypatch):
     """Storage behind the grant clock on a fake clock; this process is the node's identity."""
     clock = FakeClock()
     late = late_grants_on(clock)
-    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
-        monkeypatch.delenv(name)
-    for name, value in late.storage.env().items():
-        monkeypatch.setenv(name, value)
+    act_as_identity_of(late.storage, monkeypatch)
     return late, clock
 
 

@@ -5,7 +5,6 @@ them as rank 0 does on a node (Azurite over HTTPS, the managed identity's tokens
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infra.tools import ops
-from tests.conftest import tiny_config
+from tests.conftest import act_as_identity_of, tiny_config
 from trainer.cli import to_flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,10 +77,7 @@ def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_gran
 
     clock = FakeClock()
     late = late_grants_on(clock)
-    for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:
-        monkeypatch.delenv(name)
-    for name, value in late.storage.env().items():
-        monkeypatch.setenv(name, value)
+    act_as_identity_of(late.storage, monkeypatch)
     folder = tmp_path / "results"
     _write(folder, build_model("tiny", 5))
     outputs = late.storage.container("late-outputs")
