@@ -3,12 +3,14 @@
 VENV := .venv
 SETUP_STAMP := $(VENV)/.setup-complete
 PROFILE ?= cpu
+# Where the slow builds are cached, outside the checkout, so fresh clones reuse them.
+CACHE_DIR ?= $(or $(DT_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/distributed-training)
 
 .PHONY: demo test lint setup gpu-wheel bench azure-check
 
 $(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh \
 		scripts/horovod-blocking-wait.patch scripts/build_jpeg_region.sh trainer/data/jpeg_region.c
-	bash scripts/setup_env.sh
+	bash scripts/setup_env.sh "$(CACHE_DIR)"
 	touch $@
 
 setup: $(SETUP_STAMP)
@@ -16,7 +18,6 @@ setup: $(SETUP_STAMP)
 # The image's Horovod (NCCL GPU operations), built here without a GPU the way the image's builder
 # stage builds it, so tests/docker checks on every change what the image will run. Cached by its
 # inputs outside the checkout: minutes and about 5 GB of downloads the first time only.
-CACHE_DIR ?= $(or $(DT_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/distributed-training)
 GPU_WHEEL_STAMP := $(VENV)/.gpu-wheel
 $(GPU_WHEEL_STAMP): $(SETUP_STAMP) scripts/build_gpu_wheel.sh scripts/build_horovod.sh \
 		scripts/horovod-blocking-wait.patch

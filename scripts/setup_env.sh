@@ -10,7 +10,7 @@ python=${PYTHON:-python3}
   echo "error: PYTHON=$python is $("$python" --version 2>&1); this project needs Python 3.11" >&2
   exit 2
 }
-cache_dir=${DT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/distributed-training}
+cache_dir=${1:?usage: setup_env.sh CACHE_DIR (the Makefile gives it)}
 venv=.venv
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
