@@ -229,7 +229,8 @@ def disk_lines(s: StackSettings) -> list[str]:
     Docker unpacks onto it (its compressed layers beside it while pulling)."""
     image = s.cluster.gpu.image
     trainer = toolchain.image_unpacked_gb()
-    peak = image.os_used_gb + trainer * (1 + toolchain.PULL_OVERHEAD)
+    pulling = trainer * (1 + toolchain.PULL_OVERHEAD)
+    peak = image.os_used_gb + pulling
     parts = "; ".join(f"{label} {size:g}" for label, size in toolchain.IMAGE_PARTS_GB)
     verdict = (
         f"fits, {s.cluster.os_disk_size_gb - peak:.0f} GB to spare at the pull's peak"
@@ -240,7 +241,7 @@ def disk_lines(s: StackSettings) -> list[str]:
         f"Node OS disk (osDiskSizeGb): {s.cluster.os_disk_size_gb} GB; {verdict}",
         f"  the HPC image uses about {image.os_used_gb} GB of its own {image.os_disk_gb} GB",
         f"  the trainer image is about {trainer:g} GB unpacked (GB: {parts}), about "
-        f"{trainer * (1 + toolchain.PULL_OVERHEAD):.1f} GB while it is pulled",
+        f"{pulling:.1f} GB while it is pulled",
     ]
 
 
