@@ -1,5 +1,5 @@
 """PNG plots from bench/results/*.json (matplotlib, no screen): throughput vs workers,
-scaling efficiency, and the data path. The README shows them."""
+scaling efficiency, and the data path. docs/benchmarks.md shows them."""
 
 from __future__ import annotations
 

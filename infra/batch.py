@@ -353,8 +353,8 @@ def trainer_command(spec: JobSpec) -> list[str]:
     settings the job owns: the engine (``DEFAULT_BACKEND`` unless the trainer settings chose
     one; the launcher reads ``--backend`` to start that engine's workers), the staged data, the
     run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
-    outside the private network by `python -m infra.tools.ops metrics|tensorboard`), where it
-    uploads the finished run's results (the outputs container, `python -m infra.tools.ops
+    outside the private network by `dt-jobs metrics|tensorboard`), where it
+    uploads the finished run's results (the outputs container, `dt-jobs
     fetch`), and the VM size's preflight floor: what runs follows from the job's inputs alone,
     and the launcher edits nothing. The command is not part of the job id or the run name
     (those hash the ``JobSpec``), so a change here replaces no job by itself."""
@@ -376,7 +376,7 @@ def trainer_command(spec: JobSpec) -> list[str]:
 
 
 def stage_command(spec: JobSpec) -> list[str]:
-    """``python -m trainer.data stage`` for the job's dataset (``trainer.data.transfer.stage_args``
+    """``dt-data stage`` for the job's dataset (``trainer.data.transfer.stage_args``
     builds the same; importing it here would import torch through ``trainer.data``)."""
     return [
         "python",

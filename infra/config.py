@@ -305,7 +305,7 @@ class StackSettings:
         """The stack's Batch account allocates pools in BatchService mode (infra/cluster.py), whose
         low-priority nodes Azure retired on 2025-09-30; Spot nodes exist only in UserSubscription
         mode (articles/batch/low-priority-vms-retirement-migration-guide.md,
-        articles/batch/batch-spot-vms.md), which this program does not set up (README: Spot
+        articles/batch/batch-spot-vms.md), which this program does not set up (docs/jobs.md: Spot
         needs a UserSubscription-mode account)."""
         spot = self.cluster.spot_nodes
         if spot != 0:
@@ -313,8 +313,8 @@ class StackSettings:
                 f"spotNodes={spot}: this stack's Batch account allocates pools in BatchService "
                 "mode, where Azure retired low-priority nodes on 2025-09-30 and Spot needs "
                 "UserSubscription mode, which this program does not set up; set spotNodes to 0 "
-                "and size the pool with nodeCount (README: Spot needs a UserSubscription-mode "
-                "account)"
+                "and size the pool with nodeCount (docs/jobs.md: Spot needs a "
+                "UserSubscription-mode account)"
             )
 
     @property
@@ -535,7 +535,7 @@ def _check_prefix(key: str, prefix: str) -> None:
     if prefix and not _PREFIX.match(prefix):
         raise ConfigError(
             f"{key}={prefix!r}: use letters, digits, '.', '_', '-' "
-            "and '/' (the folder you uploaded with python -m trainer.data upload)"
+            "and '/' (the folder you uploaded with dt-data upload)"
         )
 
 

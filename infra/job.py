@@ -448,7 +448,7 @@ def _refusal(id_: str, news: dict[str, Any], state: str, changed: list[str]) -> 
     return (
         f"job {name} ({id_}) is {state}, and this change would replace it "
         f"({', '.join(sorted(changed))}): let it finish, cancel it "
-        f"(python -m infra.tools.ops cancel --stack <stack> --job {name}), or add {name} to "
+        f"(dt-jobs cancel --stack <stack> --job {name}), or add {name} to "
         "replaceJobs; a replacement with the same training settings resumes from its "
         "newest checkpoint"
     )
@@ -473,7 +473,7 @@ def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
 
     name = props.get("name") or SHORTHAND_JOB
     stack = props.get("stack")
-    hint = f"cancel the job (python -m infra.tools.ops cancel --stack {stack} --job {name})"
+    hint = f"cancel the job (dt-jobs cancel --stack {stack} --job {name})"
     try:
         problems = pool_problems(client, props["pool_id"], hint)
     except AzureError as err:

@@ -1,4 +1,4 @@
-"""``python -m trainer``: parse, validate, then train on the chosen backend."""
+"""``dt-train`` (``python -m trainer``): parse, validate, then train on the chosen backend."""
 
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ HELP: dict[str, str] = {
     "byte-level tokens with synthetic data)",
     "data": f"input: {', '.join(DATA_SOURCES)}",
     "data_dir": "--data folder: root with train/<class>/ (and val/); --data shards: the "
-    "folder with manifest.json (python -m trainer.data prepare); --data tokens: the folder "
-    "python -m trainer.data prepare-text wrote",
+    "folder with manifest.json (dt-data prepare); --data tokens: the folder "
+    "dt-data prepare-text wrote",
     "image_size": "training crop in pixels",
     "batch_size": "images per worker per step (the global batch multiplies by workers)",
     "synthetic_size": "images in one synthetic epoch (all workers together)",
@@ -126,7 +126,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m trainer",
+        prog="dt-train",
         description="Distributed training (Horovod, DDP, FSDP or one process).",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,

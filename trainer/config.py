@@ -70,7 +70,7 @@ SWITCHES = ("auto", "on", "off")
 REMOVED_SETTINGS = {
     # Horovod implements Adasum's reduction over MPI only; every Horovod this tool builds (the
     # image, the set-up script) is Gloo-only, because the launcher starts workers itself through
-    # Horovod's Gloo rendezvous, without mpirun (README, "Adasum").
+    # Horovod's Gloo rendezvous, without mpirun (docs/trainer.md, "No Adasum").
     "adasum": "Horovod's Adasum needs an MPI build of Horovod and mpirun, and this tool's "
     "Horovod is built with Gloo only; delete the setting (gradients are averaged)",
 }
@@ -229,7 +229,7 @@ class TrainConfig:
         _choice("data", self.data, DATA_SOURCES)
         if self.language_model and self.data not in LM_DATA:
             raise ConfigError(
-                f"data={self.data}: {self.model} trains on --data tokens (python -m trainer.data "
+                f"data={self.data}: {self.model} trains on --data tokens (dt-data "
                 f"prepare-text) or synthetic"
             )
         if not self.language_model and self.data == "tokens":
@@ -239,7 +239,7 @@ class TrainConfig:
             )
         if self.data == "tokens" and not self.data_dir:
             raise ConfigError(
-                "data_dir=None: --data tokens needs --data-dir DIR (python -m trainer.data "
+                "data_dir=None: --data tokens needs --data-dir DIR (dt-data "
                 "prepare-text's output, with manifest.json)"
             )
         for name in ("context", "vocab_size"):

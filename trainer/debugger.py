@@ -4,7 +4,7 @@ Rank R starts debugpy listening on port P and waits until a client (VS Code's Py
 or any Debug Adapter Protocol client) has attached and finished configuring, breakpoints
 included; then training starts. Every other rank waits at a barrier meanwhile, so no rank
 trains ahead. The nodes have no public address: the client reaches the port through an SSH
-tunnel from a jump host in the VNet (README, "Debugging one rank").
+tunnel from a jump host in the VNet (docs/trainer.md, "Debugging one rank").
 
 The barrier is a short collective that rank R joins every ``POLL_SECONDS`` while it waits (at
 once when the client attaches), not one long collective: a human may take longer than the
@@ -108,8 +108,8 @@ def wait_for_debugger(cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
             raise DebuggerError(
                 problem
                 or f"debug_rank={rank}: no debugger attached to {where} within "
-                f"{ATTACH_TIMEOUT_MINUTES} min; attach through the tunnel (README, 'Debugging "
-                "one rank') sooner, or run without --debug-rank"
+                f"{ATTACH_TIMEOUT_MINUTES} min; attach through the tunnel (docs/trainer.md, "
+                "'Debugging one rank') sooner, or run without --debug-rank"
             )
 
 

@@ -1,7 +1,7 @@
 """Rank 0's live copy of the run's record in Blob storage, readable outside the private network.
 
 The nodes have no public address and the run folder is on an NFS server inside the VNet, so the
-operator CLI (``python -m infra.tools.ops metrics|tensorboard|list``) reads what rank 0 copies to
+operator CLI (``dt-jobs metrics|tensorboard|list``) reads what rank 0 copies to
 ``--metrics-upload-url``: ``metrics.jsonl`` and every file under ``tensorboard/``, every
 ``--metrics-upload-minutes`` and once more when the run ends (a SIGTERM stop included). It
 authenticates with ``DefaultAzureCredential``: on a node the pool's managed identity, which the

@@ -4,8 +4,8 @@ Each rank writes one Chrome trace (JSON) with torch's ``tensorboard_trace_handle
 ``<output_dir>/tensorboard/profile/``, named ``rank<N>_<host>.<time in ns>.pt.trace.json``.
 On a Batch pool every rank's output folder is the same shared folder, so rank 0's live upload
 (trainer.live_upload: everything under tensorboard/) carries every rank's trace to Blob
-storage with the metrics. Open a trace in Perfetto UI or chrome://tracing (README, "Profiling
-steps").
+storage with the metrics. Open a trace in Perfetto UI or chrome://tracing (docs/trainer.md,
+"Profiling steps").
 
 Steps are numbered as ``--max-steps`` counts them: the N-th optimizer step of the run, over
 every invocation, so a resumed run records the same steps, and the trace marks each one

@@ -14,7 +14,7 @@ Each file is written atomically (``trainer.files``: temp name, fsync, rename) an
 removed before a new set is written, so a crash never leaves a manifest vouching for a mixture.
 With ``--outputs-url`` rank 0 then copies the folder to Blob storage (the stack's ``outputs``
 container, under the job's id) in the same order: the old manifest deleted first, the files, the
-manifest last; ``python -m infra.tools.ops fetch`` downloads and verifies them. While the node
+manifest last; ``dt-jobs fetch`` downloads and verifies them. While the node
 identity's role assignment is still propagating (a short run can end within the 30 minutes it
 may take) the upload waits it out (``trainer.grant_wait``).
 

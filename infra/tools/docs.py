@@ -1,7 +1,7 @@
-"""The config reference in README.md, generated from the typed schema in Pulumi.yaml.
+"""The config reference in docs/config-reference.md, generated from the typed schema in Pulumi.yaml.
 
 python -m infra.tools.docs            # print the table
-python -m infra.tools.docs --write    # rewrite it in README.md between the markers
+python -m infra.tools.docs --write    # rewrite it in docs/config-reference.md between the markers
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from infra.config import REPO, load_schema, schema_default, schema_type
 from trainer.cli import OneLineParser
 
-README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "config-reference.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 
@@ -26,18 +26,20 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def with_reference(readme: str) -> str:
-    head, rest = readme.split(START, 1)
+def with_reference(page: str) -> str:
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{config_reference()}\n{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m infra.tools.docs", description=__doc__)
-    parser.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {REFERENCE.name}")
     args = parser.parse_args(argv)
     if args.write:
-        README.write_text(with_reference(README.read_text(encoding="utf-8")), encoding="utf-8")
+        REFERENCE.write_text(
+            with_reference(REFERENCE.read_text(encoding="utf-8")), encoding="utf-8"
+        )
     else:
         print(config_reference())
     return 0

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops fetch --stack NAME [--job NAME] [--to DIR] [--force]``: download a
+"""``dt-jobs fetch --stack NAME [--job NAME] [--to DIR] [--force]``: download a
 finished job's results.
 
 The trainer's rank 0 uploads them to the job's ``outputs_url`` (``trainer.results``: the final

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops list|status|logs|cancel|metrics|tensorboard|fetch --stack NAME
+"""``dt-jobs list|status|logs|cancel|metrics|tensorboard|fetch --stack NAME
 [--job NAME]``: follow the stack's training jobs.
 
 An operator CLI: it runs where `pulumi up` runs, not in the trainer image.
@@ -708,7 +708,7 @@ def tcp_port(text: str) -> int:
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m infra.tools.ops", allow_abbrev=False)
+    parser = OneLineParser(prog="dt-jobs", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, helptext in (
         ("list", "every job of the stack: state, nodes, retries, current step, throughput"),
@@ -799,10 +799,7 @@ def main(
             return fetch_job(job, args.stack, args.to, args.force, sys.stdout)
         client = client_factory(require(outputs, "batch_account_endpoint", args.stack))
         if args.command == "status":
-            hint = (
-                f"cancel the job (python -m infra.tools.ops cancel --stack {args.stack} "
-                f"--job {job.name})"
-            )
+            hint = f"cancel the job (dt-jobs cancel --stack {args.stack} --job {job.name})"
             return status(client, job.outputs, sys.stdout, hint)
         if args.command == "logs":
             name = "stderr.txt" if args.stderr else "stdout.txt"

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.plan --stack dev``: what a stack declares, offline.
+"""``dt-plan --stack dev``: what a stack declares, offline.
 
 Evaluates the Pulumi program with mocks (no credentials, no network, no Pulumi CLI) and prints
 the resources (type token, name, the properties that matter), the stack outputs and an estimated
@@ -288,8 +288,8 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.tools.plan", description=__doc__)
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="dt-plan", description=__doc__)
     parser.add_argument("--stack", required=True, help="stack name (reads Pulumi.<stack>.yaml)")
     parser.add_argument("--stack-file", type=Path, help="another stack file to read")
     parser.add_argument(
@@ -305,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the deployed stack's `pulumi stack output --json` in a file: say per job whether "
         "this config continues its run or starts a fresh one",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from infra.tools.ops import JobsError
 
     try:

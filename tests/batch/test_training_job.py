@@ -119,7 +119,7 @@ def _checkpoints(folder: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
-    """A tiny image folder prepared into shards with ``python -m trainer.data prepare`` and
+    """A tiny image folder prepared into shards with ``dt-data prepare`` and
     uploaded to the storage account's ``datasets`` container with the project's upload."""
     root = tmp_path_factory.mktemp("dataset")
     source = write_image_folder(root / "images", classes=3, per_class=12, size=24)

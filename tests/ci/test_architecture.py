@@ -156,11 +156,11 @@ def test_imports_are_resolved_as_python_resolves_them(source, module, is_package
     assert [name for _, name in imports_of(source, module, is_package)] == expected
 
 
-def test_the_readme_layout_names_every_module():
-    """The README's Layout section matches the tree: each module of the shipped packages is
-    named there (by file or module name)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## Layout") :]
+def test_the_layout_names_every_module():
+    """ARCHITECTURE.md's Layout section matches the tree: each module of the shipped packages
+    is named there (by file or module name)."""
+    architecture = (REPO / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    layout = architecture[architecture.index("## Layout") :]
     layout = layout[: layout.index("```", layout.index("```") + 3)]
     named = set(re.findall(r"[A-Za-z_]+", layout))
     missing = [
@@ -169,4 +169,4 @@ def test_the_readme_layout_names_every_module():
         for path in sorted((REPO / package).glob("*.py"))
         if path.stem != "__init__" and path.stem not in named
     ]
-    assert missing == [], f"README Layout does not name {missing}"
+    assert missing == [], f"ARCHITECTURE.md Layout does not name {missing}"

@@ -1,4 +1,4 @@
-"""The README's quick start, followed as written in a fresh clone: its lines up to the offline
+"""The deploy guide's quick start, followed as written in a fresh clone: its lines up to the offline
 plan run in bash, with a ``pulumi`` that writes the stack file as the CLI does and an ``az``
 that answers the group lookup; the plan must pass."""
 
@@ -44,11 +44,11 @@ echo 6b1f0c2e-9a7d-4e3b-8c5f-3f4a5b6c7d8e   # az ad group show ... --query id -o
 
 
 def _quickstart_until_the_plan() -> list[str]:
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"\*\*Quickstart\*\*\n\n```sh\n(.*?)```", readme, re.S)
-    assert block, "the README's Quickstart block"
+    guide = (REPO / "docs" / "deploy.md").read_text()
+    block = re.search(r"\*\*Quickstart\*\*\n\n```sh\n(.*?)```", guide, re.S)
+    assert block, "the deploy guide's Quickstart block"
     lines = block.group(1).splitlines()
-    plan = next(i for i, line in enumerate(lines) if "infra.tools.plan" in line)
+    plan = next(i for i, line in enumerate(lines) if line.startswith("dt-plan"))
     return [line for line in lines[: plan + 1] if not line.startswith("make setup")]
 
 

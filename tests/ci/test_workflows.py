@@ -179,12 +179,12 @@ def test_bad_stacks_commands_are_one_line_errors():
         assert result.stderr.count("\n") == 1 and not result.stdout
 
 
-def test_readme_config_reference_matches_the_schema():
-    from infra.tools.docs import README, with_reference
+def test_the_config_reference_matches_the_schema():
+    from infra.tools.docs import REFERENCE, with_reference
 
-    readme = README.read_text(encoding="utf-8")
-    assert with_reference(readme) == readme, "run: python -m infra.tools.docs --write"
-    assert "| `vmSize` | string |" in readme
+    page = REFERENCE.read_text(encoding="utf-8")
+    assert with_reference(page) == page, "run: python -m infra.tools.docs --write"
+    assert "| `vmSize` | string |" in page
 
 
 def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):

@@ -120,7 +120,7 @@ INVALID = [
         "imageBase=nvidia/cuda:13.0.1-devel-ubuntu24.04: a ubuntu24.04 image",
         "use an ubuntu22.04 base",
     ),
-    ({"datasetPrefix": "../etc"}, "datasetPrefix='../etc'", "python -m trainer.data upload"),
+    ({"datasetPrefix": "../etc"}, "datasetPrefix='../etc'", "dt-data upload"),
     ({"trainerConfig": "missing.yaml"}, "trainerConfig=missing.yaml: cannot read", "No such"),
     (
         {"trainerConfig": "trainer/presets/../../Pulumi.dev.yaml"},

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops fetch``: a job's results from its ``outputs_url``, uploaded by the
+"""``dt-jobs fetch``: a job's results from its ``outputs_url``, uploaded by the
 trainer's own ``trainer.results.upload`` to Azurite over HTTPS and read with
 DefaultAzureCredential (a managed identity here, as ``az login`` would be on a laptop); and the
 ``outputs_url`` the stack gives each job, under Pulumi's mocks."""

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops`` against an autospec of the real BatchClient, and ``cancel``
+"""``dt-jobs`` against an autospec of the real BatchClient, and ``cancel``
 with the real SDK against a fake Batch server (the SDK's own request building is what broke it)."""
 
 import io
@@ -298,4 +298,4 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]
     assert "request more for the Batch account, not the subscription" in pool[0]
     assert "1 of 1 node(s) failed their start task (tvm-0: The task process exited" in pool[1]
-    assert "cancel the job (python -m infra.tools.ops cancel --stack dev --job default)" in pool[1]
+    assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]

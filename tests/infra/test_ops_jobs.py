@@ -1,4 +1,4 @@
-"""``python -m infra.tools.ops list|metrics|tensorboard`` and ``--job``: the stack's ``jobs``
+"""``dt-jobs list|metrics|tensorboard`` and ``--job``: the stack's ``jobs``
 output, the Batch state from an autospec of the real BatchClient, and what the trainer uploaded from
 Azurite over HTTPS, read with DefaultAzureCredential (a managed identity here, as ``az login``
 would be on a laptop)."""

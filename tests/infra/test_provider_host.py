@@ -429,7 +429,7 @@ def test_replacing_a_protected_running_job_is_refused_in_one_line(host, fake):
     details = _refusal(lambda: host.stub.Diff(request, timeout=TIMEOUT))
     assert details == (
         f"job resnet ({job_id}) is active, and this change would replace it (trainer_args): "
-        "let it finish, cancel it (python -m infra.tools.ops cancel --stack <stack> --job "
+        "let it finish, cancel it (dt-jobs cancel --stack <stack> --job "
         "resnet), or add resnet to replaceJobs; a replacement with the same training settings "
         "resumes from its newest checkpoint"
     )

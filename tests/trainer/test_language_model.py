@@ -1,5 +1,5 @@
 """A GPT trained end to end in one process on ``prepare-text``'s token shards, as a user runs
-it: ``python -m trainer.data prepare-text`` then ``python -m trainer --data tokens``."""
+it: ``dt-data prepare-text`` then ``python -m trainer --data tokens``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A finished run's results in Blob storage and back: ``python -m trainer --outputs-url`` uploads
 them as rank 0 does on a node (Azurite over HTTPS, the managed identity's tokens, no keys), and
-``python -m infra.tools.ops fetch`` downloads them with DefaultAzureCredential, verified."""
+``dt-jobs fetch`` downloads them with DefaultAzureCredential, verified."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``prepare``'s companion files fed malformed lines: a flat val/ folder's ``labels.txt`` and
 ImageNet's ``LOC_val_solution.csv``. Every generated file holds one bad line among good ones;
-``python -m trainer.data prepare`` must stop with exit 2 and one line naming the file, that
+``dt-data prepare`` must stop with exit 2 and one line naming the file, that
 line's number and its value, before it writes anything."""
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_backend_local_stops_the_launcher_before_anything_starts(monkeypatch, ca
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: backend=local: ") and err.count("\n") == 1
-    assert "run python -m trainer without the launcher" in err
+    assert "run dt-train without the launcher" in err
 
 
 def _node(index: int, port: int = 6105) -> Node:

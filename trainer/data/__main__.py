@@ -1,4 +1,4 @@
-"""``python -m trainer.data prepare|prepare-text|upload|stage``: build, ship and stage sharded
+"""``dt-data prepare|prepare-text|upload|stage``: build, ship and stage sharded
 datasets.
 
 Bad input and failed transfers end with one line naming the file, blob or setting and exit
@@ -23,7 +23,7 @@ from trainer.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, GrantWai
 
 
 def build_parser() -> OneLineParser:
-    parser = OneLineParser(prog="python -m trainer.data", allow_abbrev=False)
+    parser = OneLineParser(prog="dt-data", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     prep = commands.add_parser("prepare", help="image folder -> tar shards + manifest.json")
     prep.add_argument("src", type=Path, help="dataset root with train/<class>/ and val/")

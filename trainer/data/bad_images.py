@@ -25,7 +25,7 @@ MAX_REPLACEMENT_SEARCH = 64
 # What repairs a bad image of each kind of data (``--data``).
 FIXES = {
     "folder": "replace or delete that file",
-    "shards": "prepare the shards again (`python -m trainer.data prepare` checks every image) "
+    "shards": "prepare the shards again (`dt-data prepare` checks every image) "
     "and stage them again",
 }
 T = TypeVar("T")

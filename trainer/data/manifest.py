@@ -62,7 +62,7 @@ class Manifest:
             if body.get("format") != FORMAT:
                 raise DataError(
                     f"{source}: format {body.get('format')!r} is not {FORMAT!r}; "
-                    f"rerun `python -m trainer.data prepare`"
+                    f"rerun `dt-data prepare`"
                 )
             splits = {
                 name: SplitEntry(
@@ -86,7 +86,7 @@ class Manifest:
         if not path.is_file():
             raise DataError(
                 f"{path} does not exist: prepare the dataset with "
-                f"`python -m trainer.data prepare SRC_DIR {folder}`"
+                f"`dt-data prepare SRC_DIR {folder}`"
             )
         try:
             text = path.read_text(encoding="utf-8")

@@ -10,7 +10,7 @@ processes write them.
 Images whose short side exceeds ``max_short_side`` are stored scaled down to it (decoding is
 most of a sample's cost, and it grows with the pixels). The default keeps every 224 px training
 crop a downscale (``lossless_short_side``), so it changes nothing a crop sees; a smaller value
-is faster and loses detail in the small crops (README, "Datasets").
+is faster and loses detail in the small crops (docs/data.md).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class TokenManifest:
             if body.get("format") != FORMAT:
                 raise DataError(
                     f"{source}: format {body.get('format')!r} is not {FORMAT!r}; prepare the "
-                    f"text with `python -m trainer.data prepare-text`"
+                    f"text with `dt-data prepare-text`"
                 )
             manifest = cls(
                 vocab_size=int(body["vocab_size"]),
@@ -137,8 +137,7 @@ class TokenManifest:
         path = folder / MANIFEST_NAME
         if not path.is_file():
             raise DataError(
-                f"{path} does not exist: prepare the text with "
-                f"`python -m trainer.data prepare-text SRC {folder}`"
+                f"{path} does not exist: prepare the text with `dt-data prepare-text SRC {folder}`"
             )
         try:
             text = path.read_text(encoding="utf-8")

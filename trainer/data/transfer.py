@@ -118,7 +118,7 @@ def upload(
         if not ok:
             raise DataError(
                 f"shard {folder / shard.name} does not match {MANIFEST_NAME} (size or SHA-256): "
-                f"rerun `python -m trainer.data prepare`"
+                f"rerun `dt-data prepare`"
             )
     where = f"{container.url}/{prefix}"
     with _azure_errors(where):

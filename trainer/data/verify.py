@@ -72,7 +72,7 @@ def _check(folder: Path, shards: Sequence[ShardEntry]) -> tuple[str | None, dict
             return (
                 f"shard {path} does not match its SHA-256 in {folder / MANIFEST_NAME} (it "
                 f"changed after it was written: a flipped bit, a damaged copy): stage it again "
-                f"(`python -m trainer.data stage`) or prepare the dataset again"
+                f"(`dt-data stage`) or prepare the dataset again"
             ), verified
         verified[_key(shard)] = _identity(path)
     return None, verified

@@ -517,7 +517,7 @@ def engine_of(command: list[str]) -> str:
             backend = str(values["backend"])
     backend = backend or DEFAULTS.backend
     if backend not in LAUNCHED_BACKENDS:
-        hint = " (local is one process: run python -m trainer without the launcher)"
+        hint = " (local is one process: run dt-train without the launcher)"
         raise LaunchError(
             f"backend={backend}: the launcher starts {', '.join(LAUNCHED_BACKENDS)} workers on "
             f"every node; choose one of them{hint if backend == 'local' else ''}"
