@@ -29,9 +29,12 @@ gpu-wheel: $(GPU_WHEEL_STAMP)
 demo: $(SETUP_STAMP)
 	bash scripts/demo.sh
 
+# Style and types: ruff, and pyright over the Azure program and the policy pack against the
+# installed azure-native types (pyproject's [tool.pyright]).
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pyright
 
 # Two passes. The tests that run one process at a time (settings, the program under mocks, the
 # policy pack, CI and Dockerfile checks, the data pipeline, single-process trainer runs) run on
