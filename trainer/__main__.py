@@ -6,9 +6,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.cli import fail, parse
-from trainer.config import ConfigError
+from trainer.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
+    from trainer.distributed import Dist
+    from trainer.run import RunResult
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,33 +21,45 @@ def main(argv: list[str] | None = None) -> int:
         request = parse(argv)
     except ConfigError as err:
         fail(str(err), 2)
-    cfg = request.config
-    # Imported once the settings are valid: --help and a bad setting answer at once instead of
-    # after torch's import (about 3 s on a small machine).
+    # The helpers import torch only once the settings are valid: --help and a bad setting
+    # answer at once instead of after torch's import (about 3 s on a small machine).
+    if request.dry_run:
+        return _dry_run(request.config)
+    result, dist = _train(request.config)
+    if result.results is not None and request.config.outputs_url:
+        _upload_results(result.results, request.config.outputs_url)
+    if dist.is_root:
+        _report(result, request.config, dist.size)
+    return 0
+
+
+def _dry_run(cfg: TrainConfig) -> int:
+    """Build the model on the meta device or the CPU and count its parameters."""
+    from trainer.data.text import BYTE_VOCAB
+    from trainer.model import build_model, count_parameters
+
+    if cfg.language_model:
+        # The vocabulary of --data tokens is in its manifest, read when training starts.
+        vocab = cfg.vocab_size or BYTE_VOCAB
+        outputs = f"a {vocab}-token vocabulary"
+        params = count_parameters(build_model(cfg.model, vocab, device="meta"))
+    else:
+        outputs = f"{cfg.num_classes} classes"
+        params = count_parameters(build_model(cfg.model, cfg.num_classes))
+    print(f"config ok: {cfg.model} with {outputs} has {params:,} parameters")
+    return 0
+
+
+def _train(cfg: TrainConfig) -> tuple[RunResult, Dist]:
+    """Start this worker's engine and train; every failure ends in one line (trainer.cli.fail)."""
+    # Imported here so --dry-run never waits for torch.distributed.
     from trainer.checkpoint import CheckpointError
     from trainer.data import DataError
-    from trainer.data.text import BYTE_VOCAB
     from trainer.debugger import DebuggerError, wait_for_debugger
-    from trainer.files import OutputError
-    from trainer.model import build_model, count_parameters
-    from trainer.noise_scale import advice
-    from trainer.preflight import PreflightError
-
-    if request.dry_run:
-        if cfg.language_model:
-            # The vocabulary of --data tokens is in its manifest, read when training starts.
-            vocab = cfg.vocab_size or BYTE_VOCAB
-            outputs = f"a {vocab}-token vocabulary"
-            params = count_parameters(build_model(cfg.model, vocab, device="meta"))
-        else:
-            outputs = f"{cfg.num_classes} classes"
-            params = count_parameters(build_model(cfg.model, cfg.num_classes))
-        print(f"config ok: {cfg.model} with {outputs} has {params:,} parameters")
-        return 0
-
-    # Imported here so --dry-run never waits for torch.distributed.
     from trainer.distributed import init_dist, is_peer_failure
+    from trainer.files import OutputError
     from trainer.live_upload import uploading
+    from trainer.preflight import PreflightError
     from trainer.run import train
     from trainer.signals import StopRequest, die_with_parent
 
@@ -61,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     with uploading(cfg, enabled=dist.is_root):
         try:
             wait_for_debugger(cfg, dist, stop)  # --debug-rank: nothing trains until it attaches
-            result = train(cfg, dist, stop)
+            return train(cfg, dist, stop), dist
         except (ConfigError, DataError) as err:
             fail(str(err), 2)
         except (CheckpointError, PreflightError, OutputError, DebuggerError) as err:
@@ -87,41 +104,47 @@ def main(argv: list[str] | None = None) -> int:
             )
         finally:
             dist.shutdown()
-    if result.results is not None and cfg.outputs_url:
-        # Rank 0 only (the other ranks hold no results), once the workers are done.
-        from trainer.blob_folder import BlobFolder
-        from trainer.results import ResultsError, upload
 
-        try:
-            upload(result.results, BlobFolder.parse(cfg.outputs_url))
-        except ResultsError as err:
-            fail(str(err), 1)
-        print(f"results uploaded to {cfg.outputs_url}", flush=True)
-    if dist.is_root:
-        if result.stopped_by == "already_complete":
-            print(
-                f"nothing to do: the checkpoint in {cfg.output_dir} is at step {result.step}, "
-                f"the end of this run; use a new --output-dir or more --epochs/--max-steps"
-            )
-        else:
-            print(
-                f"done: step {result.step} (started at {result.start_step}, stopped by "
-                f"{result.stopped_by}), {dist.size} worker(s), "
-                f"{result.samples_per_sec:.1f} {result.unit}/sec per worker, "
-                f"{result.samples_per_sec_total:.1f} {result.unit}/sec total; outputs in "
-                f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/"
-                + (", results/" if result.results is not None else ""),
-                flush=True,
-            )
-            if result.noise_scale is not None:
-                print(advice(result.noise_scale, result.global_batch), flush=True)
-            if result.skipped_images:
-                print(
-                    f"skipped {result.skipped_images} image(s) that did not decode "
-                    "(--on-bad-image skip; the warnings above name them)",
-                    flush=True,
-                )
-    return 0
+
+def _upload_results(results: Path, outputs_url: str) -> None:
+    """Rank 0 only (the other ranks hold no results), once the workers are done."""
+    from trainer.blob_folder import BlobFolder
+    from trainer.results import ResultsError, upload
+
+    try:
+        upload(results, BlobFolder.parse(outputs_url))
+    except ResultsError as err:
+        fail(str(err), 1)
+    print(f"results uploaded to {outputs_url}", flush=True)
+
+
+def _report(result: RunResult, cfg: TrainConfig, workers: int) -> None:
+    """Rank 0's last lines: where the run stopped, its rate, and what to read next."""
+    from trainer.noise_scale import advice
+
+    if result.stopped_by == "already_complete":
+        print(
+            f"nothing to do: the checkpoint in {cfg.output_dir} is at step {result.step}, "
+            f"the end of this run; use a new --output-dir or more --epochs/--max-steps"
+        )
+        return
+    print(
+        f"done: step {result.step} (started at {result.start_step}, stopped by "
+        f"{result.stopped_by}), {workers} worker(s), "
+        f"{result.samples_per_sec:.1f} {result.unit}/sec per worker, "
+        f"{result.samples_per_sec_total:.1f} {result.unit}/sec total; outputs in "
+        f"{cfg.output_dir}: metrics.jsonl, tensorboard/, checkpoints/"
+        + (", results/" if result.results is not None else ""),
+        flush=True,
+    )
+    if result.noise_scale is not None:
+        print(advice(result.noise_scale, result.global_batch), flush=True)
+    if result.skipped_images:
+        print(
+            f"skipped {result.skipped_images} image(s) that did not decode "
+            "(--on-bad-image skip; the warnings above name them)",
+            flush=True,
+        )
 
 
 def _in_output_dir(err: OSError, output_dir: str) -> bool:

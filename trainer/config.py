@@ -224,6 +224,16 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
+        """Every setting against its range and the others it depends on, in a fixed order, so
+        the first problem found is always the same one."""
+        self._check_model_and_data()
+        self._check_loading()
+        self._check_schedule()
+        self._check_engine()
+        self._check_outputs()
+
+    def _check_model_and_data(self) -> None:
+        """The model, and the data it can train on."""
         _choice("model", self.model, MODELS)
         _int_range("num_classes", self.num_classes, 2, 1_000_000)
         _choice("data", self.data, DATA_SOURCES)
@@ -258,6 +268,9 @@ class TrainConfig:
             raise ConfigError(
                 "data_dir=None: --data shards needs --data-dir DIR (with manifest.json)"
             )
+
+    def _check_loading(self) -> None:
+        """The memory cache and the data loader."""
         _choice("cache", self.cache, CACHE_MODES)
         if self.cache != "none" and self.data == "tokens":
             raise ConfigError(
@@ -276,6 +289,9 @@ class TrainConfig:
         _int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)
         _int_range("synthetic_pool", self.synthetic_pool, 1, 65_536)
         _int_range("loader_workers", self.loader_workers, 0, 256)
+
+    def _check_schedule(self) -> None:
+        """How long to train, and the optimizer with its learning-rate schedule."""
         _int_range("epochs", self.epochs, 1, 100_000)
         if self.max_steps is not None:
             _int_range("max_steps", self.max_steps, 1, 10**12)
@@ -299,6 +315,9 @@ class TrainConfig:
         _float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
         _float_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
         _float_range("preflight_min_busbw", self.preflight_min_busbw, 0.0, 100_000.0)
+
+    def _check_engine(self) -> None:
+        """The distributed engine, and the device and numerics it runs with."""
         _choice("backend", self.backend, BACKENDS)
         if self.fp16_allreduce and self.backend == "local":
             raise ConfigError(
@@ -326,6 +345,9 @@ class TrainConfig:
         _choice("cpu_affinity", self.cpu_affinity, SWITCHES)
         _choice("amp", self.amp, AMP_MODES)
         _choice("channels_last", self.channels_last, SWITCHES)
+
+    def _check_outputs(self) -> None:
+        """Checkpoints, metrics and results, and the tools that watch a run."""
         if not self.output_dir:
             raise ConfigError("output_dir='': give a folder for checkpoints and metrics")
         _int_range("checkpoint_every", self.checkpoint_every, 0, 10**12)

@@ -1,18 +1,5 @@
-"""``--debug-rank R --debug-port P``: one rank waits for a debugger before it trains.
-
-Rank R starts debugpy listening on port P and waits until a client (VS Code's Python debugger,
-or any Debug Adapter Protocol client) has attached and finished configuring, breakpoints
-included; then training starts. Every other rank waits at a barrier meanwhile, so no rank
-trains ahead. The nodes have no public address: the client reaches the port through an SSH
-tunnel from a jump host in the VNet (docs/trainer.md, "Debugging one rank").
-
-The barrier is a short collective that rank R joins every ``POLL_SECONDS`` while it waits (at
-once when the client attaches), not one long collective: a human may take longer than the
-engines' collective timeouts (torch.distributed fails a collective that waits longer than 30
-minutes by default, 10 with NCCL; Horovod logs a stall warning every minute), while a round of
-a few seconds times out on no engine. Rank R gives up after ``ATTACH_TIMEOUT_MINUTES``: a pool
-must not sit idle for hours because nobody came; every rank then stops with one line.
-"""
+"""``--debug-rank R --debug-port P``: rank R waits for a debugger (debugpy) before training
+while every other rank waits at a barrier (docs/trainer.md, "Debugging one rank")."""
 
 from __future__ import annotations
 
@@ -31,9 +18,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long rank R waits for a client to attach before every rank stops.
+# How long rank R waits for a client to attach before every rank stops: a pool must not sit
+# idle, and billed, for hours because nobody came.
 ATTACH_TIMEOUT_MINUTES = 60
-# How often the waiting rank joins the barrier's round (each round is a collective).
+# How often the waiting rank joins the barrier's round (each round is a collective). Short
+# rounds, not one long collective: a human may take longer than the engines' collective
+# timeouts (torch.distributed fails a collective that waits over 30 minutes by default, 10 with
+# NCCL; Horovod logs a stall warning every minute), while a round of seconds times out on none.
 POLL_SECONDS = 5.0
 # What rank R tells the other ranks each round.
 WAITING, ATTACHED, GAVE_UP = "waiting", "attached", "gave up"
@@ -57,13 +48,19 @@ def wait_for_debugger(cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
             "pick one of them"
         )
     host = dist.allgather_object(_address())[rank]
-    where = f"rank {rank} (host {host}, port {cfg.debug_port})"
     problem = _listen(cfg.debug_port, host) if dist.rank == rank else None
     attached = threading.Event()
     if dist.rank == rank and problem is None:
         threading.Thread(
             target=_wait_for_client, args=(attached,), name="debugger-attach", daemon=True
         ).start()
+    _announce(cfg, dist, host, listening=problem is None)
+    _hold_until_attached(cfg, dist, stop, attached, problem, host)
+
+
+def _announce(cfg: TrainConfig, dist: Dist, host: str, listening: bool) -> None:
+    rank = cfg.debug_rank
+    if dist.rank == rank and listening:
         log.warning(
             "rank %d waits for a debugger on host %s, port %d (Debug Adapter Protocol; nothing "
             "trains until one attaches, at most %d min)",
@@ -80,6 +77,20 @@ def wait_for_debugger(cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
             host,
             cfg.debug_port,
         )
+
+
+def _hold_until_attached(
+    cfg: TrainConfig,
+    dist: Dist,
+    stop: StopRequest,
+    attached: threading.Event,
+    problem: str | None,
+    host: str,
+) -> None:
+    """The barrier's rounds: rank R says each round whether a client attached, is still awaited
+    or will not come; every rank leaves on the same round."""
+    rank = cfg.debug_rank
+    where = f"rank {rank} (host {host}, port {cfg.debug_port})"
     deadline = time.monotonic() + ATTACH_TIMEOUT_MINUTES * 60
     while True:
         state = None
