@@ -280,7 +280,7 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
         f"Estimated monthly cost (OFFLINE ESTIMATE: list prices, {prices.PRICES_AS_OF}, "
         f"East US, pay-as-you-go; {mode}; storage usage and logs not included):",
     ]
-    items = cost.monthly_cost(cost.CostInputs.from_settings(s), busy_hours)
+    items = cost.monthly_cost(s.cost_inputs(), busy_hours)
     lines += [f"  {label:<55} ${cost:>12,.2f}" for label, cost in items]
     lines.append(f"  {'total':<55} ${cost.total(items):>12,.2f}")
     if s.budget.amount:
