@@ -187,7 +187,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
     """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
-    from infra.tools.ops import OutputsError, read_outputs, stack_jobs
+    from infra.tools.stack_outputs import OutputsError, read_outputs, stack_jobs
 
     outputs = read_outputs(stack, outputs_file, label="--deployed")
     if "jobs" not in outputs and not outputs.get("job_id"):
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "this config continues its run or starts a fresh one",
     )
     args = parser.parse_args(argv)
-    from infra.tools.ops import JobsError
+    from infra.tools.stack_outputs import JobsError
 
     try:
         if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:
