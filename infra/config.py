@@ -19,14 +19,15 @@ from typing import Any
 
 import yaml
 
+from infra.cost import CostInputs
 from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
+from infra.naming import PROJECT, default_tags, tag_problem
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
 from trainer.config import one_line
 
-PROJECT = "gpu-cluster"
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
@@ -445,18 +446,31 @@ class StackSettings:
 
     def _check_tags(self) -> None:
         """The tags every resource carries (``naming.default_tags``) within Azure's limits."""
-        from infra import naming  # naming imports this module
-
         if not self.cost_center.strip():
             raise ConfigError(
                 f"costCenter={self.cost_center!r}: every resource carries a cost-center tag "
                 "(the policy pack requires it); set one: pulumi config set costCenter cc-4711"
             )
-        problem = naming.tag_problem(naming.default_tags(self))
+        problem = tag_problem(
+            default_tags(team=self.team, stack=self.stack, cost_center=self.cost_center)
+        )
         if problem is not None:
             tag, reason = problem
             setting = {"cost-center": "costCenter", "stack": "stack", "team": "team"}.get(tag)
             raise ConfigError(f"{setting or 'tag ' + tag}{reason}")
+
+    def cost_inputs(self) -> CostInputs:
+        """What the offline cost estimate (``infra.cost``) prices of these settings."""
+        cluster, nfs = self.cluster, self.nfs
+        vm_mode = nfs.mode == "vm"
+        return CostInputs(
+            gpu_size=cluster.vm_size,
+            dedicated_nodes=cluster.node_count,
+            always_on=cluster.scale_mode == "fixed",
+            nfs_vm_size=nfs.vm_size if vm_mode else None,
+            nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
+            files_share_gb=0 if vm_mode else nfs.share_quota_gb,
+        )
 
 
 def _snake(key: str) -> str:

@@ -1,7 +1,8 @@
 """The offline monthly cost estimate, shared by the plan and the budget policy.
 
-It works on ``CostInputs``, which the plan builds from stack settings and the policy pack builds
-from the declared resources, so both apply exactly the same arithmetic to the same price table.
+It works on ``CostInputs``, which the settings build for the plan (``StackSettings.cost_inputs``)
+and the policy pack builds from the declared resources, so both apply exactly the same arithmetic
+to the same price table. A table of facts: it imports no setting, component or tool.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra import prices
-from infra.config import StackSettings
 
 DEFAULT_BUSY_HOURS = 160
 
@@ -22,19 +22,6 @@ class CostInputs:
     nfs_vm_size: str | None = None
     nfs_disk_gb: int = 0
     files_share_gb: int = 0
-
-    @classmethod
-    def from_settings(cls, s: StackSettings) -> CostInputs:
-        cluster, nfs = s.cluster, s.nfs
-        vm_mode = nfs.mode == "vm"
-        return cls(
-            gpu_size=cluster.vm_size,
-            dedicated_nodes=cluster.node_count,
-            always_on=cluster.scale_mode == "fixed",
-            nfs_vm_size=nfs.vm_size if vm_mode else None,
-            nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
-            files_share_gb=0 if vm_mode else nfs.share_quota_gb,
-        )
 
 
 def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tuple[str, float]]:

@@ -1,4 +1,7 @@
-"""Names and tags. Every name carries team and stack so stacks never collide."""
+"""Names and tags. Every name carries team and stack so stacks never collide.
+
+A table of facts: it imports no setting, component or tool (ARCHITECTURE.md); a function that
+needs a setting takes its value, and ``infra.config`` checks the settings against these rules."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ from typing import Any
 
 import pulumi
 
-from infra.config import PROJECT, StackSettings
+# The Pulumi project (Pulumi.yaml's name): the namespace of the stack's config keys, and part of
+# every tag set and global name.
+PROJECT = "gpu-cluster"
 
 # The tags every taggable resource carries (checked by the tests and the policy pack), and the
 # resource types this program declares that accept tags.
@@ -76,31 +81,31 @@ def tag_problem(tags: Mapping[str, Any]) -> tuple[str, str] | None:
 _ROLE_NAMESPACE = uuid.UUID("0b9e3c2e-4a61-4d8e-9a55-6f7d2d1c5e10")
 
 
-def default_tags(settings: StackSettings) -> dict[str, str]:
+def default_tags(*, team: str, stack: str, cost_center: str) -> dict[str, str]:
     return {
         "project": PROJECT,
-        "team": settings.team,
-        "stack": settings.stack,
-        "cost-center": settings.cost_center,
+        "team": team,
+        "stack": stack,
+        "cost-center": cost_center,
         "managed-by": "pulumi",
     }
 
 
-def prefix(settings: StackSettings) -> str:
+def prefix(*, team: str, stack: str) -> str:
     """``<team>-<stack>``, the stem of every resource name (``vision-prod``, not
     ``vision-vision-prod``, for stacks already named ``<team>-<env>``)."""
-    stack = re.sub(r"[^a-z0-9-]", "-", settings.stack.lower()).strip("-")
-    return stack if stack.startswith(f"{settings.team}-") else f"{settings.team}-{stack}"
+    stack = re.sub(r"[^a-z0-9-]", "-", stack.lower()).strip("-")
+    return stack if stack.startswith(f"{team}-") else f"{team}-{stack}"
 
 
-def global_name(settings: StackSettings, role: str, max_length: int = 24) -> str:
+def global_name(*, team: str, stack: str, role: str, max_length: int = 24) -> str:
     """A globally unique lowercase alphanumeric name (storage accounts, registries, Batch).
 
     3-24 lowercase letters and digits: team + role + an 8-character hash of project/team/stack,
     so two stacks never collide and the name never changes between runs.
     """
-    digest = hashlib.sha256(f"{PROJECT}/{settings.team}/{settings.stack}".encode()).hexdigest()
-    stem = re.sub(r"[^a-z0-9]", "", f"{settings.team}{role}")[: max_length - 8]
+    digest = hashlib.sha256(f"{PROJECT}/{team}/{stack}".encode()).hexdigest()
+    stem = re.sub(r"[^a-z0-9]", "", f"{team}{role}")[: max_length - 8]
     return f"{stem}{digest[:8]}"
 
 

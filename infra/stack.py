@@ -33,11 +33,13 @@ def declare(s: StackSettings) -> dict[str, Any]:
     commit = _commit_to_build(s)  # may refuse the source: before any resource exists
     deployer_type = deployer_principal_type()
     _refuse_jobs_only_the_deployer_can_operate(s, deployer_type)
-    stem, client = naming.prefix(s), authorization.get_client_config_output()
+    stem = naming.prefix(team=s.team, stack=s.stack)
+    client = authorization.get_client_config_output()
+    tags = naming.default_tags(team=s.team, stack=s.stack, cost_center=s.cost_center)
     rg = resources.ResourceGroup(
-        stem, resource_group_name=f"rg-{stem}", location=s.location, tags=naming.default_tags(s)
+        stem, resource_group_name=f"rg-{stem}", location=s.location, tags=tags
     )
-    at = Placement(rg.name, s.location, naming.default_tags(s))
+    at = Placement(rg.name, s.location, tags)
 
     net = Network(stem, NetworkArgs.from_settings(at, s.network))
     store = _storage(stem, at, s, net, client, deployer_type)
@@ -45,7 +47,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
         stem,
         RegistryArgs(
             placement=at,
-            registry_name=naming.global_name(s, "acr", 50),
+            registry_name=naming.global_name(team=s.team, stack=s.stack, role="acr", max_length=50),
             # The nodes reach the registry from the NAT gateway's address.
             allowed_ips=[net.nat_public_ip, *s.network.registry_allowed_ips],
         ),
@@ -66,7 +68,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             s.nfs,
             s.network,
             net,
-            files_account_name=naming.global_name(s, "nfs"),
+            files_account_name=naming.global_name(team=s.team, stack=s.stack, role="nfs"),
             protect_data=s.protect_data,
         ),
     )
@@ -129,7 +131,7 @@ def _storage(
         stem,
         StorageArgs(
             placement=at,
-            account_name=naming.global_name(s, "data"),
+            account_name=naming.global_name(team=s.team, stack=s.stack, role="data"),
             subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
             allowed_ips=s.network.storage_allowed_ips,
             protect_data=s.protect_data,
@@ -173,7 +175,7 @@ def _cluster(
         GpuClusterArgs.from_settings(
             at,
             s.cluster,
-            account_name=naming.global_name(s, "batch"),
+            account_name=naming.global_name(team=s.team, stack=s.stack, role="batch"),
             subnet_id=net.compute_subnet_id,
             node_identity_id=ids.nodes.id,
             storage_account_id=store.account_id,

@@ -282,7 +282,7 @@ def _budget_for(name: str, values: dict[str, Any]) -> int:
     """A monthly budget above the stack's own monthly estimate (the policy pack requires one
     that covers it), rounded up to USD 100."""
     settings = StackSettings.from_mapping(name, {**values, "budget": 0}, load_schema())
-    monthly = cost.total(cost.monthly_cost(cost.CostInputs.from_settings(settings)))
+    monthly = cost.total(cost.monthly_cost(settings.cost_inputs()))
     return int(math.ceil(monthly * 1.25 / 100) * 100)
 
 
@@ -874,7 +874,7 @@ class Acceptance:
 
     def _job_urn(self) -> str:
         """The TrainingJob's URN from the stack's state (``<stem>-job``, infra/stack.py)."""
-        name = f"{prefix(self.settings)}-job"
+        name = f"{prefix(team=self.settings.team, stack=self.settings.stack)}-job"
         resources = (self.stack.export_stack().deployment or {}).get("resources", [])
         urns = [
             r["urn"]
@@ -901,7 +901,7 @@ class Acceptance:
             self.stack.destroy(on_output=self._pulumi_line, on_error=self._pulumi_line)
             self.stack.workspace.remove_stack(name)
         except Exception as err:
-            group = f"rg-{prefix(self.settings)}"
+            group = f"rg-{prefix(team=self.settings.team, stack=self.settings.stack)}"
             return Result(
                 check,
                 "FAIL",

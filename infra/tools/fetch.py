@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from infra.tools.ops import Job, JobsError, OutputsError
+from infra.tools.stack_outputs import Job, JobsError, OutputsError
 from trainer.blob_folder import BlobFolder
 from trainer.files import partial_path
 from trainer.results_manifest import MANIFEST, ResultsError, parse_manifest

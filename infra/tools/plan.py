@@ -187,7 +187,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
     """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
-    from infra.tools.ops import OutputsError, read_outputs, stack_jobs
+    from infra.tools.stack_outputs import OutputsError, read_outputs, stack_jobs
 
     outputs = read_outputs(stack, outputs_file, label="--deployed")
     if "jobs" not in outputs and not outputs.get("job_id"):
@@ -280,7 +280,7 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
         f"Estimated monthly cost (OFFLINE ESTIMATE: list prices, {prices.PRICES_AS_OF}, "
         f"East US, pay-as-you-go; {mode}; storage usage and logs not included):",
     ]
-    items = cost.monthly_cost(cost.CostInputs.from_settings(s), busy_hours)
+    items = cost.monthly_cost(s.cost_inputs(), busy_hours)
     lines += [f"  {label:<55} ${cost:>12,.2f}" for label, cost in items]
     lines.append(f"  {'total':<55} ${cost.total(items):>12,.2f}")
     if s.budget.amount:
@@ -310,7 +310,7 @@ def build_parser() -> OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from infra.tools.ops import JobsError
+    from infra.tools.stack_outputs import JobsError
 
     try:
         if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:

@@ -40,6 +40,7 @@ from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
 from infra.config import REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
+from infra.tools.stack_outputs import JobsError, pulumi_stack
 from infra.tools.sweep_report import ReportError, Run, Sweep, write
 from infra.trainer_settings import JOB_BACKENDS
 from trainer.blob_folder import BlobFolder
@@ -209,9 +210,6 @@ def read_state(stack: str, state_file: Path | None) -> dict[str, Any]:
             reason = getattr(err, "strerror", None) or err
             raise SweepError(f"{where}: cannot read it ({reason})") from None
     else:
-        # Imported here: infra.tools.ops imports this module to register the subcommand.
-        from infra.tools.ops import JobsError, pulumi_stack
-
         where = f"stack={stack}"
         try:
             data = pulumi_stack(["export"], stack, "--state-file").encode()

@@ -697,9 +697,7 @@ def test_config_map_sets_lists_element_by_element_with_their_path():
     assert config["gpu-cluster:protectData"].value == "false"
     assert not any(value.secret for value in config.values())
     assert values["budget"] >= cost.total(
-        cost.monthly_cost(
-            cost.CostInputs.from_settings(validated(acceptance_options("cpu"), values))
-        )
+        cost.monthly_cost(validated(acceptance_options("cpu"), values).cost_inputs())
     )
 
 
