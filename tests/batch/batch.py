@@ -42,6 +42,7 @@ from tests.batch.image import (
     container_argv,
     docker_create_options,
 )
+from tests.batch.nfs_view import NfsViews
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +126,12 @@ class PoolSpec:
             identity_ids=tuple(identities),
             registries=tuple(str(r.get("registryServer")) for r in registries),
         )
+
+
+# Each node sees the share through its own incoherent view (tests/batch/nfs_view.py, which
+# cites nfs(5)): another node's new, replaced or removed entries reach it up to this many
+# seconds late (a real client: up to acdirmax, a minute; scaled down so tests stay short).
+NFS_VIEW_SECONDS = 10.0
 
 
 # The NFS server's root as the emulated nodes' file system sees it: a uid and gid no node
@@ -415,6 +422,7 @@ class Cluster:
         nodes: int | None = None,
         driver: str = "580.95.05",
         imds_first_call: float = IMDS_FIRST_CALL_SECONDS,
+        nfs_view: tuple[int, float] | None = (0, NFS_VIEW_SECONDS),
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
@@ -438,6 +446,9 @@ class Cluster:
         (base / "specs").mkdir(parents=True, exist_ok=True)
         (base / "logs").mkdir(parents=True, exist_ok=True)
         self.nfs_export = base / "nfs-export"
+        # (seed, bound) of the nodes' views of the share; None: every node sees the export.
+        self.nfs_view = nfs_view
+        self.nfs_views: NfsViews | None = None
         self.nodes = [
             Node(
                 index=i,
@@ -463,6 +474,16 @@ class Cluster:
         """The server's export: owners and modes from its cloud-init; clients see them as is
         (NFSv4 with sec=sys passes numeric ids)."""
         self.nfs.create(self.nfs_export)
+        if self.pool.nfs_relative_mount and self.nfs_view is not None:
+            seed, bound = self.nfs_view
+            views = self.base / "nfs-views"
+            self.nfs_views = NfsViews(self.nfs_export, views, len(self.nodes), seed, bound)
+            self.nfs_views.start()
+
+    def sync_nfs(self) -> None:
+        """What the nodes wrote on the share, on the server now (before a test reads it)."""
+        if self.nfs_views is not None:
+            self.nfs_views.push()
 
     def _make_node(self, node: Node) -> None:
         # files-and-directories.md: the Batch tree belongs to the agent (root); every task can
@@ -519,7 +540,8 @@ class Cluster:
         ]
         if self.pool.nfs_relative_mount:
             target = node.mounts_dir / self.pool.nfs_relative_mount
-            ops.append({"op": "bind", "src": str(self.nfs_export), "dst": str(target)})
+            share = self.nfs_export if self.nfs_views is None else self.nfs_views.path(node.index)
+            ops.append({"op": "bind", "src": str(share), "dst": str(target)})
         ops.append(
             {
                 "op": "sys_class",
@@ -1030,6 +1052,8 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 helper.kill()
             helper.wait()
+        if self.nfs_views is not None:
+            self.nfs_views.stop()
 
 
 # --- a job and its multi-instance task ------------------------------------------------------------
@@ -1097,6 +1121,7 @@ class JobRun(threading.Thread):
             self.reason = f"emulator error: {error}"
         finally:
             self._stop_all()
+            self.cluster.sync_nfs()
             self.finished.set()
 
     def _eligible(self) -> list[Node]:

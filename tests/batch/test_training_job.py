@@ -69,6 +69,7 @@ def submit(cluster: Cluster, spec: JobSpec) -> JobRun:
 def run_folder(cluster: Cluster, spec: JobSpec) -> Path:
     """The run's folder on the NFS server (the share is mounted as ``shared``)."""
     relative = spec.checkpoint_path.split("/", 1)[1]
+    cluster.sync_nfs()
     return cluster.nfs_export / relative
 
 

@@ -48,7 +48,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import psutil
 import yaml
@@ -93,6 +93,12 @@ INTERRUPTED_EXIT = 75
 STORE_LOST_SECONDS = 10
 KILL_GRACE_SECONDS = 10
 DONE_WAIT_SECONDS = 60
+# How long a file another node wrote may stay invisible to this one on the shared file system:
+# the NFS client trusts cached lookups, negative ones too, until the folder's cached attributes
+# expire, at most acdirmax, 60 s by default (nfs(5), "Directory entry caching", lookupcache=all);
+# the pools mount with none of ac/actimeo/acdirmax/lookupcache set (infra/nfs.py), so a reader
+# opens such a file by name again until this passed (the lookup then reaches the server).
+NFS_CACHE_SECONDS = 60
 # After a scheduled event's checkpoint the launcher of the VM it takes does not exit: Batch counts
 # a non-zero exit as a retry of the task (maxTaskRetryCount, infra/batch.py), while a task whose
 # node is rebooted or disappears is retried by Batch's recovery, "independent of and ... not
@@ -102,6 +108,8 @@ DONE_WAIT_SECONDS = 60
 # that takes the VM, a Reboot's 15 minutes, and five more), or until the event ends without
 # taking it (cancelled): then it exits, which costs a retry.
 HOLD_SECONDS = 20 * 60
+
+_T = TypeVar("_T")
 
 
 class LaunchError(RuntimeError):
@@ -621,8 +629,27 @@ class RunRecords:
         except (OSError, ValueError) as err:
             raise LaunchError(f"{path}: cannot read it ({err})") from None
 
-    def report(self, env: dict[str, str], out: IO[str]) -> int:
-        """Print every node's log of the current attempt; the exit code of its outcome."""
+    @staticmethod
+    def _log(path: Path) -> str | None:
+        """A node's log, None while this node cannot see it; an error's message in its place."""
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            return f"(no log: {err.strerror})\n"
+
+    def report(
+        self,
+        env: dict[str, str],
+        out: IO[str],
+        wait: float = NFS_CACHE_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> int:
+        """Print every node's log of the current attempt; the exit code of its outcome. The
+        other nodes wrote their logs and outcomes, which this node may not see yet
+        (``NFS_CACHE_SECONDS``): each is opened by name again until it is there or ``wait``
+        seconds passed, so a node whose launcher died costs the report that long."""
         current = self._read(self.current)
         if current is None:
             raise LaunchError(
@@ -640,14 +667,14 @@ class RunRecords:
                 )
         failures: list[tuple[int, str]] = []
         interrupted = False
+        deadline = time.monotonic() + wait
         for index, host in enumerate(hosts):
             log_path = self.log_path(attempt, host)
             out.write(f"===== node {index + 1}/{len(hosts)} {host}: {log_path} =====\n")
-            try:
-                out.write(log_path.read_text(encoding="utf-8", errors="replace"))
-            except OSError as err:
-                out.write(f"(no log: {err.strerror})\n")
-            outcome = self._read(self.outcome_path(attempt, host))
+            outcome_path = self.outcome_path(attempt, host)
+            outcome = _until_seen(lambda p=outcome_path: self._read(p), deadline, sleep)
+            text = _until_seen(lambda p=log_path: self._log(p), deadline, sleep)
+            out.write("(no log: No such file or directory)\n" if text is None else text)
             if outcome is None or outcome.get("attempt") != attempt:
                 failures.append((1, f"node {host} recorded no outcome (its launcher died?)"))
             elif outcome["code"] != 0:
@@ -663,6 +690,15 @@ class RunRecords:
         out.write(f"===== {summary}\n")
         out.flush()
         return code
+
+
+def _until_seen(
+    read: Callable[[], _T | None], deadline: float, sleep: Callable[[float], None]
+) -> _T | None:
+    """What ``read`` returns once it is not None, or None at ``deadline`` (``time.monotonic``)."""
+    while (found := read()) is None and time.monotonic() < deadline:
+        sleep(POLL_SECONDS)
+    return found
 
 
 def build_parser() -> OneLineParser:
