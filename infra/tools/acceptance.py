@@ -43,7 +43,7 @@ from infra import cost, prices
 from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
 from infra.image import BUILD_AGENT_CPUS
 from infra.image_inputs import git_https_url
-from infra.naming import prefix
+from infra.naming import global_name, prefix
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, size_of
 from trainer.cli import OneLineParser
 from trainer.config import one_line
@@ -131,22 +131,24 @@ class Check:
 
 CHECKS = (
     Check(
+        "quota",
+        "Batch core quota",
+        "a first `pulumi up --target` (policy pack on) creates only the Batch account and what "
+        "it depends on; its dedicated cores, in total and for the size's family, must cover "
+        "the pool (new accounts may start at 0): a shortfall fails here, before the image "
+        "build, the NFS server and the pool",
+    ),
+    Check(
         "up",
         "pulumi up",
-        "the Automation API creates the stack and runs `pulumi up` with the policy pack "
-        "(every guardrail mandatory): environment, image build, training job",
+        "the full `pulumi up` with the policy pack (every guardrail mandatory): environment, "
+        "image build, training job",
     ),
     Check(
         "outputs",
         "stack outputs",
         "job_id, job_state, job_log_url, job_checkpoint_path, job_portal_url, image_ref "
         "(pinned by digest), vm_size and node_count as configured",
-    ),
-    Check(
-        "quota",
-        "Batch core quota",
-        "the new Batch account's dedicated cores, in total and for the size's family, cover "
-        "the pool (new accounts may start at 0: then it fails now, not after an hour)",
     ),
     Check(
         "job",
@@ -317,6 +319,50 @@ def expected_checkpoints(trainer_config: str) -> list[int]:
     return steps if last in steps else [*steps, last]
 
 
+# ---------------------------------------------------------------- the staged up
+BATCH_ACCOUNT_TYPE = "azure-native:batch:BatchAccount"
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def account_targets(plan: Any, stack: str) -> list[str]:
+    """The URNs a first, targeted `pulumi up` creates so that the Batch account's core quota
+    can be read before the pool, the image build and the job exist: the account and, again
+    and again, what each of them depends on and its parent. The engine refuses a targeted
+    resource whose dependency is neither targeted nor already in the stack ("depends on ...
+    which was not specified in --target list": pulumi/pulumi #5869, #3369), and a parent is
+    such a dependency (#14531). The root stack and the default providers the engine creates
+    itself (the targeted runs of #3369 and #14531 create both)."""
+    nodes = plan.registered
+    (account,) = [urn for urn, node in nodes.items() if node.typ == BATCH_ACCOUNT_TYPE]
+    seen: set[str] = set()
+    todo = [account]
+    while todo:
+        urn = todo.pop()
+        if urn in nodes and urn not in seen and nodes[urn].typ != ROOT_STACK_TYPE:
+            seen.add(urn)
+            todo += [*nodes[urn].dependencies, nodes[urn].parent]
+    return sorted(engine_urn(nodes, urn, stack) for urn in seen)
+
+
+def engine_urn(nodes: Mapping[str, Any], urn: str, stack: str) -> str:
+    """The URN the engine gives a resource: ``urn:pulumi:<stack>::<project>::<types>::<name>``
+    where ``<types>`` is the chain of its ancestors' types and its own joined by ``$``, the
+    root stack left out (pkg/resource/urn.go; the URNs quoted in pulumi/pulumi #5869 and
+    #3369). Pulumi's mocks keep the parent's last type only and the root stack's type."""
+    name, types = nodes[urn].name, []
+    while urn in nodes and nodes[urn].typ != ROOT_STACK_TYPE:
+        types.append(nodes[urn].typ)
+        urn = nodes[urn].parent
+    return f"urn:pulumi:{stack}::{PROJECT}::{'$'.join(reversed(types))}::{name}"
+
+
+def _plan_targets(opts: Options, values: dict[str, Any]) -> list[str]:
+    """The staged up's targets, from the program as the offline plan evaluates it."""
+    from infra.tools.plan import evaluate
+
+    return account_targets(evaluate(opts.stack_name, values), opts.stack_name)
+
+
 # ---------------------------------------------------------------- cost
 def run_cost(
     s: StackSettings, hours: float, node_hours: float, build_minutes: float = 0.0
@@ -390,8 +436,16 @@ def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
             f"  (a real run adds this machine's public IP to {lists}, looked up when it "
             "starts, or --client-ip)\n"
         )
+    staged = account_targets(plan, opts.stack_name)
     w(
-        f"and run `pulumi up --policy-pack {POLICY_PACK.relative_to(REPO)}`, which declares:\n\n"
+        f"and run `pulumi up --policy-pack {POLICY_PACK.relative_to(REPO)}` twice. First with "
+        f"--target for the Batch account and the {len(staged) - 1} resources it needs, so its "
+        "core quota is read before the image build, the NFS server and the pool exist:\n"
+    )
+    for urn in staged:
+        w(f"  {urn.split('::')[2].rsplit('$', 1)[-1]}  {urn.rsplit('::', 1)[1]}\n")
+    w(
+        "then without, which declares:\n\n"
         f"{render(plan, 160)}\n\n"
         "Checks, in order:\n"
         f"   0. {'prerequisites':<28} the Pulumi CLI on PATH and logged in to a state backend "
@@ -489,8 +543,10 @@ class Acceptance:
         run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        targets: list[str] | None = None,
     ) -> None:
         self.opts, self.values, self.stack = opts, values, stack
+        self.targets = targets or []  # the Batch account and what it needs (account_targets)
         self.shell = run or _run
         self.settings = validated(opts, values)
         self.batch_client, self.logs_container = batch_client, logs_container
@@ -548,8 +604,7 @@ class Acceptance:
         self.out.flush()
 
     # ---------------------------------------------------------- steps (in CHECKS order)
-    def _up(self) -> str:
-        started = self.clock()
+    def _configure(self) -> None:
         self.stack.set_all_config(config_map(self.values), path=True)
         if self.opts.image_source_token:
             from pulumi.automation import ConfigValue
@@ -558,6 +613,9 @@ class Acceptance:
                 f"{PROJECT}:imageSourceToken",
                 ConfigValue(value=self.opts.image_source_token, secret=True),
             )
+
+    def _up(self) -> str:
+        started = self.clock()
         result = self.stack.up(
             on_output=self._pulumi_line,
             on_error=self._pulumi_line,
@@ -620,11 +678,25 @@ class Acceptance:
 
     def _quota(self) -> str:
         """A Batch account in Batch-service mode has its own core quotas, per VM family and in
-        total; for new accounts they may be reduced, in some regions to zero, and a pool beyond
-        them never gets its nodes (articles/batch/batch-quota-limit.md). Read them with the
-        ARM rights that created the account."""
-        s, o = self.settings, self.outputs
-        account, group = o["batch_account_endpoint"].split(".")[0], o["resource_group_name"]
+        total, set when the account is created; for new accounts they may be reduced, in some
+        regions to zero, and a pool beyond them never gets its nodes (articles/batch/
+        batch-quota-limit.md). No subscription quota tells them before the account exists
+        (the Compute vCPU quotas count only for UserSubscription accounts, same article), so a
+        targeted `pulumi up` creates the account first; read them with the ARM rights that
+        created it."""
+        self._configure()
+        if not self.targets:
+            raise CheckFailed("no targets for the Batch account's staged `pulumi up`")
+        self.say(f"pulumi up --target: the Batch account and {len(self.targets) - 1} resources")
+        self.stack.up(
+            target=self.targets,
+            on_output=self._pulumi_line,
+            on_error=self._pulumi_line,
+            policy_packs=[str(POLICY_PACK)],
+        )
+        s = self.settings
+        # The names infra/stack.py gives them (naming is deterministic per stack).
+        account, group = global_name(s, "batch"), f"rg-{prefix(s)}"
         need = s.cluster.node_count * s.cluster.gpu.vcpus
         family_query = f"[?name=='{s.cluster.vm_size}'].family | [0]"
         quotas = (
@@ -1148,6 +1220,7 @@ def main(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    targets: Callable[[Options, dict[str, Any]], list[str]] = _plan_targets,
 ) -> int:
     import os
 
@@ -1168,6 +1241,7 @@ def main(
         validated(opts, values)
         if opts.image_builder == "acr":
             host.check_source()
+        staged = targets(opts, values)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -1192,6 +1266,7 @@ def main(
         run=host.run,
         sleep=sleep,
         clock=clock,
+        targets=staged,
     )
     return runner.run()
 
