@@ -68,6 +68,12 @@ JOB_KEYS = ("trainerConfig", "nodes", "datasetPrefix", "priority")
 SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
 
 
+def acr_image(ref: str) -> re.Match[str] | None:
+    """``ref`` split into server, registry, repository, tag and digest; None for a reference
+    outside an Azure container registry."""
+    return _ACR_IMAGE.match(ref)
+
+
 class ConfigError(ValueError):
     """A stack setting is invalid; the message is one line for the user."""
 
@@ -146,8 +152,7 @@ class ImageSettings:
 
     @property
     def ref_parts(self) -> re.Match[str] | None:
-        """``ref`` split into server, registry, repository, tag and digest."""
-        return _ACR_IMAGE.match(self.ref)
+        return acr_image(self.ref)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import io
+import json
 import re
 import subprocess
 import sys
@@ -165,12 +166,13 @@ class World:
     # The Batch account's quotas from the moment it exists (az batch account show's answer).
     quota: str = ""
     created: set[str] = field(default_factory=set)  # URNs in the stack's state
+    image_ref: str = ""  # --image-ref: the image the stack runs
 
     # -- the Pulumi engine's targeted update
     def graph(self, stack: str) -> dict[str, set[str]]:
         """URN -> the URNs it needs in the state first (dependencies and parent), from the
         program as the offline plan runs it, named for ``stack`` as the engine names them."""
-        nodes = profile_plan(self.profile).registered
+        nodes = profile_plan(self.profile, self.image_ref).registered
         plan_stack = acceptance_options(self.profile).stack_name
 
         def named(urn: str) -> str:  # resource names start with the stack's name
@@ -230,7 +232,8 @@ class World:
 
     @property
     def settings(self):
-        return validated(acceptance_options(self.profile), acceptance_values(self.profile))
+        opts = acceptance_options(self.profile, **reused(self.image_ref))
+        return validated(opts, stack_values(opts))
 
     def outputs(self) -> dict:
         name = self.stack_name
@@ -240,7 +243,8 @@ class World:
             "job_log_url": f"https://acceptancedata1234abcd.blob.core.windows.net/logs/{self.job_id}/",
             "job_checkpoint_path": f"shared/runs/{name}/0a21bb731886",
             "job_portal_url": "https://portal.azure.com/#resource/x/jobs",
-            "image_ref": "acceptanceacr1234abcd.azurecr.io/trainer:abc@sha256:" + "a" * 64,
+            "image_ref": self.image_ref
+            or "acceptanceacr1234abcd.azurecr.io/trainer:abc@sha256:" + "a" * 64,
             "batch_account_endpoint": "acceptancebatch1234abcd.eastus.batch.azure.com",
             "storage_account_name": "acceptancedata1234abcd",
             "resource_group_name": f"rg-{name}",
@@ -341,6 +345,26 @@ def job_stdout(world: World) -> str:
     return out.getvalue()
 
 
+REUSED_REGISTRY_ID = (
+    "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-images/providers/"
+    "Microsoft.ContainerRegistry/registries/teamimages"
+)
+REUSED_REF = "teamimages.azurecr.io/trainer@sha256:" + "3f" * 32
+# Permissions - List For Resource (authorization REST reference, 2022-04-01): one entry per
+# role the caller holds at the scope, with that role's actions and notActions. Contributor's
+# notActions take back role assignments; Role Based Access Control Administrator grants them.
+CONTRIBUTOR = {
+    "actions": ["*"],
+    "notActions": [
+        "Microsoft.Authorization/*/Delete",
+        "Microsoft.Authorization/*/Write",
+        "Microsoft.Authorization/elevateAccess/Action",
+    ],
+}
+RBAC_ADMIN = {
+    "actions": ["Microsoft.Authorization/roleAssignments/write", "*/read"],
+    "notActions": [],
+}
 FAMILIES = {
     "Standard_D2s_v5": "standardDSv5Family",
     "Standard_ND96asr_v4": "standardNDASv4_A100Family",
@@ -352,9 +376,15 @@ QUOTA = (
 
 
 @functools.cache
-def profile_plan(profile: str):
+def profile_plan(profile: str, image_ref: str = ""):
     """The acceptance profile's program under mocks, once per session."""
-    return evaluate(acceptance_options(profile).stack_name, acceptance_values(profile))
+    opts = acceptance_options(profile, **reused(image_ref))
+    return evaluate(opts.stack_name, stack_values(opts))
+
+
+def reused(image_ref: str) -> dict:
+    """The options --image-ref sets (with the registry id az acr show gives)."""
+    return {"image_ref": image_ref, "image_registry_id": REUSED_REGISTRY_ID if image_ref else ""}
 
 
 def good_host(world: World | None = None, **changes) -> Host:
@@ -366,6 +396,8 @@ def good_host(world: World | None = None, **changes) -> Host:
         ("az", "vm"): (0, ""),
         ("az", "batch"): (0, QUOTA),
         ("git", "-C"): (0, "git@github.com:example-org/distributed-training.git\n"),
+        ("az", "acr"): (0, REUSED_REGISTRY_ID + "\n"),
+        ("az", "rest"): (0, json.dumps({"value": [CONTRIBUTOR, RBAC_ADMIN]})),
     }
     fixed = changes.pop("answers", {})
     answers.update(fixed)
@@ -401,7 +433,7 @@ def run_main(
 
     def staged(opts, values):
         plan_stack = acceptance_options(world.profile).stack_name
-        urns = account_targets(profile_plan(world.profile), plan_stack)
+        urns = account_targets(profile_plan(world.profile, world.image_ref), plan_stack)
         return [
             urn.replace(plan_stack, opts.stack_name)
             for urn in urns
@@ -932,3 +964,98 @@ def test_a_staged_up_missing_a_dependency_fails_as_the_engine_fails_it(tmp_path)
     assert code == 1 and results(text)["quota"] == "FAIL" and results(text)["up"] == "NOT RUN"
     assert "which was was not specified in --target list" in text
     assert not world.created
+
+
+# ---------------------------------------------------------------- --image-ref
+def test_an_image_ref_run_builds_nothing_and_its_cost_counts_no_acr_agent_or_registry(
+    tmp_path,
+):
+    world = World(tmp_path, image_ref=REUSED_REF)
+
+    def no_source_check() -> None:
+        raise AssertionError("an --image-ref run clones and builds nothing")
+
+    code, text, (stack,) = run_main(
+        world, "--image-ref", REUSED_REF, host=good_host(world, check_source=no_source_check)
+    )
+    assert code == 0, text
+    config = {key: value.value for key, value in stack.config.items()}
+    assert config["gpu-cluster:imageRef"] == REUSED_REF
+    assert config["gpu-cluster:imageRegistryId"] == REUSED_REGISTRY_ID  # from az acr show
+    assert "gpu-cluster:imageSourceRepo" not in config
+    built = {urn.split("::")[2].rsplit("$", 1)[-1] for urn in world.created}
+    assert "azure-native:batch:Pool" in built
+    assert not [t for t in built if t.endswith((":ImageBuild", "containerregistry:Registry"))]
+    summary = text.split("Estimated cost:", 1)[1]
+    assert "image build:" not in summary and "container registry" not in summary
+    hours = (world.clock.now - 1000.0) / 3600
+    total = cost.total(run_cost(world.settings, hours, 2 * hours, 60))
+    assert abs(float(re.search(r"Estimated cost: \$([0-9.]+)", text).group(1)) - total) < 0.05
+
+
+def test_the_dry_run_with_an_image_ref_plans_no_build_and_a_smaller_cost():
+    out = io.StringIO()
+    code = acceptance.main(
+        ["--profile", "cpu", "--dry-run", "--image-ref", REUSED_REF],
+        host=good_host(which=lambda name: None),  # no CLI: nothing is asked of Azure
+        out=out,
+    )
+    text = out.getvalue()
+    assert code == 0, text
+    plan = text.split("then without, which declares:", 1)[1].split("Checks, in order:")[0]
+    assert "+ azure-native:batch:Pool" in plan
+    for absent in ("ImageBuild", "containerregistry:Task", "containerregistry:Registry"):
+        assert absent not in plan
+    assert "placeholder: a real run asks az acr show" in text
+    costs = text.split("If the run takes 30 min", 1)[1]
+    assert "image build" not in costs and "container registry" not in costs
+    total = float(re.search(r"total +\$ +([0-9.]+)", costs).group(1))
+    assert total < 0.5  # nodes, NFS and network for half an hour; no build, no registry
+
+
+def test_run_cost_with_an_image_ref_leaves_out_the_build_and_the_registry():
+    opts = acceptance_options("cpu", **reused(REUSED_REF))
+    s = validated(opts, stack_values(opts))
+    items = dict(run_cost(s, 1.25, 2.5, build_minutes=60))
+    assert not [k for k in items if "build" in k or "registry" in k]
+    assert cost.total(list(items.items())) == pytest.approx(
+        2.5 * 0.096 + 1.25 * 0.096 + 1.25 * 0.05, abs=0.01
+    )
+
+
+@pytest.mark.parametrize(
+    ("ref", "answers", "message"),
+    [
+        ("teamimages.azurecr.io/trainer:v3", {}, "which only a digest names"),
+        ("ghcr.io/example/trainer@sha256:" + "3f" * 32, {}, "<name>.azurecr.io/<repository>@"),
+        (
+            REUSED_REF,
+            {("az", "acr"): (3, "", "ERROR: (ResourceNotFound) registry not found")},
+            "az acr show -n teamimages finds no registry",
+        ),
+        (
+            REUSED_REF,
+            {("az", "rest"): (0, json.dumps({"value": [CONTRIBUTOR]}))},
+            "may not assign roles on registry teamimages",
+        ),
+    ],
+)
+def test_an_image_ref_the_nodes_could_not_pull_exits_2_before_anything_is_created(
+    tmp_path, capsys, ref, answers, message
+):
+    code, _, stacks = run_main(World(tmp_path), "--image-ref", ref, host=good_host(answers=answers))
+    assert (code, stacks) == (2, [])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_role_assignment_rights_are_read_as_arm_reads_actions_and_not_actions():
+    owner = {"actions": ["*"], "notActions": []}
+    acr_pull = {"actions": ["Microsoft.ContainerRegistry/registries/pull/read"], "notActions": []}
+    uaa = {"actions": ["*/read", "Microsoft.Authorization/*"], "notActions": []}
+    assert acceptance.may_assign_roles([owner]) and acceptance.may_assign_roles([uaa])
+    assert acceptance.may_assign_roles([CONTRIBUTOR, RBAC_ADMIN])
+    assert not acceptance.may_assign_roles([CONTRIBUTOR])  # its notActions take it back
+    assert not acceptance.may_assign_roles([acr_pull]) and not acceptance.may_assign_roles([])
+    shouting = {"actions": ["MICROSOFT.AUTHORIZATION/ROLEASSIGNMENTS/WRITE"], "notActions": []}
+    assert acceptance.may_assign_roles([shouting])
