@@ -48,6 +48,18 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _GIT_URL = re.compile(r"^https://[^\s#]+\.git$")
 # [registry[:port]/]repository:tag; Docker Hub's official images have no namespace (ubuntu:22.04).
 _IMAGE_REF = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
+# An image in an Azure container registry: <name>.azurecr.io/<repository>[:<tag>][@<digest>]
+# (registry names: 5-50 letters and digits; login servers are lowercase).
+_ACR_IMAGE = re.compile(
+    r"^(?P<server>(?P<registry>[a-z0-9]{5,50})\.azurecr\.io)/"
+    r"(?P<repository>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+_REGISTRY_ID = re.compile(
+    r"^/subscriptions/[0-9a-fA-F-]{36}/resourceGroups/[^/]+/providers/"
+    r"Microsoft\.ContainerRegistry/registries/(?P<name>[A-Za-z0-9]{5,50})$",
+    re.IGNORECASE,
+)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 # Pulumi.yaml has no object type: a map setting is declared with a plain `value:` default.
@@ -55,6 +67,12 @@ _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, 
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 JOB_KEYS = ("trainerConfig", "nodes", "datasetPrefix", "priority")
 SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
+
+
+def acr_image(ref: str) -> re.Match[str] | None:
+    """``ref`` split into server, registry, repository, tag and digest; None for a reference
+    outside an Azure container registry."""
+    return _ACR_IMAGE.match(ref)
 
 
 class ConfigError(ValueError):
@@ -130,6 +148,12 @@ class ImageSettings:
     source_repo: str
     base: str
     base_digest: str
+    ref: str = ""  # an existing image to run instead of a build ("" builds)
+    registry_id: str = ""  # the ARM id of ref's registry, where the nodes get AcrPull
+
+    @property
+    def ref_parts(self) -> re.Match[str] | None:
+        return acr_image(self.ref)
 
 
 @dataclass(frozen=True)
@@ -228,6 +252,8 @@ class StackSettings:
                 source_repo=take("image_source_repo") or origin_clone_url() or "",
                 base=take("image_base"),
                 base_digest=take("image_base_digest"),
+                ref=take("image_ref"),
+                registry_id=take("image_registry_id"),
             ),
             budget=BudgetSettings(
                 amount=take("budget"),
@@ -346,6 +372,9 @@ class StackSettings:
         image = self.image
         if image.builder not in IMAGE_BUILDERS:
             raise ConfigError(f"imageBuilder={image.builder!r}: use {' or '.join(IMAGE_BUILDERS)}")
+        if image.ref or image.registry_id:
+            self._check_image_ref()
+            return  # nothing is built: the build settings do not matter
         if image.builder == "acr" and not _GIT_URL.match(image.source_repo):
             raise ConfigError(
                 f"imageSourceRepo={image.source_repo!r}: the acr builder clones this "
@@ -375,6 +404,36 @@ class StackSettings:
             raise ConfigError(
                 f"imageBaseDigest={image.base_digest!r}: give sha256:<64 hex digits> "
                 "(docker buildx imagetools inspect <imageBase>) or leave it empty"
+            )
+
+    def _check_image_ref(self) -> None:
+        """An image the nodes can pull with their managed identity: only an Azure container
+        registry accepts it (Batch ContainerRegistry.identityReference, "to access an Azure
+        Container Registry instead of username and password"), and only a registry whose id
+        is given can get the AcrPull grant, at its own scope."""
+        image, parts = self.image, self.image.ref_parts
+        if not image.ref:
+            raise ConfigError(
+                f"imageRegistryId={image.registry_id}: set without imageRef; set imageRef to "
+                "an image in that registry, or leave both empty to build the image"
+            )
+        if parts is None:
+            raise ConfigError(
+                f"imageRef={image.ref}: give <name>.azurecr.io/<repository>@sha256:<digest>; the "
+                "nodes pull with their managed identity, which only an Azure container registry "
+                "accepts"
+            )
+        if not parts["tag"] and not parts["digest"]:
+            raise ConfigError(
+                f"imageRef={image.ref}: neither a digest nor a tag names the image; append "
+                "@sha256:<digest> (az acr repository show -n <registry> --image <repo>:<tag>)"
+            )
+        registry = _REGISTRY_ID.match(image.registry_id)
+        if registry is None or registry["name"].lower() != parts["registry"]:
+            raise ConfigError(
+                f"imageRegistryId={image.registry_id or '(empty)'}: imageRef's registry "
+                f"{parts['registry']} needs its ARM id, where the nodes get AcrPull; set it to "
+                f"`az acr show -n {parts['registry']} --query id -o tsv`"
             )
 
     def _check_jobs(self) -> None:
@@ -470,6 +529,7 @@ class StackSettings:
             nfs_vm_size=nfs.vm_size if vm_mode else None,
             nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
             files_share_gb=0 if vm_mode else nfs.share_quota_gb,
+            own_registry=not self.image.ref,
         )
 
 

@@ -22,6 +22,8 @@ class CostInputs:
     nfs_vm_size: str | None = None
     nfs_disk_gb: int = 0
     files_share_gb: int = 0
+    # False when the stack runs an image from another registry (imageRef): it declares none.
+    own_registry: bool = True
 
 
 def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tuple[str, float]]:
@@ -60,7 +62,8 @@ def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tu
         )
     network_hourly = prices.NAT_GATEWAY_PER_HOUR + prices.PUBLIC_IP_PER_HOUR
     items.append(("NAT gateway + public IP", network_hourly * prices.HOURS_PER_MONTH))
-    items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
+    if c.own_registry:
+        items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
     return items
 
 

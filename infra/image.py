@@ -616,6 +616,39 @@ class TrainerImage(pulumi.ComponentResource):
         return image.digest
 
 
+@dataclass(frozen=True)
+class PullSource:
+    """Where the nodes pull the trainer image: the registry's login server, and its ARM id,
+    the one scope where their identity gets AcrPull."""
+
+    login_server: pulumi.Input[str]
+    registry_id: pulumi.Input[str]
+
+    @classmethod
+    def of(cls, registry: Registry) -> PullSource:
+        return cls(registry.login_server, registry.registry_id)
+
+
+class ReusedImage:
+    """``imageRef``: an image built before, run as it is; no build, no registry of the stack's.
+    ``ref`` is the reference as given and ``digest`` its digest ("" for a tag alone)."""
+
+    def __init__(self, image: ImageSettings) -> None:
+        parts = image.ref_parts
+        if parts is None:  # StackSettings refuses it first; here for the type checker
+            raise ConfigError(f"imageRef={image.ref}: not an image in an Azure container registry")
+        if not parts["digest"]:
+            # A tag can be moved to another image between the plan and a node's pull, and each
+            # node pulls on its own: the nodes of one job could run different images.
+            pulumi.log.warn(
+                f"imageRef={image.ref}: a tag, not a digest; it can move to another image "
+                "between this plan and a node's pull: pin it with @sha256:<digest>"
+            )
+        self.ref: pulumi.Output[str] = pulumi.Output.from_input(image.ref)
+        self.digest: pulumi.Output[str] = pulumi.Output.from_input(parts["digest"] or "")
+        self.source = PullSource(parts["server"], image.registry_id)
+
+
 def _principal_id(identity: Any) -> str:
     principal = getattr(identity, "principal_id", None)
     if not principal:

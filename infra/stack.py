@@ -16,7 +16,13 @@ from infra.budget import BudgetArgs, CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
-from infra.image import TrainerImage, TrainerImageArgs, commit_to_build
+from infra.image import (
+    PullSource,
+    ReusedImage,
+    TrainerImage,
+    TrainerImageArgs,
+    commit_to_build,
+)
 from infra.image_inputs import content_tag
 from infra.job import TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
@@ -43,21 +49,13 @@ def declare(s: StackSettings) -> dict[str, Any]:
 
     net = Network(stem, NetworkArgs.from_settings(at, s.network))
     store = _storage(stem, at, s, net, client, deployer_type)
-    registry = Registry(
-        stem,
-        RegistryArgs(
-            placement=at,
-            registry_name=naming.global_name(team=s.team, stack=s.stack, role="acr", max_length=50),
-            # The nodes reach the registry from the NAT gateway's address.
-            allowed_ips=[net.nat_public_ip, *s.network.registry_allowed_ips],
-        ),
-    )
+    image, pull = _image(stem, at, s, net, client, commit)
     ids = Identities(
         stem,
         IdentitiesArgs(
             placement=at,
             subscription_id=client.subscription_id,
-            registry_id=registry.registry_id,
+            registry_id=pull.registry_id,
             storage_account_id=store.account_id,
         ),
     )
@@ -72,7 +70,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             protect_data=s.protect_data,
         ),
     )
-    cluster = _cluster(stem, at, s, net, ids, store, registry, nfs, client, deployer_type)
+    cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
     if s.budget.amount:
         CostBudget(stem, BudgetArgs.from_settings(rg.id, s.budget))
     Monitoring(
@@ -83,6 +81,51 @@ def declare(s: StackSettings) -> dict[str, Any]:
             batch_account_id=cluster.account_id,
             storage_account_id=store.account_id,
             nfs_vm_id=nfs.vm_id,
+        ),
+    )
+    jobs = {job.name: _job(stem, s, job, cluster, image, pull, ids, store) for job in s.jobs}
+    return {
+        **_job_outputs(image, jobs),
+        "resource_group_name": rg.name,
+        "storage_account_name": store.account_name,
+        "storage_containers": list(CONTAINERS),
+        "nfs_address": nfs.address,
+        "nfs_export_path": nfs.export_path,
+        "registry_login_server": pull.login_server,
+        "batch_account_endpoint": cluster.account_endpoint,
+        "pool_id": cluster.pool_id,
+        "node_count": s.cluster.node_count,
+        "vm_size": s.cluster.vm_size,
+    }
+
+
+def _commit_to_build(s: StackSettings) -> str:
+    """The commit the acr builder builds ("" for docker or an imageRef); a real `pulumi up`
+    refuses uncommitted image inputs and a commit the remote lacks
+    (infra.image.commit_to_build)."""
+    return commit_to_build() if s.image.builder == "acr" and not s.image.ref else ""
+
+
+def _image(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    net: Network,
+    client: pulumi.Output[Any],
+    commit: str,
+) -> tuple[TrainerImage | ReusedImage, PullSource]:
+    """The trainer image and where the nodes pull it: ``imageRef`` as given (no build, no
+    registry of the stack's), or a build pushed to the stack's own registry."""
+    if s.image.ref:
+        reused = ReusedImage(s.image)
+        return reused, reused.source
+    registry = Registry(
+        stem,
+        RegistryArgs(
+            placement=at,
+            registry_name=naming.global_name(team=s.team, stack=s.stack, role="acr", max_length=50),
+            # The nodes reach the registry from the NAT gateway's address.
+            allowed_ips=[net.nat_public_ip, *s.network.registry_allowed_ips],
         ),
     )
     image = TrainerImage(
@@ -97,26 +140,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             source_token=secret_setting("imageSourceToken"),
         ),
     )
-    jobs = {job.name: _job(stem, s, job, cluster, image, registry, ids, store) for job in s.jobs}
-    return {
-        **_job_outputs(image, jobs),
-        "resource_group_name": rg.name,
-        "storage_account_name": store.account_name,
-        "storage_containers": list(CONTAINERS),
-        "nfs_address": nfs.address,
-        "nfs_export_path": nfs.export_path,
-        "registry_login_server": registry.login_server,
-        "batch_account_endpoint": cluster.account_endpoint,
-        "pool_id": cluster.pool_id,
-        "node_count": s.cluster.node_count,
-        "vm_size": s.cluster.vm_size,
-    }
-
-
-def _commit_to_build(s: StackSettings) -> str:
-    """The commit the acr builder builds ("" for docker); a real `pulumi up` refuses
-    uncommitted image inputs and a commit the remote lacks (infra.image.commit_to_build)."""
-    return commit_to_build() if s.image.builder == "acr" else ""
+    return image, PullSource.of(registry)
 
 
 def _storage(
@@ -165,7 +189,7 @@ def _cluster(
     net: Network,
     ids: Identities,
     store: Storage,
-    registry: Registry,
+    pull: PullSource,
     nfs: NfsServer,
     client: pulumi.Output[Any],
     deployer_type: str,
@@ -179,7 +203,7 @@ def _cluster(
             subnet_id=net.compute_subnet_id,
             node_identity_id=ids.nodes.id,
             storage_account_id=store.account_id,
-            registry_server=registry.login_server,
+            registry_server=pull.login_server,
             nfs=nfs,
             client=client,
             deployer_type=deployer_type,
@@ -195,8 +219,8 @@ def _job(
     s: StackSettings,
     job: JobSettings,
     cluster: GpuCluster,
-    image: TrainerImage,
-    registry: Registry,
+    image: TrainerImage | ReusedImage,
+    pull: PullSource,
     ids: Identities,
     store: Storage,
 ) -> dict[str, Any]:
@@ -213,7 +237,7 @@ def _job(
             node_count=job.nodes,
             vm_size=s.cluster.vm_size,
             image_ref=image.ref,
-            registry_server=registry.login_server,
+            registry_server=pull.login_server,
             node_identity_id=ids.nodes.id,
             node_identity_client_id=ids.nodes.client_id,
             blob_endpoint=store.blob_endpoint,
@@ -247,7 +271,9 @@ def _job(
     }
 
 
-def _job_outputs(image: TrainerImage, jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _job_outputs(
+    image: TrainerImage | ReusedImage, jobs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """The image's outputs, the jobs' under ``jobs``, and the one job's outputs at the top
     level too when there is one (the shorthand's outputs)."""
     outputs: dict[str, Any] = {"image_ref": image.ref, "image_digest": image.digest}

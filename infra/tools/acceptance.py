@@ -23,6 +23,7 @@ anything is created).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import re
@@ -40,10 +41,10 @@ from typing import Any, TextIO
 import yaml
 
 from infra import cost, prices
-from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
+from infra.config import PROJECT, REPO, ConfigError, StackSettings, acr_image, load_schema
 from infra.image import BUILD_AGENT_CPUS
 from infra.image_inputs import git_https_url
-from infra.naming import prefix
+from infra.naming import global_name, prefix
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, size_of
 from trainer.cli import OneLineParser
 from trainer.config import one_line
@@ -88,6 +89,8 @@ class Profile:
     assumed_minutes: int  # the whole run, for the dry run's cost line (not a measurement)
     what: str
     target: tuple[int, float] | None = None  # (minutes, USD) the run should stay under
+    # The whole run with --image-ref (no build): pool allocation and the image's pull dominate.
+    reused_minutes: int = 30
 
 
 PROFILES = {
@@ -117,6 +120,7 @@ PROFILES = {
         90,
         90,
         "2 nodes of an InfiniBand GPU size, one worker per GPU, NCCL over InfiniBand",
+        reused_minutes=45,
     ),
 }
 
@@ -131,22 +135,24 @@ class Check:
 
 CHECKS = (
     Check(
+        "quota",
+        "Batch core quota",
+        "a first `pulumi up --target` (policy pack on) creates only the Batch account and what "
+        "it depends on; its dedicated cores, in total and for the size's family, must cover "
+        "the pool (new accounts may start at 0): a shortfall fails here, before the image "
+        "build, the NFS server and the pool",
+    ),
+    Check(
         "up",
         "pulumi up",
-        "the Automation API creates the stack and runs `pulumi up` with the policy pack "
-        "(every guardrail mandatory): environment, image build, training job",
+        "the full `pulumi up` with the policy pack (every guardrail mandatory): environment, "
+        "image build, training job",
     ),
     Check(
         "outputs",
         "stack outputs",
         "job_id, job_state, job_log_url, job_checkpoint_path, job_portal_url, image_ref "
         "(pinned by digest), vm_size and node_count as configured",
-    ),
-    Check(
-        "quota",
-        "Batch core quota",
-        "the new Batch account's dedicated cores, in total and for the size's family, cover "
-        "the pool (new accounts may start at 0: then it fails now, not after an hour)",
     ),
     Check(
         "job",
@@ -223,6 +229,8 @@ class Options:
     keep_on_failure: bool = False
     secrets_provider: str | None = None
     image_source_token: str | None = None  # read from --image-source-token-env, never argv
+    image_ref: str = ""  # --image-ref: run this image, build none
+    image_registry_id: str = ""  # its registry's ARM id (az acr show), where AcrPull goes
     # Settings a dry run could not look up: key -> what a real run uses instead.
     placeholders: Mapping[str, str] = field(default_factory=dict)
 
@@ -274,6 +282,9 @@ def stack_values(opts: Options) -> dict[str, Any]:
         "trainerConfig": profile.trainer_config,
         "acceptanceProfile": profile.name,
     }
+    if opts.image_ref:  # nothing to build: the build settings stay out of the stack
+        del values["imageBuilder"], values["imageSourceRepo"]
+        values.update(imageRef=opts.image_ref, imageRegistryId=opts.image_registry_id)
     values["budget"] = _budget_for(opts.stack_name, values)
     return values
 
@@ -317,6 +328,50 @@ def expected_checkpoints(trainer_config: str) -> list[int]:
     return steps if last in steps else [*steps, last]
 
 
+# ---------------------------------------------------------------- the staged up
+BATCH_ACCOUNT_TYPE = "azure-native:batch:BatchAccount"
+ROOT_STACK_TYPE = "pulumi:pulumi:Stack"
+
+
+def account_targets(plan: Any, stack: str) -> list[str]:
+    """The URNs a first, targeted `pulumi up` creates so that the Batch account's core quota
+    can be read before the pool, the image build and the job exist: the account and, again
+    and again, what each of them depends on and its parent. The engine refuses a targeted
+    resource whose dependency is neither targeted nor already in the stack ("depends on ...
+    which was not specified in --target list": pulumi/pulumi #5869, #3369), and a parent is
+    such a dependency (#14531). The root stack and the default providers the engine creates
+    itself (the targeted runs of #3369 and #14531 create both)."""
+    nodes = plan.registered
+    (account,) = [urn for urn, node in nodes.items() if node.typ == BATCH_ACCOUNT_TYPE]
+    seen: set[str] = set()
+    todo = [account]
+    while todo:
+        urn = todo.pop()
+        if urn in nodes and urn not in seen and nodes[urn].typ != ROOT_STACK_TYPE:
+            seen.add(urn)
+            todo += [*nodes[urn].dependencies, nodes[urn].parent]
+    return sorted(engine_urn(nodes, urn, stack) for urn in seen)
+
+
+def engine_urn(nodes: Mapping[str, Any], urn: str, stack: str) -> str:
+    """The URN the engine gives a resource: ``urn:pulumi:<stack>::<project>::<types>::<name>``
+    where ``<types>`` is the chain of its ancestors' types and its own joined by ``$``, the
+    root stack left out (pkg/resource/urn.go; the URNs quoted in pulumi/pulumi #5869 and
+    #3369). Pulumi's mocks keep the parent's last type only and the root stack's type."""
+    name, types = nodes[urn].name, []
+    while urn in nodes and nodes[urn].typ != ROOT_STACK_TYPE:
+        types.append(nodes[urn].typ)
+        urn = nodes[urn].parent
+    return f"urn:pulumi:{stack}::{PROJECT}::{'$'.join(reversed(types))}::{name}"
+
+
+def _plan_targets(opts: Options, values: dict[str, Any]) -> list[str]:
+    """The staged up's targets, from the program as the offline plan evaluates it."""
+    from infra.tools.plan import evaluate
+
+    return account_targets(evaluate(opts.stack_name, values), opts.stack_name)
+
+
 # ---------------------------------------------------------------- cost
 def run_cost(
     s: StackSettings, hours: float, node_hours: float, build_minutes: float = 0.0
@@ -325,8 +380,12 @@ def run_cost(
     ACR Task build of ``build_minutes`` (acr builder), at the list prices of infra/prices.py. A
     registry bills a fixed charge per started day; the build agent each CPU-second."""
     days = max(1, math.ceil(hours / 24))
-    build = []
-    if s.image.builder == "acr" and build_minutes > 0:
+    build, registry = [], []
+    if not s.image.ref:  # an imageRef builds nothing and has no registry of the stack's
+        registry = [
+            (f"container registry (Premium), {days} day(s)", prices.ACR_PREMIUM_PER_DAY * days)
+        ]
+    if s.image.builder == "acr" and build_minutes > 0 and not s.image.ref:
         build = [
             (
                 f"image build: ACR Task agent, {BUILD_AGENT_CPUS} CPUs x {build_minutes:.0f} min",
@@ -346,7 +405,7 @@ def run_cost(
             nfs_gb * prices.PREMIUM_SSD_PER_GB_MONTH * hours / prices.HOURS_PER_MONTH,
         ),
         (f"NAT gateway + public IP, {hours:.2f} h", network * hours),
-        (f"container registry (Premium), {days} day(s)", prices.ACR_PREMIUM_PER_DAY * days),
+        *registry,
         *build,
     ]
 
@@ -390,8 +449,16 @@ def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
             f"  (a real run adds this machine's public IP to {lists}, looked up when it "
             "starts, or --client-ip)\n"
         )
+    staged = account_targets(plan, opts.stack_name)
     w(
-        f"and run `pulumi up --policy-pack {POLICY_PACK.relative_to(REPO)}`, which declares:\n\n"
+        f"and run `pulumi up --policy-pack {POLICY_PACK.relative_to(REPO)}` twice. First with "
+        f"--target for the Batch account and the {len(staged) - 1} resources it needs, so its "
+        "core quota is read before the image build, the NFS server and the pool exist:\n"
+    )
+    for urn in staged:
+        w(f"  {urn.split('::')[2].rsplit('$', 1)[-1]}  {urn.rsplit('::', 1)[1]}\n")
+    w(
+        "then without, which declares:\n\n"
         f"{render(plan, 160)}\n\n"
         "Checks, in order:\n"
         f"   0. {'prerequisites':<28} the Pulumi CLI on PATH and logged in to a state backend "
@@ -407,13 +474,23 @@ def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
         f"(checkpoints at steps {steps}); the run `pulumi destroy` must stop: "
         f"{profile.long_trainer_config}.\n"
         f"Then: the time taken and an estimated cost{_target_text(profile)}. If the run takes "
-        f"{profile.assumed_minutes} min (an assumption, not a measurement; the image build on "
-        "ACR is most of it):\n"
+        + (
+            f"{profile.reused_minutes} min (an assumption, not a measurement; no build):\n"
+            if opts.image_ref
+            else f"{profile.assumed_minutes} min (an assumption, not a measurement; the image "
+            "build on ACR is most of it):\n"
+        )
     )
-    hours = profile.assumed_minutes / 60
+    minutes = profile.reused_minutes if settings.image.ref else profile.assumed_minutes
+    hours = minutes / 60
     node_hours = _node_hours(settings, hours, hours)
     w("\n".join(cost_lines(settings, hours, node_hours, ASSUMED_BUILD_MINUTES)) + "\n")
-    if settings.image.builder == "acr":
+    if settings.image.ref:
+        w(
+            f"    (--image-ref: no build and no registry of the stack's; the run assumed at "
+            f"{minutes} min; {settings.image.ref.split('@')[0]}'s registry bills its owner)\n"
+        )
+    elif settings.image.builder == "acr":
         w(
             f"    (the image build assumed at {ASSUMED_BUILD_MINUTES} min of the ACR Task agent, "
             "its usual length with the Horovod build; a real run counts the whole `pulumi up` "
@@ -489,8 +566,10 @@ class Acceptance:
         run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        targets: list[str] | None = None,
     ) -> None:
         self.opts, self.values, self.stack = opts, values, stack
+        self.targets = targets or []  # the Batch account and what it needs (account_targets)
         self.shell = run or _run
         self.settings = validated(opts, values)
         self.batch_client, self.logs_container = batch_client, logs_container
@@ -548,8 +627,7 @@ class Acceptance:
         self.out.flush()
 
     # ---------------------------------------------------------- steps (in CHECKS order)
-    def _up(self) -> str:
-        started = self.clock()
+    def _configure(self) -> None:
         self.stack.set_all_config(config_map(self.values), path=True)
         if self.opts.image_source_token:
             from pulumi.automation import ConfigValue
@@ -558,6 +636,9 @@ class Acceptance:
                 f"{PROJECT}:imageSourceToken",
                 ConfigValue(value=self.opts.image_source_token, secret=True),
             )
+
+    def _up(self) -> str:
+        started = self.clock()
         result = self.stack.up(
             on_output=self._pulumi_line,
             on_error=self._pulumi_line,
@@ -598,6 +679,10 @@ class Acceptance:
             ),
             ("@sha256:" in o["image_ref"], f"image_ref={o['image_ref']} is not pinned by digest"),
             (
+                o["image_ref"] == (self.opts.image_ref or o["image_ref"]),
+                f"image_ref={o['image_ref']}, not --image-ref {self.opts.image_ref}",
+            ),
+            (
                 o["job_log_url"].endswith(f"/logs/{o['job_id']}/")
                 and urllib.parse.urlsplit(o["job_log_url"]).hostname
                 == f"{o['storage_account_name']}.blob.core.windows.net",
@@ -620,11 +705,26 @@ class Acceptance:
 
     def _quota(self) -> str:
         """A Batch account in Batch-service mode has its own core quotas, per VM family and in
-        total; for new accounts they may be reduced, in some regions to zero, and a pool beyond
-        them never gets its nodes (articles/batch/batch-quota-limit.md). Read them with the
-        ARM rights that created the account."""
-        s, o = self.settings, self.outputs
-        account, group = o["batch_account_endpoint"].split(".")[0], o["resource_group_name"]
+        total, set when the account is created; for new accounts they may be reduced, in some
+        regions to zero, and a pool beyond them never gets its nodes (articles/batch/
+        batch-quota-limit.md). No subscription quota tells them before the account exists
+        (the Compute vCPU quotas count only for UserSubscription accounts, same article), so a
+        targeted `pulumi up` creates the account first; read them with the ARM rights that
+        created it."""
+        self._configure()
+        if not self.targets:
+            raise CheckFailed("no targets for the Batch account's staged `pulumi up`")
+        self.say(f"pulumi up --target: the Batch account and {len(self.targets) - 1} resources")
+        self.stack.up(
+            target=self.targets,
+            on_output=self._pulumi_line,
+            on_error=self._pulumi_line,
+            policy_packs=[str(POLICY_PACK)],
+        )
+        s = self.settings
+        # The names infra/stack.py gives them (naming is deterministic per stack).
+        account = global_name(team=s.team, stack=s.stack, role="batch")
+        group = f"rg-{prefix(team=s.team, stack=s.stack)}"
         need = s.cluster.node_count * s.cluster.gpu.vcpus
         family_query = f"[?name=='{s.cluster.vm_size}'].family | [0]"
         quotas = (
@@ -1019,8 +1119,14 @@ def resolve_options(args: argparse.Namespace, host: Host, *, look_up: bool) -> O
             f"--vm-size={vm_size}: the gpu profile needs an InfiniBand GPU size, one of "
             f"{', '.join(SUPPORTED)}"
         )
+    image_ref, registry_id = args.image_ref or "", ""
+    placeholders = {}
+    if image_ref:
+        registry_id = reused_registry(image_ref, host, look_up=look_up)
+        if not look_up:
+            placeholders["imageRegistryId"] = "placeholder: a real run asks az acr show"
     repo = args.image_source_repo
-    if repo is None and args.image_builder == "acr":
+    if repo is None and args.image_builder == "acr" and not image_ref:
         remote = host.run(["git", "-C", str(REPO), "remote", "get-url", "origin"])
         repo = git_https_url(remote.stdout) if remote.returncode == 0 else None
         if repo is None and look_up:
@@ -1045,10 +1151,9 @@ def resolve_options(args: argparse.Namespace, host: Host, *, look_up: bool) -> O
             raise Unavailable(
                 f"cannot look up this machine's public IP ({err}): pass --client-ip"
             ) from None
-    placeholders = {}
     if email is None:
         placeholders["budgetEmails"] = "placeholder: a real run alerts your az login's e-mail"
-    if repo is None and args.image_builder == "acr":
+    if repo is None and args.image_builder == "acr" and not image_ref:
         placeholders["imageSourceRepo"] = "placeholder: a real run reads the origin remote"
     token = None
     if args.image_source_token_env:
@@ -1069,8 +1174,72 @@ def resolve_options(args: argparse.Namespace, host: Host, *, look_up: bool) -> O
         keep_on_failure=args.keep_on_failure,
         secrets_provider=args.secrets_provider,
         image_source_token=token,
+        image_ref=image_ref,
+        image_registry_id=registry_id,
         placeholders=placeholders,
     )
+
+
+ASSIGN_ROLES = "Microsoft.Authorization/roleAssignments/write"
+# ARM's Permissions - List For Resource: the caller's actions and notActions at a scope, one
+# entry per role it holds there (REST reference, authorization/permissions, 2022-04-01).
+PERMISSIONS_API = "providers/Microsoft.Authorization/permissions?api-version=2022-04-01"
+PLACEHOLDER_SUBSCRIPTION = "00000000-0000-0000-0000-000000000000"
+
+
+def may_assign_roles(permissions: list[Mapping[str, Any]]) -> bool:
+    """Whether one of the caller's roles at a scope grants ``roleAssignments/write`` through an
+    action pattern (``*`` wildcards, case-insensitive) that its own notActions do not take
+    back: Contributor's ``Microsoft.Authorization/*/Write`` does. Deny assignments and role
+    conditions are not in this answer: ARM may still refuse what it allows."""
+
+    def granted(patterns: Any) -> bool:
+        return any(
+            fnmatch.fnmatchcase(ASSIGN_ROLES.lower(), str(p).lower()) for p in patterns or ()
+        )
+
+    return any(granted(p.get("actions")) and not granted(p.get("notActions")) for p in permissions)
+
+
+def reused_registry(image_ref: str, host: Host, *, look_up: bool) -> str:
+    """The ARM id of ``--image-ref``'s registry, where the nodes' identity will get AcrPull;
+    ``InputError`` (exit 2, nothing created) for a ref without a digest, outside ACR, in a
+    registry az cannot find, or one where this login may not assign roles. Without
+    ``look_up``, a placeholder id."""
+    parts = acr_image(image_ref)
+    if parts is None or not parts["digest"]:
+        raise InputError(
+            f"--image-ref={image_ref}: give <name>.azurecr.io/<repository>@sha256:<digest>; the "
+            "check holds a run to one image, which only a digest names"
+        )
+    name = parts["registry"]
+    if not look_up:
+        return (
+            f"/subscriptions/{PLACEHOLDER_SUBSCRIPTION}/resourceGroups/placeholder/providers/"
+            f"Microsoft.ContainerRegistry/registries/{name}"
+        )
+    shown = host.run(["az", "acr", "show", "-n", name, "--query", "id", "-o", "tsv"])
+    registry_id = shown.stdout.strip()
+    if shown.returncode != 0 or not registry_id:
+        raise InputError(
+            f"--image-ref={image_ref}: az acr show -n {name} finds no registry this login can "
+            f"read in the selected subscription ({one_line(shown.stderr.strip()[:160])}); use "
+            "an image in a registry of this subscription"
+        )
+    url = f"https://management.azure.com{registry_id}/{PERMISSIONS_API}"
+    answer = host.run(["az", "rest", "--method", "get", "--url", url])
+    try:
+        permissions = json.loads(answer.stdout)["value"]
+    except (ValueError, KeyError, TypeError):
+        permissions = []
+    if answer.returncode != 0 or not may_assign_roles(permissions):
+        raise InputError(
+            f"--image-ref={image_ref}: this login may not assign roles on registry {name} "
+            f"({ASSIGN_ROLES}), so the nodes could not get AcrPull there; ask for Role Based "
+            "Access Control Administrator (or User Access Administrator) on it, or use an "
+            "image in a registry you may grant"
+        )
+    return registry_id
 
 
 def open_stack(name: str, secrets_provider: str | None) -> Any:
@@ -1133,6 +1302,12 @@ def build_parser() -> OneLineParser:
         help="environment variable holding a read token for a private repository",
     )
     parser.add_argument(
+        "--image-ref",
+        metavar="REF",
+        help="run this image (<name>.azurecr.io/<repository>@sha256:<digest>) instead of "
+        "building one; the nodes get AcrPull on its registry",
+    )
+    parser.add_argument(
         "--secrets-provider", help="for the new stack, e.g. azurekeyvault://<vault>/keys/<key>"
     )
     return parser
@@ -1148,6 +1323,7 @@ def main(
     out: TextIO | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    targets: Callable[[Options, dict[str, Any]], list[str]] = _plan_targets,
 ) -> int:
     import os
 
@@ -1166,8 +1342,9 @@ def main(
         opts = resolve_options(args, host, look_up=True)
         values = stack_values(opts)
         validated(opts, values)
-        if opts.image_builder == "acr":
+        if opts.image_builder == "acr" and not opts.image_ref:
             host.check_source()
+        staged = targets(opts, values)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -1192,6 +1369,7 @@ def main(
         run=host.run,
         sleep=sleep,
         clock=clock,
+        targets=staged,
     )
     return runner.run()
 

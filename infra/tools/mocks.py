@@ -137,13 +137,29 @@ class RecordingMonitor(MockMonitor):
     def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
         super().__init__(mocks)
         self.dependencies: dict[str, set[str]] = {}
+        # By the mocks' URN (names repeat: a component and its children share the stem).
+        self.registered: dict[str, Registration] = {}
 
     def RegisterResource(self, request):
         urns = set(request.dependencies)
         for dependencies in request.propertyDependencies.values():
             urns |= set(dependencies.urns)
         self.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
-        return super().RegisterResource(request)
+        response = super().RegisterResource(request)
+        self.registered[response.urn] = Registration(
+            request.type, request.name, request.parent, frozenset(urns)
+        )
+        return response
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One RegisterResource as the engine receives it; URNs are the mocks' own."""
+
+    typ: str
+    name: str
+    parent: str  # the parent's URN ("" for the root stack)
+    dependencies: frozenset[str]  # explicit depends_on and every resource its inputs read
 
 
 def _fake_digest(seed: str) -> str:

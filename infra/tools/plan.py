@@ -18,7 +18,7 @@ import yaml
 
 from infra import cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
-from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor
+from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from trainer.cli import OneLineParser
 
 PROGRAM = REPO / "__main__.py"
@@ -62,6 +62,8 @@ class Plan:
     dependencies: dict[str, set[str]] = field(default_factory=dict)
     # The resource options each resource was declared with (ignore_changes, replace_on_changes).
     options: dict[str, Any] = field(default_factory=dict)
+    # Every RegisterResource by the mocks' URN, components and the root stack included.
+    registered: dict[str, Registration] = field(default_factory=dict)
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
@@ -146,7 +148,9 @@ def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Pl
     finally:
         pulumi.export = real_export
     resources = [replace(r, protect=(r.typ, r.name) in protected) for r in mocks.resources]
-    return Plan(settings, resources, resolved, depends_on, monitor.dependencies, options)
+    return Plan(
+        settings, resources, resolved, depends_on, monitor.dependencies, options, monitor.registered
+    )
 
 
 def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list[str]:

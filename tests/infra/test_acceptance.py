@@ -6,8 +6,10 @@ the one-line failures, the cost and time summary, and the presets through the tr
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
+import json
 import re
 import subprocess
 import sys
@@ -27,17 +29,21 @@ from infra.batch import CPU_CONTAINER_RUN_OPTIONS
 from infra.cluster import CPU_SKIP_MESSAGE
 from infra.tools import acceptance
 from infra.tools.acceptance import (
+    BATCH_ACCOUNT_TYPE,
     CHECKS,
     JOB_TYPE,
     POLICY_PACK,
     PROFILES,
     Host,
+    account_targets,
     config_map,
+    engine_urn,
     expected_checkpoints,
     run_cost,
     stack_values,
     validated,
 )
+from infra.tools.plan import evaluate
 from tests.infra.conftest import (
     CLIENT_IP,
     REPO,
@@ -101,8 +107,11 @@ class FakeStack:
 
     def up(self, **kwargs) -> SimpleNamespace:
         preset = self.config[f"{PROJECT_PREFIX}trainerConfig"].value
-        self.record("up", preset, **kwargs)
+        targets = list(kwargs.get("target") or ())
+        self.record("up", preset, *(["targeted"] if targets else []), **kwargs)
         self.policy_packs.append(kwargs.get("policy_packs"))
+        if targets:
+            return self.world.targeted_up(self.name, targets)
         self.world.clock.now += 20 * 60 if len([c for c in self.calls if c[0] == "up"]) == 1 else 60
         if self.world.fail_up:
             raise auto.CommandError(
@@ -110,6 +119,7 @@ class FakeStack:
                     "Updating (acceptance)\n", "error: resource x failed\n  detail line\n", 255
                 )
             )
+        self.world.created |= set(self.world.graph(self.name))
         self.world.submit(preset)
         return SimpleNamespace(summary=SimpleNamespace(resource_changes={"create": 47}))
 
@@ -153,6 +163,65 @@ class World:
     jobs: dict[str, list[str]] = field(default_factory=dict)  # states still to report
     deleted: set[str] = field(default_factory=set)
     stdout: str = ""
+    # The Batch account's quotas from the moment it exists (az batch account show's answer).
+    quota: str = ""
+    created: set[str] = field(default_factory=set)  # URNs in the stack's state
+    image_ref: str = ""  # --image-ref: the image the stack runs
+
+    # -- the Pulumi engine's targeted update
+    def graph(self, stack: str) -> dict[str, set[str]]:
+        """URN -> the URNs it needs in the state first (dependencies and parent), from the
+        program as the offline plan runs it, named for ``stack`` as the engine names them."""
+        nodes = profile_plan(self.profile, self.image_ref).registered
+        plan_stack = acceptance_options(self.profile).stack_name
+
+        def named(urn: str) -> str:  # resource names start with the stack's name
+            return engine_urn(nodes, urn, plan_stack).replace(plan_stack, stack)
+
+        return {
+            named(urn): {
+                named(d)
+                for d in (*node.dependencies, node.parent)
+                if d in nodes and nodes[d].typ != "pulumi:pulumi:Stack"
+            }
+            for urn, node in nodes.items()
+            if node.typ != "pulumi:pulumi:Stack"
+        }
+
+    def targeted_up(self, stack: str, targets: list[str]) -> SimpleNamespace:
+        """`pulumi up --target`: a targeted resource whose dependency or parent is neither
+        targeted nor in the state fails the update (pulumi/pulumi #5869, #3369; a parent:
+        #14531); an unknown URN creates nothing."""
+        graph = self.graph(stack)
+        self.clock.now += 4 * 60
+        for urn in targets:
+            for needed in sorted(graph.get(urn, ())):
+                if needed not in self.created and needed not in targets:
+                    raise auto.CommandError(
+                        auto.CommandResult(
+                            "Updating (acceptance)\n",
+                            f"error: Resource '{urn}' depends on '{needed}' which was was not "
+                            "specified in --target list.\n",
+                            255,
+                        )
+                    )
+        known = [urn for urn in targets if urn in graph]
+        self.created |= set(known)
+        return SimpleNamespace(summary=SimpleNamespace(resource_changes={"create": len(known)}))
+
+    def account_exists(self) -> bool:
+        return any(urn.split("::")[2].endswith(BATCH_ACCOUNT_TYPE) for urn in self.created)
+
+    def az_batch_account_show(self) -> tuple[int, str, str]:
+        """ARM's answer through az: 404 ResourceNotFound until the account exists
+        (articles/azure-resource-manager/troubleshooting/error-not-found.md); then its
+        quotas, which Batch sets when it creates the account: "0-900" dedicated cores by
+        default, reduced for new accounts in some regions and subscriptions, "in some cases
+        to zero" (articles/batch/batch-quota-limit.md, footnote 1). Nothing tells them
+        before the account exists."""
+        if not self.account_exists():
+            return 3, "", "ERROR: (ResourceNotFound) The Resource was not found.\n"
+        return 0, self.quota or QUOTA, ""
 
     def submit(self, preset: str) -> None:
         self.job_id = f"{self.stack_name}-{'long' if 'long' in preset else 'first'}"
@@ -163,7 +232,8 @@ class World:
 
     @property
     def settings(self):
-        return validated(acceptance_options(self.profile), acceptance_values(self.profile))
+        opts = acceptance_options(self.profile, **reused(self.image_ref))
+        return validated(opts, stack_values(opts))
 
     def outputs(self) -> dict:
         name = self.stack_name
@@ -173,7 +243,8 @@ class World:
             "job_log_url": f"https://acceptancedata1234abcd.blob.core.windows.net/logs/{self.job_id}/",
             "job_checkpoint_path": f"shared/runs/{name}/0a21bb731886",
             "job_portal_url": "https://portal.azure.com/#resource/x/jobs",
-            "image_ref": "acceptanceacr1234abcd.azurecr.io/trainer:abc@sha256:" + "a" * 64,
+            "image_ref": self.image_ref
+            or "acceptanceacr1234abcd.azurecr.io/trainer:abc@sha256:" + "a" * 64,
             "batch_account_endpoint": "acceptancebatch1234abcd.eastus.batch.azure.com",
             "storage_account_name": "acceptancedata1234abcd",
             "resource_group_name": f"rg-{name}",
@@ -274,6 +345,26 @@ def job_stdout(world: World) -> str:
     return out.getvalue()
 
 
+REUSED_REGISTRY_ID = (
+    "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-images/providers/"
+    "Microsoft.ContainerRegistry/registries/teamimages"
+)
+REUSED_REF = "teamimages.azurecr.io/trainer@sha256:" + "3f" * 32
+# Permissions - List For Resource (authorization REST reference, 2022-04-01): one entry per
+# role the caller holds at the scope, with that role's actions and notActions. Contributor's
+# notActions take back role assignments; Role Based Access Control Administrator grants them.
+CONTRIBUTOR = {
+    "actions": ["*"],
+    "notActions": [
+        "Microsoft.Authorization/*/Delete",
+        "Microsoft.Authorization/*/Write",
+        "Microsoft.Authorization/elevateAccess/Action",
+    ],
+}
+RBAC_ADMIN = {
+    "actions": ["Microsoft.Authorization/roleAssignments/write", "*/read"],
+    "notActions": [],
+}
 FAMILIES = {
     "Standard_D2s_v5": "standardDSv5Family",
     "Standard_ND96asr_v4": "standardNDASv4_A100Family",
@@ -284,22 +375,40 @@ QUOTA = (
 )
 
 
-def good_host(**changes) -> Host:
-    """A machine with both CLIs logged in (Pulumi Cloud backend) and an origin remote."""
+@functools.cache
+def profile_plan(profile: str, image_ref: str = ""):
+    """The acceptance profile's program under mocks, once per session."""
+    opts = acceptance_options(profile, **reused(image_ref))
+    return evaluate(opts.stack_name, stack_values(opts))
+
+
+def reused(image_ref: str) -> dict:
+    """The options --image-ref sets (with the registry id az acr show gives)."""
+    return {"image_ref": image_ref, "image_registry_id": REUSED_REGISTRY_ID if image_ref else ""}
+
+
+def good_host(world: World | None = None, **changes) -> Host:
+    """A machine with both CLIs logged in (Pulumi Cloud backend) and an origin remote; with
+    ``world``, az answers for its Batch account as ARM would."""
     answers = {
         ("pulumi", "whoami"): (0, '{"user": "me", "url": "https://app.pulumi.com/me"}'),
         ("az", "account"): (0, "qa@example.com\n"),
         ("az", "vm"): (0, ""),
         ("az", "batch"): (0, QUOTA),
         ("git", "-C"): (0, "git@github.com:example-org/distributed-training.git\n"),
+        ("az", "acr"): (0, REUSED_REGISTRY_ID + "\n"),
+        ("az", "rest"): (0, json.dumps({"value": [CONTRIBUTOR, RBAC_ADMIN]})),
     }
-    answers.update(changes.pop("answers", {}))
+    fixed = changes.pop("answers", {})
+    answers.update(fixed)
 
     def run(argv):
-        code, out = answers[tuple(argv[:2])]
+        code, out, err = (*answers[tuple(argv[:2])], "")[:3]
         if argv[:3] == ["az", "vm", "list-skus"]:  # the family of the size asked about
             out = FAMILIES[argv[argv.index("--size") + 1]] + "\n"
-        return subprocess.CompletedProcess(argv, code, out, "")
+        if argv[:3] == ["az", "batch", "account"] and world and ("az", "batch") not in fixed:
+            code, out, err = world.az_batch_account_show()
+        return subprocess.CompletedProcess(argv, code, out, err)
 
     values = {
         "which": lambda name: f"/usr/bin/{name}",
@@ -311,7 +420,9 @@ def good_host(**changes) -> Host:
     return Host(**{**values, **changes})
 
 
-def run_main(world: World, *argv: str, host: Host | None = None) -> tuple[int, str, list]:
+def run_main(
+    world: World, *argv: str, host: Host | None = None, targets=None
+) -> tuple[int, str, list]:
     stacks: list[FakeStack] = []
 
     def factory(name, secrets_provider):
@@ -320,10 +431,20 @@ def run_main(world: World, *argv: str, host: Host | None = None) -> tuple[int, s
         stacks.append(FakeStack(name, world))
         return stacks[-1]
 
+    def staged(opts, values):
+        plan_stack = acceptance_options(world.profile).stack_name
+        urns = account_targets(profile_plan(world.profile, world.image_ref), plan_stack)
+        return [
+            urn.replace(plan_stack, opts.stack_name)
+            for urn in urns
+            if targets is None or targets(urn)
+        ]
+
     out = io.StringIO()
     code = acceptance.main(
         ["--profile", world.profile, *argv],
-        host=host or good_host(),
+        host=host or good_host(world),
+        targets=staged,
         stack_factory=factory,
         batch_client=world.batch_client,
         logs_container=world.logs_container,
@@ -358,6 +479,8 @@ def test_a_passing_cpu_run_calls_the_automation_api_in_order_and_always_cleans_u
     job_urn = f"urn:pulumi:{name}::gpu-cluster::{JOB_TYPE}::{name}-job"
     assert stack.calls == [
         ("set_all_config",),
+        # The Batch account and what it needs first: its quota is read before the build.
+        ("up", "trainer/presets/acceptance-cpu.yaml", "targeted"),
         ("up", "trainer/presets/acceptance-cpu.yaml"),
         ("outputs",),
         ("set_config", "gpu-cluster:trainerConfig", "trainer/presets/acceptance-cpu-long.yaml"),
@@ -378,7 +501,7 @@ def test_a_passing_cpu_run_calls_the_automation_api_in_order_and_always_cleans_u
         "https://github.com/example-org/distributed-training.git"  # the ssh origin, as https
     )
     assert stack.keywords["set_all_config"] == {"path"}
-    assert stack.policy_packs == [[str(POLICY_PACK)]] * 2  # the guardrails on every up
+    assert stack.policy_packs == [[str(POLICY_PACK)]] * 3  # the guardrails on every up
     # Batch: the first job polled to completed, its subtasks read; the long one gone (404).
     client = world.client
     job_polls = [c.args[0] for c in client.get_job.call_args_list]
@@ -439,7 +562,7 @@ def test_a_failed_pulumi_up_is_one_line_and_the_stack_is_still_destroyed(tmp_pat
     world = World(tmp_path, fail_up=True)
     code, text, (stack,) = run_main(world)
     assert code == 1
-    assert [c[0] for c in stack.calls] == ["set_all_config", "up", "destroy", "remove_stack"]
+    assert [c[0] for c in stack.calls] == ["set_all_config", "up", "up", "destroy", "remove_stack"]
     line = next(line for line in text.splitlines() if line.startswith("  FAIL"))
     assert line.endswith("CommandError: error: resource x failed")
 
@@ -454,14 +577,22 @@ def test_a_failed_pulumi_up_is_one_line_and_the_stack_is_still_destroyed(tmp_pat
         ),
     ],
 )
-def test_a_new_batch_account_without_quota_fails_at_once_not_after_an_hour(
+def test_a_new_batch_account_without_quota_fails_before_the_pool_and_the_build(
     tmp_path, quota, message
 ):
-    world = World(tmp_path)
-    code, text, (stack,) = run_main(world, host=good_host(answers={("az", "batch"): (0, quota)}))
-    assert code == 1 and results(text)["quota"] == "FAIL"
+    """The README's promise: the quota is checked before `pulumi up` builds the image and
+    starts the pool. Only a targeted up of the account and what it needs has run."""
+    world = World(tmp_path, quota=quota)
+    code, text, (stack,) = run_main(world)
+    assert code == 1 and results(text)["quota"] == "FAIL", text
     assert message in text
-    assert world.client.get_job.call_count == 0  # no hour of polling
+    ups = [call for call in stack.calls if call[0] == "up"]
+    assert ups == [("up", "trainer/presets/acceptance-cpu.yaml", "targeted")], stack.calls
+    assert results(text)["up"] == "NOT RUN"
+    built = {urn.split("::")[2].rsplit("$", 1)[-1] for urn in world.created}
+    assert "azure-native:batch:BatchAccount" in built
+    never = ("batch:Pool", ":ImageBuild", "compute:VirtualMachine", "dynamic:Resource")
+    assert not [typ for typ in built if typ.endswith(never)], built
     assert stack.calls[-2:] == [("destroy", ()), ("remove_stack", stack.name)]
 
 
@@ -511,7 +642,8 @@ def test_the_summary_prints_the_time_and_the_cost_against_the_target(tmp_path):
     elapsed = world.clock.now - 1000.0  # every second the fake operations and sleeps took
     hours = elapsed / 3600
     seconds = round(elapsed)
-    assert f"Time: {seconds // 60} min {seconds % 60} s (target: under 30 min, over it)" in text
+    over = ", over it" if seconds > 30 * 60 else ""
+    assert f"Time: {seconds // 60} min {seconds % 60} s (target: under 30 min{over})" in text
     # A fixed pool of 2 nodes; `pulumi up` (which holds the ACR build) took what the fake
     # clock says, counted as the build's time.
     build = re.search(r"image build: ACR Task agent, 8 CPUs x (\d+) min", text)
@@ -638,6 +770,8 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
         assert "gpu-cluster:protectData: false" in text
         assert "+ azure-native:batch:Pool" in text and "+ pulumi-python:dynamic:Resource" in text
         assert "deployer-blob-reader" in text  # the check reads the logs as the deployer
+        staged = text.split("First with --target", 1)[1].split("then without", 1)[0]
+        assert "azure-native:batch:BatchAccount" in staged and "batch:Pool" not in staged
         numbered = re.findall(r"^\s+(\d+)\. ", text.split("Checks, in order:")[1], re.M)
         assert numbered == [str(n) for n in range(len(CHECKS) + 1)]
         assert "Then: the time taken and an estimated cost" in text
@@ -773,3 +907,153 @@ def test_a_job_whose_pool_cannot_get_nodes_fails_at_once_with_the_fix(tmp_path):
         "total dedicated core quota is used up" in text
     )
     assert stack.calls[-2:] == [("destroy", ()), ("remove_stack", stack.name)]
+
+
+# ---------------------------------------------------------------- the staged up
+def test_engine_urns_chain_every_ancestors_type_and_leave_the_root_stack_out():
+    """The forms quoted from real engines: a top-level resource (pulumi/pulumi #3369) and a
+    grandchild with its whole chain (#5869); the mocks' own URNs differ from both."""
+    from infra.tools.mocks import Registration
+
+    root = "urn:pulumi:dev::x::pulumi:pulumi:Stack::x-dev"
+    nodes = {
+        root: Registration("pulumi:pulumi:Stack", "x-dev", "", frozenset()),
+        "m1": Registration("aws:ec2/subnet:Subnet", "main", root, frozenset()),
+        "m2": Registration("foobar:aws:VPC", "vpc-prod", root, frozenset()),
+        "m3": Registration("aws:ec2/vpc:Vpc", "vpc-prod-vpc", "m2", frozenset()),
+        "m4": Registration(
+            "aws:ec2/internetGateway:InternetGateway", "vpc-prod-vpc-ig", "m3", frozenset()
+        ),
+    }
+    assert engine_urn(nodes, "m1", "dev") == (
+        "urn:pulumi:dev::gpu-cluster::aws:ec2/subnet:Subnet::main"
+    )
+    assert engine_urn(nodes, "m4", "prod") == (
+        "urn:pulumi:prod::gpu-cluster::foobar:aws:VPC$aws:ec2/vpc:Vpc"
+        "$aws:ec2/internetGateway:InternetGateway::vpc-prod-vpc-ig"
+    )
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_the_staged_up_targets_the_account_and_all_it_needs_and_not_the_pool_or_build(
+    tmp_path, profile
+):
+    world = World(tmp_path, profile=profile)
+    name = acceptance_options(profile).stack_name
+    targets = account_targets(profile_plan(profile), name)
+    graph = world.graph(name)
+    assert set(targets) <= set(graph)
+    for urn in targets:  # what the engine asks of a targeted update (pulumi/pulumi #5869)
+        assert graph[urn] <= set(targets), (urn, graph[urn] - set(targets))
+    types = {urn.split("::")[2].rsplit("$", 1)[-1] for urn in targets}
+    assert {BATCH_ACCOUNT_TYPE, "azure-native:resources:ResourceGroup"} <= types
+    never = ("batch:Pool", ":ImageBuild", "containerregistry:Task", "compute:VirtualMachine")
+    assert not [t for t in types if t.endswith(never) or t == JOB_TYPE], types
+
+
+def test_a_staged_up_missing_a_dependency_fails_as_the_engine_fails_it(tmp_path):
+    """The fake engine is not lenient: the account alone, without its resource group and
+    identity, is refused, and the run stops before the full up."""
+    world = World(tmp_path)
+
+    code, text, _ = run_main(
+        world, targets=lambda urn: urn.split("::")[2].endswith(BATCH_ACCOUNT_TYPE)
+    )
+    assert code == 1 and results(text)["quota"] == "FAIL" and results(text)["up"] == "NOT RUN"
+    assert "which was was not specified in --target list" in text
+    assert not world.created
+
+
+# ---------------------------------------------------------------- --image-ref
+def test_an_image_ref_run_builds_nothing_and_its_cost_counts_no_acr_agent_or_registry(
+    tmp_path,
+):
+    world = World(tmp_path, image_ref=REUSED_REF)
+
+    def no_source_check() -> None:
+        raise AssertionError("an --image-ref run clones and builds nothing")
+
+    code, text, (stack,) = run_main(
+        world, "--image-ref", REUSED_REF, host=good_host(world, check_source=no_source_check)
+    )
+    assert code == 0, text
+    config = {key: value.value for key, value in stack.config.items()}
+    assert config["gpu-cluster:imageRef"] == REUSED_REF
+    assert config["gpu-cluster:imageRegistryId"] == REUSED_REGISTRY_ID  # from az acr show
+    assert "gpu-cluster:imageSourceRepo" not in config
+    built = {urn.split("::")[2].rsplit("$", 1)[-1] for urn in world.created}
+    assert "azure-native:batch:Pool" in built
+    assert not [t for t in built if t.endswith((":ImageBuild", "containerregistry:Registry"))]
+    summary = text.split("Estimated cost:", 1)[1]
+    assert "image build:" not in summary and "container registry" not in summary
+    hours = (world.clock.now - 1000.0) / 3600
+    total = cost.total(run_cost(world.settings, hours, 2 * hours, 60))
+    assert abs(float(re.search(r"Estimated cost: \$([0-9.]+)", text).group(1)) - total) < 0.05
+
+
+def test_the_dry_run_with_an_image_ref_plans_no_build_and_a_smaller_cost():
+    out = io.StringIO()
+    code = acceptance.main(
+        ["--profile", "cpu", "--dry-run", "--image-ref", REUSED_REF],
+        host=good_host(which=lambda name: None),  # no CLI: nothing is asked of Azure
+        out=out,
+    )
+    text = out.getvalue()
+    assert code == 0, text
+    plan = text.split("then without, which declares:", 1)[1].split("Checks, in order:")[0]
+    assert "+ azure-native:batch:Pool" in plan
+    for absent in ("ImageBuild", "containerregistry:Task", "containerregistry:Registry"):
+        assert absent not in plan
+    assert "placeholder: a real run asks az acr show" in text
+    costs = text.split("If the run takes 30 min", 1)[1]
+    assert "image build" not in costs and "container registry" not in costs
+    total = float(re.search(r"total +\$ +([0-9.]+)", costs).group(1))
+    assert total < 0.5  # nodes, NFS and network for half an hour; no build, no registry
+
+
+def test_run_cost_with_an_image_ref_leaves_out_the_build_and_the_registry():
+    opts = acceptance_options("cpu", **reused(REUSED_REF))
+    s = validated(opts, stack_values(opts))
+    items = dict(run_cost(s, 1.25, 2.5, build_minutes=60))
+    assert not [k for k in items if "build" in k or "registry" in k]
+    assert cost.total(list(items.items())) == pytest.approx(
+        2.5 * 0.096 + 1.25 * 0.096 + 1.25 * 0.05, abs=0.01
+    )
+
+
+@pytest.mark.parametrize(
+    ("ref", "answers", "message"),
+    [
+        ("teamimages.azurecr.io/trainer:v3", {}, "which only a digest names"),
+        ("ghcr.io/example/trainer@sha256:" + "3f" * 32, {}, "<name>.azurecr.io/<repository>@"),
+        (
+            REUSED_REF,
+            {("az", "acr"): (3, "", "ERROR: (ResourceNotFound) registry not found")},
+            "az acr show -n teamimages finds no registry",
+        ),
+        (
+            REUSED_REF,
+            {("az", "rest"): (0, json.dumps({"value": [CONTRIBUTOR]}))},
+            "may not assign roles on registry teamimages",
+        ),
+    ],
+)
+def test_an_image_ref_the_nodes_could_not_pull_exits_2_before_anything_is_created(
+    tmp_path, capsys, ref, answers, message
+):
+    code, _, stacks = run_main(World(tmp_path), "--image-ref", ref, host=good_host(answers=answers))
+    assert (code, stacks) == (2, [])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_role_assignment_rights_are_read_as_arm_reads_actions_and_not_actions():
+    owner = {"actions": ["*"], "notActions": []}
+    acr_pull = {"actions": ["Microsoft.ContainerRegistry/registries/pull/read"], "notActions": []}
+    uaa = {"actions": ["*/read", "Microsoft.Authorization/*"], "notActions": []}
+    assert acceptance.may_assign_roles([owner]) and acceptance.may_assign_roles([uaa])
+    assert acceptance.may_assign_roles([CONTRIBUTOR, RBAC_ADMIN])
+    assert not acceptance.may_assign_roles([CONTRIBUTOR])  # its notActions take it back
+    assert not acceptance.may_assign_roles([acr_pull]) and not acceptance.may_assign_roles([])
+    shouting = {"actions": ["MICROSOFT.AUTHORIZATION/ROLEASSIGNMENTS/WRITE"], "notActions": []}
+    assert acceptance.may_assign_roles([shouting])
