@@ -65,6 +65,13 @@ STOP_MODES = ("stop", "kill")
 # passes its own timeout to the Docker API's stop (which overrides a container's --stop-timeout)
 # is not documented, so the run options' --stop-timeout/--stop-signal are not honoured here.
 STOP_GRACE_SECONDS = 10.0
+# Which folder a container's "Shared" bind mount is. ContainerHostDataPath.Shared is only "The
+# path for multi-instances task to shared their files" (Batch REST reference; the SDKs' enum
+# says the same), so both readings run: "node", the node's shared folder
+# (AZ_BATCH_NODE_SHARED_DIR, batch-compute-node-environment-variables.md), or "task", the task's
+# own shared folder (AZ_BATCH_TASK_SHARED_DIR of a multi-instance task; for another task, its
+# own folder), under which AZ_BATCH_NODE_SHARED_DIR is not in the container at all.
+SHARED_READINGS = ("node", "task")
 TENANT = "00000000-0000-0000-0000-0000000000aa"
 # Scheduled Events (articles/virtual-machines/linux/scheduled-events.md): the first request on a
 # VM may be answered "up to two minutes" late; here a few seconds, more than the two seconds the
@@ -415,9 +422,13 @@ class Cluster:
         nodes: int | None = None,
         driver: str = "580.95.05",
         imds_first_call: float = IMDS_FIRST_CALL_SECONDS,
+        shared: str = "node",
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
+        if shared not in SHARED_READINGS:
+            raise ValueError(f"shared={shared!r}: one of {SHARED_READINGS}")
+        self.shared = shared  # the reading of the "Shared" bind mount (SHARED_READINGS)
         self.base, self.fabric, self.pool, self.image = base, fabric, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
@@ -817,12 +828,11 @@ class Cluster:
 
     def _bind_sources(self, node: Node, task_dir: Path, job_prep_dir: Path | None) -> dict:
         # ContainerHostDataPath (Batch REST): each name is one of the node's Batch folders,
-        # mounted at the same path. "Shared" is read as AZ_BATCH_NODE_SHARED_DIR (the REST text
-        # says "the path for multi-instances task to shared their files"; the task-shared
-        # folder of a multi-instance task is AZ_BATCH_TASK_DIR itself, so "Task" covers it).
+        # mounted at the same path; "Shared" under the cluster's reading (SHARED_READINGS).
+        # The emulator's AZ_BATCH_TASK_SHARED_DIR is the task's folder (see _task_env).
         sources = {
             "task": task_dir,
-            "shared": node.shared_dir,
+            "shared": node.shared_dir if self.shared == "node" else task_dir,
             "startup": node.startup_dir,
             "vfsmounts": node.mounts_dir,
             "applications": node.root / "applications",
@@ -851,6 +861,8 @@ class Cluster:
             source = sources.get(_lower(entry.get("source")))
             if source is None:
                 raise PayloadError(f"containerHostBatchBindMounts: no {entry.get('source')}")
+            if any(source == kept for kept, _ in keep):
+                continue  # "Shared" read as the task's folder: Batch mounts a folder once
             keep.append((source, bool(entry.get("isReadOnly"))))
         return keep
 

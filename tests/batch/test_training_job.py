@@ -77,9 +77,10 @@ def describe(cluster: Cluster, run: JobRun) -> str:
     lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
     lines += cluster.events[-40:]
     for node in run.nodes or cluster.nodes:
-        folder = run.task_dir(node)
-        for path in sorted(folder.glob("*.txt")):
-            lines.append(f"--- node {node.index} {path.name}:\n{path.read_text()[-3000:]}")
+        for folder in (run._prep_dir(node), run.task_dir(node)):
+            for path in sorted(folder.glob("*.txt")) if folder else ():
+                lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
+                             f"{path.read_text()[-3000:]}")  # fmt: skip
     for path in sorted((cluster.base / "logs").glob("*.agent")):
         text = path.read_text().strip()
         if text:
@@ -142,14 +143,16 @@ def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
 
 # Both container lifecycles (does what the coordination command leaves running survive it?),
 # each with a full run: the synthetic data under the stricter one, the staged dataset under the
-# other.
+# other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py).
 @pytest.mark.parametrize(
-    ("lifecycle", "data"), [("kill", "synthetic"), ("survive", "shards")], ids=["kill", "survive"]
+    ("lifecycle", "data", "shared"),
+    [("kill", "synthetic", "node"), ("survive", "shards", "node"), ("survive", "shards", "task")],
+    ids=["kill", "survive-shared-node", "survive-shared-task"],
 )
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
-    make_cluster, fabric, storage, cpu_stack, lifecycle, data, request
+    make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
 ):
-    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle)
+    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared)
     if data == "synthetic":
         args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
     else:
@@ -157,6 +160,11 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
         args = (*SHARDS, "--max-steps", "6", "--epochs", "9")
     spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=prefix)
     run = submit(cluster, spec)
+    # A node whose preparation failed never gets the task: with two nodes the job would wait
+    # forever, so that is a failure now.
+    _wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
+              cluster, run)  # fmt: skip
+    assert not run.prep_failed(), describe(cluster, run)
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
     folder = run_folder(cluster, spec)
@@ -185,7 +193,10 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     if data == "shards":
         for node in run.nodes:
             assert run.prep_exit[node.index] == 0
-            assert (node.shared_dir / "datasets" / prefix / "manifest.json").is_file()
+            # Staged into the preparation's working folder (infra.batch.STAGE_ROOT), not the
+            # node's shared folder, which the "Shared" mount may not be.
+            prep_dir = run._prep_dir(node)
+            assert prep_dir and (prep_dir / "wd/datasets" / prefix / "manifest.json").is_file()
             # batch-job-prep-release.md: the preparation ran before the task on the node.
             prep = next(e for e in cluster.events if f"node {node.index}: job preparation" in e)
             task = next(e for e in cluster.events if f"node {node.index}: started coord" in e)
