@@ -42,6 +42,7 @@ from tests.batch.image import (
     container_argv,
     docker_create_options,
 )
+from tests.batch.placement import PLACEMENTS, place
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -423,12 +424,16 @@ class Cluster:
         driver: str = "580.95.05",
         imds_first_call: float = IMDS_FIRST_CALL_SECONDS,
         shared: str = "node",
+        placement: str = "same",
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
         if shared not in SHARED_READINGS:
             raise ValueError(f"shared={shared!r}: one of {SHARED_READINGS}")
         self.shared = shared  # the reading of the "Shared" bind mount (SHARED_READINGS)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r}: one of {PLACEMENTS}")
+        self.placement = placement  # where a retry runs (tests/batch/placement.py)
         self.base, self.fabric, self.pool, self.image = base, fabric, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
@@ -1076,6 +1081,10 @@ class JobRun(threading.Thread):
         self._terminate = threading.Event()
         self._stop_how = "stop"
         self._lost: set[int] = set()  # nodes of the current try the platform took
+        self.failed_node: Node | None = None  # whose command failed the last try
+        # The node a "move" placement leaves out after a failed try, when the test names it
+        # (Batch sees only the task's exit; which node a retry avoids is not documented).
+        self.leave_out: Node | None = None
 
     # --- public ---
     def wait(self, timeout: float) -> bool:
@@ -1131,7 +1140,7 @@ class JobRun(threading.Thread):
             # The docs do not order AZ_BATCH_HOST_LIST; the emulator lists the master last, so
             # nothing may assume the first host is the master.
             self.master = self.nodes[-1]
-            self._lost = set()
+            self._lost, self.failed_node = set(), None
             started = time.monotonic()
             code, reason = self._try(attempt, instances)
             attempt += 1
@@ -1168,7 +1177,13 @@ class JobRun(threading.Thread):
         prep = self.job.get("jobPreparationTask")
         while True:
             candidates = [n for n in self._eligible() if n.index not in self.prep_failed()]
-            if len(candidates) < instances:
+            # A requeue (a node taken) names no failed node: the platform's doing, not the task's.
+            failed = self.leave_out or self.failed_node or self.master
+            if self.tries and self.tries[-1].recovered:
+                failed = None
+            chosen = place(candidates, instances, placement=self.cluster.placement,
+                           previous=self.nodes, failed=failed)  # fmt: skip
+            if chosen is None:
                 # Not enough usable nodes: the task is not scheduled; it stays active until
                 # nodes come (a taken node comes back) or it is terminated.
                 self.reason = (
@@ -1180,7 +1195,7 @@ class JobRun(threading.Thread):
                     self.state = "completed"
                     return False
                 continue
-            self.nodes = candidates[:instances]
+            self.nodes = chosen
             # batch-job-prep-release.md: the job preparation task runs on each node scheduled
             # to run a task, before the task; with waitForSuccess (the default) a node whose
             # preparation failed after its retries gets no task of the job.
@@ -1405,6 +1420,7 @@ class JobRun(threading.Thread):
         failed = [(n, c) for n, c in zip(self.nodes, codes, strict=True) if c not in (None, 0)]
         if failed:
             node, code = failed[0]
+            self.failed_node = node
             role = "primary" if node is self.master else "subtask"
             return code, f"coordination command on node {node.index} ({role}) exited {code}"
         if any(code is None for code in codes):

@@ -40,10 +40,10 @@ SHARDS = (
 RUN_SECONDS = 180
 
 
-def booted(make_cluster, stack, **options) -> Cluster:
-    """Two nodes of the CPU acceptance stack (one worker per node); every node must have passed
-    the pool's start task."""
-    cluster = make_cluster(stack, nodes=2, **options)
+def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
+    """``nodes`` (two: the task's) of the CPU acceptance stack (one worker per node); every node
+    must have passed the pool's start task."""
+    cluster = make_cluster(stack, nodes=nodes, **options)
     failed = {
         node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
         for node in cluster.nodes
@@ -277,6 +277,43 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
     assert "stopped by signal" in logs, logs
     assert _checkpoints(folder)[0] > before, logs
+
+
+def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
+    make_cluster, storage, cpu_stack, dataset_prefix
+):
+    """Batch may retry a task on other nodes (tests/batch/placement.py, ``move``): a worker
+    dies on the subtask's node; the retry leaves that node out, takes the spare node and puts
+    the primary on a node that was not the master. The spare stages the dataset first (node-
+    local staging does not travel) and the retry resumes from the checkpoint on the share."""
+    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
+    args = (*SHARDS, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=dataset_prefix)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    first, old_master = list(run.nodes), run.master
+    assert old_master is not None
+    (spare,) = [n for n in cluster.nodes if n not in first]
+    assert run.prep_exit.get(spare.index) is None  # not prepared: the task never ran there
+    subtask = next(n for n in first if n is not old_master)
+    run.leave_out = subtask
+    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0 and not run.tries[0].recovered, describe(cluster, run)
+
+    attempt = _current_attempt(folder)
+    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
+              cluster, run)  # fmt: skip
+    placed = ({n.index for n in run.nodes}, run.master and run.master.index)
+    assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
+    assert run.prep_exit[spare.index] == 0, describe(cluster, run)
+    prep_dir = run._prep_dir(spare)
+    assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
+    logs = _folder_logs(folder, _current_attempt(folder))
+    assert "resumed from" in logs, logs
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
 
 
 def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
