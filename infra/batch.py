@@ -61,7 +61,17 @@ CPU_CONTAINER_RUN_OPTIONS = (
     "--network host --ipc host --shm-size 2g --ulimit memlock=-1 --ulimit stack=67108864"
 )
 NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
-DATASET_ROOT = "${AZ_BATCH_NODE_SHARED_DIR}/datasets"  # each node's local disk
+# Where a job's dataset is staged on each node: the job preparation task's working directory,
+# on the node's local disk, named by the two variables Batch sets for it
+# (batch-compute-node-environment-variables.md): AZ_BATCH_TASK_WORKING_DIR in the preparation
+# task itself, AZ_BATCH_JOB_PREP_WORKING_DIR in the job's other tasks. Each container mounts
+# that folder by a bind mount Batch documents without ambiguity ("Task", "the task path", in
+# the preparation's; "JobPrep", "the job-prep task path", in the task's; ContainerHostDataPath,
+# Batch REST). Not the node's shared folder: the "Shared" mount is only "the path for
+# multi-instances task to shared their files", which may be the task's folder, not
+# AZ_BATCH_NODE_SHARED_DIR (docs/fake-readings.md). The folder goes with the job.
+STAGE_ROOT = "${AZ_BATCH_TASK_WORKING_DIR}/datasets"
+DATASET_ROOT = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets"
 
 
 def endpoint_url(endpoint: str) -> str:
@@ -317,9 +327,10 @@ def _container(spec: JobSpec):
             registry_server=spec.registry_server,
             identity_reference=m.BatchNodeIdentityReference(resource_id=spec.node_identity_id),
         ),
+        # No "Shared": nothing of the job is in the node's shared folder (see STAGE_ROOT).
         container_host_batch_bind_mounts=[
             m.ContainerHostBatchBindMountEntry(source=source, is_read_only=False)
-            for source in ("Task", "Shared", "VfsMounts", "JobPrep")
+            for source in ("Task", "VfsMounts", "JobPrep")
         ],
     )
 
@@ -390,7 +401,7 @@ def stage_command(spec: JobSpec) -> list[str]:
         "--prefix",
         spec.dataset_prefix,
         "--dest",
-        f"{DATASET_ROOT}/{spec.dataset_prefix}",
+        f"{STAGE_ROOT}/{spec.dataset_prefix}",
     ]
 
 

@@ -43,6 +43,7 @@ from tests.batch.image import (
     docker_create_options,
 )
 from tests.batch.nfs_view import NfsViews
+from tests.batch.placement import PLACEMENTS, place
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,6 +67,13 @@ STOP_MODES = ("stop", "kill")
 # passes its own timeout to the Docker API's stop (which overrides a container's --stop-timeout)
 # is not documented, so the run options' --stop-timeout/--stop-signal are not honoured here.
 STOP_GRACE_SECONDS = 10.0
+# Which folder a container's "Shared" bind mount is. ContainerHostDataPath.Shared is only "The
+# path for multi-instances task to shared their files" (Batch REST reference; the SDKs' enum
+# says the same), so both readings run: "node", the node's shared folder
+# (AZ_BATCH_NODE_SHARED_DIR, batch-compute-node-environment-variables.md), or "task", the task's
+# own shared folder (AZ_BATCH_TASK_SHARED_DIR of a multi-instance task; for another task, its
+# own folder), under which AZ_BATCH_NODE_SHARED_DIR is not in the container at all.
+SHARED_READINGS = ("node", "task")
 TENANT = "00000000-0000-0000-0000-0000000000aa"
 # Scheduled Events (articles/virtual-machines/linux/scheduled-events.md): the first request on a
 # VM may be answered "up to two minutes" late; here a few seconds, more than the two seconds the
@@ -423,9 +431,17 @@ class Cluster:
         driver: str = "580.95.05",
         imds_first_call: float = IMDS_FIRST_CALL_SECONDS,
         nfs_view: tuple[int, float] | None = (0, NFS_VIEW_SECONDS),
+        shared: str = "node",
+        placement: str = "same",
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
+        if shared not in SHARED_READINGS:
+            raise ValueError(f"shared={shared!r}: one of {SHARED_READINGS}")
+        self.shared = shared  # the reading of the "Shared" bind mount (SHARED_READINGS)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement={placement!r}: one of {PLACEMENTS}")
+        self.placement = placement  # where a retry runs (tests/batch/placement.py)
         self.base, self.fabric, self.pool, self.image = base, fabric, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
@@ -839,12 +855,11 @@ class Cluster:
 
     def _bind_sources(self, node: Node, task_dir: Path, job_prep_dir: Path | None) -> dict:
         # ContainerHostDataPath (Batch REST): each name is one of the node's Batch folders,
-        # mounted at the same path. "Shared" is read as AZ_BATCH_NODE_SHARED_DIR (the REST text
-        # says "the path for multi-instances task to shared their files"; the task-shared
-        # folder of a multi-instance task is AZ_BATCH_TASK_DIR itself, so "Task" covers it).
+        # mounted at the same path; "Shared" under the cluster's reading (SHARED_READINGS).
+        # The emulator's AZ_BATCH_TASK_SHARED_DIR is the task's folder (see _task_env).
         sources = {
             "task": task_dir,
-            "shared": node.shared_dir,
+            "shared": node.shared_dir if self.shared == "node" else task_dir,
             "startup": node.startup_dir,
             "vfsmounts": node.mounts_dir,
             "applications": node.root / "applications",
@@ -873,6 +888,8 @@ class Cluster:
             source = sources.get(_lower(entry.get("source")))
             if source is None:
                 raise PayloadError(f"containerHostBatchBindMounts: no {entry.get('source')}")
+            if any(source == kept for kept, _ in keep):
+                continue  # "Shared" read as the task's folder: Batch mounts a folder once
             keep.append((source, bool(entry.get("isReadOnly"))))
         return keep
 
@@ -1088,6 +1105,10 @@ class JobRun(threading.Thread):
         self._terminate = threading.Event()
         self._stop_how = "stop"
         self._lost: set[int] = set()  # nodes of the current try the platform took
+        self.failed_node: Node | None = None  # whose command failed the last try
+        # The node a "move" placement leaves out after a failed try, when the test names it
+        # (Batch sees only the task's exit; which node a retry avoids is not documented).
+        self.leave_out: Node | None = None
 
     # --- public ---
     def wait(self, timeout: float) -> bool:
@@ -1144,7 +1165,7 @@ class JobRun(threading.Thread):
             # The docs do not order AZ_BATCH_HOST_LIST; the emulator lists the master last, so
             # nothing may assume the first host is the master.
             self.master = self.nodes[-1]
-            self._lost = set()
+            self._lost, self.failed_node = set(), None
             started = time.monotonic()
             code, reason = self._try(attempt, instances)
             attempt += 1
@@ -1181,7 +1202,13 @@ class JobRun(threading.Thread):
         prep = self.job.get("jobPreparationTask")
         while True:
             candidates = [n for n in self._eligible() if n.index not in self.prep_failed()]
-            if len(candidates) < instances:
+            # A requeue (a node taken) names no failed node: the platform's doing, not the task's.
+            failed = self.leave_out or self.failed_node or self.master
+            if self.tries and self.tries[-1].recovered:
+                failed = None
+            chosen = place(candidates, instances, placement=self.cluster.placement,
+                           previous=self.nodes, failed=failed)  # fmt: skip
+            if chosen is None:
                 # Not enough usable nodes: the task is not scheduled; it stays active until
                 # nodes come (a taken node comes back) or it is terminated.
                 self.reason = (
@@ -1193,7 +1220,7 @@ class JobRun(threading.Thread):
                     self.state = "completed"
                     return False
                 continue
-            self.nodes = candidates[:instances]
+            self.nodes = chosen
             # batch-job-prep-release.md: the job preparation task runs on each node scheduled
             # to run a task, before the task; with waitForSuccess (the default) a node whose
             # preparation failed after its retries gets no task of the job.
@@ -1418,6 +1445,7 @@ class JobRun(threading.Thread):
         failed = [(n, c) for n, c in zip(self.nodes, codes, strict=True) if c not in (None, 0)]
         if failed:
             node, code = failed[0]
+            self.failed_node = node
             role = "primary" if node is self.master else "subtask"
             return code, f"coordination command on node {node.index} ({role}) exited {code}"
         if any(code is None for code in codes):

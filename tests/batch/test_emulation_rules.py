@@ -21,6 +21,7 @@ from tests.batch.image import (
     parse_run_options,
     read_dockerfile,
 )
+from tests.batch.placement import place
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND = "/bin/bash -c 'exec python -m trainer.launch --report -- python -m trainer'"
@@ -234,3 +235,23 @@ def test_a_stack_asking_for_spot_nodes_stops_before_anything_is_declared():
     message = str(refused.value)
     assert message.startswith("spotNodes=1: this stack's Batch account allocates pools in ")
     assert "set spotNodes to 0" in message and "\n" not in message
+
+
+class _N:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def test_a_moved_retry_leaves_the_failed_node_out_and_the_master_moves():
+    n0, n1, n2, n3 = (_N(i) for i in range(4))
+    # The first try, and a kind placement: the first usable nodes, the master last.
+    assert place([n0, n1, n2], 2) == [n0, n1]
+    assert place([n0, n1, n2], 2, previous=[n0, n1], failed=n0) == [n0, n1]
+    # Moved: the subtask n0 failed; n1 stays, a new node comes and the primary goes to it.
+    assert place([n0, n1, n2, n3], 2, placement="move", previous=[n0, n1], failed=n0) == [n1, n2]
+    # The master n1 failed: the subtask stays, the primary goes to a new node.
+    assert place([n0, n1, n2], 2, placement="move", previous=[n0, n1], failed=n1) == [n0, n2]
+    # No node besides the failed one and the other: the task waits for nodes.
+    assert place([n0, n1], 2, placement="move", previous=[n0, n1], failed=n0) is None
+    with pytest.raises(ValueError, match="placement="):
+        place([n0], 1, placement="elsewhere")

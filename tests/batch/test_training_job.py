@@ -40,10 +40,10 @@ SHARDS = (
 RUN_SECONDS = 180
 
 
-def booted(make_cluster, stack, **options) -> Cluster:
-    """Two nodes of the CPU acceptance stack (one worker per node); every node must have passed
-    the pool's start task."""
-    cluster = make_cluster(stack, nodes=2, **options)
+def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
+    """``nodes`` (two: the task's) of the CPU acceptance stack (one worker per node); every node
+    must have passed the pool's start task."""
+    cluster = make_cluster(stack, nodes=nodes, **options)
     failed = {
         node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
         for node in cluster.nodes
@@ -78,9 +78,10 @@ def describe(cluster: Cluster, run: JobRun) -> str:
     lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
     lines += cluster.events[-40:]
     for node in run.nodes or cluster.nodes:
-        folder = run.task_dir(node)
-        for path in sorted(folder.glob("*.txt")):
-            lines.append(f"--- node {node.index} {path.name}:\n{path.read_text()[-3000:]}")
+        for folder in (run._prep_dir(node), run.task_dir(node)):
+            for path in sorted(folder.glob("*.txt")) if folder else ():
+                lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
+                             f"{path.read_text()[-3000:]}")  # fmt: skip
     for path in sorted((cluster.base / "logs").glob("*.agent")):
         text = path.read_text().strip()
         if text:
@@ -143,14 +144,16 @@ def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
 
 # Both container lifecycles (does what the coordination command leaves running survive it?),
 # each with a full run: the synthetic data under the stricter one, the staged dataset under the
-# other.
+# other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py).
 @pytest.mark.parametrize(
-    ("lifecycle", "data"), [("kill", "synthetic"), ("survive", "shards")], ids=["kill", "survive"]
+    ("lifecycle", "data", "shared"),
+    [("kill", "synthetic", "node"), ("survive", "shards", "node"), ("survive", "shards", "task")],
+    ids=["kill", "survive-shared-node", "survive-shared-task"],
 )
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
-    make_cluster, fabric, storage, cpu_stack, lifecycle, data, request
+    make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
 ):
-    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle)
+    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared)
     if data == "synthetic":
         args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
     else:
@@ -158,6 +161,11 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
         args = (*SHARDS, "--max-steps", "6", "--epochs", "9")
     spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=prefix)
     run = submit(cluster, spec)
+    # A node whose preparation failed never gets the task: with two nodes the job would wait
+    # forever, so that is a failure now.
+    _wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
+              cluster, run)  # fmt: skip
+    assert not run.prep_failed(), describe(cluster, run)
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
     folder = run_folder(cluster, spec)
@@ -186,7 +194,10 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     if data == "shards":
         for node in run.nodes:
             assert run.prep_exit[node.index] == 0
-            assert (node.shared_dir / "datasets" / prefix / "manifest.json").is_file()
+            # Staged into the preparation's working folder (infra.batch.STAGE_ROOT), not the
+            # node's shared folder, which the "Shared" mount may not be.
+            prep_dir = run._prep_dir(node)
+            assert prep_dir and (prep_dir / "wd/datasets" / prefix / "manifest.json").is_file()
             # batch-job-prep-release.md: the preparation ran before the task on the node.
             prep = next(e for e in cluster.events if f"node {node.index}: job preparation" in e)
             task = next(e for e in cluster.events if f"node {node.index}: started coord" in e)
@@ -267,6 +278,43 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
     assert "stopped by signal" in logs, logs
     assert _checkpoints(folder)[0] > before, logs
+
+
+def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
+    make_cluster, storage, cpu_stack, dataset_prefix
+):
+    """Batch may retry a task on other nodes (tests/batch/placement.py, ``move``): a worker
+    dies on the subtask's node; the retry leaves that node out, takes the spare node and puts
+    the primary on a node that was not the master. The spare stages the dataset first (node-
+    local staging does not travel) and the retry resumes from the checkpoint on the share."""
+    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
+    args = (*SHARDS, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=dataset_prefix)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    first, old_master = list(run.nodes), run.master
+    assert old_master is not None
+    (spare,) = [n for n in cluster.nodes if n not in first]
+    assert run.prep_exit.get(spare.index) is None  # not prepared: the task never ran there
+    subtask = next(n for n in first if n is not old_master)
+    run.leave_out = subtask
+    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0 and not run.tries[0].recovered, describe(cluster, run)
+
+    attempt = _current_attempt(folder)
+    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
+              cluster, run)  # fmt: skip
+    placed = ({n.index for n in run.nodes}, run.master and run.master.index)
+    assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
+    assert run.prep_exit[spare.index] == 0, describe(cluster, run)
+    prep_dir = run._prep_dir(spare)
+    assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
+    logs = _folder_logs(folder, _current_attempt(folder))
+    assert "resumed from" in logs, logs
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
 
 
 def _trains(folder: Path, after_attempt: str | None, metrics_before: int):

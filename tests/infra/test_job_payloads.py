@@ -94,7 +94,6 @@ def test_task_is_multi_instance_with_infiniband_container_options_and_no_gpus_fl
     assert container.registry.identity_reference.resource_id == SPEC.node_identity_id
     assert {b.source for b in container.container_host_batch_bind_mounts} == {
         "Task",
-        "Shared",
         "VfsMounts",
         "JobPrep",
     }
@@ -398,13 +397,13 @@ def test_a_cpu_node_starts_a_ddp_jobs_worker_the_torchrun_way(tmp_path):
 
 
 def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):
-    _, workdir, _, tmp_path = node
+    env, workdir, _, _ = node
     prefix = "imagenet 2012/$(touch pwned)`touch pwned2`'\"${HOME}"
     spec = _spec(dataset_prefix=prefix)
     prep = job_options(spec).job_preparation_task
     assert prep is not None and prep.wait_for_success is True
     argv = _run(node, prep.command_line)
-    dest = f"{tmp_path}/shared/datasets/{prefix}"
+    dest = f"{workdir}/datasets/{prefix}"  # the preparation's AZ_BATCH_TASK_WORKING_DIR
     assert argv == [
         "-m",
         "trainer.data",
@@ -423,12 +422,11 @@ def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):
 
     args = data_parser().parse_args(argv[2:])
     assert (args.command, args.prefix, str(args.dest)) == ("stage", prefix, dest)
-    command = trainer_command(spec)
-    assert command[command.index("--data") + 1] == "shards"
-    assert (
-        command[command.index("--data-dir") + 1]
-        == f"${{AZ_BATCH_NODE_SHARED_DIR}}/datasets/{prefix}"
-    )
+    # The task reads the same folder, named by the variable Batch gives the job's other tasks.
+    env["AZ_BATCH_JOB_PREP_WORKING_DIR"] = str(workdir)
+    argv = _run(node, task_options(spec).command_line)
+    assert argv[argv.index("--data") + 1] == "shards"
+    assert argv[argv.index("--data-dir") + 1] == dest
 
 
 # ---------------------------------------------------------------- provider against a fake Batch
