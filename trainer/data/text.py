@@ -402,10 +402,7 @@ def _prepare_text(
     name and renamed. The old manifest is removed before the first shard is replaced and the new
     one written last, so a folder with a manifest is always complete; a rerun with the same
     input writes the same bytes."""
-    if not (shard_mb > 0 and math.isfinite(shard_mb)):
-        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
+    _check_numbers(shard_mb, val_fraction)
     _check_output_folder(out, src)
     text_tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else byte_tokenizer()
     dtype = token_dtype(text_tokenizer.vocab_size)
@@ -416,39 +413,11 @@ def _prepare_text(
     remove_partials(out)
     stream_path = partial_path(out / "tokens.stream")
     skipped: list[str] = []
-    documents = 0
     try:
-        with open(stream_path, "wb") as stream_file:
-            for tokens, ends_document in _documents(files, src, text_tokenizer, skipped):
-                if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
-                    raise DataError(
-                        f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
-                        f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
-                    )
-                documents += ends_document
-                stream_file.write(tokens.astype(dtype).tobytes())
+        documents = _write_stream(stream_path, files, src, text_tokenizer, tokenizer, skipped)
         total = stream_path.stat().st_size // dtype.itemsize
-        if not total:
-            raise DataError(
-                f"source {src} has no text: {len(skipped)} empty file(s), nothing to tokenize"
-            )
-        val_tokens = math.ceil(total * val_fraction) if val_fraction else 0
-        if val_tokens >= total:
-            raise DataError(
-                f"source {src}: {total} tokens leave none for training with "
-                f"val_fraction={val_fraction}: give more text or a smaller val fraction"
-            )
-
-        (out / MANIFEST_NAME).unlink(missing_ok=True)
-        stream = np.memmap(stream_path, dtype=dtype, mode="r")
-        tokens_per_shard = max(1, int(shard_mb * (1 << 20)) // dtype.itemsize)
-        parts = {"train": stream[: total - val_tokens], "val": stream[total - val_tokens :]}
-        splits = {
-            split: TokenSplit(len(part), _write_shards(part, split, out, tokens_per_shard))
-            for split, part in parts.items()
-            if len(part)
-        }
-        del stream, parts
+        val_tokens = _val_tokens(total, val_fraction, src, len(skipped))
+        splits = _write_splits(stream_path, dtype, total - val_tokens, out, shard_mb)
     except BaseException:
         stream_path.unlink(missing_ok=True)
         if created and not any(out.iterdir()):
@@ -465,18 +434,89 @@ def _prepare_text(
         splits=splits,
         skipped_empty=tuple(skipped),
     )
+    _write_manifest(out, manifest)
+    _report(manifest, out, log)
+    return PrepareTextResult(manifest, len(skipped))
+
+
+def _check_numbers(shard_mb: float, val_fraction: float) -> None:
+    if not (shard_mb > 0 and math.isfinite(shard_mb)):
+        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
+
+
+def _write_stream(
+    stream_path: Path,
+    files: list[Path],
+    src: Path,
+    text_tokenizer: TextTokenizer,
+    tokenizer: Path | None,
+    skipped: list[str],
+) -> int:
+    """Append every document's tokens to ``stream_path``; the number of documents. Empty files
+    are added to ``skipped``."""
+    dtype = token_dtype(text_tokenizer.vocab_size)
+    documents = 0
+    with open(stream_path, "wb") as stream_file:
+        for tokens, ends_document in _documents(files, src, text_tokenizer, skipped):
+            if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
+                raise DataError(
+                    f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
+                    f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
+                )
+            documents += ends_document
+            stream_file.write(tokens.astype(dtype).tobytes())
+    return documents
+
+
+def _val_tokens(total: int, val_fraction: float, src: Path, empty_files: int) -> int:
+    """How many of the stream's ``total`` tokens, its last, go to ``val``."""
+    if not total:
+        raise DataError(
+            f"source {src} has no text: {empty_files} empty file(s), nothing to tokenize"
+        )
+    val_tokens = math.ceil(total * val_fraction) if val_fraction else 0
+    if val_tokens >= total:
+        raise DataError(
+            f"source {src}: {total} tokens leave none for training with "
+            f"val_fraction={val_fraction}: give more text or a smaller val fraction"
+        )
+    return val_tokens
+
+
+def _write_splits(
+    stream_path: Path, dtype: np.dtype, train_tokens: int, out: Path, shard_mb: float
+) -> dict[str, TokenSplit]:
+    """The stream cut into ``train`` (its first ``train_tokens``) and ``val`` shards."""
+    # A folder with a manifest is complete: the old one goes before the first shard changes.
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    stream = np.memmap(stream_path, dtype=dtype, mode="r")
+    tokens_per_shard = max(1, int(shard_mb * (1 << 20)) // dtype.itemsize)
+    parts = {"train": stream[:train_tokens], "val": stream[train_tokens:]}
+    return {
+        split: TokenSplit(len(part), _write_shards(part, split, out, tokens_per_shard))
+        for split, part in parts.items()
+        if len(part)
+    }
+
+
+def _write_manifest(out: Path, manifest: TokenManifest) -> None:
+    """The manifest, written last, then the shards of an earlier run it no longer lists go."""
     write_atomic(out / MANIFEST_NAME, manifest.to_json().encode())
-    # Shards of an earlier prepare-text that this manifest no longer lists.
-    listed = {shard.name for split in splits.values() for shard in split.shards}
+    listed = {shard.name for split in manifest.splits.values() for shard in split.shards}
     for stale in set(os.listdir(out)) - listed - {MANIFEST_NAME}:
         (out / stale).unlink()
     fsync_folder(out)
-    for split, entry in splits.items():
+
+
+def _report(manifest: TokenManifest, out: Path, log: Callable[[str], None]) -> None:
+    for split, entry in manifest.splits.items():
         log(f"{split}: {entry.tokens} tokens in {len(entry.shards)} shards")
-    log(f"{documents} documents, vocabulary of {manifest.vocab_size} ({dtype.name} ids)")
-    if skipped:
-        log(f"skipped {len(skipped)} empty file(s), listed in {out / MANIFEST_NAME}")
-    return PrepareTextResult(manifest, len(skipped))
+    vocabulary = f"vocabulary of {manifest.vocab_size} ({manifest.dtype} ids)"
+    log(f"{manifest.documents} documents, {vocabulary}")
+    if manifest.skipped_empty:
+        log(f"skipped {len(manifest.skipped_empty)} empty file(s), listed in {out / MANIFEST_NAME}")
 
 
 # --- reading prepared tokens ----------------------------------------------------------------
