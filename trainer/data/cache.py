@@ -1,26 +1,8 @@
 """In-memory caches: read (and decode) every sample once, serve later epochs from RAM.
 
-``bytes`` keeps the encoded files (the dataset's size on disk; decoding still costs CPU every
-epoch). ``decoded`` keeps pixels, downscaled so the short side is what the transforms use
-(``image_size * 256 / 224``, the validation resize), so later epochs only crop, flip and
-normalize. The exact size is computed from the sizes or image headers before filling starts.
-
-Where it lives (``--cache-scope``):
-
-- ``node`` (every sample): one copy per node, a ``Segment`` in /dev/shm shared by the node's
-  ranks (a ``NodeGroup``). Each rank reads (and decodes) its contiguous run of the samples and
-  writes it into the segment; after the group's exchange every rank serves all samples from
-  the one copy. The memory check counts that one copy.
-- ``rank`` (``indices`` given): each rank caches only the samples its sampler gives it in every
-  epoch (``RankSampler.part``) in a segment of its own; together the node's ranks hold about one
-  copy, and the check, made by every rank before any allocates, counts all their parts. A
-  sample outside the part (the rest of an epoch resumed on another number of workers) is read
-  from the source and prepared exactly as the cache would have, so batches stay identical.
-
-Any rank's error (an unreadable image, no room) is raised on every rank at the next exchange,
-and the segment is removed (see ``node_memory`` for cleanup after SIGKILL).
-Either way DataLoader workers (forkserver) receive the segment's name when the cache is pickled
-and map the same pages: a worker never holds a copy.
+``bytes`` keeps the encoded files, ``decoded`` the pixels at the size the transforms use; both
+live in shared memory, one copy per node (``--cache-scope node``) or each rank its part
+(``rank``). How they fill and why: docs/data.md, "How it works".
 """
 
 from __future__ import annotations
@@ -377,6 +359,8 @@ class MemoryCache:
             raise DataError(self.bad[index])
         slot = int(self.slots[index])
         if slot < 0:
+            # Outside a rank-scope part (an epoch resumed on another number of workers):
+            # prepared exactly as the cache would have, so batches stay identical.
             return _downscaled(self.source, index, None, self.image_size)
         assert self.shapes is not None
         height, width = (int(v) for v in self.shapes[slot])

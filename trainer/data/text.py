@@ -1,22 +1,8 @@
 """``prepare-text``: plain-text files become token shards plus a manifest; readers for them.
 
-A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... and ``manifest.json``. A
-shard is a raw little-endian array of token ids, so ``numpy.memmap`` reads any window of it
-without parsing; the manifest lists each shard's size, token count and SHA-256, the vocabulary
-size, the dtype and the tokenizer (its SHA-256, never its path, which differs between machines).
-
-Each file is one document; every document is followed by the end-of-text token, so a model
-learns where documents end and windows that span two documents show the boundary. Files are
-read in sorted order of their paths and each split is a contiguous stretch of the token
-stream: the last ``val_fraction`` of it (cut mid-document if the cut falls there) is ``val``.
-The output is a pure function of the input files and the tokenizer: the same bytes on any
-machine.
-
-Tokenizers: by default the UTF-8 bytes themselves (ids 0-255) plus 256 for end-of-text, 257 ids;
-or a ``tokenizer.json`` read with the ``tokenizers`` library (a file, never a download), whose
-own end-of-text token is used. Ids are stored as uint16 when the vocabulary fits (up to 65,536
-ids: bytes, GPT-2's 50,257) and as uint32 beyond. Bytes would fit uint8 were end-of-text not a
-257th id; two bytes per token keep end-of-text apart from every byte and one reader for all.
+A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... (raw little-endian token
+ids) and ``manifest.json``. Documents, splits, tokenizers and id widths: docs/data.md, "How it
+works".
 """
 
 from __future__ import annotations
@@ -64,7 +50,8 @@ _COPY_TOKENS = 1 << 22
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id."""
+    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id (bytes
+    would fit uint8 were end-of-text not a 257th id: two bytes keep it apart, one reader)."""
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
@@ -87,7 +74,8 @@ class TokenManifest:
     vocab_size: int
     dtype: str  # numpy's name: "uint16" or "uint32", always little-endian
     end_of_text: int
-    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"}
+    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"};
+    # the file's SHA-256, never its path, which differs between machines.
     tokenizer: dict[str, str]
     documents: int
     splits: dict[str, TokenSplit] = field(default_factory=dict)
