@@ -1,26 +1,8 @@
 """In-memory caches: read (and decode) every sample once, serve later epochs from RAM.
 
-``bytes`` keeps the encoded files (the dataset's size on disk; decoding still costs CPU every
-epoch). ``decoded`` keeps pixels, downscaled so the short side is what the transforms use
-(``image_size * 256 / 224``, the validation resize), so later epochs only crop, flip and
-normalize. The exact size is computed from the sizes or image headers before filling starts.
-
-Where it lives (``--cache-scope``):
-
-- ``node`` (every sample): one copy per node, a ``Segment`` in /dev/shm shared by the node's
-  ranks (a ``NodeGroup``). Each rank reads (and decodes) its contiguous run of the samples and
-  writes it into the segment; after the group's exchange every rank serves all samples from
-  the one copy. The memory check counts that one copy.
-- ``rank`` (``indices`` given): each rank caches only the samples its sampler gives it in every
-  epoch (``RankSampler.part``) in a segment of its own; together the node's ranks hold about one
-  copy, and the check, made by every rank before any allocates, counts all their parts. A
-  sample outside the part (the rest of an epoch resumed on another number of workers) is read
-  from the source and prepared exactly as the cache would have, so batches stay identical.
-
-Any rank's error (an unreadable image, no room) is raised on every rank at the next exchange,
-and the segment is removed (see ``node_memory`` for cleanup after SIGKILL).
-Either way DataLoader workers (forkserver) receive the segment's name when the cache is pickled
-and map the same pages: a worker never holds a copy.
+``bytes`` keeps the encoded files, ``decoded`` the pixels at the size the transforms use; both
+live in shared memory, one copy per node (``--cache-scope node``) or each rank its part
+(``rank``). How they fill and why: docs/data.md, "How it works".
 """
 
 from __future__ import annotations
@@ -148,6 +130,15 @@ def _memory_error(need: int, copies: str, mode: str, count: int, group: NodeGrou
     return None
 
 
+def _node_need(total: int, shared: bool, group: NodeGroup, ranks_per_node: int) -> tuple[int, str]:
+    """What the node will hold (bytes, and which copies), checked before anything is allocated."""
+    if shared:
+        return total, f"one copy for the node's {group.size} rank(s)"
+    if group.dist is not None:
+        return sum(group.gather(total)), f"the parts of the node's {group.size} ranks"
+    return total * ranks_per_node, f"{ranks_per_node} rank(s), each its part"
+
+
 class MemoryCache:
     """A ``Source`` (and, when decoded, an image store) held in shared memory.
 
@@ -181,72 +172,17 @@ class MemoryCache:
         self.bad_images = bad_images or BadImages()
         # Samples that did not decode while filling, with why (every rank's, node scope).
         self.bad: dict[int, str] = {}
-        count = len(source)
         shared = indices is None
         group = group or NodeGroup.alone()
-        if shared:
-            cached = list(range(count))
-            mine = split(count, group.size)[group.position]  # positions this rank fills
-        else:
-            cached = sorted(set(indices))
-            mine = range(len(cached))
-        # slot[index]: the sample's position in the cache, -1 when it is not cached.
-        self.slots = np.full(count, -1, dtype=np.int64)
-        self.slots[cached] = np.arange(len(cached), dtype=np.int64)
+        cached, mine = self._place(indices, group)
         filled = cached[mine.start : mine.stop]
-
-        # Sizes: each rank measures its run; a node cache's ranks exchange theirs.
-        shapes_part, error = None, None
-        try:
-            if mode == "bytes":
-                part = np.array([source.encoded_size(i) for i in filled], dtype=np.int64)
-            else:
-                found = list(_each(_Header(source, filled), workers))
-                shapes_part = np.array(
-                    [cached_shape(int(w), int(h), image_size) for (w, h), _ in found],
-                    dtype=np.int64,
-                ).reshape(-1, 2)
-                part = shapes_part[:, 0] * shapes_part[:, 1] * 3
-                error = self._record([(i, p) for i, (_, p) in zip(filled, found, strict=True)])
-        except (DataError, OSError) as err:
-            part, error = np.zeros(0, dtype=np.int64), str(err)
-        group.first_error(error)
-        if shared:
-            every = group.gather((part, shapes_part))
-            sizes = np.concatenate([p for p, _ in every]).astype(np.int64)
-            self.shapes = None if mode == "bytes" else np.concatenate([s for _, s in every])
-        else:
-            sizes, self.shapes = part, shapes_part
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        shapes_part = self._measure(filled, shared, group, workers)
         total = int(self.offsets[-1])
-
-        # What the node will hold, checked before anything is allocated.
-        if shared:
-            need, copies = total, f"one copy for the node's {group.size} rank(s)"
-        elif group.dist is not None:
-            need, copies = sum(group.gather(total)), f"the parts of the node's {group.size} ranks"
-        else:
-            need, copies = total * ranks_per_node, f"{ranks_per_node} rank(s), each its part"
+        need, copies = _node_need(total, shared, group, ranks_per_node)
 
         self.segment: Segment | None = None
         try:
-            if shared:
-                # The leader checks and creates; the others open the segment after the
-                # exchange that reports the leader's outcome.
-                path = group.directory / f"{group.prefix}-{name}"
-                if group.is_leader:
-                    error = _memory_error(need, copies, mode, count, group)
-                    if error is None:
-                        error, self.segment = _create(path, total)
-                group.first_error(error)
-                if self.segment is None:
-                    self.segment = Segment.attach(path, total)
-            else:
-                # Every rank checks before any allocates: a rank's check must not count the
-                # parts its neighbours already hold.
-                group.first_error(_memory_error(need, copies, mode, count, group))
-                error, self.segment = _create(group.directory / f"{own_prefix()}-{name}", total)
-                group.first_error(error)
+            self._allocate(shared, group, name, total, need, copies)
             assert self.segment is not None
             self.data = self.segment.tensor
             mine_bytes = int(self.offsets[mine.stop]) - int(self.offsets[mine.start])
@@ -255,7 +191,7 @@ class MemoryCache:
                 mode,
                 mine_bytes / 2**30,
                 len(filled),
-                count,
+                len(source),
                 copies,
             )
             # Every run is written before any rank reads (the group's last exchange).
@@ -266,6 +202,81 @@ class MemoryCache:
             if self.segment is not None:
                 self.segment.close()
             raise
+
+    def _place(self, indices: Sequence[int] | None, group: NodeGroup) -> tuple[list[int], range]:
+        """The samples cached, in slot order, and the slots this rank fills; sets ``slots``."""
+        count = len(self.source)
+        if indices is None:
+            cached = list(range(count))
+            mine = split(count, group.size)[group.position]
+        else:
+            cached = sorted(set(indices))
+            mine = range(len(cached))
+        # slot[index]: the sample's position in the cache, -1 when it is not cached.
+        self.slots = np.full(count, -1, dtype=np.int64)
+        self.slots[cached] = np.arange(len(cached), dtype=np.int64)
+        return cached, mine
+
+    def _measure(
+        self, filled: list[int], shared: bool, group: NodeGroup, workers: int
+    ) -> np.ndarray | None:
+        """Sets ``shapes`` and ``offsets``: each rank measures its run, a node cache's ranks
+        exchange theirs. Returns this rank's run's shapes (None for bytes)."""
+        part, shapes_part, error = self._measure_run(filled, workers)
+        group.first_error(error)
+        if shared:
+            every = group.gather((part, shapes_part))
+            sizes = np.concatenate([p for p, _ in every]).astype(np.int64)
+            self.shapes = None if self.mode == "bytes" else np.concatenate([s for _, s in every])
+        else:
+            sizes, self.shapes = part, shapes_part
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        return shapes_part
+
+    def _measure_run(
+        self, filled: list[int], workers: int
+    ) -> tuple[np.ndarray, np.ndarray | None, str | None]:
+        """(bytes of each sample of ``filled``, their shapes or None, the error that stops the
+        run or None): from the file sizes, or the image headers when decoded."""
+        source = self.source
+        try:
+            if self.mode == "bytes":
+                part = np.array([source.encoded_size(i) for i in filled], dtype=np.int64)
+                return part, None, None
+            found = list(_each(_Header(source, filled), workers))
+            shapes_part = np.array(
+                [cached_shape(int(w), int(h), self.image_size) for (w, h), _ in found],
+                dtype=np.int64,
+            ).reshape(-1, 2)
+            part = shapes_part[:, 0] * shapes_part[:, 1] * 3
+            error = self._record([(i, p) for i, (_, p) in zip(filled, found, strict=True)])
+            return part, shapes_part, error
+        except (DataError, OSError) as err:
+            return np.zeros(0, dtype=np.int64), None, str(err)
+
+    def _allocate(
+        self, shared: bool, group: NodeGroup, name: str, total: int, need: int, copies: str
+    ) -> None:
+        """Sets ``segment``: ``total`` bytes, once ``need`` is known to fit the node."""
+        count = len(self.source)
+        if shared:
+            # The leader checks and creates; the others open the segment after the
+            # exchange that reports the leader's outcome.
+            path = group.directory / f"{group.prefix}-{name}"
+            error = None
+            if group.is_leader:
+                error = _memory_error(need, copies, self.mode, count, group)
+                if error is None:
+                    error, self.segment = _create(path, total)
+            group.first_error(error)
+            if self.segment is None:
+                self.segment = Segment.attach(path, total)
+        else:
+            # Every rank checks before any allocates: a rank's check must not count the
+            # parts its neighbours already hold.
+            group.first_error(_memory_error(need, copies, self.mode, count, group))
+            error, self.segment = _create(group.directory / f"{own_prefix()}-{name}", total)
+            group.first_error(error)
 
     def _fill(
         self, filled: list[int], mine: range, shapes: np.ndarray | None, workers: int
@@ -348,6 +359,8 @@ class MemoryCache:
             raise DataError(self.bad[index])
         slot = int(self.slots[index])
         if slot < 0:
+            # Outside a rank-scope part (an epoch resumed on another number of workers):
+            # prepared exactly as the cache would have, so batches stay identical.
             return _downscaled(self.source, index, None, self.image_size)
         assert self.shapes is not None
         height, width = (int(v) for v in self.shapes[slot])

@@ -318,29 +318,47 @@ def build_loaders(
     if cfg.language_model:
         return _token_loaders(cfg, rank, world, device)
     if cfg.data == "synthetic":
-        sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
-        if sampler.batches_per_epoch == 0:
-            raise DataError(
-                f"synthetic_size={cfg.synthetic_size}: gives no full batch of {cfg.batch_size} "
-                f"per worker for {world} workers: raise it to at least {cfg.batch_size * world}"
-            )
-        common = dict(
-            image_size=cfg.image_size,
-            num_classes=cfg.num_classes,
-            device=device,
-            channels_last=channels_last,
-        )
-        train = SyntheticLoader(sampler, pool=cfg.synthetic_pool, seed=cfg.seed, **common)
-        val_sampler = RankSampler(
-            max(cfg.synthetic_pool, cfg.batch_size * world),
-            world,
-            rank,
-            cfg.batch_size,
-            shuffle=False,
-        )
-        val = SyntheticLoader(val_sampler, pool=cfg.synthetic_pool, seed=cfg.seed + 1, **common)
-        return Loaders(train, val, sampler.batches_per_epoch)
+        return _synthetic_loaders(cfg, rank, world, device, channels_last)
+    return _image_loaders(cfg, rank, world, device, channels_last, ranks_per_node, dist)
 
+
+def _synthetic_loaders(
+    cfg: TrainConfig, rank: int, world: int, device: torch.device, channels_last: bool
+) -> Loaders:
+    sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
+    if sampler.batches_per_epoch == 0:
+        raise DataError(
+            f"synthetic_size={cfg.synthetic_size}: gives no full batch of {cfg.batch_size} "
+            f"per worker for {world} workers: raise it to at least {cfg.batch_size * world}"
+        )
+    common = dict(
+        image_size=cfg.image_size,
+        num_classes=cfg.num_classes,
+        device=device,
+        channels_last=channels_last,
+    )
+    train = SyntheticLoader(sampler, pool=cfg.synthetic_pool, seed=cfg.seed, **common)
+    val_sampler = RankSampler(
+        max(cfg.synthetic_pool, cfg.batch_size * world),
+        world,
+        rank,
+        cfg.batch_size,
+        shuffle=False,
+    )
+    val = SyntheticLoader(val_sampler, pool=cfg.synthetic_pool, seed=cfg.seed + 1, **common)
+    return Loaders(train, val, sampler.batches_per_epoch)
+
+
+def _image_loaders(
+    cfg: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    channels_last: bool,
+    ranks_per_node: int,
+    dist: Collectives | None,
+) -> Loaders:
+    """An image folder's or shards' loaders, through a memory cache if ``cfg.cache`` asks."""
     root = Path(cfg.data_dir or "")
     # The node's ranks: they verify shards together, share a node cache, and a rank cache's
     # check counts their parts.

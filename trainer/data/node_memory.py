@@ -1,22 +1,7 @@
-"""Shared memory on a node: named segments in ``/dev/shm`` and the group of ranks sharing one.
-
-A ``Segment`` is a file in ``/dev/shm`` (tmpfs: its pages are RAM) mapped ``MAP_SHARED``, so
-every process that maps it, the node's ranks and their forkserver DataLoader workers, sees the
-same pages: one copy per node. Processes that are not related (ranks started by torchrun or
-Horovod) find it by name; a pickled ``Segment`` carries its name and maps the file again when
-unpickled, so a loader worker never receives a copy of the bytes.
-
-Cleanup: the creating process (the owner) unlinks the file when its ``Segment`` is closed or
-collected, at interpreter exit and on the error paths of whoever builds one. A process killed
-with SIGKILL runs none of that, so names embed the host and the owner's pid
-(``trainer-cache-<host>-<pid>-<token>-<what>``): creating a segment first removes this host's
-segments whose owner is no longer alive, and a killed run's memory comes back at the next run
-on the node. The random token (drawn by the node's leader, shared with the node's ranks) keeps
-two jobs or runs on one node from ever opening each other's segments.
-
-``NodeGroup`` is the ranks on this node, found with one ``allgather_object`` over all ranks
-(every rank calls it, in the same order as its other collectives): ranks whose host name and
-``/dev/shm`` device match share a node. Its ``gather`` is the group's barrier and exchange.
+"""Shared memory on a node: named segments in ``/dev/shm`` (``Segment``, one copy mapped by the
+node's ranks and their loader workers) and the group of ranks sharing one (``NodeGroup``).
+Naming, cleanup after SIGKILL and how a node's ranks find each other: docs/data.md, "How it
+works".
 """
 
 from __future__ import annotations
@@ -61,11 +46,13 @@ def host_tag() -> str:
 
 
 def own_prefix() -> str:
-    """A new name prefix for segments this process creates and owns."""
+    """A new name prefix for segments this process creates and owns: the pid lets a later run
+    remove them after a SIGKILL, the token keeps two runs on a node out of each other's."""
     return f"{PREFIX}-{host_tag()}-{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _node_key(directory: Path) -> tuple[str, int]:
+    """Ranks with the same host name and shared-memory device share a node."""
     try:
         device = os.stat(directory).st_dev
     except OSError:

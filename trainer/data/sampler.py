@@ -1,22 +1,7 @@
 """Which samples each rank reads, in which order: deterministic and resumable mid-epoch, also
-on a different number of workers.
-
-Every epoch has one global order of sample indices. Global batch ``j`` (all ranks' batch ``j``
-together) is the contiguous run ``[j * batch * world, (j + 1) * batch * world)`` of that order,
-rank ``r`` taking every ``world``-th sample of it from ``r`` on. So the position in an epoch is
-one number, the ``offset``: how many samples of the order were trained, by any number of
-workers. A run resumed at ``offset`` on ``world'`` workers splits the rest of the order the
-same way among its ranks; the epoch ends when the rest no longer fills a global batch, and
-that tail (fewer than ``batch * world'`` samples) is dropped, as the last partial global batch
-of every epoch always is.
-
-With a rank-scope memory cache (``--cache-scope rank``) each rank caches only what it reads, so
-its samples must be the same every epoch: ``PartSampler`` (folders) and ``StreamSampler`` with
-``fixed_parts`` (shards) cut the data into one fixed part per rank, drawn from the seed alone,
-and reshuffle only within each part, by (seed, epoch). ``part()`` names those samples. A run
-resumed mid-epoch on another number of workers still reads the exact rest of the old layout's
-order (samples outside a rank's new part are then read from disk, not the cache); from the next
-epoch on, the parts are those of the new number of workers, which is what the cache holds.
+on a different number of workers (one global order per epoch; the position is its ``offset``).
+``PartSampler`` and ``StreamSampler(fixed_parts=True)`` keep each rank's part fixed for a
+rank-scope cache. How and why: docs/data.md, "How it works".
 """
 
 from __future__ import annotations

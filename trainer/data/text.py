@@ -1,22 +1,8 @@
 """``prepare-text``: plain-text files become token shards plus a manifest; readers for them.
 
-A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... and ``manifest.json``. A
-shard is a raw little-endian array of token ids, so ``numpy.memmap`` reads any window of it
-without parsing; the manifest lists each shard's size, token count and SHA-256, the vocabulary
-size, the dtype and the tokenizer (its SHA-256, never its path, which differs between machines).
-
-Each file is one document; every document is followed by the end-of-text token, so a model
-learns where documents end and windows that span two documents show the boundary. Files are
-read in sorted order of their paths and each split is a contiguous stretch of the token
-stream: the last ``val_fraction`` of it (cut mid-document if the cut falls there) is ``val``.
-The output is a pure function of the input files and the tokenizer: the same bytes on any
-machine.
-
-Tokenizers: by default the UTF-8 bytes themselves (ids 0-255) plus 256 for end-of-text, 257 ids;
-or a ``tokenizer.json`` read with the ``tokenizers`` library (a file, never a download), whose
-own end-of-text token is used. Ids are stored as uint16 when the vocabulary fits (up to 65,536
-ids: bytes, GPT-2's 50,257) and as uint32 beyond. Bytes would fit uint8 were end-of-text not a
-257th id; two bytes per token keep end-of-text apart from every byte and one reader for all.
+A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... (raw little-endian token
+ids) and ``manifest.json``. Documents, splits, tokenizers and id widths: docs/data.md, "How it
+works".
 """
 
 from __future__ import annotations
@@ -64,7 +50,8 @@ _COPY_TOKENS = 1 << 22
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id."""
+    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id (bytes
+    would fit uint8 were end-of-text not a 257th id: two bytes keep it apart, one reader)."""
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
@@ -87,7 +74,8 @@ class TokenManifest:
     vocab_size: int
     dtype: str  # numpy's name: "uint16" or "uint32", always little-endian
     end_of_text: int
-    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"}
+    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"};
+    # the file's SHA-256, never its path, which differs between machines.
     tokenizer: dict[str, str]
     documents: int
     splits: dict[str, TokenSplit] = field(default_factory=dict)
@@ -402,10 +390,7 @@ def _prepare_text(
     name and renamed. The old manifest is removed before the first shard is replaced and the new
     one written last, so a folder with a manifest is always complete; a rerun with the same
     input writes the same bytes."""
-    if not (shard_mb > 0 and math.isfinite(shard_mb)):
-        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
-    if not 0 <= val_fraction < 1:
-        raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
+    _check_numbers(shard_mb, val_fraction)
     _check_output_folder(out, src)
     text_tokenizer = load_tokenizer(tokenizer) if tokenizer is not None else byte_tokenizer()
     dtype = token_dtype(text_tokenizer.vocab_size)
@@ -416,39 +401,11 @@ def _prepare_text(
     remove_partials(out)
     stream_path = partial_path(out / "tokens.stream")
     skipped: list[str] = []
-    documents = 0
     try:
-        with open(stream_path, "wb") as stream_file:
-            for tokens, ends_document in _documents(files, src, text_tokenizer, skipped):
-                if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
-                    raise DataError(
-                        f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
-                        f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
-                    )
-                documents += ends_document
-                stream_file.write(tokens.astype(dtype).tobytes())
+        documents = _write_stream(stream_path, files, src, text_tokenizer, tokenizer, skipped)
         total = stream_path.stat().st_size // dtype.itemsize
-        if not total:
-            raise DataError(
-                f"source {src} has no text: {len(skipped)} empty file(s), nothing to tokenize"
-            )
-        val_tokens = math.ceil(total * val_fraction) if val_fraction else 0
-        if val_tokens >= total:
-            raise DataError(
-                f"source {src}: {total} tokens leave none for training with "
-                f"val_fraction={val_fraction}: give more text or a smaller val fraction"
-            )
-
-        (out / MANIFEST_NAME).unlink(missing_ok=True)
-        stream = np.memmap(stream_path, dtype=dtype, mode="r")
-        tokens_per_shard = max(1, int(shard_mb * (1 << 20)) // dtype.itemsize)
-        parts = {"train": stream[: total - val_tokens], "val": stream[total - val_tokens :]}
-        splits = {
-            split: TokenSplit(len(part), _write_shards(part, split, out, tokens_per_shard))
-            for split, part in parts.items()
-            if len(part)
-        }
-        del stream, parts
+        val_tokens = _val_tokens(total, val_fraction, src, len(skipped))
+        splits = _write_splits(stream_path, dtype, total - val_tokens, out, shard_mb)
     except BaseException:
         stream_path.unlink(missing_ok=True)
         if created and not any(out.iterdir()):
@@ -465,18 +422,89 @@ def _prepare_text(
         splits=splits,
         skipped_empty=tuple(skipped),
     )
+    _write_manifest(out, manifest)
+    _report(manifest, out, log)
+    return PrepareTextResult(manifest, len(skipped))
+
+
+def _check_numbers(shard_mb: float, val_fraction: float) -> None:
+    if not (shard_mb > 0 and math.isfinite(shard_mb)):
+        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
+
+
+def _write_stream(
+    stream_path: Path,
+    files: list[Path],
+    src: Path,
+    text_tokenizer: TextTokenizer,
+    tokenizer: Path | None,
+    skipped: list[str],
+) -> int:
+    """Append every document's tokens to ``stream_path``; the number of documents. Empty files
+    are added to ``skipped``."""
+    dtype = token_dtype(text_tokenizer.vocab_size)
+    documents = 0
+    with open(stream_path, "wb") as stream_file:
+        for tokens, ends_document in _documents(files, src, text_tokenizer, skipped):
+            if len(tokens) and int(tokens.max()) >= text_tokenizer.vocab_size:
+                raise DataError(
+                    f"tokenizer {tokenizer} gave id {int(tokens.max())}, outside its "
+                    f"vocabulary of {text_tokenizer.vocab_size}: check the tokenizer.json"
+                )
+            documents += ends_document
+            stream_file.write(tokens.astype(dtype).tobytes())
+    return documents
+
+
+def _val_tokens(total: int, val_fraction: float, src: Path, empty_files: int) -> int:
+    """How many of the stream's ``total`` tokens, its last, go to ``val``."""
+    if not total:
+        raise DataError(
+            f"source {src} has no text: {empty_files} empty file(s), nothing to tokenize"
+        )
+    val_tokens = math.ceil(total * val_fraction) if val_fraction else 0
+    if val_tokens >= total:
+        raise DataError(
+            f"source {src}: {total} tokens leave none for training with "
+            f"val_fraction={val_fraction}: give more text or a smaller val fraction"
+        )
+    return val_tokens
+
+
+def _write_splits(
+    stream_path: Path, dtype: np.dtype, train_tokens: int, out: Path, shard_mb: float
+) -> dict[str, TokenSplit]:
+    """The stream cut into ``train`` (its first ``train_tokens``) and ``val`` shards."""
+    # A folder with a manifest is complete: the old one goes before the first shard changes.
+    (out / MANIFEST_NAME).unlink(missing_ok=True)
+    stream = np.memmap(stream_path, dtype=dtype, mode="r")
+    tokens_per_shard = max(1, int(shard_mb * (1 << 20)) // dtype.itemsize)
+    parts = {"train": stream[:train_tokens], "val": stream[train_tokens:]}
+    return {
+        split: TokenSplit(len(part), _write_shards(part, split, out, tokens_per_shard))
+        for split, part in parts.items()
+        if len(part)
+    }
+
+
+def _write_manifest(out: Path, manifest: TokenManifest) -> None:
+    """The manifest, written last, then the shards of an earlier run it no longer lists go."""
     write_atomic(out / MANIFEST_NAME, manifest.to_json().encode())
-    # Shards of an earlier prepare-text that this manifest no longer lists.
-    listed = {shard.name for split in splits.values() for shard in split.shards}
+    listed = {shard.name for split in manifest.splits.values() for shard in split.shards}
     for stale in set(os.listdir(out)) - listed - {MANIFEST_NAME}:
         (out / stale).unlink()
     fsync_folder(out)
-    for split, entry in splits.items():
+
+
+def _report(manifest: TokenManifest, out: Path, log: Callable[[str], None]) -> None:
+    for split, entry in manifest.splits.items():
         log(f"{split}: {entry.tokens} tokens in {len(entry.shards)} shards")
-    log(f"{documents} documents, vocabulary of {manifest.vocab_size} ({dtype.name} ids)")
-    if skipped:
-        log(f"skipped {len(skipped)} empty file(s), listed in {out / MANIFEST_NAME}")
-    return PrepareTextResult(manifest, len(skipped))
+    vocabulary = f"vocabulary of {manifest.vocab_size} ({manifest.dtype} ids)"
+    log(f"{manifest.documents} documents, {vocabulary}")
+    if manifest.skipped_empty:
+        log(f"skipped {len(manifest.skipped_empty)} empty file(s), listed in {out / MANIFEST_NAME}")
 
 
 # --- reading prepared tokens ----------------------------------------------------------------

@@ -1,17 +1,7 @@
-"""Every shard checked against the manifest's SHA-256 once per node, before training reads it.
-
-Samples are read with ``pread`` at their offsets, so a flipped bit inside a shard would
-otherwise be trained on silently (or decoded into a wrong image). The check runs before the
-first batch, not while a cache fills: without a cache (the default) no pass reads a shard
-whole, and a sample cannot be checked against a whole shard's digest.
-
-Once per node: the node's ranks split the shards not yet verified between them (each hashes
-its part, in parallel), exchange the outcome, and the node's first rank records the verified
-ones beside the shards (``VERIFIED_NAME``), keyed by each shard's digest and name, with the
-file's identity (size, inode, modification and change times). Later epochs never come here,
-and a restart on the node finds the shards recorded and hashes none; a shard written since
-(staged again, copied, edited in place) has another identity and is checked again. A folder that
-cannot take the record (a read-only mount) is verified at every start instead.
+"""Every shard checked against the manifest's SHA-256 once per node, before training reads it:
+the node's ranks split the hashing and the first records the verified shards beside them
+(``VERIFIED_NAME``). Why before the first batch, and what the record keys on: docs/data.md,
+"How it works".
 """
 
 from __future__ import annotations
