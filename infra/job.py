@@ -1,22 +1,8 @@
-"""The training job as a stack resource: a Pulumi dynamic resource over ``azure-batch`` 15.x.
-
-Batch jobs are data-plane objects (no ARM resource), so ``TrainingJobProvider`` creates the job
-and its multi-instance task with Entra credentials (``infra.credentials``; the deployer
-holds the Batch data-plane roles). Any input change replaces the job (delete before replace:
-the new job reuses the pool at once); delete terminates and deletes it; read refreshes its
-state. The payloads are built from azure-batch's own model classes by pure functions, so tests
-check them without Azure. Azure SDK imports stay inside functions: Pulumi pickles the provider
-(by reference), and the provider host imports this module for every operation, so nothing here
-may pull in torch.
-
-On the nodes: every node runs ``trainer.launch`` in the stack's image (host network and IPC,
-InfiniBand devices, unlimited locked memory, the VM's NCCL topology files), in the foreground
-of the multi-instance task's coordination command; the application command, which Batch runs
-on the primary only after every node's coordination command returned, prints every node's
-launcher log from the run folder and exits with the recorded outcome. Checkpoints live on the
-NFS share under a folder named by the trainer settings, so a task retry, a replaced job with
-new code, or a job after ``pulumi up`` resumes from the newest checkpoint. stdout/stderr go to
-the ``logs`` container with the nodes' managed identity when the task ends.
+"""The training job as a stack resource: ``TrainingJob``, a Pulumi dynamic resource whose
+provider adds, refreshes, replaces and deletes one Batch job and its multi-instance task with
+``azure-batch`` 15.x and Entra credentials (payloads: ``infra.batch``; what runs on the nodes:
+docs/deploy.md). Azure SDK imports stay inside functions: the provider host imports this module
+for every operation, so nothing here may pull in torch.
 """
 
 from __future__ import annotations
@@ -174,6 +160,10 @@ UNITS = ("images", "tokens")  # what a run's rate counts (infra.live_metrics.rat
 
 
 class TrainingJobProvider(Provider):
+    # A dynamic provider because Batch jobs and tasks exist only in Batch's data plane: the ARM
+    # provider Microsoft.Batch has accounts, pools, applications and certificates, no jobs
+    # (Azure/azure-rest-api-specs, specification/batch/resource-manager), so azure-native
+    # cannot declare them.
     # Renaming or moving this class breaks refresh and destroy of existing stacks: the SDK
     # pickles it by reference (module and name) into every job's ``__provider`` input.
 
@@ -589,5 +579,7 @@ class TrainingJob(pulumi.dynamic.Resource):
             TrainingJobProvider(),
             name,
             props,
+            # Any input change replaces the job; the old one goes first, so the new job gets
+            # the pool at once.
             pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(delete_before_replace=True)),
         )

@@ -55,14 +55,38 @@ class Network(pulumi.ComponentResource):
         self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("gpucluster:infra:Network", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        nat_ip, nat = self._nat_gateway(name, args)
+        compute_nsg = self._compute_nsg(name, args)
+        storage_nsg = self._storage_nsg(name, args)
+        compute_subnet, storage_subnet = self._vnet(
+            name,
+            args,
+            nat,
+            (
+                ("compute", args.compute_subnet_cidr, compute_nsg),
+                ("storage", args.storage_subnet_cidr, storage_nsg),
+            ),
+        )
+        self.compute_subnet_id = compute_subnet.id
+        self.storage_subnet_id = storage_subnet.id
+        self.nat_public_ip = nat_ip.ip_address.apply(lambda ip: ip or "")
+        self.register_outputs(
+            {
+                "compute_subnet_id": self.compute_subnet_id,
+                "storage_subnet_id": self.storage_subnet_id,
+            }
+        )
 
+    def _nat_gateway(
+        self, name: str, args: NetworkArgs
+    ) -> tuple[network.PublicIPAddress, network.NatGateway]:
+        """The subnets' only way out: a NAT gateway on one static public address."""
         nat_ip = network.PublicIPAddress(
             f"{name}-nat-ip",
             sku=network.PublicIPAddressSkuArgs(name=network.PublicIPAddressSkuName.STANDARD),
             public_ip_allocation_method=network.IPAllocationMethod.STATIC,
             **args.placement.kwargs(),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
         nat = network.NatGateway(
             f"{name}-nat",
@@ -70,16 +94,21 @@ class Network(pulumi.ComponentResource):
             public_ip_addresses=[network.SubResourceArgs(id=nat_ip.id)],
             idle_timeout_in_minutes=10,
             **args.placement.kwargs(),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
+        return nat_ip, nat
 
-        compute_nsg = network.NetworkSecurityGroup(
+    def _compute_nsg(self, name: str, args: NetworkArgs) -> network.NetworkSecurityGroup:
+        return network.NetworkSecurityGroup(
             f"{name}-compute-nsg",
             security_rules=[_deny_internet_inbound()],
             **args.placement.kwargs(),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
-        storage_nsg = network.NetworkSecurityGroup(
+
+    def _storage_nsg(self, name: str, args: NetworkArgs) -> network.NetworkSecurityGroup:
+        """NFS from the compute subnet only."""
+        return network.NetworkSecurityGroup(
             f"{name}-storage-nsg",
             security_rules=[
                 network.SecurityRuleArgs(
@@ -107,9 +136,17 @@ class Network(pulumi.ComponentResource):
                 _deny_internet_inbound(),
             ],
             **args.placement.kwargs(),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
 
+    def _vnet(
+        self,
+        name: str,
+        args: NetworkArgs,
+        nat: network.NatGateway,
+        subnet_specs: tuple[tuple[str, str, network.NetworkSecurityGroup], ...],
+    ) -> list[network.Subnet]:
+        """The VNet and one subnet per ``(role, cidr, nsg)``, each behind its NSG and the NAT."""
         vnet = network.VirtualNetwork(
             f"{name}-vnet",
             address_space=network.AddressSpaceArgs(address_prefixes=[args.vnet_cidr]),
@@ -119,10 +156,7 @@ class Network(pulumi.ComponentResource):
         )
         # Azure updates a VNet's subnets one at a time: each subnet waits for the one before.
         subnets: list[network.Subnet] = []
-        for role, cidr, nsg in (
-            ("compute", args.compute_subnet_cidr, compute_nsg),
-            ("storage", args.storage_subnet_cidr, storage_nsg),
-        ):
+        for role, cidr, nsg in subnet_specs:
             subnets.append(
                 network.Subnet(
                     f"{name}-{role}",
@@ -138,14 +172,4 @@ class Network(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=subnets[-1:]),
                 )
             )
-        compute_subnet, storage_subnet = subnets
-
-        self.compute_subnet_id = compute_subnet.id
-        self.storage_subnet_id = storage_subnet.id
-        self.nat_public_ip = nat_ip.ip_address.apply(lambda ip: ip or "")
-        self.register_outputs(
-            {
-                "compute_subnet_id": self.compute_subnet_id,
-                "storage_subnet_id": self.storage_subnet_id,
-            }
-        )
+        return subnets

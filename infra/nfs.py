@@ -91,7 +91,21 @@ class NfsServer(pulumi.ComponentResource):
         self.register_outputs({"source": self.source})
 
     def _server_vm(self, name: str, args: NfsArgs) -> None:
-        disks = [
+        disks = self._data_disks(name, args)
+        nic = self._network_interface(name, args)
+        vm = self._vm(name, args, nic, disks)
+        ready = self._ready_gate(name, args, vm)
+        self.vm_id = vm.id
+        # From the NIC's and the extension's outputs: a data dependency the engine orders by.
+        self.address = pulumi.Output.all(
+            nic.ip_configurations[0].private_ip_address, ready.provisioning_state
+        ).apply(lambda values: values[0] or args.server_ip)
+        self.export_path = pulumi.Output.from_input(MOUNT_POINT)
+        self.mount_options = "-o vers=4.1,hard,nconnect=8,rsize=1048576,wsize=1048576"
+
+    def _data_disks(self, name: str, args: NfsArgs) -> list[compute.Disk]:
+        """The RAID0's premium disks: separate, protected resources that outlive the VM."""
+        return [
             compute.Disk(
                 f"{name}-data-{lun}",
                 creation_data=compute.CreationDataArgs(
@@ -106,7 +120,10 @@ class NfsServer(pulumi.ComponentResource):
             )
             for lun in range(args.disk_count)
         ]
-        nic = network.NetworkInterface(
+
+    def _network_interface(self, name: str, args: NfsArgs) -> network.NetworkInterface:
+        """The VM's only NIC: the fixed private address in the storage subnet, no public IP."""
+        return network.NetworkInterface(
             f"{name}-nic",
             ip_configurations=[
                 network.NetworkInterfaceIPConfigurationArgs(
@@ -120,53 +137,22 @@ class NfsServer(pulumi.ComponentResource):
             **args.placement.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        user_data = render_nfs_cloud_init(args.disk_count, args.compute_subnet_cidr)
-        vm = compute.VirtualMachine(
+
+    def _vm(
+        self,
+        name: str,
+        args: NfsArgs,
+        nic: network.NetworkInterface,
+        disks: list[compute.Disk],
+    ) -> compute.VirtualMachine:
+        return compute.VirtualMachine(
             f"{name}-vm",
             hardware_profile=compute.HardwareProfileArgs(vm_size=args.vm_size),
             network_profile=compute.NetworkProfileArgs(
                 network_interfaces=[compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]
             ),
-            storage_profile=compute.StorageProfileArgs(
-                image_reference=compute.ImageReferenceArgs(
-                    publisher="Canonical", offer="ubuntu-24_04-lts", sku="server", version="latest"
-                ),
-                os_disk=compute.OSDiskArgs(
-                    create_option=compute.DiskCreateOptionTypes.FROM_IMAGE,
-                    managed_disk=compute.ManagedDiskParametersArgs(
-                        storage_account_type=compute.StorageAccountTypes.PREMIUM_LRS
-                    ),
-                    delete_option=compute.DiskDeleteOptionTypes.DELETE,
-                ),
-                data_disks=[
-                    compute.DataDiskArgs(
-                        lun=lun,
-                        create_option=compute.DiskCreateOptionTypes.ATTACH,
-                        managed_disk=compute.ManagedDiskParametersArgs(id=disk.id),
-                        caching=compute.CachingTypes.NONE,
-                        # Detach, never delete, when the VM goes.
-                        delete_option=compute.DiskDeleteOptionTypes.DETACH,
-                    )
-                    for lun, disk in enumerate(disks)
-                ],
-            ),
-            os_profile=compute.OSProfileArgs(
-                computer_name=f"{name}-nfs"[:15],
-                admin_username=ADMIN_USER,
-                custom_data=base64.b64encode(user_data.encode()).decode(),
-                linux_configuration=compute.LinuxConfigurationArgs(
-                    disable_password_authentication=True,
-                    ssh=compute.SshConfigurationArgs(
-                        public_keys=[
-                            compute.SshPublicKeyArgs(
-                                key_data=args.ssh_public_key,
-                                path=f"/home/{ADMIN_USER}/.ssh/authorized_keys",
-                            )
-                        ]
-                    ),
-                    provision_vm_agent=True,
-                ),
-            ),
+            storage_profile=_storage_profile(disks),
+            os_profile=_os_profile(name, args),
             security_profile=compute.SecurityProfileArgs(
                 encryption_at_host=False,
                 security_type=compute.SecurityTypes.TRUSTED_LAUNCH,
@@ -184,11 +170,15 @@ class NfsServer(pulumi.ComponentResource):
                 replace_on_changes=[CUSTOM_DATA_PROPERTY],
             ),
         )
-        # The VM exists before cloud-init has exported anything: this extension finishes only
-        # when the setup has (infra.cloud_init.render_ready_gate: cloud-init done, even
-        # degraded, the setup's marker, /data exported, the runs folder's mode), and the mount
-        # source below depends on it, so no pool node mounts before the export is up.
-        ready = compute.VirtualMachineExtension(
+
+    def _ready_gate(
+        self, name: str, args: NfsArgs, vm: compute.VirtualMachine
+    ) -> compute.VirtualMachineExtension:
+        """The VM exists before cloud-init has exported anything: this extension finishes only
+        when the setup has (infra.cloud_init.render_ready_gate: cloud-init done, even degraded,
+        the setup's marker, /data exported, the runs folder's mode), and the mount source
+        depends on it, so no pool node mounts before the export is up."""
+        return compute.VirtualMachineExtension(
             f"{name}-nfs-ready",
             vm_name=vm.name,
             vm_extension_name="wait-for-cloud-init",
@@ -200,13 +190,6 @@ class NfsServer(pulumi.ComponentResource):
             **args.placement.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        self.vm_id = vm.id
-        # From the NIC's and the extension's outputs: a data dependency the engine orders by.
-        self.address = pulumi.Output.all(
-            nic.ip_configurations[0].private_ip_address, ready.provisioning_state
-        ).apply(lambda values: values[0] or args.server_ip)
-        self.export_path = pulumi.Output.from_input(MOUNT_POINT)
-        self.mount_options = "-o vers=4.1,hard,nconnect=8,rsize=1048576,wsize=1048576"
 
     def _azure_files(self, name: str, args: NfsArgs) -> None:
         account = storage.StorageAccount(
@@ -248,3 +231,52 @@ class NfsServer(pulumi.ComponentResource):
         # From the share's output, so nodes never mount before the share exists.
         self.export_path = pulumi.Output.concat("/", account.name, "/", share.name)
         self.mount_options = "-o vers=4,minorversion=1,sec=sys,nconnect=4"
+
+
+def _storage_profile(disks: list[compute.Disk]) -> compute.StorageProfileArgs:
+    """Ubuntu 24.04 on a premium OS disk that goes with the VM; the data disks attached."""
+    return compute.StorageProfileArgs(
+        image_reference=compute.ImageReferenceArgs(
+            publisher="Canonical", offer="ubuntu-24_04-lts", sku="server", version="latest"
+        ),
+        os_disk=compute.OSDiskArgs(
+            create_option=compute.DiskCreateOptionTypes.FROM_IMAGE,
+            managed_disk=compute.ManagedDiskParametersArgs(
+                storage_account_type=compute.StorageAccountTypes.PREMIUM_LRS
+            ),
+            delete_option=compute.DiskDeleteOptionTypes.DELETE,
+        ),
+        data_disks=[
+            compute.DataDiskArgs(
+                lun=lun,
+                create_option=compute.DiskCreateOptionTypes.ATTACH,
+                managed_disk=compute.ManagedDiskParametersArgs(id=disk.id),
+                caching=compute.CachingTypes.NONE,
+                # Detach, never delete, when the VM goes.
+                delete_option=compute.DiskDeleteOptionTypes.DETACH,
+            )
+            for lun, disk in enumerate(disks)
+        ],
+    )
+
+
+def _os_profile(name: str, args: NfsArgs) -> compute.OSProfileArgs:
+    """SSH key only, and the cloud-init that builds the RAID0 and exports it."""
+    user_data = render_nfs_cloud_init(args.disk_count, args.compute_subnet_cidr)
+    return compute.OSProfileArgs(
+        computer_name=f"{name}-nfs"[:15],
+        admin_username=ADMIN_USER,
+        custom_data=base64.b64encode(user_data.encode()).decode(),
+        linux_configuration=compute.LinuxConfigurationArgs(
+            disable_password_authentication=True,
+            ssh=compute.SshConfigurationArgs(
+                public_keys=[
+                    compute.SshPublicKeyArgs(
+                        key_data=args.ssh_public_key,
+                        path=f"/home/{ADMIN_USER}/.ssh/authorized_keys",
+                    )
+                ]
+            ),
+            provision_vm_agent=True,
+        ),
+    )

@@ -1,21 +1,7 @@
-"""Why a job's nodes do not come: the pool's resize errors and the nodes that failed their start
+"""Why a pool gives a job no nodes: its resize errors and the nodes that failed their start
 task, one line each with the fix. Read by ``dt-jobs status`` (infra/tools/ops.py), the job
-resource's refresh (``pool_errors`` output, infra/job.py) and the acceptance check.
-
-Batch reports these only on the pool and its nodes ("Check for pool and node errors",
-articles/batch/batch-pool-node-error-checking.md): a resize that cannot get its nodes leaves the
-pool steady with ``resizeErrors``, and a node whose start task fails (waitForSuccess) goes to
-``starttaskfailed``: it is never given a task, yet it bills. Nothing of this reaches the job or
-its task, which simply wait.
-
-What the autoscale formula cannot do: its variables are task counts, node counts and resource
-metrics ($PendingTasks, $CurrentDedicatedNodes, $CPUPercent, ...; no node state; "Create a
-formula to automatically scale compute nodes", articles/batch/batch-automatic-scaling.md). A
-multi-instance task waiting for nodes that failed their start task keeps $PendingTasks above
-zero, so the formula keeps the whole pool up. The action that releases it is ending the task:
-cancel the job, and the formula drops the pool to zero after its idle minutes.
-
-Azure SDK imports stay inside functions (the job resource's provider host imports this module).
+resource's refresh (its ``pool_errors`` output, infra/job.py) and the acceptance check. Azure SDK
+imports stay inside functions (the job resource's provider host imports this module).
 """
 
 from __future__ import annotations
@@ -66,6 +52,10 @@ def resize_error_lines(pool_id: str, errors: Any) -> list[str]:
 
 def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | None:
     """One line for the nodes in ``starttaskfailed``; None when there are none."""
+    # The fix it names is ending the task: the autoscale formula cannot see node states, and
+    # the multi-instance task waiting for these nodes stays pending, which keeps the pool up
+    # (infra.cluster.autoscale_formula). Once the job is cancelled, the formula drops the pool
+    # to zero after its idle minutes.
     from infra.batch import state_text
 
     failed = [n for n in nodes if state_text(n.state) == "starttaskfailed"]
@@ -87,6 +77,11 @@ def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | N
 
 def pool_problems(client: Any, pool_id: str, cancel_hint: str = "cancel the job") -> list[str]:
     """The pool's resize errors and start-task failures, one line each with the fix."""
+    # Batch reports both only on the pool and its nodes, never on the job or its task, which
+    # simply wait ("Check for pool and node errors",
+    # articles/batch/batch-pool-node-error-checking.md): a resize that cannot get its nodes
+    # leaves the pool steady with resizeErrors; a node whose start task fails (waitForSuccess)
+    # goes to starttaskfailed and is never given a task, yet bills.
     from azure.core.exceptions import ResourceNotFoundError
 
     try:

@@ -50,8 +50,17 @@ class Storage(pulumi.ComponentResource):
         self, name: str, args: StorageArgs, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__("gpucluster:infra:Storage", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        account = storage.StorageAccount(
+        account = self._account(name, args)
+        self._blob_containers(name, args, account)
+        self._file_share(name, args, account)
+        self._readers(name, args, account)
+        self.account_name = account.name
+        self.account_id = account.id
+        self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)
+        self.register_outputs({"account_name": self.account_name})
+
+    def _account(self, name: str, args: StorageArgs) -> storage.StorageAccount:
+        return storage.StorageAccount(
             f"{name}-account",
             account_name=args.account_name,
             **args.placement.kwargs(),
@@ -67,25 +76,16 @@ class Storage(pulumi.ComponentResource):
                 key_source=storage.KeySource.MICROSOFT_STORAGE,
                 require_infrastructure_encryption=True,
             ),
-            network_rule_set=storage.NetworkRuleSetArgs(
-                # The SDK's default action is Allow: deny explicitly.
-                default_action=storage.DefaultAction.DENY,
-                bypass=storage.Bypass.AZURE_SERVICES,
-                virtual_network_rules=[
-                    storage.VirtualNetworkRuleArgs(virtual_network_resource_id=subnet_id)
-                    for subnet_id in args.subnet_ids
-                ],
-                # The machines that upload datasets and read job logs from outside the VNet
-                # (storageAllowedIps; infra/config.py checks Azure's rules for them).
-                ip_rules=[
-                    storage.IPRuleArgs(i_p_address_or_range=ip, action=storage.Action.ALLOW)
-                    for ip in args.allowed_ips
-                ],
-            ),
+            network_rule_set=_network_rules(args),
             # Datasets and checkpoints outlive compute: `pulumi destroy` leaves them unless the
             # stack opts out (protectData: false).
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
+
+    def _blob_containers(
+        self, name: str, args: StorageArgs, account: storage.StorageAccount
+    ) -> None:
+        """The blob service (versioning, 7 days of soft delete) and its private containers."""
         blob_service = storage.BlobServiceProperties(
             f"{name}-blob-service",
             account_name=account.name,
@@ -96,7 +96,7 @@ class Storage(pulumi.ComponentResource):
             container_delete_retention_policy=storage.DeleteRetentionPolicyArgs(
                 enabled=True, days=7
             ),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
         for container in CONTAINERS:
             storage.BlobContainer(
@@ -107,13 +107,16 @@ class Storage(pulumi.ComponentResource):
                 public_access=storage.PublicAccess.NONE,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[blob_service]),
             )
+
+    def _file_share(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
+        """The file service (7 days of share soft delete) and the SMB results share."""
         file_service = storage.FileServiceProperties(
             f"{name}-file-service",
             account_name=account.name,
             resource_group_name=args.placement.resource_group_name,
             file_services_name="default",
             share_delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=7),
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self),
         )
         storage.FileShare(
             f"{name}-{FILE_SHARE}",
@@ -125,6 +128,7 @@ class Storage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[file_service]),
         )
 
+    def _readers(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
         for reader in args.readers:
             assign_role(
                 f"{name}-{reader.label}-blob-reader",
@@ -135,7 +139,22 @@ class Storage(pulumi.ComponentResource):
                 principal_type=authorization.PrincipalType(reader.principal_type),
                 parent=self,
             )
-        self.account_name = account.name
-        self.account_id = account.id
-        self.blob_endpoint = account.primary_endpoints.apply(lambda e: e.blob)
-        self.register_outputs({"account_name": self.account_name})
+
+
+def _network_rules(args: StorageArgs) -> storage.NetworkRuleSetArgs:
+    """Deny by default; admit the VNet's subnets and the allowed public addresses."""
+    return storage.NetworkRuleSetArgs(
+        # The SDK's default action is Allow: deny explicitly.
+        default_action=storage.DefaultAction.DENY,
+        bypass=storage.Bypass.AZURE_SERVICES,
+        virtual_network_rules=[
+            storage.VirtualNetworkRuleArgs(virtual_network_resource_id=subnet_id)
+            for subnet_id in args.subnet_ids
+        ],
+        # The machines that upload datasets and read job logs from outside the VNet
+        # (storageAllowedIps; infra/config.py checks Azure's rules for them).
+        ip_rules=[
+            storage.IPRuleArgs(i_p_address_or_range=ip, action=storage.Action.ALLOW)
+            for ip in args.allowed_ips
+        ],
+    )
