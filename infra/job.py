@@ -465,7 +465,7 @@ def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
     stack = props.get("stack")
     hint = f"cancel the job (dt-jobs cancel --stack {stack} --job {name})"
     try:
-        problems = pool_problems(client, props["pool_id"], hint)
+        problems = pool_problems(client, props["pool_id"], hint, job_id=job_id)
     except AzureError as err:
         pulumi.log.warn(f"job {job_id}: pool {props['pool_id']} not read: {_first_line(err)}")
         return []

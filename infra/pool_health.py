@@ -75,8 +75,42 @@ def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | N
     )
 
 
-def pool_problems(client: Any, pool_id: str, cancel_hint: str = "cancel the job") -> list[str]:
-    """The pool's resize errors and start-task failures, one line each with the fix."""
+def preparation_line(client: Any, job_id: str, cancel_hint: str) -> str | None:
+    """One line for the nodes where the job's preparation task (its dataset staging) failed;
+    None when there are none."""
+    # A task whose preparation fails on a node goes back to active, "eligible to be assigned to
+    # a different Compute Node" (BatchTaskState.Preparing); with every node failed it waits for
+    # as long as the job lives, and only Job - List Preparation And Release Task Status says why.
+    from infra.batch import state_text
+
+    statuses = client.list_job_preparation_and_release_task_status(job_id)
+    failed = [
+        (s.node_id, s.job_preparation_task_execution_info)
+        for s in statuses
+        if s.job_preparation_task_execution_info is not None
+        and state_text(s.job_preparation_task_execution_info.result) == "failure"
+    ]
+    if not failed:
+        return None
+    info = failed[0][1]
+    why = f"exit code {info.exit_code}" if info.exit_code is not None else "no exit code"
+    failure = _first_line(getattr(info.failure_info, "message", ""))
+    shown = ", ".join(str(node) for node, _ in failed[:SHOWN_NODES])
+    more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
+    return (
+        f"job {job_id}: the dataset staging (job preparation task) failed on {len(failed)} "
+        f"node(s) ({shown}{more}: {why}{'; ' + failure if failure else ''}), so the training "
+        "task never runs there and waits: read jobpreparation/stderr.txt on a node (portal: the "
+        "node's files; it names the blob or folder), fix the dataset or its grant, then "
+        f"{cancel_hint} and run `pulumi up` to submit it again"
+    )
+
+
+def pool_problems(
+    client: Any, pool_id: str, cancel_hint: str = "cancel the job", job_id: str | None = None
+) -> list[str]:
+    """The pool's resize errors and start-task failures, and the nodes where ``job_id``'s
+    preparation failed, one line each with the fix."""
     # Batch reports both only on the pool and its nodes, never on the job or its task, which
     # simply wait ("Check for pool and node errors",
     # articles/batch/batch-pool-node-error-checking.md): a resize that cannot get its nodes
@@ -92,5 +126,6 @@ def pool_problems(client: Any, pool_id: str, cancel_hint: str = "cancel the job"
             "(it declares the pool)"
         ]
     lines = resize_error_lines(pool_id, pool.resize_errors)
-    line = start_task_line(pool_id, list(client.list_nodes(pool_id)), cancel_hint)
-    return [*lines, *([line] if line else [])]
+    nodes = start_task_line(pool_id, list(client.list_nodes(pool_id)), cancel_hint)
+    staging = preparation_line(client, job_id, cancel_hint) if job_id else None
+    return [*lines, *(line for line in (nodes, staging) if line)]

@@ -77,7 +77,7 @@ def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
     if not pool_id:
         return []
     try:
-        return pool_problems(client, pool_id, cancel_hint)
+        return pool_problems(client, pool_id, cancel_hint, job_id=job.id)
     except HttpResponseError as err:
         if err.status_code not in (401, 403):
             raise

@@ -121,6 +121,13 @@ class FakeBatch:
         default_factory=lambda: {"ib-gpu": {"id": "ib-gpu", "allocationState": "steady"}}
     )
     pool_nodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Job id -> each node's job preparation status (Job - List Preparation And Release Task
+    # Status). A node whose preparation failed never runs the job's task: "If the Job
+    # Preparation Task fails, the Task will return to active and will be eligible to be
+    # assigned to a different Compute Node" (BatchTaskState.Preparing), so with every node
+    # failed the task waits, active, for as long as the job lives; nothing on the job or the
+    # task says why (``prepare_fails``).
+    preparations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Hooks that see each request and the fake's answer once it acted on it (commit_then_fail).
     after_commit: list[Callable[[Request, tuple[int, Any]], tuple[int, Any]]] = field(
         default_factory=list
@@ -268,6 +275,32 @@ class FakeBatch:
             return self._file(request, rest[1], "/".join(rest[3:]))
         return 404, _error("InvalidPropertyValue")
 
+    def prepare_fails(self, job_id: str, nodes: list[str], message: str, exit_code: int = 1):
+        """The job's preparation task ran and failed on ``nodes`` (its retries used up): the
+        task stays active, and only this listing names the nodes and the failure."""
+        self.task_state = "active"
+        self.preparations[job_id] = [
+            {
+                "poolId": "ib-gpu",
+                "nodeId": node,
+                "jobPreparationTaskExecutionInfo": {
+                    "startTime": "2026-11-23T10:01:00Z",
+                    "endTime": "2026-11-23T10:02:00Z",
+                    "state": "completed",
+                    "taskRootDirectory": "workitems/job/job-1/jobpreparation",
+                    "exitCode": exit_code,
+                    "retryCount": 0,
+                    "result": "failure",
+                    "failureInfo": {
+                        "category": "usererror",
+                        "code": "FailureExitCode",
+                        "message": "The task exited with an exit code representing a failure",
+                    },
+                },
+            }
+            for node in nodes
+        ]
+
     def commit_then_fail(
         self, method: str, path: str, status=503, code="ServerBusy", times: int = 1
     ) -> None:
@@ -404,6 +437,8 @@ class FakeBatch:
             placed = (job["id"], rest[1]) in self.placements
             node = {"nodeInfo": self._node_info(job["id"], rest[1], 0)} if placed else {}
             return 200, {**task, "state": self.task_state, "executionInfo": info, **node}
+        if rest == ["jobpreparationandreleasetaskstatus"] and method == "GET":
+            return 200, {"value": self.preparations.get(job["id"], [])}
         if rest[2:] == ["subtasksinfo"] and method == "GET":
             return 200, self._subtasks(job["id"], rest[1])
         if len(rest) >= 4 and rest[2] == "files" and method in ("GET", "HEAD"):

@@ -163,3 +163,18 @@ def test_a_refresh_reports_why_the_pool_gives_the_job_no_nodes(cloud, warnings):
     fake.pools["ib-gpu"].pop("resizeErrors")
     fake.pool_nodes["ib-gpu"] = []
     assert TrainingJobProvider().read(job_id, state).outs["pool_errors"] == []
+
+
+def test_a_refresh_names_the_nodes_whose_dataset_staging_failed(cloud, warnings):
+    """Every node's job preparation (the dataset staging) failed: Batch keeps the task active
+    and says so only in the preparation listing; the refresh names the nodes and the fix."""
+    fake, storage, _ = cloud
+    job_id, state = _state(fake, storage, "staging")
+    fake.prepare_fails(job_id, ["tvmps_0", "tvmps_1"], "exit 1")
+    errors = TrainingJobProvider().read(job_id, state).outs["pool_errors"]
+    (line,) = errors
+    assert line.startswith(f"job {job_id}: the dataset staging (job preparation task) failed")
+    assert "2 node(s)" in line and "tvmps_0" in line and "exit code 1" in line
+    assert "jobpreparation/stderr.txt" in line and "--stack staging --job default" in line
+    assert "\n" not in line
+    assert f"job {job_id}: {line}" in warnings
