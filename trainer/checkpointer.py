@@ -248,6 +248,7 @@ class ShardedCheckpointer(Checkpointer):
             except OSError as err:
                 error = str(sharded_checkpoint.save_error(path, err))
         self._agree(error)
+        pending = None
         try:
             tensors, staging = self._tensors(), None
             if background:

@@ -1,6 +1,6 @@
 """The training run: set up from a config, resume if a checkpoint exists, train, report.
 
-Everything here runs on every rank; only rank 0 reads and writes files.
+Everything here runs on every rank; checkpoints are trainer.checkpointer's, other files rank 0's.
 """
 
 from __future__ import annotations
