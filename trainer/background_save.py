@@ -1,23 +1,6 @@
-"""Checkpoint writes in the background: training goes on while the bytes reach storage.
-
-A save takes a consistent copy of the state, and a background thread writes that copy: the
-single-file checkpoint with ``trainer.checkpoint.save`` (its atomic rename and checksum), or the
-shards DCP staged with ``torch.distributed.checkpoint.async_save`` followed by rank 0's
-completion marker (``trainer.sharded_checkpoint.complete``). At most one write is in flight: the
-next save, and the end of the run (a SIGTERM included), first waits for it, and a write that
-failed on any rank stops every rank there with its one-line error.
-
-The copy is the stall training sees, so it is kept short:
-
-- ``HostStaging``: the copy goes into host tensors allocated at the first save and reused by
-  every later one (pinned when the model is on a GPU, copied with ``non_blocking`` and one
-  synchronisation), so no save pays for allocating and first-touching the whole state again.
-- ``StepFence``: only ``optimizer.step()`` changes the parameters and the optimizer's state,
-  so those are copied on a background thread while the next step's forward and backward run;
-  everything else (BatchNorm's running statistics, which forward updates in place) is copied
-  before the save returns. A pre-hook on the optimizer's step waits for the copy in flight, so
-  no step can change a tensor that is still being copied, whoever calls ``step()`` (a
-  GradScaler, Horovod's ``DistributedOptimizer``, which runs the hooks before its allreduce).
+"""Checkpoint writes in the background: a short copy of the state (``HostStaging``, with
+``StepFence`` making the next ``optimizer.step()`` wait for the part it would change), then one
+write in flight at a time on a thread (``BackgroundWriter``). Why and how: docs/trainer.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Atomic checkpoints: written by rank 0, found again after a crash, never half-visible.
-
-A checkpoint is written with ``trainer.files.open_atomic`` (the one temp-name scheme): to a
-hidden temporary file in the same folder, flushed and fsync'd, then renamed over its final name
-(``os.replace`` is atomic on POSIX file systems, NFS included), and the folder itself is fsync'd
-so the rename survives a power loss. A crash at any point leaves the previous checkpoint as the
-newest valid one. Only the newest ``keep`` are kept.
-
-Each checkpoint has a ``.sha256`` file beside it, written before the checkpoint's rename. A
-checkpoint whose bytes no longer match (a flipped bit on a shared file system, a truncated
-copy) is skipped with a warning and the previous one is used: torch's zip reader does not
-notice most flipped bytes itself.
+"""Single-file checkpoints: written by rank 0, atomically (temp file, fsync, rename), with a
+``.sha256`` beside each so that changed bytes are skipped for the previous one; the newest
+``keep`` are kept. The format and why: docs/trainer.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training run: set up from a config, resume if a checkpoint exists, train, report.
 
-Everything here runs on every rank; only rank 0 reads and writes files.
+Everything here runs on every rank; checkpoints are trainer.checkpointer's, other files rank 0's.
 """
 
 from __future__ import annotations
@@ -10,21 +10,15 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from trainer import affinity, checkpoint, preflight, results, sharded_checkpoint
-from trainer.background_save import (
-    BackgroundWriter,
-    HostStaging,
-    StepFence,
-    cpu_copy,
-    snapshot_unguarded,
-)
+from trainer import affinity, checkpoint, preflight, results
+from trainer.checkpointer import build_checkpointer
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import build_loaders
 from trainer.distributed import Dist, GradientProbe
@@ -39,12 +33,6 @@ from trainer.profiling import profiling
 from trainer.signals import StopRequest, StopVote
 
 log = logging.getLogger(__name__)
-# Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared
-# runs folder): python -m infra.tools.acceptance reads this line from the job's log.
-CHECKPOINT_WRITTEN = "checkpoint written: %s (uid %d)"
-
-# Settings that change what a checkpoint's tensors mean: resuming across them is refused.
-_CHECKPOINT_IDENTITY = ("model", "num_classes", "optimizer")
 
 
 @dataclass
@@ -166,19 +154,33 @@ class RunPosition:
         self.epoch_offset, self.epoch_world = checkpoint.epoch_position(state)
 
 
-# Checkpoint entries that reach the other ranks as tensors (``Dist.broadcast_training_state``),
-# not in the pickled broadcast of the rest of the checkpoint.
-_TENSOR_ENTRIES = ("model", "optimizer")
+@dataclass
+class _Loop:
+    """One invocation's training loop: what its steps count and report (``_Run.train``)."""
+
+    start_step: int
+    global_batch: int
+    meter: WindowMeter
+    progress: Progress | None
+    # --profile-steps: the profiler runs until the loop ends, so that it writes the trace of a
+    # run that stopped inside the window.
+    profiler: contextlib.ExitStack
+    stop_vote: StopVote
+    started: float
+    stopped_by: str | None
+    last: dict[str, float] = field(default_factory=dict)
+    run_samples: int = 0
+    noise_scale: float | None = None
 
 
 class _Run:
-    """The state of one invocation; split into methods so each phase reads on its own. What a
-    checkpoint holds is written by ``state_dict()`` and read back by ``load_state_dict()``."""
+    """The state of one invocation; split into methods so each phase reads on its own. The
+    trainer's own part of a checkpoint is written by ``state_dict()`` and read back by
+    ``load_state_dict()``; ``self.checkpointer`` holds the model's and optimizer's."""
 
     def __init__(self, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
         self.cfg, self.dist, self.stop = cfg, dist, stop
         self.output_dir = Path(cfg.output_dir)
-        self.checkpoint_dir = self.output_dir / "checkpoints"
         self.device = select_device(cfg, dist)
         amp_dtype, channels_last = resolve_precision(cfg, self.device)
         comm_device = self.device if dist.gpu_collectives else torch.device("cpu")
@@ -200,13 +202,27 @@ class _Run:
                 f"{self.loaders.batches_per_epoch} batches per epoch; lower it"
             )
         self.position = RunPosition(epoch_world=dist.size)
-
         # A language model's outputs are its data's vocabulary.
         outputs = self.loaders.vocab_size or cfg.num_classes
+        self.model = self._build_model(outputs, channels_last)
+        probe = self._noise_probe()
+        self.parts = self._build_parts(probe, amp_dtype)
+        self.checkpointer = build_checkpointer(
+            cfg, dist, self.model, self.parts.optimizer, self.state_dict, self.device
+        )
+        self.writer: MetricsWriter | None = None
+        # The last evaluation: (step, trainer.loop.evaluate's figures).
+        self.last_eval: tuple[int, dict[str, float]] | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _build_model(self, outputs: int, channels_last: bool) -> nn.Module:
+        """The model on its device, and what throughput counts (``unit``, samples per batch,
+        FLOPs per token and the device's peak for a language model)."""
+        cfg = self.cfg
         # Sharded engines build the model in host memory: fully_shard moves each block to the
         # GPU as it cuts it into shards, so the whole model never has to fit on one GPU.
         model = build_model(cfg.model, outputs)
-        if not dist.sharded_state:
+        if not self.dist.sharded_state:
             model = model.to(self.device)
         self.unit = "tokens" if cfg.language_model else "images"
         # Samples of one batch: images, or target tokens (the batch's windows x context).
@@ -225,8 +241,12 @@ class _Run:
             model = model.to(memory_format=torch.channels_last)
         if cfg.activation_checkpointing:
             checkpoint_activations(sharding_units(model))
-        self.model = model
-        # --noise-scale-every: the engine's reduction hooks show the probe each local gradient.
+        return model
+
+    def _noise_probe(self) -> GradientProbe | None:
+        """--noise-scale-every: the engine's reduction hooks show the probe each local
+        gradient, and ``self.noise_scale`` estimates from it."""
+        cfg, dist = self.cfg, self.dist
         probe = GradientProbe(self.device) if cfg.noise_scale_every else None
         self.noise_scale: NoiseScale | None = None
         if probe is not None:
@@ -238,6 +258,11 @@ class _Run:
                 )
             per_worker = cfg.batch_size * cfg.accumulation_steps
             self.noise_scale = NoiseScale(per_worker, per_worker * dist.size)
+        return probe
+
+    def _build_parts(self, probe: GradientProbe | None, amp_dtype: torch.dtype | None) -> StepParts:
+        """The wrapped model, optimizer, LR schedule and scaler one step uses."""
+        cfg, dist, model = self.cfg, self.dist, self.model
         # Wrapped before the optimizer exists: FSDP replaces the parameters with their shards,
         # and the optimizer must step on those.
         train_model = dist.wrap_model(model, cfg, probe)
@@ -251,7 +276,7 @@ class _Run:
         scaler = torch.amp.GradScaler(self.device.type, enabled=amp_dtype == torch.float16)
         if cfg.compile:
             train_model = torch.compile(train_model)
-        self.parts = StepParts(
+        return StepParts(
             model=train_model,
             optimizer=optimizer,
             scheduler=scheduler,
@@ -264,33 +289,12 @@ class _Run:
             clip_norm=cfg.grad_clip_norm,
             probe=probe,
         )
-        self.last_saved_step = -1
-        self.saves = BackgroundWriter()
-        # A background save's copy overlaps the next step; that step's optimizer.step() waits
-        # for it. Single-file saves copy into our staging tensors, sharded ones with DCP's stager.
-        self.fence = StepFence(optimizer)
-        self.staging = HostStaging(self.fence, self.device)
-        self.dcp_stager = (
-            sharded_checkpoint.background_stager(self.device)
-            if dist.sharded_state and cfg.checkpoint_async
-            else None
-        )
-        self.writer: MetricsWriter | None = None
-        # The last evaluation: (step, trainer.loop.evaluate's figures).
-        self.last_eval: tuple[int, dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ run state
-    def state_dict(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
-        """What a checkpoint holds; ``rng`` is every rank's RNG state, in rank order."""
-        return {
-            **self.trainer_state(rng),
-            "model": self.model.state_dict(),
-            "optimizer": self.parts.optimizer.state_dict(),
-        }
-
-    def trainer_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
-        """A checkpoint's entries other than the model's and optimizer's tensors (a sharded
-        checkpoint keeps those in every rank's shards)."""
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's entries of a checkpoint (besides the model's and optimizer's tensors).
+        A collective: every rank's RNG state, in rank order, is gathered."""
+        rng = self.dist.allgather_object(_rng_state())
         return {
             "config": self.cfg.to_dict(),
             **self.position.state_dict(),
@@ -303,12 +307,8 @@ class _Run:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint on this rank. Rank 0 passes the whole checkpoint; the other
-        ranks pass it without ``_TENSOR_ENTRIES``, which ``broadcast_training_state`` brings
-        them. ``resume`` then rebuilds the LR schedule at the position."""
-        if "model" in state:
-            self.model.load_state_dict(state["model"])
-            self.parts.optimizer.load_state_dict(state["optimizer"])
+        """Restore the trainer's entries of a checkpoint on this rank; ``resume`` then rebuilds
+        the LR schedule at the position."""
         self.position.load_state_dict(state)
         self.parts.scaler.load_state_dict(state["scaler"])
         if int(state["world_size"]) == self.dist.size:
@@ -318,33 +318,14 @@ class _Run:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> None:
-        """Rank 0 finds the newest valid checkpoint; its position and state reach every rank
-        (the tensors by broadcast, or with sharded state from each rank's own shards)."""
-        shared: dict[str, Any] | None = None
-        path = error = None
-        if self.dist.is_root:
-            latest = self._latest_checkpoint()
-            if latest is not None:
-                path, state = latest
-                error = self._check_compatible(path, state["config"])
-                if error is None:
-                    shared = {k: v for k, v in state.items() if k not in _TENSOR_ENTRIES}
-                    if not self.dist.sharded_state:
-                        self.load_state_dict(state)
-        shared, path, error = self.dist.broadcast_object((shared, path, error))
-        if error:
-            raise ConfigError(error)
-        if self.dist.sharded_state:
-            if shared is None:
-                return
-            self._load_shards(path)
-            self.load_state_dict(shared)
-        else:
-            self.dist.broadcast_training_state(self.model, self.parts.optimizer, shared is not None)
-            if shared is None:
-                return
-            if not self.dist.is_root:
-                self.load_state_dict(shared)
+        """The newest valid checkpoint, if any, restored on every rank (a collective): the
+        model and optimizer by the checkpointer, the trainer's entries here; then the epoch,
+        the plan and the LR schedule are placed at the position for this world size."""
+        found = self.checkpointer.load()
+        if found is None:
+            return
+        path, state = found
+        self.load_state_dict(state)
         pos = self.position
         sampler = self.loaders.train.sampler
         sampler.set_epoch(pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world)
@@ -355,36 +336,40 @@ class _Run:
         self.parts.scheduler = build_lr_scheduler(
             self.parts.optimizer, self.schedule, pos.schedule_step(self.steps_per_epoch)
         )
-        saved_world = int(shared["world_size"])
+        saved_world = int(state["world_size"])
         if saved_world != self.dist.size and self.dist.is_root:
-            global_batch = sampler.global_batch * self.cfg.accumulation_steps
-            dropped = sampler.order_length - pos.epoch_offset - steps_left * global_batch
-            spread = ""
-            if self.cfg.data == "shards" and steps_left and pos.epoch_world != self.dist.size:
-                spread = (
-                    f"; until it ends, ranks read the {pos.epoch_world}-worker layout's rest "
-                    "across all its shards"
-                )
-            log.info(
-                "resized: checkpoint from %d workers resumed on %d: epoch %d continues at "
-                "sample %d of %d with %d steps of %d samples (the last %d dropped), "
-                "%d steps per epoch, peak lr %.6g (lr_scaling=%s)%s",
-                saved_world,
-                self.dist.size,
-                pos.epoch,
-                pos.epoch_offset,
-                sampler.order_length,
-                steps_left,
-                global_batch,
-                max(0, dropped),
-                self.steps_per_epoch,
-                self.schedule.peak_lr,
-                self.cfg.lr_scaling,
-                spread,
-            )
-        self.last_saved_step = pos.step
+            self._log_resize(saved_world, steps_left)
         if self.dist.is_root:
             print(f"resumed from {path} at step {pos.step} (epoch {pos.epoch})", flush=True)
+
+    def _log_resize(self, saved_world: int, steps_left: int) -> None:
+        """Rank 0, resuming on another number of workers: how the epoch continues."""
+        pos, sampler = self.position, self.loaders.train.sampler
+        global_batch = sampler.global_batch * self.cfg.accumulation_steps
+        dropped = sampler.order_length - pos.epoch_offset - steps_left * global_batch
+        spread = ""
+        if self.cfg.data == "shards" and steps_left and pos.epoch_world != self.dist.size:
+            spread = (
+                f"; until it ends, ranks read the {pos.epoch_world}-worker layout's rest "
+                "across all its shards"
+            )
+        log.info(
+            "resized: checkpoint from %d workers resumed on %d: epoch %d continues at "
+            "sample %d of %d with %d steps of %d samples (the last %d dropped), "
+            "%d steps per epoch, peak lr %.6g (lr_scaling=%s)%s",
+            saved_world,
+            self.dist.size,
+            pos.epoch,
+            pos.epoch_offset,
+            sampler.order_length,
+            steps_left,
+            global_batch,
+            max(0, dropped),
+            self.steps_per_epoch,
+            self.schedule.peak_lr,
+            self.cfg.lr_scaling,
+            spread,
+        )
 
     def _plan(self) -> tuple[int, LRSchedule]:
         """The step this run ends at and the LR schedule, from the position and world size."""
@@ -396,137 +381,22 @@ class _Run:
         end = pos.schedule_step(self.steps_per_epoch) + total - pos.step
         return total, build_schedule(cfg, self.steps_per_epoch, end, self.lr_scale)
 
-    def _epoch_end_due(self) -> bool:
-        """After a resize, the rest of an epoch can be less than one global batch: no steps
-        are left in it, but its evaluation and the epoch count still are."""
-        return (
-            self.position.epoch < self.cfg.epochs
-            and self.position.step_in_epoch >= self.steps_per_epoch
+    def _training_due(self) -> bool:
+        """Steps are left, or after a resize the rest of an epoch is less than one global
+        batch: no steps are left in it, but its evaluation and the epoch count still are."""
+        pos = self.position
+        return pos.step < self.total_steps or (
+            pos.epoch < self.cfg.epochs and pos.step_in_epoch >= self.steps_per_epoch
         )
-
-    def _check_compatible(self, path: Path, saved: dict[str, Any]) -> str | None:
-        for key in _CHECKPOINT_IDENTITY:
-            if saved.get(key) != getattr(self.cfg, key):
-                return (
-                    f"{key}={getattr(self.cfg, key)!r}: checkpoint {path} was trained with "
-                    f"{key}={saved.get(key)!r}; use the same setting or another --output-dir"
-                )
-        return None
 
     # ------------------------------------------------------------------ checkpoints and logs
-    def _latest_checkpoint(self) -> tuple[Path, dict[str, Any]] | None:
-        """Rank 0: the newest checkpoint that loads, with its trainer state (and, single-file,
-        its tensors); unreadable ones are skipped with a warning."""
-        if self.dist.sharded_state:
-            return sharded_checkpoint.load_latest_trainer_state(self.checkpoint_dir)
-        return checkpoint.load_latest(self.checkpoint_dir)
-
-    def _sharded_tensors(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model, optimizer = get_state_dict(self.model, self.parts.optimizer)
-        return {"model": model, "optimizer": optimizer}
-
-    def _load_shards(self, path: Path) -> None:
-        """Every rank: its shards of the model and optimizer from ``path``, resharded by DCP
-        when another number of ranks wrote them."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        tensors = self._sharded_tensors()
-        sharded_checkpoint.read_shards(path, tensors)
-        set_state_dict(
-            self.model,
-            self.parts.optimizer,
-            model_state_dict=tensors["model"],
-            optim_state_dict=tensors["optimizer"],
-        )
-
-    def _agree(self, error: str | None) -> None:
-        """Every rank learns whether any rank's save failed, and the failure rank 0 saw (a
-        collective); then every rank raises it."""
-        if self.dist.any_rank(error is not None):
-            first = self.dist.broadcast_object(error)
-            raise checkpoint.CheckpointError(
-                first or "cannot write a checkpoint: another rank failed (its log says why)"
-            )
-
-    def _finish_saves(self) -> None:
-        """Wait for the write in flight, if any; its failure stops every rank (a collective)."""
-        self._agree(self.saves.wait())
-
     def save_checkpoint(self, *, final: bool = False) -> None:
-        """A collective. Waits for the write in flight, takes a copy of the state (the stall
-        training sees; in the background, the optimizer's state and parameters are copied while
-        the next step runs, see ``StepFence``) and writes it, in the background unless
-        ``--no-checkpoint-async`` or ``final`` (the run's last save returns once its bytes are
-        on disk). Rank 0 writes a single-file checkpoint; with sharded state every rank writes
-        its shards. A failure on any rank stops all."""
-        started = time.monotonic()
-        self._finish_saves()
-        rng = self.dist.allgather_object(_rng_state())
-        background = self.cfg.checkpoint_async and not final
-        if self.dist.sharded_state:
-            self._start_sharded_save(rng, background)
-        else:
-            self._start_full_save(rng, background)
-        if not background:
-            self._finish_saves()
-        self.last_saved_step = self.position.step
-        stall = time.monotonic() - started
-        self.log(
-            {"kind": "checkpoint", "step": self.position.step, "stall_sec": stall},
-        )
-
-    def _start_full_save(self, rng: list[dict[str, Any]], background: bool) -> None:
-        if not self.dist.is_root:
-            return
-        state = self.state_dict(rng)
-        # In the background the next steps change the live tensors while a copy is written.
-        copy = self.staging.stage(state) if background else None
-        folder, step, keep = self.checkpoint_dir, self.position.step, self.cfg.keep_checkpoints
-
-        def write() -> None:
-            path = checkpoint.save(folder, step, state if copy is None else copy.result(), keep)
-            log.info(CHECKPOINT_WRITTEN, path, os.getuid())
-
-        self.saves.submit(write)
-
-    def _start_sharded_save(self, rng: list[dict[str, Any]], background: bool) -> None:
-        path = sharded_checkpoint.checkpoint_path(self.checkpoint_dir, self.position.step)
-        error = None
-        if self.dist.is_root:
-            try:
-                sharded_checkpoint.prepare_folder(path)
-            except OSError as err:
-                error = str(sharded_checkpoint.save_error(path, err))
-        self._agree(error)
-        try:
-            tensors, staging = self._sharded_tensors(), None
-            if background:
-                # What the optimizer's step does not change (buffers forward updates) is copied
-                # now; DCP copies the rest to host memory while the next step runs.
-                tensors = snapshot_unguarded(tensors, self.fence.guarded())
-                staging = (self.dist.background_group, self.dcp_stager)
-            pending = sharded_checkpoint.start_writing(path, tensors, staging)
-            if pending is not None:
-                self.fence.hold(pending[0])
-        except Exception as err:
-            error = str(sharded_checkpoint.save_error(path, err))
-        self._agree(error)
-        state = cpu_copy(self.trainer_state(rng)) if self.dist.is_root else None
-        keep = self.cfg.keep_checkpoints
-
-        def write() -> None:
-            try:
-                if pending is not None:
-                    pending[1].result()  # every rank's shards and DCP's metadata are written
-                if state is not None:  # rank 0: the trainer state, then the marker
-                    sharded_checkpoint.complete(path, state, keep)
-                    log.info(CHECKPOINT_WRITTEN, path, os.getuid())
-            except Exception as err:
-                raise sharded_checkpoint.save_error(path, err) from None
-
-        self.saves.submit(write)
+        """A collective: this step's checkpoint (``Checkpointer.save``), or with ``final`` the
+        run's last one unless this step's is written already; the stall it cost is logged."""
+        step = self.position.step
+        stall = self.checkpointer.save_on_stop(step) if final else self.checkpointer.save(step)
+        if stall is not None:
+            self.log({"kind": "checkpoint", "step": step, "stall_sec": stall})
 
     def _measure_noise_scale(self, step: int, global_batch: int) -> float | None:
         """After a measuring step: the workers' mean squared local gradient norm (a collective)
@@ -554,75 +424,37 @@ class _Run:
 
     # ------------------------------------------------------------------ training
     def train(self) -> RunResult:
+        """Epochs of steps, each epoch ending with its evaluation and checkpoint, until the
+        plan's end, --run-steps or a stop request; then the run's last checkpoint."""
+        pos, loop = self.position, self._begin()
+        try:
+            while self._training_due() and loop.stopped_by is None:
+                self.loaders.train.sampler.set_epoch(
+                    pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world
+                )
+                if pos.step_in_epoch < self.steps_per_epoch:
+                    train_one_epoch(
+                        self.parts, self.loaders.train, loop.meter, lambda: self._after_step(loop)
+                    )
+                if pos.step_in_epoch >= self.steps_per_epoch:
+                    self._end_epoch()
+            loop.stop_vote.close()  # the vote the last step started, which no step reads
+            self.save_checkpoint(final=True)
+        finally:
+            self._end(loop)
+        return self._result(loop)
+
+    def _begin(self) -> _Loop:
+        """The loop's metrics file, progress line, meter, profiler and stop vote."""
         cfg, dist, pos = self.cfg, self.dist, self.position
-        start_step = pos.step
         if dist.is_root:
             self.writer = MetricsWriter(self.output_dir)
-        progress = Progress(start_step, self.total_steps, unit=self.unit) if dist.is_root else None
+        progress = Progress(pos.step, self.total_steps, unit=self.unit) if dist.is_root else None
         meter = WindowMeter(self.device, self.unit)
-        last: dict[str, float] = {}
-        due = pos.step < self.total_steps or self._epoch_end_due()
-        stopped_by: str | None = None if due else "already_complete"
-        global_batch = cfg.batch_size * cfg.accumulation_steps * dist.size
-        run_samples = 0
-        noise_scale: float | None = None
+        stopped_by = None if self._training_due() else "already_complete"
         started = time.monotonic()
         every = cfg.noise_scale_every
         self.parts.measure = bool(every) and (pos.step + 1) % every == 0
-
-        def after_step() -> bool:
-            nonlocal last, stopped_by, run_samples, noise_scale
-            if self.parts.measure:
-                noise_scale = self._measure_noise_scale(pos.step + 1, global_batch) or noise_scale
-            self.parts.measure = bool(every) and (pos.step + 2) % every == 0
-            pos.step += 1
-            pos.step_in_epoch += 1
-            pos.epoch_offset += global_batch
-            run_samples += self.samples_per_batch * cfg.accumulation_steps
-            signalled = stop_vote.next()
-            reasons = [
-                ("signal", signalled),
-                ("max_steps", pos.step >= self.total_steps and cfg.max_steps == self.total_steps),
-                ("epochs", pos.step >= self.total_steps),
-                (
-                    "run_steps",
-                    cfg.run_steps is not None and pos.step - start_step >= cfg.run_steps,
-                ),
-            ]
-            final = next((name for name, hit in reasons if hit), None)
-            record = None
-            if pos.step % cfg.log_every == 0 or final or pos.step_in_epoch == self.steps_per_epoch:
-                last = meter.reduce(dist)
-                if cfg.on_bad_image == "skip":
-                    last["skipped_images"] = self._skipped_images()
-                if self.flops_per_token:
-                    last.update(
-                        throughput_metrics(
-                            last["tokens_per_sec"], self.flops_per_token, self.peak_tflops
-                        )
-                    )
-                record = {
-                    "kind": "train",
-                    "step": pos.step,
-                    "epoch": pos.epoch,
-                    "lr": self.parts.optimizer.param_groups[0]["lr"],
-                    **last,
-                }
-                self.log(record)
-            if progress is not None:
-                progress.update(pos.step, record)
-            if final:
-                stopped_by = final
-                return False
-            # At an epoch's last step the epoch-end checkpoint (same step, next epoch's start)
-            # follows at once: writing this one too would only be overwritten.
-            epoch_ends = pos.step_in_epoch >= self.steps_per_epoch
-            if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 and not epoch_ends:
-                self.save_checkpoint()
-            return True
-
-        # --profile-steps: the profiler runs until the finally below, which writes the trace of
-        # a run that stopped inside the window.
         profiler = contextlib.ExitStack()
         self.parts.profiler = profiler.enter_context(
             profiling(
@@ -634,65 +466,122 @@ class _Run:
                 self.total_steps,
             )
         )
-        stop_vote = StopVote(dist, self.stop)
-        try:
-            while (pos.step < self.total_steps or self._epoch_end_due()) and stopped_by is None:
-                self.loaders.train.sampler.set_epoch(
-                    pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world
-                )
-                if pos.step_in_epoch < self.steps_per_epoch:
-                    train_one_epoch(self.parts, self.loaders.train, meter, after_step)
-                if pos.step_in_epoch >= self.steps_per_epoch:
-                    if self.loaders.val is not None:
-                        self.loaders.val.set_epoch(pos.epoch)
-                        self.last_eval = (pos.step, evaluate(self.parts, self.loaders.val))
-                        self.log(
-                            {
-                                "kind": "eval",
-                                "step": pos.step,
-                                "epoch": pos.epoch,
-                                **self.last_eval[1],
-                            }
-                        )
-                    pos.epoch += 1
-                    pos.step_in_epoch = pos.epoch_offset = 0
-                    pos.epoch_world = dist.size
-                    self.save_checkpoint()
-            stop_vote.close()  # the vote the last step started, which no step reads
-            if self.last_saved_step != pos.step:
-                self.save_checkpoint(final=True)
-            else:  # the epoch-end save, maybe still in flight
-                self._finish_saves()
-        finally:
-            profiler.close()
-            # An error ended the run: a write in flight still finishes (it is atomic and
-            # complete, or it is never loaded); nothing waits for the other ranks any more.
-            self.saves.close()
-            self.staging.close()
-            if self.dcp_stager is not None:
-                self.dcp_stager.close()
-            if progress is not None:
-                progress.close()
-            if self.writer is not None:
-                self.writer.close()
-
-        elapsed = max(time.monotonic() - started, 1e-9)
-        total_rate = float(
-            dist.allreduce_sum(
-                torch.tensor([run_samples / elapsed], dtype=torch.float64, device=self.device)
-            ).item()
+        return _Loop(
+            start_step=pos.step,
+            global_batch=cfg.batch_size * cfg.accumulation_steps * dist.size,
+            meter=meter,
+            progress=progress,
+            profiler=profiler,
+            stop_vote=StopVote(dist, self.stop),
+            started=started,
+            stopped_by=stopped_by,
         )
+
+    def _after_step(self, loop: _Loop) -> bool:
+        """After each optimizer step: count it, report it, and whether training goes on (not
+        once a reason to stop holds); a periodic checkpoint when one is due."""
+        cfg, pos = self.cfg, self.position
+        every = cfg.noise_scale_every
+        if self.parts.measure:
+            measured = self._measure_noise_scale(pos.step + 1, loop.global_batch)
+            loop.noise_scale = measured or loop.noise_scale
+        self.parts.measure = bool(every) and (pos.step + 2) % every == 0
+        pos.step += 1
+        pos.step_in_epoch += 1
+        pos.epoch_offset += loop.global_batch
+        loop.run_samples += self.samples_per_batch * cfg.accumulation_steps
+        final = self._stop_reason(loop)
+        self._report_step(loop, final)
+        if final:
+            loop.stopped_by = final
+            return False
+        # At an epoch's last step the epoch-end checkpoint (same step, next epoch's start)
+        # follows at once: writing this one too would only be overwritten.
+        epoch_ends = pos.step_in_epoch >= self.steps_per_epoch
+        if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 and not epoch_ends:
+            self.save_checkpoint()
+        return True
+
+    def _stop_reason(self, loop: _Loop) -> str | None:
+        """Why training stops after this step, or None. Every rank votes at every step."""
+        cfg, pos = self.cfg, self.position
+        signalled = loop.stop_vote.next()
+        reasons = [
+            ("signal", signalled),
+            ("max_steps", pos.step >= self.total_steps and cfg.max_steps == self.total_steps),
+            ("epochs", pos.step >= self.total_steps),
+            (
+                "run_steps",
+                cfg.run_steps is not None and pos.step - loop.start_step >= cfg.run_steps,
+            ),
+        ]
+        return next((name for name, hit in reasons if hit), None)
+
+    def _report_step(self, loop: _Loop, final: str | None) -> None:
+        """Every --log-every steps, at an epoch's end and at the last step: the window's
+        figures, reduced over the ranks (a collective), logged; the progress line."""
+        cfg, pos = self.cfg, self.position
+        record = None
+        if pos.step % cfg.log_every == 0 or final or pos.step_in_epoch == self.steps_per_epoch:
+            loop.last = loop.meter.reduce(self.dist)
+            if cfg.on_bad_image == "skip":
+                loop.last["skipped_images"] = self._skipped_images()
+            if self.flops_per_token:
+                loop.last.update(
+                    throughput_metrics(
+                        loop.last["tokens_per_sec"], self.flops_per_token, self.peak_tflops
+                    )
+                )
+            record = {
+                "kind": "train",
+                "step": pos.step,
+                "epoch": pos.epoch,
+                "lr": self.parts.optimizer.param_groups[0]["lr"],
+                **loop.last,
+            }
+            self.log(record)
+        if loop.progress is not None:
+            loop.progress.update(pos.step, record)
+
+    def _end_epoch(self) -> None:
+        """The epoch's evaluation (with validation data), then the next epoch's checkpoint."""
+        pos = self.position
+        if self.loaders.val is not None:
+            self.loaders.val.set_epoch(pos.epoch)
+            self.last_eval = (pos.step, evaluate(self.parts, self.loaders.val))
+            self.log({"kind": "eval", "step": pos.step, "epoch": pos.epoch, **self.last_eval[1]})
+        pos.epoch += 1
+        pos.step_in_epoch = pos.epoch_offset = 0
+        pos.epoch_world = self.dist.size
+        self.save_checkpoint()
+
+    def _end(self, loop: _Loop) -> None:
+        """After the loop, or an error: the profiler's trace, the checkpoint write in flight
+        (it finishes; nothing waits for the other ranks any more), the progress line and the
+        metrics file are closed."""
+        loop.profiler.close()
+        self.checkpointer.close()
+        if loop.progress is not None:
+            loop.progress.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def _result(self, loop: _Loop) -> RunResult:
+        """The run's figures; the throughput over every rank (a collective)."""
+        elapsed = max(time.monotonic() - loop.started, 1e-9)
+        rate = torch.tensor([loop.run_samples / elapsed], dtype=torch.float64, device=self.device)
+        total_rate = float(self.dist.allreduce_sum(rate).item())
         return RunResult(
-            step=pos.step,
-            epoch=pos.epoch,
-            start_step=start_step,
-            stopped_by=stopped_by or "epochs",
-            last_metrics=last,
-            samples_per_sec=total_rate / dist.size,
+            step=self.position.step,
+            epoch=self.position.epoch,
+            start_step=loop.start_step,
+            stopped_by=loop.stopped_by or "epochs",
+            last_metrics=loop.last,
+            samples_per_sec=total_rate / self.dist.size,
             samples_per_sec_total=total_rate,
             unit=self.unit,
-            global_batch=global_batch,
-            noise_scale=noise_scale,
+            global_batch=loop.global_batch,
+            noise_scale=loop.noise_scale,
             skipped_images=self._skipped_images(),
             model=self.model,
         )

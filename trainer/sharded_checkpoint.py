@@ -1,24 +1,7 @@
-"""Sharded checkpoints (``--backend fsdp``): every rank writes and reads only its own shards.
-
-With FSDP no rank holds the whole model, so the single-file checkpoint of ``trainer.checkpoint``
-(rank 0 writes everything) does not apply. A sharded checkpoint is a folder
-``step-000001200.dcp/`` holding:
-
-- the model's and optimizer's tensors, written by ``torch.distributed.checkpoint`` (DCP): each
-  rank writes the shards it owns, in parallel, plus DCP's ``.metadata`` (which rank wrote which
-  slice of each tensor, by parameter name). DCP reads them back onto any number of ranks: a run
-  checkpointed on 2 ranks resumes on 1 or on 3, each rank reading the slices its new shards
-  cover (resharding);
-- ``trainer_state.pt``: the run's position, config, grad scaler and every rank's RNG state
-  (small, written by rank 0; the same as the single-file checkpoint's non-tensor entries);
-- ``complete``, written last, by rank 0, once every rank's shards, DCP's metadata and the
-  trainer state are on disk. A folder without it (a crash between the shard writes and the
-  marker) is never loaded: the previous complete checkpoint is used, and the next save removes
-  the incomplete folder.
-
-The marker, like every small file here, is written with ``trainer.files.write_atomic`` (temp
-file, fsync, rename), and the checkpoints folder is fsync'd after it, so a power loss cannot
-leave a marker without the bytes it vouches for.
+"""Sharded checkpoints (``--backend fsdp``): a folder ``step-000001200.dcp/`` of every rank's
+shards (torch.distributed.checkpoint, readable on any number of ranks), rank 0's
+``trainer_state.pt`` and, last, the ``complete`` marker without which the folder is never loaded.
+The format and why: docs/trainer.md.
 """
 
 from __future__ import annotations

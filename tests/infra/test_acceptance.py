@@ -52,9 +52,9 @@ from tests.infra.conftest import (
     of_type,
     one,
 )
+from trainer.checkpointer import CHECKPOINT_WRITTEN
 from trainer.cli import parse
 from trainer.launch.supervisor import Outcome, RunRecords
-from trainer.run import CHECKPOINT_WRITTEN
 
 PROJECT_PREFIX = "gpu-cluster:"
 

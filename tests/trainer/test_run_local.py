@@ -117,12 +117,10 @@ def test_folder_data_with_accumulation_and_lars(tmp_path, image_folder):
 def test_a_step_ending_an_epoch_is_checkpointed_once(tmp_path, monkeypatch):
     """checkpoint_every landing on an epoch's last step: only the epoch-end checkpoint is
     written (the periodic one would be overwritten at once: a wasted write of the whole state)."""
-    from trainer import run as run_module
-
     written = []
     real_save = checkpoint.save
     monkeypatch.setattr(
-        run_module.checkpoint,
+        checkpoint,
         "save",
         lambda folder, step, state, keep: (
             written.append(step) or real_save(folder, step, state, keep)

@@ -1,0 +1,302 @@
+"""A run's checkpoints behind one interface, ``Checkpointer``, whose format is chosen once.
+
+``build_checkpointer`` picks one file written by rank 0 (``trainer.checkpoint``) when every rank
+holds the whole model, or every rank's shards (``trainer.sharded_checkpoint``) when the engine
+shards it. Writes go on in the background (``trainer.background_save``); see docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import checkpoint, sharded_checkpoint
+from trainer.background_save import (
+    BackgroundWriter,
+    HostStaging,
+    StepFence,
+    cpu_copy,
+    snapshot_unguarded,
+)
+from trainer.config import ConfigError, TrainConfig
+from trainer.distributed import Dist
+
+log = logging.getLogger(__name__)
+# Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared
+# runs folder): python -m infra.tools.acceptance reads this line from the job's log.
+CHECKPOINT_WRITTEN = "checkpoint written: %s (uid %d)"
+
+# Settings that change what a checkpoint's tensors mean: resuming across them is refused.
+_CHECKPOINT_IDENTITY = ("model", "num_classes", "optimizer")
+# Checkpoint entries that are the model's and optimizer's tensors; the rest is the trainer's.
+_TENSOR_ENTRIES = ("model", "optimizer")
+
+TrainerState = Callable[[], dict[str, Any]]
+
+
+def incompatibility(cfg: TrainConfig, path: Path, saved: dict[str, Any]) -> str | None:
+    """Why ``cfg`` cannot resume from the checkpoint at ``path`` (saved with ``saved``), or None."""
+    for key in _CHECKPOINT_IDENTITY:
+        if saved.get(key) != getattr(cfg, key):
+            return (
+                f"{key}={getattr(cfg, key)!r}: checkpoint {path} was trained with "
+                f"{key}={saved.get(key)!r}; use the same setting or another --output-dir"
+            )
+    return None
+
+
+class Checkpointer(ABC):
+    """Saves and restores the states it is built with: the model, its optimizer, and the
+    trainer's own entries (``trainer_state``, called on every rank at each save: a collective).
+
+    Every public method is a collective: every rank calls it at the same point of the run.
+    ``last_step`` is the step of the newest checkpoint this run wrote or resumed from.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        dist: Dist,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer_state: TrainerState,
+    ) -> None:
+        self.cfg, self.dist, self.model, self.optimizer = cfg, dist, model, optimizer
+        self._trainer_state = trainer_state
+        self.folder = Path(cfg.output_dir) / "checkpoints"
+        self.last_step = -1
+        self._writes = BackgroundWriter()
+        # A background save's copy overlaps the next step; that step's optimizer.step() waits
+        # for it (the fence is the optimizer's step pre-hook).
+        self._fence = StepFence(optimizer)
+
+    # ------------------------------------------------------------------ the interface
+    @abstractmethod
+    def load(self) -> tuple[Path, dict[str, Any]] | None:
+        """Restore the model and optimizer from the newest valid checkpoint on every rank;
+        return its path and the trainer's entries, or None when there is none."""
+
+    def save(self, step: int, *, final: bool = False) -> float:
+        """Write the checkpoint of ``step``. Waits for the write in flight, takes a copy of the
+        state (the stall training sees, returned in seconds; in the background the optimizer's
+        state and parameters are copied while the next step runs, see ``StepFence``) and writes
+        it, in the background unless ``--no-checkpoint-async`` or ``final`` (returns once its
+        bytes are on disk). A failure on any rank stops all."""
+        started = time.monotonic()
+        self.wait()
+        trainer_state = self._trainer_state()
+        background = self.cfg.checkpoint_async and not final
+        self._start(step, trainer_state, background)
+        if not background:
+            self.wait()
+        self.last_step = step
+        return time.monotonic() - started
+
+    def save_on_stop(self, step: int) -> float | None:
+        """At the run's end: the final checkpoint of ``step`` (its stall), unless that step's is
+        written already (an epoch end's, maybe still in flight: waited for; None)."""
+        if self.last_step == step:
+            self.wait()
+            return None
+        return self.save(step, final=True)
+
+    def wait(self) -> None:
+        """Wait for the write in flight, if any; its failure stops every rank."""
+        self._agree(self._writes.wait())
+
+    def close(self) -> None:
+        """After the run or an error: a write in flight still finishes (it is atomic and
+        complete, or it is never loaded); nothing waits for the other ranks any more."""
+        self._writes.close()
+
+    # ------------------------------------------------------------------ shared steps
+    @abstractmethod
+    def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
+        """Copy the state of ``step`` and submit its write to ``self._writes``."""
+
+    @abstractmethod
+    def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0: the newest checkpoint that loads, with what was read of it."""
+
+    def _latest(self) -> tuple[Path | None, dict[str, Any] | None, dict[str, Any] | None]:
+        """Every rank: the newest valid checkpoint's path and trainer entries as rank 0 found
+        them (None, None without one), and rank 0's whole read (None elsewhere). A checkpoint
+        of other settings (``_CHECKPOINT_IDENTITY``) stops every rank with one line."""
+        shared = path = error = state = None
+        if self.dist.is_root:
+            latest = self._find_latest()
+            if latest is not None:
+                path, state = latest
+                error = incompatibility(self.cfg, path, state["config"])
+                if error is None:
+                    shared = {k: v for k, v in state.items() if k not in _TENSOR_ENTRIES}
+        shared, path, error = self.dist.broadcast_object((shared, path, error))
+        if error:
+            raise ConfigError(error)
+        if shared is not None:
+            self.last_step = int(shared["step"])
+        return path, shared, state
+
+    def _agree(self, error: str | None) -> None:
+        """Every rank learns whether any rank's save failed, and the failure rank 0 saw (a
+        collective); then every rank raises it."""
+        if self.dist.any_rank(error is not None):
+            first = self.dist.broadcast_object(error)
+            raise checkpoint.CheckpointError(
+                first or "cannot write a checkpoint: another rank failed (its log says why)"
+            )
+
+
+class SingleFileCheckpointer(Checkpointer):
+    """Rank 0 writes the whole state to one file, atomically (``trainer.checkpoint``); on
+    resume it reads it and the tensors reach the other ranks by broadcast."""
+
+    def __init__(self, *args: Any, device: torch.device) -> None:
+        super().__init__(*args)
+        # Background saves copy into host tensors allocated once and reused.
+        self._staging = HostStaging(self._fence, device)
+
+    def load(self) -> tuple[Path, dict[str, Any]] | None:
+        path, shared, state = self._latest()
+        if shared is not None and state is not None:  # rank 0
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.dist.broadcast_training_state(self.model, self.optimizer, shared is not None)
+        return None if shared is None or path is None else (path, shared)
+
+    def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        return checkpoint.load_latest(self.folder)
+
+    def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
+        if not self.dist.is_root:
+            return
+        state = {
+            **trainer_state,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        # In the background the next steps change the live tensors while a copy is written.
+        copy = self._staging.stage(state) if background else None
+        folder, keep = self.folder, self.cfg.keep_checkpoints
+
+        def write() -> None:
+            path = checkpoint.save(folder, step, state if copy is None else copy.result(), keep)
+            log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+
+        self._writes.submit(write)
+
+    def close(self) -> None:
+        super().close()
+        self._staging.close()
+
+
+class ShardedCheckpointer(Checkpointer):
+    """Every rank writes and reads its own shards (``trainer.sharded_checkpoint``, DCP); rank 0
+    adds the trainer's entries and the marker that completes the folder."""
+
+    def __init__(self, *args: Any, device: torch.device) -> None:
+        super().__init__(*args)
+        # Background saves copy the shards with DCP's stager, on a thread of its own.
+        self._stager = (
+            sharded_checkpoint.background_stager(device) if self.cfg.checkpoint_async else None
+        )
+
+    def load(self) -> tuple[Path, dict[str, Any]] | None:
+        path, shared, _ = self._latest()
+        if shared is None or path is None:
+            return None
+        self._read_shards(path)
+        return path, shared
+
+    def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        return sharded_checkpoint.load_latest_trainer_state(self.folder)
+
+    def _tensors(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def _read_shards(self, path: Path) -> None:
+        """Every rank: its shards of the model and optimizer from ``path``, resharded by DCP
+        when another number of ranks wrote them."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        tensors = self._tensors()
+        sharded_checkpoint.read_shards(path, tensors)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=tensors["model"],
+            optim_state_dict=tensors["optimizer"],
+        )
+
+    def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
+        path = sharded_checkpoint.checkpoint_path(self.folder, step)
+        error = None
+        if self.dist.is_root:
+            try:
+                sharded_checkpoint.prepare_folder(path)
+            except OSError as err:
+                error = str(sharded_checkpoint.save_error(path, err))
+        self._agree(error)
+        pending = None
+        try:
+            tensors, staging = self._tensors(), None
+            if background:
+                # What the optimizer's step does not change (buffers forward updates) is copied
+                # now; DCP copies the rest to host memory while the next step runs.
+                tensors = snapshot_unguarded(tensors, self._fence.guarded())
+                staging = (self.dist.background_group, self._stager)
+            pending = sharded_checkpoint.start_writing(path, tensors, staging)
+            if pending is not None:
+                self._fence.hold(pending[0])
+        except Exception as err:
+            error = str(sharded_checkpoint.save_error(path, err))
+        self._agree(error)
+        self._writes.submit(self._completion(path, pending, trainer_state))
+
+    def _completion(
+        self, path: Path, pending: tuple[Any, Any] | None, trainer_state: dict[str, Any]
+    ) -> Callable[[], None]:
+        """The write's end: every rank's shards, then rank 0's trainer state and marker."""
+        state = cpu_copy(trainer_state) if self.dist.is_root else None
+        keep = self.cfg.keep_checkpoints
+
+        def write() -> None:
+            try:
+                if pending is not None:
+                    pending[1].result()  # every rank's shards and DCP's metadata are written
+                if state is not None:  # rank 0: the trainer state, then the marker
+                    sharded_checkpoint.complete(path, state, keep)
+                    log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+            except Exception as err:
+                raise sharded_checkpoint.save_error(path, err) from None
+
+        return write
+
+    def close(self) -> None:
+        super().close()
+        if self._stager is not None:
+            self._stager.close()
+
+
+def build_checkpointer(
+    cfg: TrainConfig,
+    dist: Dist,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: TrainerState,
+    device: torch.device,
+) -> Checkpointer:
+    """The run's checkpointer, chosen once: sharded when the engine shards the model's state."""
+    kind = ShardedCheckpointer if dist.sharded_state else SingleFileCheckpointer
+    return kind(cfg, dist, model, optimizer, trainer_state, device=device)
