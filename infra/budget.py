@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pulumi
 from pulumi_azure_native import consumption
@@ -55,38 +54,28 @@ def refuse_a_start_azure_would(args: pulumi.ResourceHookArgs) -> None:
         )
 
 
-@dataclass(frozen=True)
-class BudgetArgs:
-    resource_group_id: pulumi.Input[str]
-    amount: int
-    start_month: str  # YYYY-MM; "" starts the budget in the month it is created
-    emails: Sequence[str]
-
-    @classmethod
-    def from_settings(
-        cls, resource_group_id: pulumi.Input[str], budget: BudgetSettings
-    ) -> BudgetArgs:
-        return cls(resource_group_id, budget.amount, budget.start_month, budget.emails)
-
-
 class CostBudget(pulumi.ComponentResource):
     def __init__(
-        self, name: str, args: BudgetArgs, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        budget: BudgetSettings,
+        resource_group_id: pulumi.Input[str],
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpucluster:infra:CostBudget", name, None, opts)
         self.budget = consumption.Budget(
             f"{name}-budget",
             budget_name=f"{name}-monthly",
-            scope=args.resource_group_id,
-            amount=args.amount,
+            scope=resource_group_id,
+            amount=budget.amount,
             category=consumption.CategoryType.COST,
             time_grain=consumption.TimeGrainType.MONTHLY,
             time_period=consumption.BudgetTimePeriodArgs(
-                start_date=f"{args.start_month or config.current_month()}-01"
+                start_date=f"{budget.start_month or config.current_month()}-01"
             ),
             notifications={
-                "actual-80": _alert(80, consumption.ThresholdType.ACTUAL, args.emails),
-                "forecast-100": _alert(100, consumption.ThresholdType.FORECASTED, args.emails),
+                "actual-80": _alert(80, consumption.ThresholdType.ACTUAL, budget.emails),
+                "forecast-100": _alert(100, consumption.ThresholdType.FORECASTED, budget.emails),
             },
             # The start is fixed when the budget is created: Azure refuses one before the current
             # period, so a later `pulumi up` (a later month) must not try to move it, and the

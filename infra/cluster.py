@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 from pulumi_azure_native import authorization, batch
@@ -21,8 +20,6 @@ from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.config import ClusterSettings
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role
 from infra.naming import Placement
-from infra.nfs import NfsServer
-from infra.sizes import GpuSize
 from infra.toolchain import CUDA, MIN_DRIVER
 
 POOL_ID = "ib-gpu"
@@ -147,13 +144,12 @@ def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
 
 @dataclass(frozen=True)
 class GpuClusterArgs:
+    """What the pool needs besides its settings section: names and the other components'
+    outputs. The deployer is ``authorization.get_client_config_output()``'s object, of the
+    principal type ``identity.deployer_principal_type`` finds."""
+
     placement: Placement
     account_name: str
-    size: GpuSize
-    node_count: int
-    scale_mode: str
-    idle_minutes: int
-    os_disk_size_gb: int
     subnet_id: pulumi.Input[str]
     node_identity_id: pulumi.Input[str]
     storage_account_id: pulumi.Input[str]
@@ -163,53 +159,7 @@ class GpuClusterArgs:
     deployer_object_id: pulumi.Input[str]
     deployer_type: str
     subscription_id: pulumi.Input[str]
-    checkpointing: bool = True
-    allow_debugger: bool = False
-    team_object_id: str = ""
-    team_type: str = "Group"
     acceptance_profile: str = ""  # "" for team stacks (infra.config.ACCEPTANCE_PROFILES)
-
-    @classmethod
-    def from_settings(
-        cls,
-        placement: Placement,
-        cluster: ClusterSettings,
-        *,
-        account_name: str,
-        subnet_id: pulumi.Input[str],
-        node_identity_id: pulumi.Input[str],
-        storage_account_id: pulumi.Input[str],
-        registry_server: pulumi.Input[str],
-        nfs: NfsServer,
-        client: pulumi.Output[Any],
-        deployer_type: str,
-        acceptance_profile: str,
-    ) -> GpuClusterArgs:
-        """``client`` is ``authorization.get_client_config_output()``: the deployer, whose
-        principal type is ``deployer_type`` (``identity.deployer_principal_type``)."""
-        return cls(
-            placement=placement,
-            account_name=account_name,
-            size=cluster.gpu,
-            node_count=cluster.node_count,
-            scale_mode=cluster.scale_mode,
-            idle_minutes=cluster.idle_minutes,
-            os_disk_size_gb=cluster.os_disk_size_gb,
-            subnet_id=subnet_id,
-            node_identity_id=node_identity_id,
-            storage_account_id=storage_account_id,
-            registry_server=registry_server,
-            nfs_source=nfs.source,
-            nfs_mount_options=nfs.mount_options,
-            deployer_object_id=client.object_id,
-            deployer_type=deployer_type,
-            team_object_id=cluster.job_submitter_object_id,
-            team_type=cluster.job_submitter_type,
-            subscription_id=client.subscription_id,
-            checkpointing=cluster.checkpointing,
-            allow_debugger=cluster.allow_debugger,
-            acceptance_profile=acceptance_profile,
-        )
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -220,13 +170,17 @@ class GpuCluster(pulumi.ComponentResource):
     pool_id: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: GpuClusterArgs, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        cluster: ClusterSettings,
+        args: GpuClusterArgs,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpucluster:infra:GpuCluster", name, None, opts)
         identity_ref = batch.ComputeNodeIdentityReferenceArgs(resource_id=args.node_identity_id)
         account = self._account(name, args, identity_ref)
-        pool = self._pool(name, args, account, identity_ref)
-        self._grant_submitters(name, args, account)
+        pool = self._pool(name, cluster, args, account, identity_ref)
+        self._grant_submitters(name, cluster, args, account)
         self.account_id = account.id
         self.account_endpoint = account.account_endpoint
         self.pool_id = pool.name
@@ -261,41 +215,21 @@ class GpuCluster(pulumi.ComponentResource):
     def _pool(
         self,
         name: str,
+        cluster: ClusterSettings,
         args: GpuClusterArgs,
         account: batch.BatchAccount,
         identity_ref: batch.ComputeNodeIdentityReferenceArgs,
     ) -> batch.Pool:
-        image = args.size.image
+        size = cluster.gpu
         return batch.Pool(
             f"{name}-pool",
             pool_name=POOL_ID,
             account_name=account.name,
             resource_group_name=args.placement.resource_group_name,
-            display_name=f"{args.size.name} x {args.node_count}",
-            vm_size=args.size.name,
+            display_name=f"{size.name} x {cluster.node_count}",
+            vm_size=size.name,
             deployment_configuration=batch.DeploymentConfigurationArgs(
-                virtual_machine_configuration=batch.VirtualMachineConfigurationArgs(
-                    image_reference=batch.ImageReferenceArgs(
-                        publisher=image.publisher,
-                        offer=image.offer,
-                        sku=image.sku,
-                        version="latest",
-                    ),
-                    node_agent_sku_id=image.node_agent_sku_id,
-                    # Docker's data root is on the OS disk: the HPC image leaves about 20 GB of
-                    # its 64 GB free, less than the trainer image needs while it is pulled
-                    # (Batch API 2024-07-01, VirtualMachineConfiguration.osDisk.diskSizeGB).
-                    os_disk=batch.OSDiskArgs(disk_size_gb=args.os_disk_size_gb),
-                    container_configuration=batch.ContainerConfigurationArgs(
-                        type=batch.ContainerType.DOCKER_COMPATIBLE,
-                        container_registries=[
-                            batch.ContainerRegistryArgs(
-                                registry_server=args.registry_server,
-                                identity_reference=identity_ref,
-                            )
-                        ],
-                    ),
-                )
+                virtual_machine_configuration=_vm_configuration(cluster, args, identity_ref)
             ),
             identity=batch.BatchPoolIdentityArgs(
                 type=batch.PoolIdentityType.USER_ASSIGNED,
@@ -307,13 +241,7 @@ class GpuCluster(pulumi.ComponentResource):
             task_scheduling_policy=batch.TaskSchedulingPolicyArgs(
                 node_fill_type=batch.ComputeNodeFillType.SPREAD
             ),
-            network_configuration=batch.NetworkConfigurationArgs(
-                subnet_id=args.subnet_id,
-                public_ip_address_configuration=batch.PublicIPAddressConfigurationArgs(
-                    provision=batch.IPAddressProvisioningType.NO_PUBLIC_IP_ADDRESSES
-                ),
-                enable_accelerated_networking=True,
-            ),
+            network_configuration=_network_configuration(args.subnet_id),
             target_node_communication_mode=batch.NodeCommunicationMode.SIMPLIFIED,
             mount_configuration=[
                 batch.MountConfigurationArgs(
@@ -324,25 +252,10 @@ class GpuCluster(pulumi.ComponentResource):
                     )
                 )
             ],
-            scale_settings=scale_settings(args),
-            # Read by the policy pack: the CPU acceptance size only on a pool that says it is an
-            # acceptance pool, and jobs that wait for a debugger on a production stack only on a
-            # pool that allows them. checkpointing records the stack's setting.
-            metadata=[
-                batch.MetadataItemArgs(name="checkpointing", value=str(args.checkpointing).lower()),
-                *(
-                    [batch.MetadataItemArgs(name="acceptance", value=args.acceptance_profile)]
-                    if args.acceptance_profile
-                    else []
-                ),
-                *(
-                    [batch.MetadataItemArgs(name="debugger", value="allowed")]
-                    if args.allow_debugger
-                    else []
-                ),
-            ],
+            scale_settings=scale_settings(cluster),
+            metadata=_pool_metadata(cluster, args.acceptance_profile),
             start_task=batch.StartTaskArgs(
-                command_line=node_check_command(args.size.gpus, args.size.ib_ports),
+                command_line=node_check_command(size.gpus, size.ib_ports),
                 user_identity=batch.UserIdentityArgs(
                     auto_user=batch.AutoUserSpecificationArgs(
                         elevation_level=batch.ElevationLevel.ADMIN, scope=batch.AutoUserScope.POOL
@@ -355,7 +268,7 @@ class GpuCluster(pulumi.ComponentResource):
         )
 
     def _grant_submitters(
-        self, name: str, args: GpuClusterArgs, account: batch.BatchAccount
+        self, name: str, cluster: ClusterSettings, args: GpuClusterArgs, account: batch.BatchAccount
     ) -> None:
         """Job Submitter, nothing more: it creates, updates, terminates and deletes jobs and
         reads task files, but cannot resize or delete pools (Batch Data Contributor could).
@@ -365,10 +278,9 @@ class GpuCluster(pulumi.ComponentResource):
         submitters: list[tuple[str, pulumi.Input[str], authorization.PrincipalType]] = [
             ("deployer", args.deployer_object_id, authorization.PrincipalType(args.deployer_type))
         ]
-        if args.team_object_id:
-            submitters.append(
-                ("team", args.team_object_id, authorization.PrincipalType(args.team_type))
-            )
+        if cluster.job_submitter_object_id:
+            team_type = authorization.PrincipalType(cluster.job_submitter_type)
+            submitters.append(("team", cluster.job_submitter_object_id, team_type))
         for label, principal, principal_type in submitters:
             assign_role(
                 f"{name}-{label}-submitter",
@@ -385,21 +297,78 @@ class GpuCluster(pulumi.ComponentResource):
             )
 
 
-def scale_settings(args: GpuClusterArgs) -> batch.ScaleSettingsArgs:
+def _vm_configuration(
+    cluster: ClusterSettings,
+    args: GpuClusterArgs,
+    identity_ref: batch.ComputeNodeIdentityReferenceArgs,
+) -> batch.VirtualMachineConfigurationArgs:
+    """The size's HPC image and node agent, the OS disk, and containers pulled from the registry
+    with the nodes' identity."""
+    image = cluster.gpu.image
+    return batch.VirtualMachineConfigurationArgs(
+        image_reference=batch.ImageReferenceArgs(
+            publisher=image.publisher,
+            offer=image.offer,
+            sku=image.sku,
+            version="latest",
+        ),
+        node_agent_sku_id=image.node_agent_sku_id,
+        # Docker's data root is on the OS disk: the HPC image leaves about 20 GB of its 64 GB
+        # free, less than the trainer image needs while it is pulled (Batch API 2024-07-01,
+        # VirtualMachineConfiguration.osDisk.diskSizeGB).
+        os_disk=batch.OSDiskArgs(disk_size_gb=cluster.os_disk_size_gb),
+        container_configuration=batch.ContainerConfigurationArgs(
+            type=batch.ContainerType.DOCKER_COMPATIBLE,
+            container_registries=[
+                batch.ContainerRegistryArgs(
+                    registry_server=args.registry_server,
+                    identity_reference=identity_ref,
+                )
+            ],
+        ),
+    )
+
+
+def _network_configuration(subnet_id: pulumi.Input[str]) -> batch.NetworkConfigurationArgs:
+    """The compute subnet, no public IPs (the nodes leave through the NAT gateway)."""
+    return batch.NetworkConfigurationArgs(
+        subnet_id=subnet_id,
+        public_ip_address_configuration=batch.PublicIPAddressConfigurationArgs(
+            provision=batch.IPAddressProvisioningType.NO_PUBLIC_IP_ADDRESSES
+        ),
+        enable_accelerated_networking=True,
+    )
+
+
+def _pool_metadata(
+    cluster: ClusterSettings, acceptance_profile: str
+) -> list[batch.MetadataItemArgs]:
+    """Read by the policy pack: the CPU acceptance size only on a pool that says it is an
+    acceptance pool, and jobs that wait for a debugger on a production stack only on a pool
+    that allows them. checkpointing records the stack's setting."""
+    items = [batch.MetadataItemArgs(name="checkpointing", value=str(cluster.checkpointing).lower())]
+    if acceptance_profile:
+        items.append(batch.MetadataItemArgs(name="acceptance", value=acceptance_profile))
+    if cluster.allow_debugger:
+        items.append(batch.MetadataItemArgs(name="debugger", value="allowed"))
+    return items
+
+
+def scale_settings(cluster: ClusterSettings) -> batch.ScaleSettingsArgs:
     """A fixed pool, or the autoscale formula that drops to zero when idle."""
-    if args.scale_mode == "fixed":
+    if cluster.scale_mode == "fixed":
         return batch.ScaleSettingsArgs(
             fixed_scale=batch.FixedScaleSettingsArgs(
                 # Dedicated nodes only: a BatchService-mode account gets no Spot nodes
                 # (infra.config StackSettings._check_spot).
-                target_dedicated_nodes=args.node_count,
+                target_dedicated_nodes=cluster.node_count,
                 resize_timeout="PT30M",
                 node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
             )
         )
     return batch.ScaleSettingsArgs(
         auto_scale=batch.AutoScaleSettingsArgs(
-            formula=autoscale_formula(args.node_count, args.idle_minutes),
+            formula=autoscale_formula(cluster.node_count, cluster.idle_minutes),
             evaluation_interval="PT5M",
         )
     )

@@ -1,9 +1,8 @@
 """The stack's settings: frozen dataclasses built and validated by a pure ``from_mapping``.
 
-Defaults are read from the ``config:`` schema in Pulumi.yaml (their one home): the Pulumi CLI
-applies them itself, but mocks and the offline plan do not, so ``load_schema()`` merges them
-here too. Every bad value raises ``ConfigError`` naming the key, the value and the fix, before
-any resource is declared.
+Each section field declares its stack setting once (key, default, description: ``infra.schema``);
+``python -m infra.config --write`` writes Pulumi.yaml's ``config:`` block from them. Every bad
+value raises ``ConfigError`` naming the key, the value and the fix, before anything is declared.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -23,6 +22,7 @@ from infra.cost import CostInputs
 from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
 from infra.naming import PROJECT, default_tags, tag_problem
+from infra.schema import declared, notes_of, render_block, schema_of, setting, with_block
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
@@ -34,8 +34,6 @@ NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
 # "" for team stacks; the throwaway stacks of python -m infra.tools.acceptance say which profile.
 ACCEPTANCE_PROFILES = ("", "cpu", "gpu")
-# Read only as secret Outputs (``secret_setting``), never into StackSettings as plain text.
-SECRET_SETTINGS = ("imageSourceToken",)
 REPO = PROJECT_FILE.parent
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 _TEAM = re.compile(r"^[a-z][a-z0-9]{1,11}$")
@@ -63,6 +61,7 @@ _REGISTRY_ID = re.compile(
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,200}$")
 _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 # Pulumi.yaml has no object type: a map setting is declared with a plain `value:` default.
+_S = TypeVar("_S")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
 JOB_KEYS = ("trainerConfig", "nodes", "datasetPrefix", "priority")
@@ -89,15 +88,32 @@ def load_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:
     return {key.removeprefix(prefix): spec for key, spec in project["config"].items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NetworkSettings:
     """The VNet and its subnets, and the public addresses storage and the registry admit."""
 
-    vnet_cidr: str
-    compute_subnet_cidr: str
-    storage_subnet_cidr: str
-    storage_allowed_ips: tuple[str, ...]
-    registry_allowed_ips: tuple[str, ...]
+    vnet_cidr: str = setting(
+        "vnetCidr", "10.20.0.0/16", "Private address space of the virtual network."
+    )
+    compute_subnet_cidr: str = setting(
+        "computeSubnetCidr", "10.20.0.0/20", "Subnet of the GPU nodes, inside vnetCidr."
+    )
+    storage_subnet_cidr: str = setting(
+        "storageSubnetCidr", "10.20.16.0/24", "Subnet of the NFS server, inside vnetCidr."
+    )
+    storage_allowed_ips: tuple[str, ...] = setting(
+        "storageAllowedIps",
+        (),
+        "Public IPs, or CIDRs from /16 to /30 (no private ranges), of machines that upload "
+        "datasets and read logs from the data storage account (dt-data upload, job_log_url); "
+        "the VNet's subnets are always allowed.",
+    )
+    registry_allowed_ips: tuple[str, ...] = setting(
+        "registryAllowedIps",
+        (),
+        "Public IPs or CIDRs no wider than /16 (no private ranges) of build machines allowed to "
+        "reach the registry; nodes are allowed through the NAT gateway.",
+    )
 
     @property
     def nfs_server_ip(self) -> str:
@@ -105,21 +121,70 @@ class NetworkSettings:
         return str(ipaddress.ip_network(self.storage_subnet_cidr)[4])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterSettings:
     """The Batch pool: its size and scaling, and who besides the deployer submits jobs."""
 
-    vm_size: str
-    node_count: int
-    spot_nodes: int  # always 0: refused otherwise (``_check_spot``)
-    scale_mode: str
-    idle_minutes: int
-    os_disk_size_gb: int
-    checkpointing: bool
+    vm_size: str = setting(
+        "vmSize",
+        "Standard_ND96isr_H100_v5",
+        "InfiniBand GPU VM size of the pool (see infra/sizes.py).",
+    )
+    node_count: int = setting(
+        "nodeCount",
+        2,
+        "Dedicated nodes (fixed scale) or the most dedicated nodes autoscale starts (1-100).",
+    )
+    # Always 0: refused otherwise (``StackSettings._check_spot``).
+    spot_nodes: int = setting(
+        "spotNodes",
+        0,
+        "Must be 0 - the stack's Batch account allocates pools in BatchService mode, where "
+        "low-priority nodes were retired on 2025-09-30 and Spot needs UserSubscription mode, "
+        "which this program does not set up (docs/jobs.md, Spot needs a UserSubscription-mode "
+        "account).",
+    )
+    scale_mode: str = setting(
+        "scaleMode",
+        "autoscale",
+        "fixed, or autoscale (starts nodes for queued tasks, to zero when idle).",
+    )
+    idle_minutes: int = setting(
+        "idleMinutes", 15, "Minutes without tasks before autoscale removes every node."
+    )
+    os_disk_size_gb: int = setting(
+        "osDiskSizeGb",
+        128,
+        "OS disk of each pool node in GB (64..4095; the HPC image's own disk is 64 GB, about 45 "
+        "GB of it used, and the trainer image is pulled onto it).",
+    )
+    checkpointing: bool = setting(
+        "checkpointing",
+        True,
+        "Training checkpoints to shared storage; recorded on the pool as metadata checkpointing.",
+    )
     # Jobs that wait for a debugger (debug_rank) may run on a production stack (policy pack).
-    allow_debugger: bool
-    job_submitter_object_id: str
-    job_submitter_type: str
+    allow_debugger: bool = setting(
+        "allowDebugger",
+        False,
+        "Allow jobs whose trainer settings set debug_rank (a rank that waits for a debugger, "
+        "the other ranks with it) on a production stack (named prod or production, or ending in "
+        "-prod or -production), where the policy pack refuses them otherwise; the pool then "
+        "carries metadata debugger=allowed.",
+    )
+    job_submitter_object_id: str = setting(
+        "jobSubmitterObjectId",
+        "",
+        "Entra object id of the team (a group is best) granted Batch Job Submitter besides "
+        "whoever runs pulumi up, who always gets it; empty grants the deployer only, which a "
+        "stack that CI (a service principal) deploys jobs from refuses.",
+    )
+    job_submitter_type: str = setting(
+        "jobSubmitterType",
+        "Group",
+        "Kind of jobSubmitterObjectId - Group, User or ServicePrincipal (ARM refuses a wrong "
+        "one). The deployer's kind is looked up by Azure.",
+    )
 
     @property
     def gpu(self) -> GpuSize:
@@ -128,64 +193,211 @@ class ClusterSettings:
         return size_of(self.vm_size)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NfsSettings:
     """The shared file system: an NFS server VM or an Azure Files NFS share."""
 
-    mode: str
-    vm_size: str
-    disk_count: int
-    disk_size_gb: int
-    share_quota_gb: int
-    ssh_public_key: str
+    mode: str = setting(
+        "nfsMode",
+        "vm",
+        "vm (a Linux NFS server with RAID0 premium disks) or azurefiles (premium NFS 4.1 share).",
+    )
+    vm_size: str = setting("nfsVmSize", "Standard_D16s_v5", "VM size of the NFS server.")
+    disk_count: int = setting(
+        "nfsDiskCount", 4, "Premium data disks striped (RAID0) on the NFS server."
+    )
+    disk_size_gb: int = setting("nfsDiskSizeGb", 1024, "Size of each NFS data disk in GiB.")
+    share_quota_gb: int = setting(
+        "nfsShareQuotaGb", 1024, "Quota of the Azure Files NFS share in GiB (nfsMode azurefiles)."
+    )
+    ssh_public_key: str = setting(
+        "sshPublicKey",
+        "",
+        "OpenSSH public key for the NFS server's admin user (no passwords are set).",
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageSettings:
     """How the trainer image is built, and on which base."""
 
-    builder: str
-    source_repo: str
-    base: str
-    base_digest: str
-    ref: str = ""  # an existing image to run instead of a build ("" builds)
-    registry_id: str = ""  # the ARM id of ref's registry, where the nodes get AcrPull
+    builder: str = setting(
+        "imageBuilder",
+        "acr",
+        "How the trainer image is built and pushed - acr (an ACR Task builds the commit on "
+        "Azure; no local Docker) or docker (local BuildKit with pulumi-docker-build, pushing "
+        "with an Entra token).",
+    )
+    # Unset, ``from_mapping`` puts the checkout's origin here, which the acr builder clones.
+    source_repo: str = setting(
+        "imageSourceRepo",
+        "",
+        "Git URL of this repository (https://.../<repo>.git) that the acr builder clones at the "
+        "deployed commit; empty means the checkout's origin remote (an ssh origin becomes its "
+        "https URL).",
+    )
+    base: str = setting(
+        "imageBase",
+        "ubuntu:22.04",
+        "Base of both stages of the trainer image - Ubuntu 22.04 (Python 3.11 from its "
+        "archive); torch 2.13.0's own wheels bring CUDA 13.0, so no CUDA base is needed "
+        "(infra/toolchain.py).",
+    )
+    base_digest: str = setting(
+        "imageBaseDigest",
+        "",
+        "sha256 digest that pins imageBase (docker buildx imagetools inspect <imageBase>); the "
+        "image then builds from <imageBase>@<digest>. Empty builds from the tag alone.",
+    )
+    ref: str = setting(
+        "imageRef",
+        "",
+        "An existing trainer image to run instead of building one - "
+        "<name>.azurecr.io/<repository>@sha256:<digest> (a tag instead of the digest is "
+        "accepted with a warning; it can move). Set, the stack builds nothing and creates no "
+        "registry; the nodes pull it with their identity, granted AcrPull on imageRegistryId "
+        "alone. Empty builds the image.",
+    )
+    registry_id: str = setting(
+        "imageRegistryId",
+        "",
+        "ARM resource id of the registry holding imageRef (az acr show -n <name> --query id -o "
+        "tsv), where the deployer may assign roles; its network rules must admit the pool's NAT "
+        "address. Required with imageRef, empty otherwise.",
+    )
 
     @property
     def ref_parts(self) -> re.Match[str] | None:
         return acr_image(self.ref)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class SecretSettings:
+    """Settings read only as secret Outputs (``secret_setting``), never into StackSettings as
+    plain text; ``from_mapping`` checks they are stored encrypted."""
+
+    image_source_token: str = setting(
+        "imageSourceToken",
+        "",
+        "Token that can read a private imageSourceRepo (e.g. a fine-grained read-only PAT), "
+        "given to the ACR build task; set it with `pulumi config set --secret imageSourceToken "
+        "...` (a plain-text value is refused). Empty for a public repository.",
+        note='Not `secret: true`: the CLI then rejects the plain "" default on every stack that '
+        "does not\nset a token (pulumi/pulumi#21865); infra/config.py refuses a token stored "
+        "unencrypted.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class BudgetSettings:
     """The monthly budget on the resource group; ``amount`` 0 declares none."""
 
-    amount: int
-    start_month: str
-    emails: tuple[str, ...]
+    amount: int = setting(
+        "budget",
+        0,
+        "Monthly budget in USD for the stack's resource group (0 = none; the policy pack "
+        "requires one).",
+    )
+    start_month: str = setting(
+        "budgetStartMonth",
+        "",
+        "First month (YYYY-MM) of a new budget, from the current month to twelve months ahead, "
+        "checked when the budget is created (a preview stops); empty starts it in the month it "
+        "is created. Later changes are ignored, so a month that has since passed keeps the "
+        "stack deployable.",
+    )
+    emails: tuple[str, ...] = setting(
+        "budgetEmails", (), "Addresses alerted at 80% of the budget spent and 100% forecast."
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class JobInputs:
+    """The settings the stack's jobs are read from (``job_settings``): the ``jobs`` map, or the
+    one job of submitJob/trainerConfig/datasetPrefix."""
+
+    submit_job: bool = setting(
+        "submitJob",
+        True,
+        "Submit the training job (false stands up the environment and image only).",
+    )
+    trainer_config: str = setting(
+        "trainerConfig",
+        "trainer/presets/resnet50-cluster.yaml",
+        "Trainer settings (YAML, path relative to the repository) for the job; validated before "
+        "anything is created.",
+    )
+    dataset_prefix: str = setting(
+        "datasetPrefix",
+        "",
+        "Folder in the datasets container with prepared shards (dt-data upload); each node "
+        "stages it before training. Empty trains on what trainerConfig says.",
+    )
+    jobs: Mapping[str, Any] = setting(
+        "jobs",
+        {},
+        "Named training jobs, each a Batch job on the pool - a map of name to {trainerConfig, "
+        "nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; set one with "
+        "pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or removing a job "
+        "touches no other. Empty means the one job of submitJob/trainerConfig/datasetPrefix; "
+        "giving both forms is an error.",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class StackSettings:
     """The stack's settings, one section per component (each component takes its own)."""
 
     stack: str
-    team: str
-    cost_center: str
-    location: str
-    log_retention_days: int
-    protect_data: bool
+    team: str = setting(
+        "team",
+        description="Team that owns the stack; in every name and tag (lowercase letters and "
+        "digits).",
+    )
+    cost_center: str = setting(
+        "costCenter",
+        "unassigned",
+        "Cost center tag for billing (1-256 characters, Azure's limit for a tag value).",
+    )
+    location: str = setting(
+        "location", "eastus", "Azure region; must offer the GPU size (see infra/sizes.py)."
+    )
+    log_retention_days: int = setting("logRetentionDays", 30, "Days Log Analytics keeps logs.")
+    protect_data: bool = setting(
+        "protectData",
+        True,
+        "Protect storage accounts, the NFS share and NFS data disks so `pulumi destroy` removes "
+        "compute only; false lets destroy delete data too.",
+    )
     network: NetworkSettings
     cluster: ClusterSettings
     nfs: NfsSettings
     image: ImageSettings
     budget: BudgetSettings
     # The stack's training jobs: the `jobs` map, or the one job of submitJob/trainerConfig/
-    # datasetPrefix.
+    # datasetPrefix (``JobInputs``).
     jobs: tuple[JobSettings, ...]
-    protect_running_jobs: bool
-    replace_jobs: tuple[str, ...]
-    acceptance_profile: str = ""
+    protect_running_jobs: bool = setting(
+        "protectRunningJobs",
+        True,
+        "Refuse (pulumi preview and up stop with one line naming the job) a change that would "
+        "replace a job that is still running, unless the job is listed in replaceJobs.",
+    )
+    replace_jobs: tuple[str, ...] = setting(
+        "replaceJobs",
+        (),
+        "Names of running jobs that this deployment may replace (the new job resumes from their "
+        "newest checkpoint when its training settings are the same).",
+    )
+    acceptance_profile: str = setting(
+        "acceptanceProfile",
+        "",
+        "Empty for every team stack. cpu or gpu marks a throwaway acceptance stack made by "
+        "python -m infra.tools.acceptance (make azure-check) - cpu admits the CPU size "
+        "Standard_D2s_v5 (the start task then skips the GPU and InfiniBand checks and says so; "
+        "the pool carries metadata acceptance=cpu for the policy pack); both require "
+        "protectData false and grant the deployer read access to the logs.",
+    )
 
     @classmethod
     def from_mapping(
@@ -193,83 +405,26 @@ class StackSettings:
     ) -> StackSettings:
         """Merge ``values`` (camelCase keys, short or ``gpu-cluster:``-prefixed) over the schema
         defaults, check types against the schema, then the cross-field rules."""
-        merged: dict[str, Any] = {}
-        for raw_key, value in values.items():
-            key = str(raw_key).removeprefix(f"{PROJECT}:")
-            if key not in schema:
-                raise ConfigError(
-                    f"unknown setting {key!r}; valid settings are {', '.join(sorted(schema))}"
-                )
-            merged[key] = value
-        flat: dict[str, Any] = {}
-        for key, spec in schema.items():
-            if key in SECRET_SETTINGS:
-                _check_encrypted(key, merged.get(key))
-                continue
-            if key not in merged and "default" not in spec and "value" not in spec:
-                raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
-            value = merged.get(key, schema_default(spec))
-            flat[_snake(key)] = _typed(key, value, spec)
-        jobs = job_settings(flat, set(merged))
-        take = flat.pop
-        settings = cls(
+        given = _known_values(values, schema)
+        typed = _typed_values(given, schema)
+        inputs = _section(JobInputs, typed)
+        plain = {f.name: getattr(inputs, f.name) for f, _ in declared(JobInputs)}
+        jobs = job_settings({**plain, "node_count": typed["nodeCount"]}, set(given))
+        return cls(
             stack=stack,
-            team=take("team"),
-            cost_center=take("cost_center"),
-            location=take("location"),
-            log_retention_days=take("log_retention_days"),
-            protect_data=take("protect_data"),
-            network=NetworkSettings(
-                vnet_cidr=take("vnet_cidr"),
-                compute_subnet_cidr=take("compute_subnet_cidr"),
-                storage_subnet_cidr=take("storage_subnet_cidr"),
-                storage_allowed_ips=tuple(take("storage_allowed_ips")),
-                registry_allowed_ips=tuple(take("registry_allowed_ips")),
+            **_fields(cls, typed),
+            network=_section(NetworkSettings, typed),
+            cluster=_section(ClusterSettings, typed),
+            nfs=_section(NfsSettings, typed),
+            # Unset: the checkout's origin, which the acr builder clones anyway.
+            image=_section(
+                ImageSettings,
+                typed,
+                source_repo=typed["imageSourceRepo"] or origin_clone_url() or "",
             ),
-            cluster=ClusterSettings(
-                vm_size=take("vm_size"),
-                node_count=take("node_count"),
-                spot_nodes=take("spot_nodes"),
-                scale_mode=take("scale_mode"),
-                idle_minutes=take("idle_minutes"),
-                os_disk_size_gb=take("os_disk_size_gb"),
-                checkpointing=take("checkpointing"),
-                allow_debugger=take("allow_debugger"),
-                job_submitter_object_id=take("job_submitter_object_id"),
-                job_submitter_type=take("job_submitter_type"),
-            ),
-            nfs=NfsSettings(
-                mode=take("nfs_mode"),
-                vm_size=take("nfs_vm_size"),
-                disk_count=take("nfs_disk_count"),
-                disk_size_gb=take("nfs_disk_size_gb"),
-                share_quota_gb=take("nfs_share_quota_gb"),
-                ssh_public_key=take("ssh_public_key"),
-            ),
-            image=ImageSettings(
-                builder=take("image_builder"),
-                # Unset: the checkout's origin, which the acr builder clones anyway.
-                source_repo=take("image_source_repo") or origin_clone_url() or "",
-                base=take("image_base"),
-                base_digest=take("image_base_digest"),
-                ref=take("image_ref"),
-                registry_id=take("image_registry_id"),
-            ),
-            budget=BudgetSettings(
-                amount=take("budget"),
-                start_month=take("budget_start_month"),
-                emails=tuple(take("budget_emails")),
-            ),
+            budget=_section(BudgetSettings, typed),
             jobs=jobs,
-            protect_running_jobs=take("protect_running_jobs"),
-            replace_jobs=tuple(take("replace_jobs")),
-            acceptance_profile=take("acceptance_profile"),
         )
-        # The shorthand's settings live on its job (job_settings).
-        unplaced = sorted(set(flat) - {"jobs", "submit_job", "trainer_config", "dataset_prefix"})
-        if unplaced:
-            raise TypeError(f"settings with no home in StackSettings: {', '.join(unplaced)}")
-        return settings
 
     def __post_init__(self) -> None:
         cluster, nfs = self.cluster, self.nfs
@@ -533,8 +688,64 @@ class StackSettings:
         )
 
 
-def _snake(key: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+# Every class that declares stack settings, in Pulumi.yaml's order.
+DECLARING: tuple[type, ...] = (
+    StackSettings,
+    NetworkSettings,
+    ClusterSettings,
+    NfsSettings,
+    ImageSettings,
+    SecretSettings,
+    BudgetSettings,
+    JobInputs,
+)
+
+
+def declared_schema() -> dict[str, dict[str, Any]]:
+    """Pulumi.yaml's ``config:`` schema as the declarations give it (``load_schema`` reads the
+    file; a test keeps the two equal)."""
+    return schema_of(*DECLARING)
+
+
+def _known_values(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` by short key; an unknown key is an error."""
+    known: dict[str, Any] = {}
+    for raw_key, value in values.items():
+        key = str(raw_key).removeprefix(f"{PROJECT}:")
+        if key not in schema:
+            raise ConfigError(
+                f"unknown setting {key!r}; valid settings are {', '.join(sorted(schema))}"
+            )
+        known[key] = value
+    return known
+
+
+def _typed_values(given: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting of ``schema`` but the secrets, typed: the given value or the default."""
+    homeless = sorted(set(schema) - {d.key for cls in DECLARING for _, d in declared(cls)})
+    if homeless:
+        raise TypeError(f"settings with no home in StackSettings: {', '.join(homeless)}")
+    typed: dict[str, Any] = {}
+    for key, spec in schema.items():
+        if key in SECRET_SETTINGS:
+            _check_encrypted(key, given.get(key))
+            continue
+        if key not in given and "default" not in spec and "value" not in spec:
+            raise ConfigError(f"{key}: required; set it with `pulumi config set {key} ...`")
+        typed[key] = _typed(key, given.get(key, schema_default(spec)), spec)
+    return typed
+
+
+def _fields(cls: type, typed: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields of ``cls`` from the typed values (lists become tuples)."""
+    return {
+        f.name: tuple(typed[d.key]) if isinstance(typed[d.key], list) else typed[d.key]
+        for f, d in declared(cls)
+    }
+
+
+def _section(cls: type[_S], typed: Mapping[str, Any], **overrides: Any) -> _S:
+    return cls(**{**_fields(cls, typed), **overrides})
 
 
 @dataclass(frozen=True)
@@ -603,6 +814,9 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         trainer = _read_trainer_settings(f"jobs.{name}.trainerConfig", trainer_config)
         parsed.append(JobSettings(name, trainer, nodes, prefix, priority))
     return tuple(parsed)
+
+
+SECRET_SETTINGS = tuple(d.key for _, d in declared(SecretSettings))
 
 
 def _check_prefix(key: str, prefix: str) -> None:
@@ -699,3 +913,24 @@ def secret_setting(key: str):
     if key not in SECRET_SETTINGS:
         raise ValueError(f"{key} is not a secret setting")
     return pulumi.Config(PROJECT).get_secret(key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m infra.config [--write]: print Pulumi.yaml's ``config:`` block as the
+    declarations give it, or rewrite the block in Pulumi.yaml."""
+    from trainer.cli import OneLineParser
+
+    parser = OneLineParser(prog="python -m infra.config", description=main.__doc__)
+    parser.add_argument("--write", action="store_true", help=f"rewrite {PROJECT_FILE.name}")
+    args = parser.parse_args(argv)
+    block = render_block(PROJECT, declared_schema(), notes_of(*DECLARING))
+    if args.write:
+        text = PROJECT_FILE.read_text(encoding="utf-8")
+        PROJECT_FILE.write_text(with_block(text, block), encoding="utf-8")
+    else:
+        print(block, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

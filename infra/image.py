@@ -2,17 +2,7 @@
 
 The tag is a hash of everything the image is built from (the Dockerfile, its lock file, the
 Horovod build script, the packaging files and the trainer sources): unchanged code gives the
-same tag, so Pulumi sees no change, rebuilds nothing and resubmits no job. Builders:
-
-- ``acr`` (default): a named ACR Task builds the commit on Azure; no Docker or credentials where
-  ``pulumi up`` runs. The task clones the repository at the pinned commit (with a token for a
-  private repository), builds on ACR's agents and pushes with its own system-assigned identity,
-  which holds AcrPush on the registry: that identity is what lets the push through the
-  registry's network rules (trusted services), which quick runs cannot pass. ``ImageBuild``, a
-  dynamic resource, runs the task once per content tag and reads the pushed digest back; a run
-  an earlier, failed ``pulumi up`` left going (or that already pushed the image) is adopted.
-- ``docker``: pulumi-docker-build with a local BuildKit; it pushes with an Entra refresh token
-  for the registry (what ``az acr login --expose-token`` returns), so the admin user stays off.
+same tag, so Pulumi sees no change, rebuilds nothing and resubmits no job.
 """
 
 from __future__ import annotations
@@ -424,14 +414,14 @@ class ImageBuild(pulumi.dynamic.Resource, module="acr", name="ImageBuild"):
 
 @dataclass(frozen=True)
 class TrainerImageArgs:
-    builder: str  # "acr" or "docker"
+    """Where the image goes besides its settings section: the registry (pushed once its bypass
+    for tasks is on), the content tag and the commit the acr builder clones."""
+
     placement: Placement  # resource group, region and tags of the build task
     subscription_id: pulumi.Input[str]
     registry_name: pulumi.Input[str]
     registry_id: pulumi.Input[str]
     login_server: pulumi.Input[str]
-    base_image: str  # the one reference FROM builds on (infra.toolchain.base_reference)
-    source_repo: str  # git URL for the acr builder
     tag: str
     commit: str
     # A token that can read a private source_repo (a Pulumi secret; None for a public one).
@@ -440,28 +430,23 @@ class TrainerImageArgs:
     registry_ready: Sequence[pulumi.Resource] = ()
 
     @classmethod
-    def from_settings(
+    def pushing_to(
         cls,
-        image: ImageSettings,
+        registry: Registry,
         *,
         placement: Placement,
         subscription_id: pulumi.Input[str],
-        registry: Registry,
         tag: str,
         commit: str,
         source_token: pulumi.Input[str] | None,
     ) -> TrainerImageArgs:
-        """The ``image`` section, pushed to ``registry`` once its bypass for tasks is on."""
         return cls(
-            builder=image.builder,
             placement=placement,
             subscription_id=subscription_id,
             registry_name=registry.registry_name,
             registry_id=registry.registry_id,
             login_server=registry.login_server,
             registry_ready=[registry.task_bypass],
-            base_image=base_reference(image.base, image.base_digest),
-            source_repo=image.source_repo,
             tag=tag,
             commit=commit,
             source_token=source_token,
@@ -469,85 +454,50 @@ class TrainerImageArgs:
 
 
 class TrainerImage(pulumi.ComponentResource):
-    """Builds and pushes ``<registry>/trainer:<content tag>``; ``ref`` carries the digest."""
+    """Builds and pushes ``<registry>/trainer:<content tag>``; ``ref`` carries the digest.
+
+    - ``acr`` (default): a named ACR Task builds the commit on Azure; no Docker or credentials where
+      ``pulumi up`` runs. The task clones the repository at the pinned commit (with a token for a
+      private repository), builds on ACR's agents and pushes with its own system-assigned identity,
+      which holds AcrPush on the registry: that identity is what lets the push through the
+      registry's network rules (trusted services), which quick runs cannot pass. ``ImageBuild``, a
+      dynamic resource, runs the task once per content tag and reads the pushed digest back; a run
+      an earlier, failed ``pulumi up`` left going (or that already pushed the image) is adopted.
+    - ``docker``: pulumi-docker-build with a local BuildKit; it pushes with an Entra refresh token
+      for the registry (what ``az acr login --expose-token`` returns), so the admin user stays off.
+    """
 
     ref: pulumi.Output[str]
     digest: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        image: ImageSettings,
+        args: TrainerImageArgs,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpucluster:infra:TrainerImage", name, None, opts)
-        build_args = {"BASE_IMAGE": args.base_image}
+        # The one reference FROM builds on (infra.toolchain.base_reference).
+        build_args = {"BASE_IMAGE": base_reference(image.base, image.base_digest)}
         image_name = f"{IMAGE_REPOSITORY}:{args.tag}"
-        if args.builder == "acr":
-            self.digest = self._acr_build(name, args, image_name, build_args)
+        if image.builder == "acr":
+            self.digest = self._acr_build(name, image.source_repo, args, image_name, build_args)
         else:
             self.digest = self._docker_build(name, args, image_name, build_args)
         self.ref = pulumi.Output.concat(args.login_server, "/", image_name, "@", self.digest)
         self.register_outputs({"ref": self.ref, "digest": self.digest})
 
     def _acr_build(
-        self, name: str, args: TrainerImageArgs, image_name: str, build_args: dict[str, str]
+        self,
+        name: str,
+        source_repo: str,
+        args: TrainerImageArgs,
+        image_name: str,
+        build_args: dict[str, str],
     ) -> pulumi.Output[str]:
-        child = pulumi.ResourceOptions(parent=self)
-        token = None
-        if args.source_token is not None:
-            # Stays a secret (state and plan show [secret]); an empty token means none.
-            token = pulumi.Output.secret(args.source_token).apply(lambda t: t or None)
-        # Trusted-services bypass for ACR Tasks (MicrosoftDocs/azure-docs, articles/container-
-        # registry/allow-access-trusted-services.md, "Example: ACR Tasks"): a task with a
-        # system-assigned identity, the default source-registry auth off (--auth-mode None),
-        # the identity as the registry's credential, AcrPush for it. Since June 2025 the
-        # registry must also opt in with networkRuleBypassAllowedForTasks=true, or the push is
-        # refused with 403 (MicrosoftDocs/azure-management-docs, articles/container-registry/
-        # manage-network-bypass-policy-for-tasks.md).
-        credentials = pulumi.Output.from_input(args.login_server).apply(
-            lambda server: containerregistry.CredentialsArgs(
-                source_registry=containerregistry.SourceRegistryCredentialsArgs(
-                    login_mode=containerregistry.SourceRegistryLoginMode.NONE
-                ),
-                custom_registries={
-                    server: containerregistry.CustomRegistryCredentialsArgs(
-                        identity=SYSTEM_IDENTITY
-                    )
-                },
-            )
-        )
-        task = containerregistry.Task(
-            f"{name}-build-task",
-            task_name=BUILD_TASK_NAME,
-            registry_name=args.registry_name,
-            **args.placement.kwargs(),
-            identity=containerregistry.IdentityPropertiesArgs(
-                type=containerregistry.ResourceIdentityType.SYSTEM_ASSIGNED
-            ),
-            platform=containerregistry.PlatformPropertiesArgs(
-                os=containerregistry.OS.LINUX,
-                architecture=containerregistry.Architecture.AMD64,
-            ),
-            agent_configuration=containerregistry.AgentPropertiesArgs(cpu=BUILD_AGENT_CPUS),
-            timeout=BUILD_TIMEOUT_SECONDS,
-            status=containerregistry.TaskStatus.ENABLED,
-            credentials=credentials,
-            # No triggers: the stack runs the task, once per content tag.
-            step=containerregistry.DockerBuildStepArgs(
-                type="Docker",
-                docker_file_path=DOCKERFILE,
-                # <repo>.git#<commit> (articles/container-registry/container-registry-tasks-
-                # overview.md, "Context locations"); a private repository needs the token.
-                context_path=f"{args.source_repo}#{args.commit}",
-                context_access_token=token,
-                image_names=[image_name],
-                is_push_enabled=True,
-                no_cache=False,
-                arguments=[
-                    containerregistry.ArgumentArgs(name=key, value=value, is_secret=False)
-                    for key, value in build_args.items()
-                ],
-            ),
-            opts=child,
-        )
+        """The named build task, AcrPush for its identity, and one run of it per content tag."""
+        task = self._build_task(name, source_repo, args, image_name, build_args)
         push = assign_role(
             f"{name}-buildtask-acrpush",
             role=ACR_PUSH,
@@ -572,6 +522,53 @@ class TrainerImage(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[task, push, *args.registry_ready]),
         )
         return build.digest
+
+    def _build_task(
+        self,
+        name: str,
+        source_repo: str,
+        args: TrainerImageArgs,
+        image_name: str,
+        build_args: dict[str, str],
+    ) -> containerregistry.Task:
+        token = None
+        if args.source_token is not None:
+            # Stays a secret (state and plan show [secret]); an empty token means none.
+            token = pulumi.Output.secret(args.source_token).apply(lambda t: t or None)
+        return containerregistry.Task(
+            f"{name}-build-task",
+            task_name=BUILD_TASK_NAME,
+            registry_name=args.registry_name,
+            **args.placement.kwargs(),
+            identity=containerregistry.IdentityPropertiesArgs(
+                type=containerregistry.ResourceIdentityType.SYSTEM_ASSIGNED
+            ),
+            platform=containerregistry.PlatformPropertiesArgs(
+                os=containerregistry.OS.LINUX,
+                architecture=containerregistry.Architecture.AMD64,
+            ),
+            agent_configuration=containerregistry.AgentPropertiesArgs(cpu=BUILD_AGENT_CPUS),
+            timeout=BUILD_TIMEOUT_SECONDS,
+            status=containerregistry.TaskStatus.ENABLED,
+            credentials=pulumi.Output.from_input(args.login_server).apply(_task_credentials),
+            # No triggers: the stack runs the task, once per content tag.
+            step=containerregistry.DockerBuildStepArgs(
+                type="Docker",
+                docker_file_path=DOCKERFILE,
+                # <repo>.git#<commit> (articles/container-registry/container-registry-tasks-
+                # overview.md, "Context locations"); a private repository needs the token.
+                context_path=f"{source_repo}#{args.commit}",
+                context_access_token=token,
+                image_names=[image_name],
+                is_push_enabled=True,
+                no_cache=False,
+                arguments=[
+                    containerregistry.ArgumentArgs(name=key, value=value, is_secret=False)
+                    for key, value in build_args.items()
+                ],
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
 
     def _docker_build(
         self, name: str, args: TrainerImageArgs, image_name: str, build_args: dict[str, str]
@@ -647,6 +644,24 @@ class ReusedImage:
         self.ref: pulumi.Output[str] = pulumi.Output.from_input(image.ref)
         self.digest: pulumi.Output[str] = pulumi.Output.from_input(parts["digest"] or "")
         self.source = PullSource(parts["server"], image.registry_id)
+
+
+def _task_credentials(server: str) -> containerregistry.CredentialsArgs:
+    """Trusted-services bypass for ACR Tasks (MicrosoftDocs/azure-docs, articles/container-
+    registry/allow-access-trusted-services.md, "Example: ACR Tasks"): a task with a
+    system-assigned identity, the default source-registry auth off (--auth-mode None), the
+    identity as the registry's credential, AcrPush for it. Since June 2025 the registry must also
+    opt in with networkRuleBypassAllowedForTasks=true, or the push is refused with 403
+    (MicrosoftDocs/azure-management-docs, articles/container-registry/
+    manage-network-bypass-policy-for-tasks.md)."""
+    return containerregistry.CredentialsArgs(
+        source_registry=containerregistry.SourceRegistryCredentialsArgs(
+            login_mode=containerregistry.SourceRegistryLoginMode.NONE
+        ),
+        custom_registries={
+            server: containerregistry.CustomRegistryCredentialsArgs(identity=SYSTEM_IDENTITY)
+        },
+    )
 
 
 def _principal_id(identity: Any) -> str:

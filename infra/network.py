@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 from pulumi_azure_native import network
 
@@ -11,23 +9,6 @@ from infra.config import NetworkSettings
 from infra.naming import Placement
 
 NFS_PORTS = ["111", "2049"]
-
-
-@dataclass(frozen=True)
-class NetworkArgs:
-    placement: Placement
-    vnet_cidr: str
-    compute_subnet_cidr: str
-    storage_subnet_cidr: str
-
-    @classmethod
-    def from_settings(cls, placement: Placement, network: NetworkSettings) -> NetworkArgs:
-        return cls(
-            placement=placement,
-            vnet_cidr=network.vnet_cidr,
-            compute_subnet_cidr=network.compute_subnet_cidr,
-            storage_subnet_cidr=network.storage_subnet_cidr,
-        )
 
 
 def _deny_internet_inbound() -> network.SecurityRuleArgs:
@@ -52,19 +33,25 @@ class Network(pulumi.ComponentResource):
     nat_public_ip: pulumi.Output[str]
 
     def __init__(
-        self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        settings: NetworkSettings,
+        placement: Placement,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpucluster:infra:Network", name, None, opts)
-        nat_ip, nat = self._nat_gateway(name, args)
-        compute_nsg = self._compute_nsg(name, args)
-        storage_nsg = self._storage_nsg(name, args)
+        at = placement
+        nat_ip, nat = self._nat_gateway(name, at)
+        compute_nsg = self._compute_nsg(name, at)
+        storage_nsg = self._storage_nsg(name, settings, at)
         compute_subnet, storage_subnet = self._vnet(
             name,
-            args,
+            settings.vnet_cidr,
+            at,
             nat,
             (
-                ("compute", args.compute_subnet_cidr, compute_nsg),
-                ("storage", args.storage_subnet_cidr, storage_nsg),
+                ("compute", settings.compute_subnet_cidr, compute_nsg),
+                ("storage", settings.storage_subnet_cidr, storage_nsg),
             ),
         )
         self.compute_subnet_id = compute_subnet.id
@@ -78,14 +65,14 @@ class Network(pulumi.ComponentResource):
         )
 
     def _nat_gateway(
-        self, name: str, args: NetworkArgs
+        self, name: str, at: Placement
     ) -> tuple[network.PublicIPAddress, network.NatGateway]:
         """The subnets' only way out: a NAT gateway on one static public address."""
         nat_ip = network.PublicIPAddress(
             f"{name}-nat-ip",
             sku=network.PublicIPAddressSkuArgs(name=network.PublicIPAddressSkuName.STANDARD),
             public_ip_allocation_method=network.IPAllocationMethod.STATIC,
-            **args.placement.kwargs(),
+            **at.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         nat = network.NatGateway(
@@ -93,20 +80,22 @@ class Network(pulumi.ComponentResource):
             sku=network.NatGatewaySkuArgs(name=network.NatGatewaySkuName.STANDARD),
             public_ip_addresses=[network.SubResourceArgs(id=nat_ip.id)],
             idle_timeout_in_minutes=10,
-            **args.placement.kwargs(),
+            **at.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
         return nat_ip, nat
 
-    def _compute_nsg(self, name: str, args: NetworkArgs) -> network.NetworkSecurityGroup:
+    def _compute_nsg(self, name: str, at: Placement) -> network.NetworkSecurityGroup:
         return network.NetworkSecurityGroup(
             f"{name}-compute-nsg",
             security_rules=[_deny_internet_inbound()],
-            **args.placement.kwargs(),
+            **at.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _storage_nsg(self, name: str, args: NetworkArgs) -> network.NetworkSecurityGroup:
+    def _storage_nsg(
+        self, name: str, settings: NetworkSettings, at: Placement
+    ) -> network.NetworkSecurityGroup:
         """NFS from the compute subnet only."""
         return network.NetworkSecurityGroup(
             f"{name}-storage-nsg",
@@ -117,9 +106,9 @@ class Network(pulumi.ComponentResource):
                     direction=network.SecurityRuleDirection.INBOUND,
                     access=network.SecurityRuleAccess.ALLOW,
                     protocol=network.SecurityRuleProtocol.ASTERISK,  # NFS uses TCP and UDP 111
-                    source_address_prefix=args.compute_subnet_cidr,
+                    source_address_prefix=settings.compute_subnet_cidr,
                     source_port_range="*",
-                    destination_address_prefix=args.storage_subnet_cidr,
+                    destination_address_prefix=settings.storage_subnet_cidr,
                     destination_port_ranges=NFS_PORTS,
                 ),
                 network.SecurityRuleArgs(
@@ -135,22 +124,23 @@ class Network(pulumi.ComponentResource):
                 ),
                 _deny_internet_inbound(),
             ],
-            **args.placement.kwargs(),
+            **at.kwargs(),
             opts=pulumi.ResourceOptions(parent=self),
         )
 
     def _vnet(
         self,
         name: str,
-        args: NetworkArgs,
+        vnet_cidr: str,
+        at: Placement,
         nat: network.NatGateway,
         subnet_specs: tuple[tuple[str, str, network.NetworkSecurityGroup], ...],
     ) -> list[network.Subnet]:
         """The VNet and one subnet per ``(role, cidr, nsg)``, each behind its NSG and the NAT."""
         vnet = network.VirtualNetwork(
             f"{name}-vnet",
-            address_space=network.AddressSpaceArgs(address_prefixes=[args.vnet_cidr]),
-            **args.placement.kwargs(),
+            address_space=network.AddressSpaceArgs(address_prefixes=[vnet_cidr]),
+            **at.kwargs(),
             # Subnets are separate resources; an inline list would fight them on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
@@ -160,7 +150,7 @@ class Network(pulumi.ComponentResource):
             subnets.append(
                 network.Subnet(
                     f"{name}-{role}",
-                    resource_group_name=args.placement.resource_group_name,
+                    resource_group_name=at.resource_group_name,
                     virtual_network_name=vnet.name,
                     address_prefix=cidr,
                     network_security_group=network.NetworkSecurityGroupArgs(id=nsg.id),

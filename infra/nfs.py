@@ -18,7 +18,6 @@ from pulumi_azure_native import compute, network, storage
 from infra.cloud_init import MOUNT_POINT, ready_command, render_nfs_cloud_init
 from infra.config import NetworkSettings, NfsSettings
 from infra.naming import Placement
-from infra.network import Network
 
 NFS_SHARE = "shared"
 ADMIN_USER = "nfsadmin"
@@ -27,48 +26,15 @@ CUSTOM_DATA_PROPERTY = "osProfile.customData"
 
 @dataclass(frozen=True)
 class NfsArgs:
+    """Where the file system goes besides its settings section: the storage subnet it serves
+    from, the compute subnet it exports to (``network``'s ranges) and the Files account's name."""
+
     placement: Placement
-    mode: str
+    network: NetworkSettings
     storage_subnet_id: pulumi.Input[str]
     compute_subnet_id: pulumi.Input[str]
-    compute_subnet_cidr: str
-    server_ip: str
-    vm_size: str
-    disk_count: int
-    disk_size_gb: int
-    share_quota_gb: int
-    ssh_public_key: str
     files_account_name: str
     protect_data: bool = True
-
-    @classmethod
-    def from_settings(
-        cls,
-        placement: Placement,
-        nfs: NfsSettings,
-        network: NetworkSettings,
-        net: Network,
-        *,
-        files_account_name: str,
-        protect_data: bool,
-    ) -> NfsArgs:
-        """The ``nfs`` section, placed in ``net``'s storage subnet and exported to its compute
-        subnet (``network``'s ranges)."""
-        return cls(
-            placement=placement,
-            mode=nfs.mode,
-            storage_subnet_id=net.storage_subnet_id,
-            compute_subnet_id=net.compute_subnet_id,
-            compute_subnet_cidr=network.compute_subnet_cidr,
-            server_ip=network.nfs_server_ip,
-            vm_size=nfs.vm_size,
-            disk_count=nfs.disk_count,
-            disk_size_gb=nfs.disk_size_gb,
-            share_quota_gb=nfs.share_quota_gb,
-            ssh_public_key=nfs.ssh_public_key,
-            files_account_name=files_account_name,
-            protect_data=protect_data,
-        )
 
 
 class NfsServer(pulumi.ComponentResource):
@@ -79,31 +45,35 @@ class NfsServer(pulumi.ComponentResource):
     mount_options: str
 
     def __init__(
-        self, name: str, args: NfsArgs, opts: pulumi.ResourceOptions | None = None
+        self,
+        name: str,
+        nfs: NfsSettings,
+        args: NfsArgs,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpucluster:infra:NfsServer", name, None, opts)
         self.vm_id: pulumi.Output[str] | None = None
-        if args.mode == "vm":
-            self._server_vm(name, args)
+        if nfs.mode == "vm":
+            self._server_vm(name, nfs, args)
         else:
-            self._azure_files(name, args)
+            self._azure_files(name, nfs, args)
         self.source = pulumi.Output.concat(self.address, ":", self.export_path)
         self.register_outputs({"source": self.source})
 
-    def _server_vm(self, name: str, args: NfsArgs) -> None:
-        disks = self._data_disks(name, args)
+    def _server_vm(self, name: str, nfs: NfsSettings, args: NfsArgs) -> None:
+        disks = self._data_disks(name, nfs, args)
         nic = self._network_interface(name, args)
-        vm = self._vm(name, args, nic, disks)
+        vm = self._vm(name, nfs, args, nic, disks)
         ready = self._ready_gate(name, args, vm)
         self.vm_id = vm.id
         # From the NIC's and the extension's outputs: a data dependency the engine orders by.
         self.address = pulumi.Output.all(
             nic.ip_configurations[0].private_ip_address, ready.provisioning_state
-        ).apply(lambda values: values[0] or args.server_ip)
+        ).apply(lambda values: values[0] or args.network.nfs_server_ip)
         self.export_path = pulumi.Output.from_input(MOUNT_POINT)
         self.mount_options = "-o vers=4.1,hard,nconnect=8,rsize=1048576,wsize=1048576"
 
-    def _data_disks(self, name: str, args: NfsArgs) -> list[compute.Disk]:
+    def _data_disks(self, name: str, nfs: NfsSettings, args: NfsArgs) -> list[compute.Disk]:
         """The RAID0's premium disks: separate, protected resources that outlive the VM."""
         return [
             compute.Disk(
@@ -111,14 +81,14 @@ class NfsServer(pulumi.ComponentResource):
                 creation_data=compute.CreationDataArgs(
                     create_option=compute.DiskCreateOption.EMPTY
                 ),
-                disk_size_gb=args.disk_size_gb,
+                disk_size_gb=nfs.disk_size_gb,
                 sku=compute.DiskSkuArgs(name=compute.DiskStorageAccountTypes.PREMIUM_LRS),
                 network_access_policy=compute.NetworkAccessPolicy.DENY_ALL,
                 public_network_access=compute.PublicNetworkAccess.DISABLED,
                 **args.placement.kwargs(),
                 opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
             )
-            for lun in range(args.disk_count)
+            for lun in range(nfs.disk_count)
         ]
 
     def _network_interface(self, name: str, args: NfsArgs) -> network.NetworkInterface:
@@ -130,7 +100,7 @@ class NfsServer(pulumi.ComponentResource):
                     name="primary",
                     subnet=network.SubnetArgs(id=args.storage_subnet_id),
                     private_ip_allocation_method=network.IPAllocationMethod.STATIC,
-                    private_ip_address=args.server_ip,
+                    private_ip_address=args.network.nfs_server_ip,
                 )
             ],
             enable_accelerated_networking=True,
@@ -141,18 +111,19 @@ class NfsServer(pulumi.ComponentResource):
     def _vm(
         self,
         name: str,
+        nfs: NfsSettings,
         args: NfsArgs,
         nic: network.NetworkInterface,
         disks: list[compute.Disk],
     ) -> compute.VirtualMachine:
         return compute.VirtualMachine(
             f"{name}-vm",
-            hardware_profile=compute.HardwareProfileArgs(vm_size=args.vm_size),
+            hardware_profile=compute.HardwareProfileArgs(vm_size=nfs.vm_size),
             network_profile=compute.NetworkProfileArgs(
                 network_interfaces=[compute.NetworkInterfaceReferenceArgs(id=nic.id, primary=True)]
             ),
             storage_profile=_storage_profile(disks),
-            os_profile=_os_profile(name, args),
+            os_profile=_os_profile(name, nfs, args.network),
             security_profile=compute.SecurityProfileArgs(
                 encryption_at_host=False,
                 security_type=compute.SecurityTypes.TRUSTED_LAUNCH,
@@ -191,7 +162,7 @@ class NfsServer(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
-    def _azure_files(self, name: str, args: NfsArgs) -> None:
+    def _azure_files(self, name: str, nfs: NfsSettings, args: NfsArgs) -> None:
         account = storage.StorageAccount(
             f"{name}-files",
             account_name=args.files_account_name,
@@ -224,7 +195,7 @@ class NfsServer(pulumi.ComponentResource):
             # start task (root on the node) creates the world-writable runs folder, which root
             # squashing would forbid. Only the compute subnet reaches the share.
             root_squash=storage.RootSquashType.NO_ROOT_SQUASH,
-            share_quota=args.share_quota_gb,
+            share_quota=nfs.share_quota_gb,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
         self.address = pulumi.Output.concat(account.name, ".file.core.windows.net")
@@ -260,9 +231,11 @@ def _storage_profile(disks: list[compute.Disk]) -> compute.StorageProfileArgs:
     )
 
 
-def _os_profile(name: str, args: NfsArgs) -> compute.OSProfileArgs:
+def _os_profile(
+    name: str, nfs: NfsSettings, network_settings: NetworkSettings
+) -> compute.OSProfileArgs:
     """SSH key only, and the cloud-init that builds the RAID0 and exports it."""
-    user_data = render_nfs_cloud_init(args.disk_count, args.compute_subnet_cidr)
+    user_data = render_nfs_cloud_init(nfs.disk_count, network_settings.compute_subnet_cidr)
     return compute.OSProfileArgs(
         computer_name=f"{name}-nfs"[:15],
         admin_username=ADMIN_USER,
@@ -272,7 +245,7 @@ def _os_profile(name: str, args: NfsArgs) -> compute.OSProfileArgs:
             ssh=compute.SshConfigurationArgs(
                 public_keys=[
                     compute.SshPublicKeyArgs(
-                        key_data=args.ssh_public_key,
+                        key_data=nfs.ssh_public_key,
                         path=f"/home/{ADMIN_USER}/.ssh/authorized_keys",
                     )
                 ]

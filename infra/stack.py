@@ -12,7 +12,7 @@ import pulumi
 from pulumi_azure_native import authorization, resources
 
 from infra import naming
-from infra.budget import BudgetArgs, CostBudget
+from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
@@ -27,7 +27,7 @@ from infra.image_inputs import content_tag
 from infra.job import TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.naming import Placement
-from infra.network import Network, NetworkArgs
+from infra.network import Network
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
 from infra.storage import CONTAINERS, BlobReader, Storage, StorageArgs
@@ -47,7 +47,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
     )
     at = Placement(rg.name, s.location, tags)
 
-    net = Network(stem, NetworkArgs.from_settings(at, s.network))
+    net = Network(stem, s.network, at)
     store = _storage(stem, at, s, net, client, deployer_type)
     image, pull = _image(stem, at, s, net, client, commit)
     ids = Identities(
@@ -59,20 +59,10 @@ def declare(s: StackSettings) -> dict[str, Any]:
             storage_account_id=store.account_id,
         ),
     )
-    nfs = NfsServer(
-        stem,
-        NfsArgs.from_settings(
-            at,
-            s.nfs,
-            s.network,
-            net,
-            files_account_name=naming.global_name(team=s.team, stack=s.stack, role="nfs"),
-            protect_data=s.protect_data,
-        ),
-    )
+    nfs = _nfs(stem, at, s, net)
     cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
     if s.budget.amount:
-        CostBudget(stem, BudgetArgs.from_settings(rg.id, s.budget))
+        CostBudget(stem, s.budget, rg.id)
     Monitoring(
         stem,
         MonitoringArgs(
@@ -84,8 +74,19 @@ def declare(s: StackSettings) -> dict[str, Any]:
         ),
     )
     jobs = {job.name: _job(stem, s, job, cluster, image, pull, ids, store) for job in s.jobs}
+    return {**_job_outputs(image, jobs), **_outputs(s, rg, store, nfs, pull, cluster)}
+
+
+def _outputs(
+    s: StackSettings,
+    rg: resources.ResourceGroup,
+    store: Storage,
+    nfs: NfsServer,
+    pull: PullSource,
+    cluster: GpuCluster,
+) -> dict[str, Any]:
+    """The environment's outputs: where its data, shared files, image and pool are."""
     return {
-        **_job_outputs(image, jobs),
         "resource_group_name": rg.name,
         "storage_account_name": store.account_name,
         "storage_containers": list(CONTAINERS),
@@ -97,6 +98,22 @@ def declare(s: StackSettings) -> dict[str, Any]:
         "node_count": s.cluster.node_count,
         "vm_size": s.cluster.vm_size,
     }
+
+
+def _nfs(stem: str, at: Placement, s: StackSettings, net: Network) -> NfsServer:
+    """The ``nfs`` section, served from ``net``'s storage subnet to its compute subnet."""
+    return NfsServer(
+        stem,
+        s.nfs,
+        NfsArgs(
+            placement=at,
+            network=s.network,
+            storage_subnet_id=net.storage_subnet_id,
+            compute_subnet_id=net.compute_subnet_id,
+            files_account_name=naming.global_name(team=s.team, stack=s.stack, role="nfs"),
+            protect_data=s.protect_data,
+        ),
+    )
 
 
 def _commit_to_build(s: StackSettings) -> str:
@@ -130,11 +147,11 @@ def _image(
     )
     image = TrainerImage(
         stem,
-        TrainerImageArgs.from_settings(
-            s.image,
+        s.image,
+        TrainerImageArgs.pushing_to(
+            registry,
             placement=at,
             subscription_id=client.subscription_id,
-            registry=registry,
             tag=content_tag(),
             commit=commit,
             source_token=secret_setting("imageSourceToken"),
@@ -196,17 +213,19 @@ def _cluster(
 ) -> GpuCluster:
     return GpuCluster(
         stem,
-        GpuClusterArgs.from_settings(
-            at,
-            s.cluster,
+        s.cluster,
+        GpuClusterArgs(
+            placement=at,
             account_name=naming.global_name(team=s.team, stack=s.stack, role="batch"),
             subnet_id=net.compute_subnet_id,
             node_identity_id=ids.nodes.id,
             storage_account_id=store.account_id,
             registry_server=pull.login_server,
-            nfs=nfs,
-            client=client,
+            nfs_source=nfs.source,
+            nfs_mount_options=nfs.mount_options,
+            deployer_object_id=client.object_id,
             deployer_type=deployer_type,
+            subscription_id=client.subscription_id,
             acceptance_profile=s.acceptance_profile,
         ),
         # Nodes pull images and write blobs as soon as they boot: grant the roles first.

@@ -20,9 +20,15 @@ PLACE = Placement("rg-unit", "eastus", {"team": "unit"})
 
 @pulumi.runtime.test
 def test_network_chains_subnets_and_scopes_nfs(mocks):
-    from infra.network import Network, NetworkArgs
+    from infra.config import NetworkSettings
+    from infra.network import Network
 
-    net = Network("unit", NetworkArgs(PLACE, "10.1.0.0/16", "10.1.0.0/20", "10.1.16.0/24"))
+    cidrs = NetworkSettings(
+        vnet_cidr="10.1.0.0/16",
+        compute_subnet_cidr="10.1.0.0/20",
+        storage_subnet_cidr="10.1.16.0/24",
+    )
+    net = Network("unit", cidrs, PLACE)
 
     def check(ids):
         compute_id, storage_id = ids

@@ -41,6 +41,72 @@ def test_every_schema_key_has_a_description(schema):
     assert all(spec.get("description") for spec in schema.values())
 
 
+def test_pulumi_yaml_config_block_is_written_from_the_declarations(schema):
+    """Pulumi.yaml (what the CLI validates stack config against) says exactly what the section
+    fields declare: same keys, types, defaults and descriptions, in the generator's layout."""
+    from infra import config
+    from infra.schema import render_block, with_block
+
+    assert schema == config.declared_schema()
+    text = config.PROJECT_FILE.read_text(encoding="utf-8")
+    block = render_block(
+        config.PROJECT, config.declared_schema(), config.notes_of(*config.DECLARING)
+    )
+    assert with_block(text, block) == text, "run: python -m infra.config --write"
+
+
+def test_the_generator_rewrites_a_drifted_pulumi_yaml(tmp_path, monkeypatch, capsys):
+    """A default edited by hand in Pulumi.yaml disagrees with its declaration until
+    `python -m infra.config --write` writes the block again; the rest of the file stays."""
+    from infra import config
+    from infra.config import load_schema
+
+    drifted = tmp_path / "Pulumi.yaml"
+    text = config.PROJECT_FILE.read_text(encoding="utf-8")
+    drifted.write_text(text.replace("default: 128\n", "default: 256\n", 1), encoding="utf-8")
+    assert load_schema(drifted)["osDiskSizeGb"]["default"] == 256
+    assert load_schema(drifted) != config.declared_schema()
+    monkeypatch.setattr(config, "PROJECT_FILE", drifted)
+    assert config.main([]) == 0 and "default: 128\n" in capsys.readouterr().out
+    assert drifted.read_text(encoding="utf-8") != text
+    assert config.main(["--write"]) == 0
+    assert drifted.read_text(encoding="utf-8") == text
+    assert load_schema(drifted) == config.declared_schema()
+
+
+def test_each_setting_reaches_the_field_that_declares_it(schema):
+    """from_mapping reads every declared field from its own key (camelCase -> field once)."""
+    from infra.config import DECLARING, JobInputs, SecretSettings
+    from infra.schema import declared
+
+    s = settings(schema, osDiskSizeGb=200, nfsDiskCount=6, budgetEmails='["a@b.io"]', budget=5)
+    assert (s.cluster.os_disk_size_gb, s.nfs.disk_count) == (200, 6)
+    assert (s.budget.amount, s.budget.emails) == (5, ("a@b.io",))
+    sections = {type(getattr(s, name)): getattr(s, name) for name in vars(s)}
+    sections[type(s)] = s
+    for cls in DECLARING:
+        if cls in (JobInputs, SecretSettings):
+            continue
+        for f, declaration in declared(cls):
+            value = getattr(sections[cls], f.name)
+            expected = {
+                **schema_defaults(schema),
+                **VALID,
+                "osDiskSizeGb": 200,
+                "nfsDiskCount": 6,
+                "budgetEmails": ["a@b.io"],
+                "budget": 5,
+            }
+            want = expected[declaration.key]
+            assert value == (tuple(want) if isinstance(want, list) else want), declaration.key
+
+
+def schema_defaults(schema):
+    from infra.config import schema_default
+
+    return {key: schema_default(spec) for key, spec in schema.items()}
+
+
 INVALID = [
     ({"team": "Vision Team"}, "team='Vision Team'", "lowercase"),
     ({"vmSize": "Standard_NC24rs_v3"}, "vmSize=Standard_NC24rs_v3", "retired"),
