@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tools import acceptance, ops, plan
+from dt_commands import acceptance, ops, plan
 from trainer import cli
 from trainer.data import __main__ as data_cli
 from trainer.launch import supervisor
@@ -29,7 +29,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "dt-jobs": ops.build_parser,
     "trainer": cli.build_parser,
     "trainer.launch": supervisor.build_parser,
-    "infra.tools.acceptance": acceptance.build_parser,
+    "dt_commands.acceptance": acceptance.build_parser,
 }
 # Flags the docs name that belong to other tools, by tool.
 FOREIGN_FLAGS = {

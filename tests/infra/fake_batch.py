@@ -1,5 +1,5 @@
 """A fake Azure Batch data plane: HTTPS on 127.0.0.1 with a self-signed certificate, answering
-the job calls the TrainingJob provider and ``infra.tools.ops`` make the way Batch's REST reference
+the job calls the TrainingJob provider and ``dt_commands.ops`` make the way Batch's REST reference
 describes them (status codes, JSON bodies, Batch's error JSON), and recording every request.
 
 It also models what a running job looks like from outside: the multi-instance task's subtasks

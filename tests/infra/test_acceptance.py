@@ -1,4 +1,4 @@
-"""python -m infra.tools.acceptance at the Automation API boundary: a fake
+"""python -m dt_commands.acceptance at the Automation API boundary: a fake
 ``pulumi.automation.Stack`` (its methods and keywords checked against the real class), autospecs
 of the real ``BatchClient`` and ``ContainerClient`` answering with the SDK's own models, and the
 job's stdout made by the launcher's real report. Plus the dry run of both profiles as a subprocess,
@@ -24,11 +24,8 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 from pulumi import automation as auto
 
-from infra import cost
-from infra.batch import CPU_CONTAINER_RUN_OPTIONS
-from infra.cluster import CPU_SKIP_MESSAGE
-from infra.tools import acceptance
-from infra.tools.acceptance import (
+from dt_commands import acceptance
+from dt_commands.acceptance import (
     BATCH_ACCOUNT_TYPE,
     CHECKS,
     JOB_TYPE,
@@ -43,7 +40,10 @@ from infra.tools.acceptance import (
     stack_values,
     validated,
 )
-from infra.tools.plan import evaluate
+from dt_commands.plan import evaluate
+from infra import cost
+from infra.batch import CPU_CONTAINER_RUN_OPTIONS
+from infra.cluster import CPU_SKIP_MESSAGE
 from tests.infra.conftest import (
     CLIENT_IP,
     REPO,
@@ -732,7 +732,7 @@ def test_a_checkout_the_acr_builder_cannot_build_is_refused_before_anything_is_c
 
 def test_an_unknown_profile_is_argparses_one_line_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "infra.tools.acceptance", "--profile", "tpu"],
+        [sys.executable, "-m", "dt_commands.acceptance", "--profile", "tpu"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -748,7 +748,7 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
     runs = {
         profile: subprocess.Popen(
-            [sys.executable, "-m", "infra.tools.acceptance", "--profile", profile, "--dry-run"],
+            [sys.executable, "-m", "dt_commands.acceptance", "--profile", profile, "--dry-run"],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -913,7 +913,7 @@ def test_a_job_whose_pool_cannot_get_nodes_fails_at_once_with_the_fix(tmp_path):
 def test_engine_urns_chain_every_ancestors_type_and_leave_the_root_stack_out():
     """The forms quoted from real engines: a top-level resource (pulumi/pulumi #3369) and a
     grandchild with its whole chain (#5869); the mocks' own URNs differ from both."""
-    from infra.tools.mocks import Registration
+    from dt_commands.mocks import Registration
 
     root = "urn:pulumi:dev::x::pulumi:pulumi:Stack::x-dev"
     nodes = {

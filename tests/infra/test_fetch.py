@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from dt_commands import ops
 from infra.batch import JobSpec, trainer_command
 from infra.storage import CONTAINERS
-from infra.tools import ops
 from tests.infra.conftest import one
 from trainer import results
 from trainer.blob_folder import BlobFolder

@@ -13,7 +13,7 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.credentials import AccessToken
 
-from infra.tools import ops as jobs
+from dt_commands import ops as jobs
 from tests.infra.fake_batch import FakeBatch
 
 OUTPUTS = {

@@ -19,8 +19,8 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.exceptions import ResourceNotFoundError
 
+from dt_commands import ops
 from infra import credentials
-from infra.tools import ops
 from tests.ports import free_port
 from trainer.noise_scale import advice
 
@@ -380,7 +380,7 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
 
     def start(command):
         with open(log_path, "w") as log:
-            # Another working directory: the command finds infra.tools.tensorboard_cli by itself.
+            # Another working directory: the command finds dt_commands.tensorboard_cli by itself.
             process = ops.start_tensorboard(command, stderr=log, cwd=tmp_path)
         started.append(process)
         return process
@@ -418,7 +418,7 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
     assert result == [started[0].returncode]  # TensorBoard's own exit code: it stopped
     assert started[0].args[1:] == [
         "-m",
-        "infra.tools.tensorboard_cli",
+        "dt_commands.tensorboard_cli",
         "--logdir",
         str(dest),
         "--port",

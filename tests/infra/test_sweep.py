@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ResourceExistsError
 
+from dt_commands import ops, sweep
 from infra import batch as batch_module
 from infra.batch import JobSpec, job_options, task_options
-from infra.tools import ops, sweep
 from tests.infra.conftest import of_type
 from tests.infra.fake_batch import FakeBatch, Request
 from trainer.noise_scale import advice

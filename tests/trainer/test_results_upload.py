@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tools import ops
+from dt_commands import ops
 from tests.conftest import act_as_identity_of, tiny_config
 from trainer.cli import to_flags
 

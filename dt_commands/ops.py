@@ -12,8 +12,8 @@ stack's single job at the top level. The Batch calls use the process's one crede
 uploads to the job's ``metrics_url`` (``trainer.live_upload``): the nodes and their NFS run folder
 are in a private network, the Blob account is reachable from the addresses in storageAllowedIps.
 Those reads use the same credential (``az login``; Storage Blob Data Reader).
-``fetch`` downloads a finished run's results from the job's ``outputs_url`` (infra/tools/fetch.py).
-``sweep`` measures how far a job scales, on the stack's pool or locally (infra/tools/sweep.py).
+``fetch`` downloads a finished run's results from the job's ``outputs_url`` (dt_commands/fetch.py).
+``sweep`` measures how far a job scales, on the stack's pool or locally (dt_commands/sweep.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, TextIO
 
+from dt_commands import sweep
+from dt_commands.fetch import fetch_job
+from dt_commands.stack_outputs import (
+    Job,
+    JobsError,
+    OutputsError,
+    read_outputs,
+    require,
+    select_job,
+    stack_jobs,
+)
 from infra import batch
 from infra.batch import TASK_ID, state_text, terminate_job
 from infra.image_inputs import REPO
@@ -47,17 +58,6 @@ from infra.live_metrics import (
     train_records,
 )
 from infra.pool_health import pool_problems
-from infra.tools import sweep
-from infra.tools.fetch import fetch_job
-from infra.tools.stack_outputs import (
-    Job,
-    JobsError,
-    OutputsError,
-    read_outputs,
-    require,
-    select_job,
-    stack_jobs,
-)
 from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail, positive_int
 
@@ -439,11 +439,11 @@ def sync_tensorboard(container: Any, folder: BlobFolder, dest: Path) -> tuple[in
 
 
 def tensorboard_command(logdir: Path, port: int) -> list[str]:
-    """TensorBoard of this environment, through infra.tools.tensorboard_cli (see there why)."""
+    """TensorBoard of this environment, through dt_commands.tensorboard_cli (see there why)."""
     return [
         sys.executable,
         "-m",
-        "infra.tools.tensorboard_cli",
+        "dt_commands.tensorboard_cli",
         "--logdir",
         str(logdir),
         "--port",
@@ -452,7 +452,7 @@ def tensorboard_command(logdir: Path, port: int) -> list[str]:
 
 
 def start_tensorboard(command: list[str], **popen: Any) -> subprocess.Popen[Any]:
-    # The repository root on the path, so ``-m infra.tools.tensorboard_cli`` imports from anywhere.
+    # The repository root on the path, so ``-m dt_commands.tensorboard_cli`` imports from anywhere.
     root = str(REPO)
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, **popen)

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.acceptance --profile cpu|gpu``: prove the stack on a real subscription.
+"""``python -m dt_commands.acceptance --profile cpu|gpu``: prove the stack on a real subscription.
 
 ``make azure-check``. With the Pulumi CLI logged in to a state backend and ``az login`` done, it
 creates a throwaway stack (``acceptance-<profile>-<UTC time>``) from a small profile, runs
@@ -6,7 +6,7 @@ creates a throwaway stack (``acceptance-<profile>-<UTC time>``) from a small pro
 the stack submits (the same ``TrainingJob``), checks what it did, checks that ``pulumi destroy``
 terminates a running job, then destroys the stack and removes it, printing the time taken and
 an estimated cost. ``--dry-run`` prints the stack it would create (the offline plan of
-``infra.tools.plan``) and the checks in order, with no Azure, CLI or network needed.
+``dt_commands.plan``) and the checks in order, with no Azure, CLI or network needed.
 
 Profiles: ``cpu`` (2 x Standard_D2s_v5 with containers and inter-node communication, the NFS
 server on a D2s_v5; no GPU and no InfiniBand, so those checks are skipped, visibly) and ``gpu``
@@ -367,7 +367,7 @@ def engine_urn(nodes: Mapping[str, Any], urn: str, stack: str) -> str:
 
 def _plan_targets(opts: Options, values: dict[str, Any]) -> list[str]:
     """The staged up's targets, from the program as the offline plan evaluates it."""
-    from infra.tools.plan import evaluate
+    from dt_commands.plan import evaluate
 
     return account_targets(evaluate(opts.stack_name, values), opts.stack_name)
 
@@ -426,7 +426,7 @@ def cost_lines(
 # ---------------------------------------------------------------- the dry run
 def describe(opts: Options, values: dict[str, Any], out: TextIO) -> None:
     """What a real run would create and check, in order (the offline plan under mocks)."""
-    from infra.tools.plan import evaluate, render
+    from dt_commands.plan import evaluate, render
 
     profile = opts.profile
     settings = validated(opts, values)
@@ -539,7 +539,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
-    from infra.tools.ops import pool_lines as lines
+    from dt_commands.ops import pool_lines as lines
 
     return lines(client, job, cancel_hint)
 
@@ -1274,7 +1274,7 @@ def _logs_container(account_url: str) -> Any:
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="python -m infra.tools.acceptance",
+        prog="python -m dt_commands.acceptance",
         description="Create a throwaway stack, run a small training job through it, check the "
         "outcome, check destroy stops a running job, destroy the stack.",
         allow_abbrev=False,

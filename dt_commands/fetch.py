@@ -19,8 +19,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, TextIO
 
+from dt_commands.stack_outputs import Job, JobsError, OutputsError
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from infra.tools.stack_outputs import Job, JobsError, OutputsError
 from trainer.blob_folder import BlobFolder
 from trainer.files import partial_path
 from trainer.results_manifest import MANIFEST, ResultsError, parse_manifest
