@@ -539,7 +539,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
-    from dt_commands.ops import pool_lines as lines
+    from dt_commands.jobs.status import pool_lines as lines
 
     return lines(client, job, cancel_hint)
 

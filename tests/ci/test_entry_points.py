@@ -42,7 +42,7 @@ MODULES = (
     "trainer.data",
     "trainer.launch",
     "dt_commands.plan",
-    "dt_commands.ops",
+    "dt_commands.jobs",
     "dt_commands.stacks",
     "dt_commands.preview_jobs",
     "dt_commands.docs",

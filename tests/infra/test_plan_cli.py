@@ -121,8 +121,8 @@ def test_a_trainer_file_in_latin1_stops_the_plan_in_one_line(tmp_path, capsys):
 def test_a_deployed_outputs_file_of_the_wrong_kind_is_one_line_naming_it(
     tmp_path, content, message
 ):
-    from dt_commands.ops import JobsError
     from dt_commands.plan import deployed_run_folders
+    from dt_commands.stack_outputs import JobsError
 
     path = tmp_path / "deployed.json"
     path.write_bytes(content)

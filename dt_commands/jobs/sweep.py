@@ -10,7 +10,7 @@ changed, created by the job resource's own provider (``infra.job.TrainingJobProv
 payloads are exactly a stack job's. The new name gives each job its own id and a fresh run
 folder. It waits for them (polling Batch), reads what each job's rank 0 uploaded
 (``infra.live_metrics``, as ``dt-jobs metrics`` does) and writes the report
-(``dt_commands.sweep_report``).
+(``dt_commands.jobs.sweep_report``).
 
 On this machine's CPU::
 
@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
-from dt_commands.sweep_report import ReportError, Run, Sweep, write
 from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
 from infra.config import REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
@@ -98,7 +98,7 @@ def minutes(text: str) -> float:
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
-    """The ``sweep`` subcommand of ``dt-jobs`` (``dt_commands.ops``); trainer flags for
+    """The ``sweep`` subcommand of ``dt-jobs`` (``dt_commands.jobs.main``); trainer flags for
     ``--local`` follow the options."""
     sub = commands.add_parser(
         "sweep",
