@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dt_commands import acceptance, plan
+from dt_commands import plan
+from dt_commands.acceptance import main as acceptance
 from dt_commands.jobs import main as dt_jobs
 from trainer import cli
 from trainer.data import __main__ as data_cli

@@ -22,7 +22,8 @@ def stack_values(stack: str) -> dict:
 
 def acceptance_options(profile: str, **changes):
     """The options of a real acceptance run, with what it would look up given here."""
-    from dt_commands.acceptance import PROFILES, Options
+    from dt_commands.acceptance.options import Options
+    from dt_commands.acceptance.profiles import PROFILES
 
     values = {
         "profile": PROFILES[profile],
@@ -39,7 +40,7 @@ def acceptance_options(profile: str, **changes):
 
 
 def acceptance_values(profile: str) -> dict:
-    from dt_commands.acceptance import stack_values as acceptance_stack_values
+    from dt_commands.acceptance.options import stack_values as acceptance_stack_values
 
     return acceptance_stack_values(acceptance_options(profile))
 
