@@ -55,4 +55,4 @@ bench: $(SETUP_STAMP)
 # Prove the stack on your subscription (Pulumi CLI and az login needed; creates, checks and
 # destroys a throwaway stack; see README): make azure-check [PROFILE=cpu|gpu] [ARGS=--dry-run]
 azure-check: $(SETUP_STAMP)
-	$(VENV)/bin/python -m infra.tools.acceptance --profile $(PROFILE) $(ARGS)
+	$(VENV)/bin/python -m dt_commands.acceptance --profile $(PROFILE) $(ARGS)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from bench.common import save
+from dt_commands.plan import REPO, Plan, evaluate, read_stack_file
 from infra import stack as stack_module
-from infra.tools.plan import REPO, Plan, evaluate, read_stack_file
 from trainer.cli import OneLineParser
 
 

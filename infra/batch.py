@@ -1,5 +1,5 @@
 """The Batch contract: what the job resource (infra/job.py) sends Batch and the operator CLI
-(infra/tools/ops.py) reads back. The task's id, how Batch spells states, the one client factory
+(dt_commands/jobs/) reads back. The task's id, how Batch spells states, the one client factory
 with the one endpoint convention, the calls azure-batch 15.1 gets wrong, and the pure payload
 builders: a job's fields (``JobFields``/``JobSpec``) -> the job and its multi-instance task, built
 from azure-batch's own model classes, so tests check them without Azure.

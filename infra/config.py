@@ -32,7 +32,7 @@ PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
 NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
-# "" for team stacks; the throwaway stacks of python -m infra.tools.acceptance say which profile.
+# "" for team stacks; the throwaway stacks of python -m dt_commands.acceptance say which profile.
 ACCEPTANCE_PROFILES = ("", "cpu", "gpu")
 REPO = PROJECT_FILE.parent
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
@@ -393,7 +393,7 @@ class StackSettings:
         "acceptanceProfile",
         "",
         "Empty for every team stack. cpu or gpu marks a throwaway acceptance stack made by "
-        "python -m infra.tools.acceptance (make azure-check) - cpu admits the CPU size "
+        "python -m dt_commands.acceptance (make azure-check) - cpu admits the CPU size "
         "Standard_D2s_v5 (the start task then skips the GPU and InfiniBand checks and says so; "
         "the pool carries metadata acceptance=cpu for the policy pack); both require "
         "protectData false and grant the deployer read access to the logs.",
@@ -510,7 +510,7 @@ class StackSettings:
         if profile not in ACCEPTANCE_PROFILES:
             raise ConfigError(
                 f"acceptanceProfile={profile!r}: use cpu or gpu (python -m "
-                "infra.tools.acceptance sets it), or leave it empty for a team stack"
+                "dt_commands.acceptance sets it), or leave it empty for a team stack"
             )
         if profile == "cpu" and vm_size not in CPU_ACCEPTANCE:
             raise ConfigError(

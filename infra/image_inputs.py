@@ -1,11 +1,11 @@
 """What the trainer image is built from, and the content tag that names it.
 
 A light module (no Pulumi imports) because CI reads it to decide which stacks a change touches
-(``python -m infra.tools.stacks changed``) with nothing but PyYAML installed.
+(``python -m dt_commands.stacks changed``) with nothing but PyYAML installed.
 
 The image holds only what it runs: the trainer sources (run from ``PYTHONPATH``, so neither
 ``pyproject.toml`` nor ``README.md`` is copied), the image's lock file and the Horovod build
-script. Editing anything else (docs, the operator CLI in ``infra/tools/ops.py``, the Azure program)
+script. Editing anything else (docs, the operator commands in ``dt_commands/``, the Azure program)
 keeps the tag, so `pulumi up` neither rebuilds the image nor replaces a running job.
 
 In a git checkout the tag hashes the tracked files only, as the acr builder's task clones them:

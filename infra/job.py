@@ -420,7 +420,7 @@ def _ran_message(job_id: str, state: str) -> str:
     )
 
 
-# The words the preview's jobs summary (infra/tools/preview_jobs.py) finds this warning by.
+# The words the preview's jobs summary (dt_commands/preview_jobs.py) finds this warning by.
 KEEPS_IMAGE = "keeps the image it started with"
 
 

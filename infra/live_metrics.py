@@ -1,6 +1,6 @@
 """What a job's rank 0 uploaded while it trains (``trainer.live_upload``), read from the
-deployer's side: by the operator CLI (``infra.tools.ops``) and by the job resource's refresh
-(``infra.job``), which puts the current step and images/s into the stack's outputs.
+deployer's side: by the operator CLI (``dt-jobs``, ``dt_commands.jobs``) and by the job resource's
+refresh (``infra.job``), which puts the current step and images/s into the stack's outputs.
 
 The nodes and their NFS run folder are in a private network; the Blob account is reachable from
 the addresses in storageAllowedIps. Reads use the process's one credential

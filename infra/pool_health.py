@@ -1,5 +1,5 @@
 """Why a pool gives a job no nodes: its resize errors and the nodes that failed their start
-task, one line each with the fix. Read by ``dt-jobs status`` (infra/tools/ops.py), the job
+task, one line each with the fix. Read by ``dt-jobs status`` (dt_commands/jobs/status.py), the job
 resource's refresh (its ``pool_errors`` output, infra/job.py) and the acceptance check. Azure SDK
 imports stay inside functions (the job resource's provider host imports this module).
 """

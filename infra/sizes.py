@@ -14,7 +14,7 @@ settings, the preflight's bandwidth baseline) is the one table in ``trainer/laun
 same sizes, and ``GpuSize.gpus`` reads that table.
 
 ``CPU_ACCEPTANCE`` holds the size of the CPU acceptance profile (``acceptanceProfile: cpu``,
-python -m infra.tools.acceptance): 0 GPUs and 0 InfiniBand ports, so the start task skips
+python -m dt_commands.acceptance): 0 GPUs and 0 InfiniBand ports, so the start task skips
 those checks and the job passes no InfiniBand device. It runs the same HPC image: ``microsoft-dsvm
 ubuntu-hpc`` is Batch's container-capable (DockerCompatible) image and the path Batch names for
 container pools after the retired ``ubuntu-server-container`` images (Azure/Batch #166; the

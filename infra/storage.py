@@ -24,7 +24,7 @@ FILE_SHARE = "results"
 @dataclass(frozen=True)
 class BlobReader:
     """A principal granted Storage Blob Data Reader on the account: on acceptance stacks the
-    deployer, whose check reads the job's logs (python -m infra.tools.acceptance)."""
+    deployer, whose check reads the job's logs (python -m dt_commands.acceptance)."""
 
     label: str
     principal_id: pulumi.Input[str]

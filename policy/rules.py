@@ -143,7 +143,7 @@ def _pool_infiniband(args: ResourceValidationArgs, report: ReportViolation) -> N
     """Pools use an InfiniBand GPU size with inter-node communication enabled; the CPU
     acceptance size only on a pool whose metadata says acceptance=cpu."""
     size = args.props.get("vmSize")
-    # The throwaway stacks of python -m infra.tools.acceptance --profile cpu: a 2-vCPU size,
+    # The throwaway stacks of python -m dt_commands.acceptance --profile cpu: a 2-vCPU size,
     # declared as such on the pool; any other pool on it is refused like any non-InfiniBand size.
     cpu_acceptance = size in CPU_ACCEPTANCE and _metadata(args.props).get("acceptance") == "cpu"
     if size not in SUPPORTED and not cpu_acceptance:

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 preset=trainer/presets/demo.yaml
 
 # What `pulumi up` on the dev stack would create, evaluated offline (no Azure account needed).
-.venv/bin/python -m infra.tools.plan --stack dev
+.venv/bin/python -m dt_commands.plan --stack dev
 echo
 
 # Validate first: a bad setting is one line here rather than one traceback per worker.

@@ -31,7 +31,7 @@ from trainer.distributed import Dist
 
 log = logging.getLogger(__name__)
 # Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared
-# runs folder): python -m infra.tools.acceptance reads this line from the job's log.
+# runs folder): python -m dt_commands.acceptance reads this line from the job's log.
 CHECKPOINT_WRITTEN = "checkpoint written: %s (uid %d)"
 
 # Settings that change what a checkpoint's tensors mean: resuming across them is refused.

@@ -48,7 +48,7 @@ CPU_ACCEPTANCE = {
 }
 _PLAN_SCRIPT = """
 import json, sys
-from infra.tools.plan import REPO, evaluate, read_stack_file
+from dt_commands.plan import REPO, evaluate, read_stack_file
 keep = ("azure-native:batch:Pool", "azure-native:compute:VirtualMachine",
         "pulumi-python:dynamic:Resource", "pulumi-python:dynamic/acr:ImageBuild",
         "azure-native:storage:BlobContainer")

@@ -226,8 +226,8 @@ def test_a_pool_asking_for_low_priority_nodes_never_gets_them(pool_spec):
 def test_a_stack_asking_for_spot_nodes_stops_before_anything_is_declared():
     """Today's program declared such a pool, which the emulator refuses; the stack's settings
     now stop it first, with one line naming the setting."""
+    from dt_commands.plan import evaluate
     from infra.config import ConfigError
-    from infra.tools.plan import evaluate
     from tests.infra.conftest import stack_values
 
     with pytest.raises(ConfigError) as refused:

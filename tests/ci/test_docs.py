@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.tools import acceptance, ops, plan
+from dt_commands import plan
+from dt_commands.acceptance import main as acceptance
+from dt_commands.jobs import main as dt_jobs
 from trainer import cli
 from trainer.data import __main__ as data_cli
 from trainer.launch import supervisor
@@ -26,10 +28,10 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "dt-train": cli.build_parser,
     "dt-data": data_cli.build_parser,
     "dt-plan": plan.build_parser,
-    "dt-jobs": ops.build_parser,
+    "dt-jobs": dt_jobs.build_parser,
     "trainer": cli.build_parser,
     "trainer.launch": supervisor.build_parser,
-    "infra.tools.acceptance": acceptance.build_parser,
+    "dt_commands.acceptance": acceptance.build_parser,
 }
 # Flags the docs name that belong to other tools, by tool.
 FOREIGN_FLAGS = {

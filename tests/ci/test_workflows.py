@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.tools.stacks import all_stacks, changed_stacks, job_stacks
+from dt_commands.stacks import all_stacks, changed_stacks, job_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
@@ -158,7 +158,7 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     (repo / "trainer" / "loop.py").write_text((repo / "trainer" / "loop.py").read_text() + "#\n")
     subprocess.run([*git, "commit", "-qam", "change"], check=True)
     result = subprocess.run(
-        [sys.executable, "-m", "infra.tools.stacks", "changed", "HEAD~1"],
+        [sys.executable, "-m", "dt_commands.stacks", "changed", "HEAD~1"],
         cwd=repo, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -172,7 +172,7 @@ def test_bad_stacks_commands_are_one_line_errors():
         (["changed", "no-such-commit"], "git diff no-such-commit...HEAD failed: fatal: "),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "infra.tools.stacks", *argv],
+            [sys.executable, "-m", "dt_commands.stacks", *argv],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 2 and message in result.stderr
@@ -180,10 +180,10 @@ def test_bad_stacks_commands_are_one_line_errors():
 
 
 def test_the_config_reference_matches_the_schema():
-    from infra.tools.docs import REFERENCE, with_reference
+    from dt_commands.docs import REFERENCE, with_reference
 
     page = REFERENCE.read_text(encoding="utf-8")
-    assert with_reference(page) == page, "run: python -m infra.tools.docs --write"
+    assert with_reference(page) == page, "run: python -m dt_commands.docs --write"
     assert "| `vmSize` | string |" in page
 
 
@@ -192,7 +192,7 @@ def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):
     ``pulumi`` that answers ``preview --json`` with a digest of one replaced job."""
     preview = yaml.safe_load((REPO / ".github/workflows/preview.yml").read_text())
     steps = preview["jobs"]["preview"]["steps"]
-    index = next(i for i, s in enumerate(steps) if "infra.tools.preview_jobs" in s.get("run", ""))
+    index = next(i for i, s in enumerate(steps) if "dt_commands.preview_jobs" in s.get("run", ""))
     step, comment = steps[index], steps[index + 1]
     assert comment["uses"].startswith("marocchino/sticky-pull-request-comment@")
     assert comment["with"]["path"] == "jobs.md"
@@ -228,6 +228,7 @@ def test_the_preview_posts_the_jobs_summary_made_from_the_cli_json(tmp_path):
     work.mkdir()
     (work / ".venv").symlink_to(REPO / ".venv")
     (work / "infra").symlink_to(REPO / "infra")
+    (work / "dt_commands").symlink_to(REPO / "dt_commands")
     (work / "trainer").symlink_to(REPO / "trainer")
     env = {
         **os.environ,

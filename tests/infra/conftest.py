@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dt_commands.mocks import DeclaredResource
+from dt_commands.plan import Plan, evaluate, read_stack_file
 from infra.config import load_schema
-from infra.tools.mocks import DeclaredResource
-from infra.tools.plan import Plan, evaluate, read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("dev", "vision-prod")
@@ -22,7 +22,8 @@ def stack_values(stack: str) -> dict:
 
 def acceptance_options(profile: str, **changes):
     """The options of a real acceptance run, with what it would look up given here."""
-    from infra.tools.acceptance import PROFILES, Options
+    from dt_commands.acceptance.options import Options
+    from dt_commands.acceptance.profiles import PROFILES
 
     values = {
         "profile": PROFILES[profile],
@@ -39,7 +40,7 @@ def acceptance_options(profile: str, **changes):
 
 
 def acceptance_values(profile: str) -> dict:
-    from infra.tools.acceptance import stack_values as acceptance_stack_values
+    from dt_commands.acceptance.options import stack_values as acceptance_stack_values
 
     return acceptance_stack_values(acceptance_options(profile))
 
@@ -61,7 +62,7 @@ def dev_plan() -> Plan:
 
 @pytest.fixture(scope="session")
 def acceptance_plan() -> Plan:
-    """The CPU acceptance profile's stack, as `python -m infra.tools.acceptance --profile cpu`
+    """The CPU acceptance profile's stack, as `python -m dt_commands.acceptance --profile cpu`
     sets it."""
     return evaluate(acceptance_options("cpu").stack_name, acceptance_values("cpu"))
 

@@ -1,6 +1,7 @@
 """A fake Azure Batch data plane: HTTPS on 127.0.0.1 with a self-signed certificate, answering
-the job calls the TrainingJob provider and ``infra.tools.ops`` make the way Batch's REST reference
-describes them (status codes, JSON bodies, Batch's error JSON), and recording every request.
+the job calls the TrainingJob provider and ``dt-jobs`` (``dt_commands.jobs``) make the way Batch's
+REST reference describes them (status codes, JSON bodies, Batch's error JSON), and recording every
+request.
 
 It also models what a running job looks like from outside: the multi-instance task's subtasks
 on other nodes, the task's and the nodes' files growing while the task runs (read by byte

@@ -1,4 +1,4 @@
-"""python -m infra.tools.acceptance at the Automation API boundary: a fake
+"""python -m dt_commands.acceptance at the Automation API boundary: a fake
 ``pulumi.automation.Stack`` (its methods and keywords checked against the real class), autospecs
 of the real ``BatchClient`` and ``ContainerClient`` answering with the SDK's own models, and the
 job's stdout made by the launcher's real report. Plus the dry run of both profiles as a subprocess,
@@ -24,26 +24,24 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob import ContainerClient
 from pulumi import automation as auto
 
-from infra import cost
-from infra.batch import CPU_CONTAINER_RUN_OPTIONS
-from infra.cluster import CPU_SKIP_MESSAGE
-from infra.tools import acceptance
-from infra.tools.acceptance import (
-    BATCH_ACCOUNT_TYPE,
-    CHECKS,
-    JOB_TYPE,
-    POLICY_PACK,
-    PROFILES,
-    Host,
-    account_targets,
+from dt_commands.acceptance import checks
+from dt_commands.acceptance import main as acceptance
+from dt_commands.acceptance.cost import run_cost
+from dt_commands.acceptance.host import Host, may_assign_roles
+from dt_commands.acceptance.options import (
     config_map,
-    engine_urn,
     expected_checkpoints,
-    run_cost,
     stack_values,
     validated,
 )
-from infra.tools.plan import evaluate
+from dt_commands.acceptance.plan import BATCH_ACCOUNT_TYPE, account_targets, engine_urn
+from dt_commands.acceptance.profiles import CHECKS, POLICY_PACK, PROFILES
+from dt_commands.acceptance.run import JOB_TYPE
+from dt_commands.plan import evaluate
+from infra import cost
+from infra.batch import CPU_CONTAINER_RUN_OPTIONS
+from infra.cluster import CPU_SKIP_MESSAGE
+from infra.sizes import size_of
 from tests.infra.conftest import (
     CLIENT_IP,
     REPO,
@@ -324,7 +322,7 @@ def job_stdout(world: World) -> str:
     hosts = ["10.20.0.4", "10.20.0.5"]
     attempt = RunRecords.new_attempt()
     records.start(attempt, hosts, {"AZ_BATCH_JOB_ID": world.job_id})
-    workers = max(1, acceptance.size_of(profile.vm_size).gpus)
+    workers = max(1, size_of(profile.vm_size).gpus)
     for index, host in enumerate(hosts):
         lines = [f"[launch {host}] node {index + 1}/2: starting {workers} worker(s) ({attempt})"]
         if index == 0:
@@ -732,7 +730,7 @@ def test_a_checkout_the_acr_builder_cannot_build_is_refused_before_anything_is_c
 
 def test_an_unknown_profile_is_argparses_one_line_exit_2():
     result = subprocess.run(
-        [sys.executable, "-m", "infra.tools.acceptance", "--profile", "tpu"],
+        [sys.executable, "-m", "dt_commands.acceptance", "--profile", "tpu"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -748,7 +746,7 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
     runs = {
         profile: subprocess.Popen(
-            [sys.executable, "-m", "infra.tools.acceptance", "--profile", profile, "--dry-run"],
+            [sys.executable, "-m", "dt_commands.acceptance", "--profile", profile, "--dry-run"],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -857,7 +855,7 @@ def test_the_cpu_preset_trains_20_steps_and_logs_the_checkpoints_the_check_reads
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    written = acceptance._CHECKPOINT_LINE.findall(result.stdout + result.stderr)
+    written = checks._CHECKPOINT_LINE.findall(result.stdout + result.stderr)
     assert [path.rsplit("/", 1)[1] for path, _ in written] == [
         "step-000000010.pt",
         "step-000000020.pt",
@@ -913,7 +911,7 @@ def test_a_job_whose_pool_cannot_get_nodes_fails_at_once_with_the_fix(tmp_path):
 def test_engine_urns_chain_every_ancestors_type_and_leave_the_root_stack_out():
     """The forms quoted from real engines: a top-level resource (pulumi/pulumi #3369) and a
     grandchild with its whole chain (#5869); the mocks' own URNs differ from both."""
-    from infra.tools.mocks import Registration
+    from dt_commands.mocks import Registration
 
     root = "urn:pulumi:dev::x::pulumi:pulumi:Stack::x-dev"
     nodes = {
@@ -1051,9 +1049,9 @@ def test_role_assignment_rights_are_read_as_arm_reads_actions_and_not_actions():
     owner = {"actions": ["*"], "notActions": []}
     acr_pull = {"actions": ["Microsoft.ContainerRegistry/registries/pull/read"], "notActions": []}
     uaa = {"actions": ["*/read", "Microsoft.Authorization/*"], "notActions": []}
-    assert acceptance.may_assign_roles([owner]) and acceptance.may_assign_roles([uaa])
-    assert acceptance.may_assign_roles([CONTRIBUTOR, RBAC_ADMIN])
-    assert not acceptance.may_assign_roles([CONTRIBUTOR])  # its notActions take it back
-    assert not acceptance.may_assign_roles([acr_pull]) and not acceptance.may_assign_roles([])
+    assert may_assign_roles([owner]) and may_assign_roles([uaa])
+    assert may_assign_roles([CONTRIBUTOR, RBAC_ADMIN])
+    assert not may_assign_roles([CONTRIBUTOR])  # its notActions take it back
+    assert not may_assign_roles([acr_pull]) and not may_assign_roles([])
     shouting = {"actions": ["MICROSOFT.AUTHORIZATION/ROLEASSIGNMENTS/WRITE"], "notActions": []}
-    assert acceptance.may_assign_roles([shouting])
+    assert may_assign_roles([shouting])

@@ -4,8 +4,8 @@
 import pulumi
 import pytest
 
+from dt_commands.mocks import AzureMocks
 from infra.naming import Placement
-from infra.tools.mocks import AzureMocks
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from dt_commands.plan import evaluate, render
 from infra import config as config_module
 from infra.budget import BUDGET_START_PROPERTY
 from infra.cloud_init import ready_command
 from infra.config import ConfigError, StackSettings, load_schema
 from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
 from infra.nfs import CUSTOM_DATA_PROPERTY
-from infra.tools.plan import evaluate, render
 from tests.infra.conftest import STACKS, of_type, one, stack_values
 from tests.infra.fake_arm import arm_creates_budget
 
@@ -77,7 +77,7 @@ def _submitters(plan):
 
 
 def test_the_deployer_always_submits_jobs_and_nobody_gets_pool_rights(plan):
-    from infra.tools.mocks import DEPLOYER_OBJECT_ID
+    from dt_commands.mocks import DEPLOYER_OBJECT_ID
 
     by_principal = {r.inputs["principalId"]: r for r in _submitters(plan)}
     deployer = by_principal.pop(DEPLOYER_OBJECT_ID)
@@ -122,7 +122,7 @@ def test_the_deployers_principal_type_is_the_one_azure_native_signs_in_as(
 
 
 def test_the_team_group_is_granted_besides_the_deployer():
-    from infra.tools.mocks import DEPLOYER_OBJECT_ID
+    from dt_commands.mocks import DEPLOYER_OBJECT_ID
 
     plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:jobSubmitterObjectId": TEAM_GROUP})
     by_principal = {r.inputs["principalId"]: r for r in _submitters(plan)}

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
+from dt_commands.jobs import main as dt_jobs
+from dt_commands.stack_outputs import select_job
 from infra.batch import JobSpec, trainer_command
 from infra.storage import CONTAINERS
-from infra.tools import ops
 from tests.infra.conftest import one
 from trainer import results
 from trainer.blob_folder import BlobFolder
@@ -45,7 +46,7 @@ def outputs(entra_env, tmp_path):
 
 
 def _fetch(stack, *more):
-    return ops.main(["fetch", "--stack", "dev", "--outputs-file", str(stack), *more])
+    return dt_jobs.main(["fetch", "--stack", "dev", "--outputs-file", str(stack), *more])
 
 
 def _refused(capsys, stack, *more) -> tuple[int, str]:
@@ -143,5 +144,5 @@ def test_each_job_passes_its_outputs_folder_to_the_trainer_and_names_it_in_its_o
     command = trainer_command(spec)
     assert command[command.index("--outputs-url") + 1] == url
     # what ``fetch`` reads: the job's outputs as `pulumi stack output --json` gives them
-    selected = ops.select_job(dev_plan.outputs, "dev", "default")
+    selected = select_job(dev_plan.outputs, "dev", "default")
     assert selected.outputs["outputs_url"] == url

@@ -7,12 +7,12 @@ from pathlib import Path
 import pulumi
 import pytest
 
+from dt_commands.mocks import AzureMocks
+from dt_commands.plan import evaluate
 from infra import image as image_module
 from infra import stack as stack_module
 from infra.config import PROJECT, ConfigError
 from infra.image import commit_to_build, source_state
-from infra.tools.mocks import AzureMocks
-from infra.tools.plan import evaluate
 from tests.infra.conftest import stack_values
 
 FILES = {

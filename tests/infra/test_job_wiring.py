@@ -2,7 +2,7 @@
 
 import json
 
-from infra.tools.plan import evaluate
+from dt_commands.plan import evaluate
 from infra.trainer_settings import job_values
 from tests.infra.conftest import one, stack_values
 from trainer.cli import to_flags

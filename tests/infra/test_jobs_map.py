@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from dt_commands.plan import evaluate
 from infra import batch as batch_module
 from infra.batch import JobSpec
 from infra.config import ConfigError, StackSettings, load_schema
 from infra.job import JobError, TrainingJobProvider
-from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, one, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
@@ -149,7 +149,7 @@ def test_bad_job_maps_are_one_line_errors(values, message):
 
 
 def test_the_plan_names_each_jobs_run_folder():
-    from infra.tools.plan import render
+    from dt_commands.plan import render
 
     plan = evaluate("dev", _stack(TWO_JOBS))
     text = render(plan, 160)
@@ -177,7 +177,7 @@ def _deployed(tmp_path, plan, **jobs_changed) -> Path:
 
 
 def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run(tmp_path, capsys):
-    from infra.tools.plan import main
+    from dt_commands.plan import main
 
     deployed = _deployed(
         tmp_path,
@@ -230,7 +230,7 @@ def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run
     ],
 )
 def test_a_bad_deployed_outputs_file_is_a_one_line_error(tmp_path, capsys, content, message):
-    from infra.tools.plan import main
+    from dt_commands.plan import main
 
     path = tmp_path / "outputs.json"
     path.write_bytes(content)

@@ -13,7 +13,12 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.credentials import AccessToken
 
-from infra.tools import ops as jobs
+from dt_commands.jobs import logs as logs_command
+from dt_commands.jobs.cancel import cancel
+from dt_commands.jobs.logs import logs
+from dt_commands.jobs.main import main
+from dt_commands.jobs.status import status
+from dt_commands.stack_outputs import JobsError, read_outputs
 from tests.infra.fake_batch import FakeBatch
 
 OUTPUTS = {
@@ -35,7 +40,7 @@ def test_status_shows_job_task_retries_and_locations(client):
         state="running", execution_info=m.BatchTaskExecutionInfo(retry_count=1, requeue_count=0)
     )
     out = io.StringIO()
-    assert jobs.status(client, OUTPUTS, out) == 0
+    assert status(client, OUTPUTS, out) == 0
     text = out.getvalue()
     assert "job         dev-892e482eaf: active" in text
     assert "task        train: running" in text and "retries 1, exit code -" in text
@@ -63,7 +68,7 @@ def _real_client(fake):
 def test_cancel_terminates_with_the_real_sdk_and_says_where_checkpoints_are(batch):
     batch.add_job("dev-892e482eaf", "active")
     out = io.StringIO()
-    assert jobs.cancel(_real_client(batch), OUTPUTS, out) == 0
+    assert cancel(_real_client(batch), OUTPUTS, out) == 0
     terminate = [r for r in batch.requests if r.path == "/jobs/dev-892e482eaf/terminate"]
     assert len(terminate) == 1 and terminate[0].body == {"terminateReason": "UserTerminate"}
     assert batch.jobs["dev-892e482eaf"]["state"] == "completed"
@@ -93,7 +98,7 @@ def test_cancel_surfaces_a_failed_poll_as_a_one_line_error(batch, tmp_path, caps
     outputs.write_text(json.dumps(OUTPUTS))
     argv = ["cancel", "--stack", "dev", "--outputs-file", str(outputs)]
     with pytest.raises(SystemExit) as exit_info:
-        jobs.main(argv, lambda endpoint: _real_client(batch))
+        main(argv, lambda endpoint: _real_client(batch))
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "job dev-892e482eaf: (AuthorizationFailure)" in err
@@ -104,17 +109,17 @@ def test_outputs_come_from_the_pulumi_cli(tmp_path, monkeypatch):
     fake.write_text(f"#!/bin/sh\necho '{json.dumps(OUTPUTS)}'\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert jobs.read_outputs("dev", None)["job_id"] == "dev-892e482eaf"
+    assert read_outputs("dev", None)["job_id"] == "dev-892e482eaf"
 
 
 def test_missing_outputs_and_cli_are_one_line_errors(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(jobs.JobsError, match="pulumi CLI is not on PATH"):
-        jobs.read_outputs("dev", None)
+    with pytest.raises(JobsError, match="pulumi CLI is not on PATH"):
+        read_outputs("dev", None)
     no_job = tmp_path / "outputs.json"
     no_job.write_text(json.dumps({"batch_account_endpoint": "x"}))
     with pytest.raises(SystemExit) as exit_info:
-        jobs.main(["status", "--stack", "dev", "--outputs-file", str(no_job)])
+        main(["status", "--stack", "dev", "--outputs-file", str(no_job)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"outputs_file={no_job}: has no job_id output" in err
@@ -129,7 +134,7 @@ def test_main_wires_the_stack_outputs_to_the_client(tmp_path, client, capsys):
         endpoints.append(endpoint)
         return client
 
-    assert jobs.main(["cancel", "--stack", "dev", "--outputs-file", str(outputs)], factory) == 0
+    assert main(["cancel", "--stack", "dev", "--outputs-file", str(outputs)], factory) == 0
     assert endpoints == ["platformbatch.eastus.batch.azure.com"]
     assert "terminated" in capsys.readouterr().out
 
@@ -174,9 +179,9 @@ def test_logs_follow_every_node_of_a_running_task_by_byte_range(batch, monkeypat
             ),
         ]
     )
-    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: next(timeline)())
+    monkeypatch.setattr(logs_command.time, "sleep", lambda seconds: next(timeline)())
     out = io.StringIO()
-    assert jobs.logs(_real_client(batch), OUTPUTS, out, poll_seconds=0) == 0
+    assert logs(_real_client(batch), OUTPUTS, out, poll_seconds=0) == 0
     lines = out.getvalue().splitlines()
     assert lines[0] == "waiting for task train to start (state: active)"
     assert lines[1:] == [
@@ -202,10 +207,10 @@ def test_logs_without_follow_print_what_is_there_and_return(batch, monkeypatch):
     batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
     batch.task_state = "running"
     batch.write(JOB, "train", 0, b"ready\n", name="stderr.txt")
-    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: pytest.fail("must not wait"))
+    monkeypatch.setattr(logs_command.time, "sleep", lambda seconds: pytest.fail("must not wait"))
     out = io.StringIO()
     client = _real_client(batch)
-    assert jobs.logs(client, OUTPUTS, out, file_name="stderr.txt", follow=False) == 0
+    assert logs(client, OUTPUTS, out, file_name="stderr.txt", follow=False) == 0
     assert out.getvalue() == "[tvm-0] ready\n"
 
 
@@ -214,9 +219,9 @@ def test_a_single_node_task_prints_its_lines_as_they_are(batch, monkeypatch):
     batch.place_task(JOB, "train", ["tvm-0"])
     batch.task_state = "completed"
     batch.write(JOB, "train", 0, b"hello\nno newline at the end")
-    monkeypatch.setattr(jobs.time, "sleep", lambda seconds: pytest.fail("must not wait"))
+    monkeypatch.setattr(logs_command.time, "sleep", lambda seconds: pytest.fail("must not wait"))
     out = io.StringIO()
-    assert jobs.logs(_real_client(batch), OUTPUTS, out) == 0
+    assert logs(_real_client(batch), OUTPUTS, out) == 0
     assert out.getvalue() == "hello\nno newline at the end\n"
 
 
@@ -292,7 +297,7 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
     argv = ["status", "--stack", "dev", "--outputs-file", str(outputs)]
-    assert jobs.main(argv, lambda endpoint: _real_client(batch)) == 0
+    assert main(argv, lambda endpoint: _real_client(batch)) == 0
     pool = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
     assert len(pool) == 2, pool
     assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]

@@ -19,8 +19,12 @@ from azure.batch import BatchClient
 from azure.batch import models as m
 from azure.core.exceptions import ResourceNotFoundError
 
+from dt_commands.jobs.main import main
+from dt_commands.jobs.metrics import metrics
+from dt_commands.jobs.tensorboard import start_tensorboard, tensorboard
+from dt_commands.stack_outputs import select_job
 from infra import credentials
-from infra.tools import ops
+from infra.live_metrics import StorageError, blob_container
 from tests.ports import free_port
 from trainer.noise_scale import advice
 
@@ -84,7 +88,7 @@ def _upload_metrics(logs, prefix, records, tail=b""):
 def _run(capsys, argv, **kwargs):
     """main() -> (exit code, stdout, stderr); errors exit through SystemExit."""
     try:
-        code = ops.main(argv, **kwargs)
+        code = main(argv, **kwargs)
     except SystemExit as exit_:
         code = exit_.code
     captured = capsys.readouterr()
@@ -119,11 +123,11 @@ def test_a_stack_without_a_jobs_output_has_its_one_job_at_the_top_level():
         "job_id": "dev-892e482eaf",
         "job_log_url": "https://acct.blob.core.windows.net/logs/dev-892e482eaf/",
     }
-    job = ops.select_job(outputs, "dev", None)
+    job = select_job(outputs, "dev", None)
     assert (job.name, job.job_id) == ("default", "dev-892e482eaf")
     assert job.metrics is not None
     assert job.metrics.url == "https://acct.blob.core.windows.net/logs/dev-892e482eaf/live/"
-    assert ops.select_job(outputs, "dev", "default").job_id == "dev-892e482eaf"
+    assert select_job(outputs, "dev", "default").job_id == "dev-892e482eaf"
 
 
 WRONG_SHAPES = [
@@ -304,9 +308,9 @@ class RefusingBlob:
 
 def test_a_refused_read_names_the_roles_and_storage_allowed_ips():
     container = type("Container", (), {"get_blob_client": lambda self, name: RefusingBlob()})()
-    job = ops.select_job(_stack("https://acct.blob.core.windows.net/logs/", "resnet"), "dev", None)
-    with pytest.raises(ops.StorageError) as caught:
-        ops.metrics(container, job.metrics, job, io.StringIO())
+    job = select_job(_stack("https://acct.blob.core.windows.net/logs/", "resnet"), "dev", None)
+    with pytest.raises(StorageError) as caught:
+        metrics(container, job.metrics, job, io.StringIO())
     assert str(caught.value) == (
         "https://acct.blob.core.windows.net/logs/resnet/live/metrics.jsonl: This request is not "
         "authorized to perform this operation; reading needs Storage Blob Data Reader on the "
@@ -373,23 +377,24 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
     outputs = _stack(_url(entra_env, logs), "resnet")
     event = _event_file(tmp_path / "made")
     logs.upload_blob(f"resnet/live/tensorboard/{event.name}", event.read_bytes())
-    job = ops.select_job(outputs, "dev", None)
+    job = select_job(outputs, "dev", None)
     dest = tmp_path / "tb"
     started: list[subprocess.Popen] = []
     log_path = tmp_path / "tensorboard.log"
 
     def start(command):
         with open(log_path, "w") as log:
-            # Another working directory: the command finds infra.tools.tensorboard_cli by itself.
-            process = ops.start_tensorboard(command, stderr=log, cwd=tmp_path)
+            # Another working directory: the command finds dt_commands.jobs.tensorboard_cli by
+            # itself.
+            process = start_tensorboard(command, stderr=log, cwd=tmp_path)
         started.append(process)
         return process
 
     out = io.StringIO()
     result: list[int] = []
-    args = (ops.blob_container(job.metrics), job.metrics, job, dest, out)
+    args = (blob_container(job.metrics), job.metrics, job, dest, out)
     runner = threading.Thread(
-        target=lambda: result.append(ops.tensorboard(*args, start=start, port=0, sync_seconds=0.3))
+        target=lambda: result.append(tensorboard(*args, start=start, port=0, sync_seconds=0.3))
     )
     runner.start()
     try:
@@ -418,7 +423,7 @@ def test_tensorboard_serves_the_synced_files_and_keeps_syncing(tmp_path, entra_e
     assert result == [started[0].returncode]  # TensorBoard's own exit code: it stopped
     assert started[0].args[1:] == [
         "-m",
-        "infra.tools.tensorboard_cli",
+        "dt_commands.jobs.tensorboard_cli",
         "--logdir",
         str(dest),
         "--port",

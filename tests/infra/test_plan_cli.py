@@ -8,7 +8,7 @@ from tests.infra.conftest import REPO
 
 def plan(*args, cwd=REPO):
     return subprocess.run(
-        [sys.executable, "-m", "infra.tools.plan", *args],
+        [sys.executable, "-m", "dt_commands.plan", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -59,7 +59,7 @@ def test_acr_builder_outside_a_git_checkout_is_one_line_and_exit_2(monkeypatch):
 
 
 def _main(capsys, *argv):
-    from infra.tools.plan import main
+    from dt_commands.plan import main
 
     try:
         code = main(list(argv))
@@ -121,8 +121,8 @@ def test_a_trainer_file_in_latin1_stops_the_plan_in_one_line(tmp_path, capsys):
 def test_a_deployed_outputs_file_of_the_wrong_kind_is_one_line_naming_it(
     tmp_path, content, message
 ):
-    from infra.tools.ops import JobsError
-    from infra.tools.plan import deployed_run_folders
+    from dt_commands.plan import deployed_run_folders
+    from dt_commands.stack_outputs import JobsError
 
     path = tmp_path / "deployed.json"
     path.write_bytes(content)

@@ -3,9 +3,9 @@ and whether the disk holds both while the image is pulled."""
 
 from __future__ import annotations
 
+from dt_commands.plan import disk_lines
 from infra import toolchain
 from infra.config import StackSettings, load_schema
-from infra.tools.plan import disk_lines
 from tests.infra.conftest import stack_values
 
 

@@ -14,10 +14,10 @@ import json
 
 import pytest
 
+from dt_commands import preview_jobs
+from dt_commands.plan import evaluate
 from infra.batch import JobSpec
 from infra.job import TrainingJobProvider
-from infra.tools import preview_jobs
-from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"

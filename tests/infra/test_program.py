@@ -6,11 +6,11 @@ import base64
 import ipaddress
 import uuid
 
+from dt_commands.mocks import DEPLOYER_OBJECT_ID
+from dt_commands.plan import evaluate
 from infra.config import current_month
 from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
 from infra.naming import REQUIRED_TAGS, TAGGABLE
-from infra.tools.mocks import DEPLOYER_OBJECT_ID
-from infra.tools.plan import evaluate
 from tests.infra.conftest import of_type, one, stack_values
 
 

@@ -12,6 +12,7 @@ import dill
 import pulumi
 import pytest
 
+from dt_commands.mocks import AzureMocks
 from infra import registry as registry_module
 from infra.naming import Placement
 from infra.registry import (
@@ -19,7 +20,6 @@ from infra.registry import (
     TaskBypassError,
     TaskBypassProvider,
 )
-from infra.tools.mocks import AzureMocks
 from tests.infra.conftest import REPO
 from tests.infra.fake_arm import (
     BYPASS_API_VERSION,

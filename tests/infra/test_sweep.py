@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from azure.core.exceptions import ResourceExistsError
 
+from dt_commands.jobs import main as dt_jobs
+from dt_commands.jobs import sweep
 from infra import batch as batch_module
 from infra.batch import JobSpec, job_options, task_options
-from infra.tools import ops, sweep
 from tests.infra.conftest import of_type
 from tests.infra.fake_batch import FakeBatch, Request
 from trainer.noise_scale import advice
@@ -107,7 +108,7 @@ def _expected(spec: JobSpec, nodes: int) -> JobSpec:
 def _sweep(capsys, pool, *options: str) -> tuple[int, str, str]:
     argv = ["sweep", "--stack", "dev", "--state-file", str(pool.state), *options]
     try:
-        code = ops.main(argv)
+        code = dt_jobs.main(argv)
     except SystemExit as exit_:
         code = exit_.code
     captured = capsys.readouterr()
@@ -187,7 +188,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_job_is_submitted(
 
 def test_an_unknown_stack_is_one_line_and_exit_2(tmp_path, capsys):
     try:
-        code = ops.main(["sweep", "--stack", "nosuch", "--nodes", "1", "--steps", "10"])
+        code = dt_jobs.main(["sweep", "--stack", "nosuch", "--nodes", "1", "--steps", "10"])
     except SystemExit as exit_:
         code = exit_.code
     err = capsys.readouterr().err
@@ -264,7 +265,7 @@ def test_bad_local_input_is_one_line_and_exit_2_before_anything_runs(
     if "tokens" in options:  # a dataset whose size the sweep cannot know
         options = [*options, "--data-dir", str(tmp_path)]
     try:
-        code = ops.main(["sweep", "--local", "--report", str(tmp_path / "report"), *options])
+        code = dt_jobs.main(["sweep", "--local", "--report", str(tmp_path / "report"), *options])
     except SystemExit as exit_:
         code = exit_.code
     captured = capsys.readouterr()
@@ -286,7 +287,7 @@ def test_a_state_file_without_the_job_is_one_line_and_exit_2(tmp_path, capsys, s
     path.write_text(state)
     argv = ["sweep", "--stack", "dev", "--state-file", str(path), "--nodes", "1", "--steps", "9"]
     try:
-        code = ops.main(argv)
+        code = dt_jobs.main(argv)
     except SystemExit as exit_:
         code = exit_.code
     err = capsys.readouterr().err

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from infra.tools.sweep_report import (
+from dt_commands.jobs.sweep_report import (
     LOCAL_COST,
     ReportError,
     Run,

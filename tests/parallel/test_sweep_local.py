@@ -21,7 +21,7 @@ TINY = [
 def test_a_local_sweep_runs_one_to_two_workers_and_reports_their_scaling(tmp_path):
     report, temp = tmp_path / "report", tmp_path / "tmp"
     temp.mkdir()
-    command = [sys.executable, "-m", "infra.tools.ops", "sweep", "--local", "--workers", "2,1"]
+    command = [sys.executable, "-m", "dt_commands.jobs", "sweep", "--local", "--workers", "2,1"]
     command += ["--steps", str(STEPS), "--report", str(report), *TINY]
     result = subprocess.run(
         command,

@@ -394,7 +394,7 @@ def test_every_resource_policy_has_a_case():
 
 @pytest.mark.parametrize("stack", ["dev", "vision-prod"])
 def test_both_stacks_pass_every_policy(stack):
-    from infra.tools.plan import evaluate
+    from dt_commands.plan import evaluate
     from tests.infra.conftest import stack_values
 
     plan = evaluate(stack, stack_values(stack))
@@ -432,7 +432,7 @@ def test_the_cpu_acceptance_size_passes_only_on_a_pool_that_declares_it():
 
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_acceptance_stacks_pass_every_policy(profile):
-    from infra.tools.plan import evaluate
+    from dt_commands.plan import evaluate
     from tests.infra.conftest import acceptance_options, acceptance_values
 
     plan = evaluate(acceptance_options(profile).stack_name, acceptance_values(profile))
@@ -444,7 +444,7 @@ def test_acceptance_stacks_pass_every_policy(profile):
 
 
 def test_cost_over_budget_or_without_budget_is_a_violation():
-    from infra.tools.plan import evaluate
+    from dt_commands.plan import evaluate
     from tests.infra.conftest import stack_values
 
     plan = evaluate("vision-prod", stack_values("vision-prod"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.tools import ops
+from dt_commands.jobs import main as dt_jobs
 from tests.conftest import act_as_identity_of, tiny_config
 from trainer.cli import to_flags
 
@@ -54,7 +54,7 @@ def test_a_finished_run_uploads_its_results_which_fetch_downloads_verified(
         stack.write_text(json.dumps({"jobs": {"tiny": job}}))
         dest = tmp_path / "fetched"
         argv = ["fetch", "--stack", "dev", "--outputs-file", str(stack), "--to", str(dest)]
-        assert ops.main(argv) == 0
+        assert dt_jobs.main(argv) == 0
         assert {p.name: p.read_bytes() for p in dest.iterdir()} == local
         # Every file the manifest lists, checked against it.
         assert f"{len(local) - 1} file(s)" in capsys.readouterr().out

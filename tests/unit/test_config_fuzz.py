@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dt_commands import plan as plan_module
 from infra.config import ConfigError, StackSettings, load_schema
-from infra.tools import plan as plan_module
 from tests.infra.conftest import stack_values
 from trainer.cli import parse
 from trainer.config import FIELD_NAMES, TrainConfig

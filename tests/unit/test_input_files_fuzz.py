@@ -1,9 +1,9 @@
 """Files a user hands the CLIs, generated: text in other encodings (Latin-1, cp1252, UTF-16,
 UTF-32), binary garbage, and JSON/YAML documents of the wrong shape. Every example ends with exit
 0 or exit 2 and at most one line on stderr, never a traceback: the stack outputs of the job CLI
-(``infra.tools.ops --outputs-file``) and of ``infra.tools.plan --deployed``, the stack file of
-``infra.tools.plan``, the trainer settings file a job points to (``infra.trainer_settings``),
-the preview digest of ``infra.tools.preview_jobs``, and the node launcher's worker count and ports
+(``dt_commands.jobs --outputs-file``) and of ``dt_commands.plan --deployed``, the stack file of
+``dt_commands.plan``, the trainer settings file a job points to (``infra.trainer_settings``),
+the preview digest of ``dt_commands.preview_jobs``, and the node launcher's worker count and ports
 (``trainer.launch``)."""
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from azure.batch import BatchClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.tools import ops, plan, preview_jobs
-from infra.tools.ops import JobsError
+from dt_commands import plan, preview_jobs
+from dt_commands.jobs import main as dt_jobs
+from dt_commands.stack_outputs import JobsError
 from tests.infra.conftest import REPO
 from trainer.launch import supervisor
 from trainer.launch.supervisor import LaunchError, rendezvous_port
@@ -150,7 +151,7 @@ def test_job_cli_outputs_file(tmp_path_factory, capsys, content):
     path = _write(tmp_path_factory.mktemp("outputs"), "outputs.json", content)
     client = _client()
     argv = ["status", "--stack", "dev", "--outputs-file", str(path)]
-    code = _exit_of(lambda: ops.main(argv, client_factory=lambda endpoint: client))
+    code = _exit_of(lambda: dt_jobs.main(argv, client_factory=lambda endpoint: client))
     captured = capsys.readouterr()
     _assert_one_line_or_none(code, captured.err)
     if code == 2:
@@ -275,13 +276,13 @@ def test_launcher_refuses_bad_ports_and_worker_counts(monkeypatch, capsys, flag,
     ("module", "argv", "content", "message"),
     [
         (
-            "infra.tools.ops",
+            "dt_commands.jobs",
             ["status", "--stack", "dev", "--outputs-file"],
             '{"job_id": "café"}'.encode("latin-1"),
             "not UTF-8 text (byte 0xe9 at offset 15)",
         ),
         (
-            "infra.tools.plan",
+            "dt_commands.plan",
             ["--stack", "fuzz", "--stack-file"],
             "config:\n  gpu-cluster:team: vision  # équipe\n".encode("cp1252"),
             "not UTF-8 text (byte 0xe9 at offset 38)",

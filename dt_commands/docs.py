@@ -1,7 +1,7 @@
 """The config reference in docs/config-reference.md, generated from the typed schema in Pulumi.yaml.
 
-python -m infra.tools.docs            # print the table
-python -m infra.tools.docs --write    # rewrite it in docs/config-reference.md between the markers
+python -m dt_commands.docs            # print the table
+python -m dt_commands.docs --write    # rewrite it in docs/config-reference.md between the markers
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def with_reference(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.tools.docs", description=__doc__)
+    parser = OneLineParser(prog="python -m dt_commands.docs", description=__doc__)
     parser.add_argument("--write", action="store_true", help=f"rewrite {REFERENCE.name}")
     args = parser.parse_args(argv)
     if args.write:

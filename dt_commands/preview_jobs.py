@@ -1,4 +1,4 @@
-"""``python -m infra.tools.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
+"""``python -m dt_commands.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
 ``pulumi preview --json`` would create, replace or delete, and why, as Markdown for the pull
 request's preview comment.
 
@@ -207,7 +207,7 @@ def render(stack: str, changes: list[JobChange], failures: Sequence[str] = ()) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.tools.preview_jobs", description=__doc__)
+    parser = OneLineParser(prog="python -m dt_commands.preview_jobs", description=__doc__)
     parser.add_argument("--stack", required=True, help="the stack the preview is of")
     parser.add_argument("preview", type=Path, help="the output of `pulumi preview --json`")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Which stacks exist, and which a change touches (for PR previews and deploys).
 
-python -m infra.tools.stacks changed BASE [HEAD]   # JSON list of stacks to preview or deploy
+python -m dt_commands.stacks changed BASE [HEAD]   # JSON list of stacks to preview or deploy
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def changed_stacks(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m infra.tools.stacks", description=__doc__)
+    parser = OneLineParser(prog="python -m dt_commands.stacks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     changed = commands.add_parser("changed", help="JSON list of the stacks a change touches")
     changed.add_argument("base", help="the commit the change is compared with (merge base)")

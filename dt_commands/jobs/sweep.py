@@ -10,7 +10,7 @@ changed, created by the job resource's own provider (``infra.job.TrainingJobProv
 payloads are exactly a stack job's. The new name gives each job its own id and a fresh run
 folder. It waits for them (polling Batch), reads what each job's rank 0 uploaded
 (``infra.live_metrics``, as ``dt-jobs metrics`` does) and writes the report
-(``infra.tools.sweep_report``).
+(``dt_commands.jobs.sweep_report``).
 
 On this machine's CPU::
 
@@ -36,12 +36,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
+from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
 from infra.config import REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
-from infra.tools.stack_outputs import JobsError, pulumi_stack
-from infra.tools.sweep_report import ReportError, Run, Sweep, write
 from infra.trainer_settings import JOB_BACKENDS
 from trainer.blob_folder import BlobFolder
 from trainer.cli import fail, parse, positive_int
@@ -98,7 +98,7 @@ def minutes(text: str) -> float:
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
-    """The ``sweep`` subcommand of ``dt-jobs`` (``infra.tools.ops``); trainer flags for
+    """The ``sweep`` subcommand of ``dt-jobs`` (``dt_commands.jobs.main``); trainer flags for
     ``--local`` follow the options."""
     sub = commands.add_parser(
         "sweep",
@@ -277,7 +277,7 @@ def _props(spec: JobSpec) -> dict[str, Any]:
 
 
 def _stack_settings(stack: str) -> StackSettings:
-    from infra.tools.plan import read_stack_file
+    from dt_commands.plan import read_stack_file
 
     values = read_stack_file(REPO / f"Pulumi.{stack}.yaml")
     return StackSettings.from_mapping(stack, values, load_schema())

@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from infra import cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
-from infra.tools.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from trainer.cli import OneLineParser
 
 PROGRAM = REPO / "__main__.py"
@@ -191,7 +191,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:
     """Job name -> run folder, from a file of the deployed stack's `pulumi stack output --json`."""
-    from infra.tools.stack_outputs import OutputsError, read_outputs, stack_jobs
+    from dt_commands.stack_outputs import OutputsError, read_outputs, stack_jobs
 
     outputs = read_outputs(stack, outputs_file, label="--deployed")
     if "jobs" not in outputs and not outputs.get("job_id"):
@@ -314,7 +314,7 @@ def build_parser() -> OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from infra.tools.stack_outputs import JobsError
+    from dt_commands.stack_outputs import JobsError
 
     try:
         if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:

@@ -1,4 +1,4 @@
-"""``python -m infra.tools.tensorboard_cli ARGS``: TensorBoard's own command line, also where
+"""``python -m dt_commands.jobs.tensorboard_cli ARGS``: TensorBoard's own command line, also where
 setuptools no longer ships ``pkg_resources``.
 
 The pinned tensorboard 2.20.0 imports ``pkg_resources`` at start-up for two calls:

@@ -12,6 +12,7 @@ credential (``infra.credentials``: ``az login``; Storage Blob Data Reader), as `
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -19,11 +20,24 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, TextIO
 
+from dt_commands.jobs.call import Call
+from dt_commands.stack_outputs import Job, JobsError, OutputsError
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from infra.tools.stack_outputs import Job, JobsError, OutputsError
 from trainer.blob_folder import BlobFolder
 from trainer.files import partial_path
 from trainer.results_manifest import MANIFEST, ResultsError, parse_manifest
+
+NAME = "fetch"
+HELP = "download the finished run's results, verified against their manifest"
+
+
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--to", type=Path, help="local folder (default: results/<job>)")
+    sub.add_argument("--force", action="store_true", help="replace a non-empty --to")
+
+
+def run(call: Call) -> int:
+    return fetch_job(call.job(), call.stack, call.args.to, call.args.force, call.out)
 
 
 class ResultsMissing(StorageError):

@@ -1,0 +1,74 @@
+"""``dt-jobs status``: the job's and its task's state, retries and exit code, why its pool gives
+it no nodes (``infra.pool_health``), and where its logs, checkpoints and results are."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from dt_commands.jobs.call import Call
+from infra.batch import TASK_ID, state_text
+from infra.pool_health import pool_problems
+
+NAME = "status"
+HELP = "job and task state, retries, exit code, where logs and checkpoints are"
+# The outputs it points to, by label.
+WHERE = (
+    ("portal", "job_portal_url"),
+    ("logs", "job_log_url"),
+    ("checkpoints", "job_checkpoint_path"),
+    ("metrics", "metrics_url"),
+    ("results", "outputs_url"),
+    ("image", "image_ref"),
+)
+
+
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    del sub  # --stack, --outputs-file and --job only
+
+
+def run(call: Call) -> int:
+    job = call.job()
+    hint = f"cancel the job (dt-jobs cancel --stack {call.stack} --job {job.name})"
+    return status(call.client(), job.outputs, call.out, hint)
+
+
+def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
+    """Why the job's pool gives it no nodes (infra.pool_health); a credential that may not read
+    the pool gets one line saying so instead."""
+    from azure.core.exceptions import HttpResponseError
+
+    pool_id = job.pool_info.pool_id if job.pool_info is not None else None
+    if not pool_id:
+        return []
+    try:
+        return pool_problems(client, pool_id, cancel_hint, job_id=job.id)
+    except HttpResponseError as err:
+        if err.status_code not in (401, 403):
+            raise
+        return [f"pool {pool_id}: not readable with this credential ({err.status_code})"]
+
+
+def status(
+    client: Any, outputs: dict[str, Any], out: TextIO, cancel_hint: str = "cancel the job"
+) -> int:
+    job_id = outputs["job_id"]
+    job = client.get_job(job_id)
+    task = client.get_task(job_id, TASK_ID)
+    info = task.execution_info
+    lines = [
+        f"job         {job_id}: {state_text(job.state)}",
+        f"task        {TASK_ID}: {state_text(task.state)}",
+    ]
+    if info is not None:
+        lines.append(
+            f"            retries {info.retry_count}, exit code "
+            f"{info.exit_code if info.exit_code is not None else '-'}"
+        )
+        if info.failure_info is not None:
+            lines.append(f"            failure: {info.failure_info.message}")
+    if state_text(task.state) != "completed":
+        lines += [f"pool        {line}" for line in pool_lines(client, job, cancel_hint)]
+    lines += [f"{label:<12}{outputs[key]}" for label, key in WHERE if outputs.get(key)]
+    out.write("\n".join(lines) + "\n")
+    return 0
