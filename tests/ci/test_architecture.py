@@ -361,7 +361,13 @@ def test_the_layout_names_every_module():
     named = set(re.findall(r"[A-Za-z_]+", layout))
     missing = [
         str(path.relative_to(REPO))
-        for package in (*CHECKED, "trainer/data", "trainer/launch", "dt_commands/jobs", "dt_commands/acceptance")
+        for package in (
+            *CHECKED,
+            "trainer/data",
+            "trainer/launch",
+            "dt_commands/jobs",
+            "dt_commands/acceptance",
+        )
         for path in sorted((REPO / package).glob("*.py"))
         if path.stem != "__init__" and path.stem not in named
     ]
