@@ -16,7 +16,7 @@ import pytest
 from infra.tools import acceptance, ops, plan
 from trainer import cli
 from trainer.data import __main__ as data_cli
-from trainer.launch import supervisor
+from trainer.launch import main as launcher
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -28,7 +28,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "dt-plan": plan.build_parser,
     "dt-jobs": ops.build_parser,
     "trainer": cli.build_parser,
-    "trainer.launch": supervisor.build_parser,
+    "trainer.launch": launcher.build_parser,
     "infra.tools.acceptance": acceptance.build_parser,
 }
 # Flags the docs name that belong to other tools, by tool.

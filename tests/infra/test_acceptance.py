@@ -53,7 +53,7 @@ from tests.infra.conftest import (
     one,
 )
 from trainer.cli import parse
-from trainer.launch.supervisor import Outcome, RunRecords
+from trainer.launch.records import Outcome, RunRecords
 from trainer.run import CHECKPOINT_WRITTEN
 
 PROJECT_PREFIX = "gpu-cluster:"
