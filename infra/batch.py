@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from infra import credentials
 from infra.cloud_init import RUNS_DIR
 from infra.sizes import size_of
-from trainer.launch.fabric import SIZES, preflight_floor
+from infra.trainer_command import JobSet, commands
 
 TASK_ID = "train"  # the multi-instance task in every job
 # Where every node mounts the shared file system, under $AZ_BATCH_NODE_MOUNTS_DIR (the pool's
@@ -39,12 +39,8 @@ TERMINATE_REASON = "UserTerminate"
 RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
 # Counts real failures only: after an eviction or maintenance notice the launcher waits for the
 # platform to take the VM, and Batch's recovery retries the task without counting it
-# (trainer/launch/supervisor.py, HOLD_SECONDS).
+# (trainer/launch/eviction.py, HOLD_SECONDS).
 MAX_TASK_RETRIES = 3
-# The engine of a job whose trainer settings choose none (``trainer_args`` then carry no
-# --backend): Horovod, the engine every job ran before the settings could choose one, so such a
-# job's command line, id and run folder stay what they were.
-DEFAULT_BACKEND = "horovod"
 # No --gpus: Batch enables the GPUs for container tasks on GPU pools itself and documents not
 # passing it (articles/batch/batch-docker-container-workloads.md).
 CONTAINER_RUN_OPTIONS = (
@@ -178,8 +174,8 @@ class JobFields(Generic[S]):
     node_identity_id: S
     node_identity_client_id: S
     blob_endpoint: S  # https://<account>.blob.core.windows.net/
-    # python -m trainer flags (without --output-dir); --backend only for an engine other than
-    # DEFAULT_BACKEND (infra.trainer_settings.job_values)
+    # python -m trainer flags of the job's trainer settings, without those the job sets itself
+    # (infra.trainer_command.settings_flags)
     trainer_args: tuple[str, ...]
     dataset_prefix: str  # "" trains on what trainer_args say; else staged shards
     # A job of the stack's `jobs` map; "" for the one job of the submitJob shorthand. Left out
@@ -342,48 +338,26 @@ def _identity_env(spec: JobSpec):
     return [m.EnvironmentSetting(name="AZURE_CLIENT_ID", value=spec.node_identity_client_id)]
 
 
-def with_preflight_floor(command: list[str], vm_size: str | None) -> list[str]:
-    """The trainer command with the size's preflight floor (``trainer.launch.fabric``), unless
-    it sets one. None on a size without InfiniBand (the CPU acceptance size): there is no
-    baseline to hold it to; nor on a size this version does not know (an older stack's), which
-    the launcher refuses on the node with a one-line error."""
-    floor = preflight_floor(vm_size) if vm_size is not None and vm_size in SIZES else 0.0
-    flag = "--preflight-min-busbw"
-    if floor <= 0 or any(word == flag or word.startswith(f"{flag}=") for word in command):
-        return command
-    return [*command, flag, str(floor)]
-
-
-def chooses_backend(trainer_args: Sequence[str]) -> bool:
-    """Whether the trainer flags name the engine (the stack's trainer settings chose one)."""
-    return any(word == "--backend" or word.startswith("--backend=") for word in trainer_args)
+def job_set(spec: JobSpec) -> JobSet:
+    """The values of the trainer settings the job sets itself (``infra.trainer_command``): the
+    run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
+    outside the private network by `dt-jobs metrics|tensorboard`) and uploads the finished
+    run's results (the outputs container, `dt-jobs fetch`), the staged data, the VM size."""
+    return JobSet(
+        run_dir=f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
+        metrics_upload_url=spec.metrics_url,
+        outputs_url=spec.outputs_url,
+        vm_size=spec.vm_size,
+        dataset_dir=f"{DATASET_ROOT}/{spec.dataset_prefix}" if spec.dataset_prefix else "",
+    )
 
 
 def trainer_command(spec: JobSpec) -> list[str]:
-    """The trainer's complete command line, as the launcher runs it on every node, with the
-    settings the job owns: the engine (``DEFAULT_BACKEND`` unless the trainer settings chose
-    one; the launcher reads ``--backend`` to start that engine's workers), the staged data, the
-    run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
-    outside the private network by `dt-jobs metrics|tensorboard`), where it
-    uploads the finished run's results (the outputs container, `dt-jobs
-    fetch`), and the VM size's preflight floor: what runs follows from the job's inputs alone,
-    and the launcher edits nothing. The command is not part of the job id or the run name
-    (those hash the ``JobSpec``), so a change here replaces no job by itself."""
-    args = ["python", "-m", "trainer", *spec.trainer_args]
-    if not chooses_backend(spec.trainer_args):
-        args += ["--backend", DEFAULT_BACKEND]
-    if spec.dataset_prefix:
-        args += ["--data", "shards", "--data-dir", f"{DATASET_ROOT}/{spec.dataset_prefix}"]
-    command = [
-        *args,
-        "--output-dir",
-        f"{NFS_ROOT}/runs/{spec.stack}/{spec.run_name}",
-        "--metrics-upload-url",
-        spec.metrics_url,
-        "--outputs-url",
-        spec.outputs_url,
-    ]
-    return with_preflight_floor(command, spec.vm_size)
+    """The trainer's complete command line, as the launcher runs it on every node: what runs
+    follows from the job's inputs alone, and the launcher edits nothing. The command is not part
+    of the job id or the run name (those hash the ``JobSpec``), so a change here replaces no job
+    by itself."""
+    return commands(spec.trainer_args, job_set(spec))[0]
 
 
 def stage_command(spec: JobSpec) -> list[str]:
@@ -439,9 +413,11 @@ def job_options(spec: JobSpec):
 
 
 def launch_command(spec: JobSpec, *mode: str) -> list[str]:
-    """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer."""
-    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *mode, "--"]
-    return [*launch, *trainer_command(spec)]
+    """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer,
+    told the engine and the run folder by the same mapping the trainer's command comes from."""
+    trainer, given = commands(spec.trainer_args, job_set(spec))
+    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *given, *mode, "--"]
+    return [*launch, *trainer]
 
 
 def task_options(spec: JobSpec):

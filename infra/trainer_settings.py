@@ -1,8 +1,8 @@
 """A job's trainer settings: its YAML file, read and validated by the trainer once when the
-stack's settings load (``infra.config``), and the one function that turns them into the flags
-the job passes to ``python -m trainer``. The file chooses the engine (``backend``): horovod
-(the job's default), or a torch.distributed one (ddp, fsdp), which the node launcher starts the
-torchrun way; ``local`` cannot use a pool's nodes and is refused."""
+stack's settings load (``infra.config``); the job's flags are rendered from the validated
+settings (``trainer_flags``, by ``infra.trainer_command``). The file chooses the engine
+(``backend``): horovod (the job's default) or a torch.distributed one (ddp, fsdp); ``local``
+cannot use a pool's nodes and is refused."""
 
 from __future__ import annotations
 
@@ -13,17 +13,11 @@ from typing import Any
 
 import yaml
 
-from infra.batch import DEFAULT_BACKEND
-from trainer.cli import to_flags
-from trainer.config import TORCH_DISTRIBUTED_BACKENDS, TrainConfig
+from infra.trainer_command import DEFAULT_BACKEND, JOB_BACKENDS, settings_flags
 from trainer.config import ConfigError as TrainerConfigError
+from trainer.config import TrainConfig
 
-# Settings the job gives the trainer itself (infra/batch.py): the run folder on the shared mount;
-# with a staged dataset also its source and folder.
-JOB_OWNED = ("output_dir",)
-STAGED_DATA_OWNED = ("data", "data_dir")
-# The engines a job can train on: those the node launcher (trainer.launch) starts on every node.
-JOB_BACKENDS = (DEFAULT_BACKEND, *TORCH_DISTRIBUTED_BACKENDS)
+__all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "trainer_flags"]
 
 
 class TrainerSettingsError(ValueError):
@@ -33,10 +27,11 @@ class TrainerSettingsError(ValueError):
 @dataclass(frozen=True)
 class TrainerSettings:
     path: str  # as the stack gives it, relative to the repository
-    # The file's settings in the file's order: the job's flags follow it, and a job's id hashes
-    # its flags, so they must not change when the trainer's defaults do.
+    # The file's settings in the file's order: the job's flags follow it (and its spelling of a
+    # value, where the trainer reads it back the same), and a job's id hashes its flags, so they
+    # must not change when the trainer's defaults do.
     values: Mapping[str, Any] = field(hash=False)
-    config: TrainConfig  # the same settings as the trainer validated them
+    config: TrainConfig  # the same settings as the trainer validated them: the flags' values
 
     @classmethod
     def read(cls, path: str, root: Path) -> TrainerSettings:
@@ -67,21 +62,7 @@ class TrainerSettings:
         return cls(path, values, config)
 
 
-def job_values(settings: TrainerSettings, dataset_prefix: str = "") -> dict[str, Any]:
-    """The file's settings less those the job sets itself (``JOB_OWNED``, and
-    ``STAGED_DATA_OWNED`` when it stages ``dataset_prefix``), in the file's order. A
-    ``backend`` other than the job's default stays (the job then passes it as it is); the
-    default is left to the job, which names it itself (``infra.batch.trainer_command``), so a
-    file that spells out ``backend: horovod`` gives the same command line, job id and run
-    folder as one that does not, and as before files could choose."""
-    owned = JOB_OWNED + (STAGED_DATA_OWNED if dataset_prefix else ())
-    return {
-        key: value
-        for key, value in settings.values.items()
-        if key not in owned and not (key == "backend" and value == DEFAULT_BACKEND)
-    }
-
-
 def trainer_flags(settings: TrainerSettings, dataset_prefix: str = "") -> tuple[str, ...]:
-    """The job's ``python -m trainer`` flags (the TrainingJob's ``trainer_args``)."""
-    return tuple(to_flags(job_values(settings, dataset_prefix)))
+    """The job's ``python -m trainer`` flags (the TrainingJob's ``trainer_args``): the file's
+    settings as the trainer validated them, less those the job sets itself."""
+    return settings_flags(settings.values, settings.config, staged=bool(dataset_prefix))

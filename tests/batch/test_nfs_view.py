@@ -13,8 +13,10 @@ import pytest
 
 from tests.batch.nfs_view import NfsViews
 from tests.ports import free_port
+from trainer.launch.batch_env import Node
+from trainer.launch.records import Outcome, RunRecords
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
-from trainer.launch.supervisor import Node, Outcome, RunRecords, join_store
+from trainer.launch.store import join_store
 
 BOUND = 10.0
 

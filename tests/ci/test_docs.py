@@ -18,7 +18,7 @@ from dt_commands.acceptance import main as acceptance
 from dt_commands.jobs import main as dt_jobs
 from trainer import cli
 from trainer.data import __main__ as data_cli
-from trainer.launch import supervisor
+from trainer.launch import main as launcher
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -30,7 +30,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "dt-plan": plan.build_parser,
     "dt-jobs": dt_jobs.build_parser,
     "trainer": cli.build_parser,
-    "trainer.launch": supervisor.build_parser,
+    "trainer.launch": launcher.build_parser,
     "dt_commands.acceptance": acceptance.build_parser,
 }
 # Flags the docs name that belong to other tools, by tool.

@@ -25,7 +25,8 @@ def _logs(tmp_path):
 
 def test_a_dead_worker_on_one_node_ends_both_nodes_non_zero_within_60s(tmp_path):
     out = tmp_path / "run"
-    nodes = start_nodes(tmp_path, trainer_command(out, "--epochs", "200", "--log-every", "1"))
+    command = trainer_command(out, "--epochs", "200", "--log-every", "1")
+    nodes = start_nodes(tmp_path, command, run_dir=out)
     deadline = time.monotonic() + 90
     while not read_metrics(out):  # training has started on both nodes
         assert time.monotonic() < deadline, _logs(tmp_path)
@@ -47,7 +48,8 @@ def test_a_dead_worker_on_one_node_ends_both_nodes_non_zero_within_60s(tmp_path)
 
 def test_a_dead_master_launcher_ends_the_other_node(tmp_path):
     out = tmp_path / "run"
-    nodes = start_nodes(tmp_path, trainer_command(out, "--epochs", "200", "--log-every", "1"))
+    command = trainer_command(out, "--epochs", "200", "--log-every", "1")
+    nodes = start_nodes(tmp_path, command, run_dir=out)
     deadline = time.monotonic() + 90
     while not read_metrics(out):
         assert time.monotonic() < deadline, _logs(tmp_path)
@@ -71,7 +73,8 @@ def test_an_unwritable_run_folder_fails_fast_in_one_line_before_any_worker_start
     worker = [sys.executable, "-c", f"open({str(marker)!r}, 'w')", "--output-dir", str(output_dir)]
     env = {**os.environ, **batch_env(0, free_port(), free_port())}
     env["AZ_BATCH_HOST_LIST"] = "127.0.0.1"
-    launch = [sys.executable, "-m", "trainer.launch", "--workers-per-node", "1", "--", *worker]
+    launch = [sys.executable, "-m", "trainer.launch", "--workers-per-node", "1"]
+    launch += ["--run-dir", str(output_dir), "--", *worker]
     with read_only(share):
         started = time.monotonic()
         result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=60)
@@ -103,6 +106,8 @@ def test_two_launchers_start_one_torch_group_across_the_nodes_and_both_exit_0(tm
         "--defer-exit-code",
         "--port",
         str(port),
+        run_dir=out,
+        backend=engine,
         node_env=(record, record),
     )
     for node in nodes:
@@ -136,7 +141,7 @@ def test_a_dead_ddp_worker_on_one_node_ends_both_nodes_non_zero(tmp_path):
     out = tmp_path / "run"
     record = {"WORKER_RECORD": str(tmp_path)}
     command = _torch_command(out, "ddp", "--epochs", "200", "--log-every", "1")
-    nodes = start_nodes(tmp_path, command, node_env=(record, record))
+    nodes = start_nodes(tmp_path, command, run_dir=out, backend="ddp", node_env=(record, record))
     deadline = time.monotonic() + 90
     while not read_metrics(out):  # the group formed and trains
         assert time.monotonic() < deadline, _logs(tmp_path)

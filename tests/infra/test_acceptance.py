@@ -52,7 +52,7 @@ from tests.infra.conftest import (
 )
 from trainer.checkpointer import CHECKPOINT_WRITTEN
 from trainer.cli import parse
-from trainer.launch.supervisor import Outcome, RunRecords
+from trainer.launch.records import Outcome, RunRecords
 
 PROJECT_PREFIX = "gpu-cluster:"
 

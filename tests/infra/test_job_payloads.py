@@ -23,7 +23,6 @@ from infra.batch import (
     job_options,
     task_options,
     trainer_command,
-    with_preflight_floor,
 )
 from infra.job import JobError, TrainingJobProvider
 from tests.infra.container import (
@@ -37,8 +36,7 @@ from tests.infra.container import (
 )
 from tests.infra.fake_batch import FakeBatch
 from trainer.cli import parse
-from trainer.launch.supervisor import build_parser as launch_parser
-from trainer.launch.supervisor import engine_of, output_dir_of
+from trainer.launch.main import build_parser as launch_parser
 
 SPEC = JobSpec(
     stack="vision-prod",
@@ -123,18 +121,19 @@ def test_job_ids_change_with_any_input_and_checkpoints_follow_the_training_setti
 
 def test_the_trainer_command_carries_the_sizes_preflight_floor_unless_it_sets_one():
     """The job builds the whole command (``pulumi preview`` shows it); the launcher runs it."""
-    size = "Standard_D2s_v5"
-    trainer = ["python", "-m", "trainer", "--output-dir", "/r"]
-    assert with_preflight_floor(trainer, size) == trainer  # no bandwidth floor without IB
-    assert with_preflight_floor(trainer, None) == trainer
-    assert with_preflight_floor(trainer, "Standard_ND96asr_v4")[-2:] == [
+    cpu = trainer_command(_spec(vm_size="Standard_D2s_v5"))
+    assert "--preflight-min-busbw" not in cpu  # no bandwidth floor without IB
+    unknown = trainer_command(_spec(vm_size="Standard_Unknown_v9"))  # an older stack's size
+    assert "--preflight-min-busbw" not in unknown
+    assert trainer_command(_spec(vm_size="Standard_ND96asr_v4"))[-2:] == [
         "--preflight-min-busbw",
         "126.0",
     ]
-    own = [*trainer, "--preflight-min-busbw", "10"]
-    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own  # an explicit floor wins
-    own = [*trainer, "--preflight-min-busbw=10"]
-    assert with_preflight_floor(own, "Standard_ND96asr_v4") == own
+    own = _spec(vm_size="Standard_ND96asr_v4", trainer_args=("--preflight-min-busbw", "10"))
+    assert trainer_command(own).count("--preflight-min-busbw") == 1  # an explicit floor wins
+    assert "10" in trainer_command(own) and "126.0" not in trainer_command(own)
+    own = _spec(vm_size="Standard_ND96asr_v4", trainer_args=("--preflight-min-busbw=10",))
+    assert not any(word == "--preflight-min-busbw" for word in trainer_command(own))
     assert trainer_command(SPEC)[-2:] == ["--preflight-min-busbw", "245.0"]
     assert "--preflight-min-busbw" not in trainer_command(_spec(vm_size="Standard_D2s_v5"))
     with_own = _spec(trainer_args=("--preflight-min-busbw", "0"))
@@ -219,6 +218,8 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
     ]
     coordination = _run(node, task.multi_instance_settings.coordination_command_line)
     launch = ["-m", "trainer.launch", "--vm-size", "Standard_ND96isr_H100_v5"]
+    # The launcher is told the engine and the run folder: the trainer's own, from one mapping.
+    launch += ["--backend", "horovod", "--run-dir", output_dir]
     assert coordination == [
         *launch, "--defer-exit-code", "--watch-scheduled-events", "--", *trainer
     ]  # fmt: skip
@@ -226,7 +227,7 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
     assert application == [*launch, "--report", "--", *trainer]
     for argv in (coordination, application):
         args = launch_parser().parse_args(argv[2:])  # what trainer.launch will accept
-        assert str(output_dir_of(args.command)) == output_dir
+        assert str(args.run_dir) == output_dir and args.backend == "horovod"
         request = parse(args.command[3:])  # and the trainer
         assert request.config.backend == "horovod" and request.config.fp16_allreduce
         assert request.config.output_dir == output_dir
@@ -317,7 +318,7 @@ def test_a_stack_that_chooses_ddp_runs_the_launcher_on_a_ddp_trainer(node):
         assert trainer[:3] == ["python", "-m", "trainer"]
         assert trainer[3:9] == ["--model", "resnet50", "--backend", "ddp", "--batch-size", "256"]
         assert trainer.count("--backend") == 1 and "horovod" not in trainer
-        assert engine_of(trainer) == "ddp"  # what the launcher starts
+        assert args.backend == "ddp"  # what the launcher starts
         assert parse(trainer[3:]).config.backend == "ddp"  # what the trainer runs
     # A new engine is a new job and a new run (an engine's checkpoints belong to its run).
     horovod = _spec_of(_trainer_file(tmp_path, "model: resnet50\nbatch_size: 256\n"))

@@ -42,11 +42,16 @@ def start_nodes(
     logs: Path,
     worker_command: list[str],
     *launch_args: str,
+    run_dir: Path | None = None,
+    backend: str = "horovod",
     batch_port: int | None = None,
     node_env: tuple[dict[str, str], ...] = ({}, {}),
 ) -> list[subprocess.Popen]:
-    """``batch_port``: the port in AZ_BATCH_MASTER_NODE (default: some free port);
-    ``node_env``: more variables for each node."""
+    """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
+    them (the worker command's own are not read); ``batch_port``: the port in
+    AZ_BATCH_MASTER_NODE (default: some free port); ``node_env``: more variables for each
+    node."""
+    given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
     batch_port = batch_port or free_port()
     port = free_port(consecutive=2)  # torch.distributed's store takes the next one
     processes = []
@@ -63,6 +68,7 @@ def start_nodes(
                     "1",
                     "--node-ip",
                     host,
+                    *given,
                     *launch_args,
                     "--",
                     *worker_command,
@@ -75,11 +81,23 @@ def start_nodes(
     return processes
 
 
-def report(worker_command: list[str]) -> subprocess.CompletedProcess[str]:
+def report(
+    run_dir: Path, worker_command: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The application command on the primary: ``trainer.launch --report``."""
     env = {**os.environ, **batch_env(0, free_port(), free_port())}
+    worker = worker_command or trainer_command(run_dir)
     return subprocess.run(
-        [sys.executable, "-m", "trainer.launch", "--report", "--", *worker_command],
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch",
+            "--run-dir",
+            str(run_dir),
+            "--report",
+            "--",
+            *worker,
+        ],
         env=env,
         capture_output=True,
         text=True,

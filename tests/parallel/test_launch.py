@@ -50,7 +50,9 @@ def test_two_nodes_train_beside_batchs_reserved_port_and_the_primary_reports_bot
     command = trainer_command(out, "--epochs", "2", "--preflight-min-busbw", "0.0001")
     # Batch itself listens on the port in AZ_BATCH_MASTER_NODE: the rendezvous must not use it.
     with held_port() as batch_port:
-        nodes = start_nodes(tmp_path, command, "--defer-exit-code", batch_port=batch_port)
+        nodes = start_nodes(
+            tmp_path, command, "--defer-exit-code", run_dir=out, batch_port=batch_port
+        )
         assert _wait_all(nodes, 120) == [0, 0], _logs(tmp_path)
     logs = _logs(tmp_path)
     assert "node 1/2: starting 1 worker(s)" in logs and "node 2/2" in logs
@@ -61,7 +63,7 @@ def test_two_nodes_train_beside_batchs_reserved_port_and_the_primary_reports_bot
     # second node read from the run folder: readable by any node's task uid, written by no one
     # but its owner (trainer.launch.rendezvous TOKEN_FILE_MODE).
     assert (out / "logs" / "rendezvous.token").stat().st_mode & 0o777 == 0o644
-    reported = report(command)
+    reported = report(out, command)
     assert reported.returncode == 0, reported.stdout + reported.stderr
     text = reported.stdout
     assert "===== node 1/2 127.0.0.1" in text and "===== node 2/2 127.0.0.2" in text
@@ -73,14 +75,14 @@ def test_two_nodes_train_beside_batchs_reserved_port_and_the_primary_reports_bot
 
 def test_preflight_below_the_floor_stops_both_nodes_and_the_report_fails_naming_it(tmp_path):
     command = trainer_command(tmp_path / "run", "--preflight-min-busbw", "100000")
-    nodes = start_nodes(tmp_path, command, "--defer-exit-code")
+    nodes = start_nodes(tmp_path, command, "--defer-exit-code", run_dir=tmp_path / "run")
     assert _wait_all(nodes, 120) == [0, 0], _logs(tmp_path)  # recorded, the report decides
     logs = _logs(tmp_path)
     assert "below the 100000 GB/s floor; slowest: node 127.0.0." in logs
     assert not (tmp_path / "run" / "checkpoints").exists() or not any(
         (tmp_path / "run" / "checkpoints").iterdir()
     )
-    reported = report(command)
+    reported = report(tmp_path / "run", command)
     assert reported.returncode != 0
     assert "below the 100000 GB/s floor" in reported.stdout
     assert "===== node 2/2 127.0.0.2" in reported.stdout
@@ -89,7 +91,8 @@ def test_preflight_below_the_floor_stops_both_nodes_and_the_report_fails_naming_
 
 def test_sigterm_to_the_launchers_reaches_the_workers_which_checkpoint_and_exit_0(tmp_path):
     out = tmp_path / "run"
-    nodes = start_nodes(tmp_path, trainer_command(out, "--epochs", "200", "--log-every", "1"))
+    command = trainer_command(out, "--epochs", "200", "--log-every", "1")
+    nodes = start_nodes(tmp_path, command, run_dir=out)
     deadline = time.monotonic() + 90
     while not read_metrics(out):
         assert time.monotonic() < deadline and all(n.poll() is None for n in nodes)
@@ -99,7 +102,7 @@ def test_sigterm_to_the_launchers_reaches_the_workers_which_checkpoint_and_exit_
     assert _wait_all(nodes, 30) == [0, 0], _logs(tmp_path)
     assert "forwarding to the workers so they checkpoint" in _logs(tmp_path)
     assert any((out / "checkpoints").iterdir())
-    assert report(trainer_command(out)).returncode != 0  # interrupted: not a finished run
+    assert report(out).returncode != 0  # interrupted: not a finished run
 
 
 def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_is_approved_and_waited_out(
@@ -116,6 +119,7 @@ def test_a_spot_eviction_notice_on_one_node_checkpoints_every_rank_is_approved_a
             tmp_path,
             trainer_command(out, "--epochs", "200", "--log-every", "1"),
             "--watch-scheduled-events",
+            run_dir=out,
             node_env=({"AZURE_IMDS_URL": quiet.url}, {"AZURE_IMDS_URL": evicted.url}),
         )
         deadline = time.monotonic() + 90

@@ -24,8 +24,8 @@ from dt_commands import plan, preview_jobs
 from dt_commands.jobs import main as dt_jobs
 from dt_commands.stack_outputs import JobsError
 from tests.infra.conftest import REPO
-from trainer.launch import supervisor
-from trainer.launch.supervisor import LaunchError, rendezvous_port
+from trainer.launch import main as launcher
+from trainer.launch.batch_env import LaunchError, rendezvous_port
 
 # The launcher checks start processes; none may outlive its test.
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -265,7 +265,7 @@ def test_launcher_refuses_bad_ports_and_worker_counts(monkeypatch, capsys, flag,
         for key, item in env.items():
             patch.setenv(key, item)
         argv = [f"{flag}={value}", "--node-ip", "127.0.0.2", "--", "python", "-m", "trainer"]
-        code = _exit_of(lambda: supervisor.main(argv))
+        code = _exit_of(lambda: launcher.main(argv))
     captured = capsys.readouterr()
     assert code == 2, captured.err
     _assert_one_line_or_none(code, captured.err)

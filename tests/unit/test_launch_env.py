@@ -7,6 +7,13 @@ import sys
 import pytest
 
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, check_same_sizes
+from trainer.launch.batch_env import (
+    DEFAULT_PORT,
+    LaunchError,
+    Node,
+    read_batch_environment,
+    torch_master_port,
+)
 from trainer.launch.fabric import (
     CPU_FABRICS,
     FABRICS,
@@ -16,22 +23,10 @@ from trainer.launch.fabric import (
     worker_environment,
     workers_per_node,
 )
+from trainer.launch.main import build_parser, main
+from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunRecords, check_writable
 from trainer.launch.rendezvous import torch_worker_env
-from trainer.launch.supervisor import (
-    DEFAULT_PORT,
-    INTERRUPTED_EXIT,
-    LaunchError,
-    Node,
-    Outcome,
-    RunRecords,
-    check_writable,
-    engine_of,
-    main,
-    output_dir_of,
-    read_batch_environment,
-    torch_master_port,
-    worker_envs,
-)
+from trainer.launch.workers import check_engine, worker_envs
 
 BATCH = {
     "AZ_BATCH_HOST_LIST": "127.0.0.1,127.0.0.2",
@@ -172,10 +167,22 @@ def test_preflight_floor_and_unknown_sizes():
         fabric_for("Standard_NC24rs_v3")
 
 
-def test_the_output_dir_comes_from_the_worker_command():
-    assert str(output_dir_of(["python", "-m", "trainer", "--output-dir", "/r/a"])) == "/r/a"
-    assert str(output_dir_of(["x", "--output-dir=/r/b", "--output-dir", "/r/c"])) == "/r/c"
-    assert output_dir_of(["python", "-m", "trainer", "--output-dir"]) is None
+def test_the_run_folder_is_the_launchers_own_option_never_read_from_the_worker_command(
+    monkeypatch, capsys
+):
+    worker = ["python", "-m", "trainer", "--output-dir", "/r/b"]
+    assert build_parser().parse_args(["--run-dir", "/r/a", "--", *worker]).run_dir.as_posix() == (
+        "/r/a"
+    )
+    assert build_parser().parse_args(["--", *worker]).run_dir is None
+    # Two nodes need the run folder for the token: the worker's --output-dir does not count.
+    for key, value in BATCH.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as stopped:
+        main(["--workers-per-node", "1", "--node-ip", "127.0.0.2", "--", *worker])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "the launcher needs --run-dir" in err and err.count("\n") == 1
 
 
 def test_an_unwritable_output_dir_is_one_line_naming_the_folder_and_the_fix(tmp_path):
@@ -256,33 +263,28 @@ TORCH_VARIABLES = {
 }  # fmt: skip
 
 
-def test_the_engine_is_read_from_the_worker_command_as_the_trainer_reads_it(tmp_path):
-    assert engine_of(TRAINER) == "horovod"  # the trainer's default, as before engines
-    assert engine_of([*TRAINER, "--backend", "ddp"]) == "ddp"
-    assert engine_of([*TRAINER, "--backend=fsdp"]) == "fsdp"
-    assert engine_of([*TRAINER, "--backend", "ddp", "--backend", "horovod"]) == "horovod"
-    settings = tmp_path / "run.yaml"
-    settings.write_text("backend: fsdp\nmodel: tiny\n")
-    assert engine_of([*TRAINER, "--config", str(settings)]) == "fsdp"
-    assert engine_of([*TRAINER, "--config", str(settings), "--backend", "ddp"]) == "ddp"
-    settings.write_text("model: tiny\n")
-    assert engine_of([*TRAINER, "--config", str(settings)]) == "horovod"
-    # Not the trainer (a stand-in, a script): Horovod's variables, as the launcher always gave.
-    assert engine_of(["python", "-c", "print(1)", "--output-dir", "/r"]) == "horovod"
-    assert engine_of([*TRAINER, "--help", "--backend", "ddp"]) == "ddp"  # the worker answers
+def test_the_engine_is_the_launchers_own_option_never_read_from_the_worker_command():
+    assert build_parser().parse_args(["--", *TRAINER]).backend == "horovod"  # the trainer's
+    assert build_parser().parse_args(["--backend", "ddp", "--", *TRAINER]).backend == "ddp"
+    worker_chooses = build_parser().parse_args(["--", *TRAINER, "--backend", "fsdp"])
+    assert worker_chooses.backend == "horovod"  # the job passes it to both
+    assert [check_engine(engine) for engine in ("horovod", "ddp", "fsdp")] == [
+        "horovod",
+        "ddp",
+        "fsdp",
+    ]
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("backend", "message"),
     [
-        (["--backend", "local"], "backend=local: the launcher starts horovod, ddp, fsdp workers"),
-        (["--backend", "mpi"], "backend=mpi: the launcher starts horovod, ddp, fsdp workers"),
-        (["--config", "/nonexistent/run.yaml"], r"config=/nonexistent/run\.yaml: cannot read"),
+        ("local", "backend=local: the launcher starts horovod, ddp, fsdp workers"),
+        ("mpi", "backend=mpi: the launcher starts horovod, ddp, fsdp workers"),
     ],
 )
-def test_an_engine_the_launcher_cannot_start_is_one_line(extra, message):
+def test_an_engine_the_launcher_cannot_start_is_one_line(backend, message):
     with pytest.raises(LaunchError, match=message) as refused:
-        engine_of([*TRAINER, *extra])
+        check_engine(backend)
     assert "\n" not in str(refused.value)
 
 
@@ -290,7 +292,7 @@ def test_backend_local_stops_the_launcher_before_anything_starts(monkeypatch, ca
     for key, value in BATCH.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as stopped:
-        main(["--workers-per-node", "1", "--", *TRAINER, "--backend", "local"])
+        main(["--workers-per-node", "1", "--backend", "local", "--", *TRAINER])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: backend=local: ") and err.count("\n") == 1

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.ports import free_port
+from trainer.launch.batch_env import LaunchError, Node
 from trainer.launch.rendezvous import gloo_rendezvous_addr, new_token, start_gloo_rendezvous
-from trainer.launch.supervisor import LaunchError, Node, Store, join_store
+from trainer.launch.store import Store, join_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +114,7 @@ def test_a_node_whose_task_user_has_another_uid_reads_the_masters_token():
     try:
         shared.chmod(0o1777)  # the export's runs folder (infra.cloud_init RUNS_MODE)
         run = str(shared / "stack" / "run")
-        records = "import sys; from pathlib import Path; from trainer.launch.supervisor import "
+        records = "import sys; from pathlib import Path; from trainer.launch.records import "
         records += "RunRecords; records = RunRecords(Path(sys.argv[1]))\n"
         published = _as_uid(MASTER_UID, records + "records.publish_token(sys.argv[2])", run, "t")
         assert published.returncode == 0, published.stderr

@@ -1,4 +1,4 @@
-"""``python -m trainer.launch``: see ``trainer.launch.supervisor``."""
+"""``python -m trainer.launch``: see ``trainer.launch.main``."""
 
 import sys
 
@@ -6,6 +6,6 @@ from trainer.launch.stop import STOP
 
 STOP.install()  # before the slow imports: a terminate from now on is not lost (trainer.launch.stop)
 
-from trainer.launch.supervisor import main  # noqa: E402
+from trainer.launch.main import main  # noqa: E402
 
 sys.exit(main())

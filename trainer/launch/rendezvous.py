@@ -85,7 +85,7 @@ def start_gloo_rendezvous(
     workers on each of ``hosts``, to requests that carry ``token`` (``log`` gets one line per
     refused request); returns a function that stops it. The launcher on the master node runs
     it: no SSH, no MPI daemon. The store also holds the launchers' own keys (see
-    ``trainer.launch.supervisor``)."""
+    ``trainer.launch.store``)."""
     # Imported here: --help and input errors never wait for Horovod.
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer

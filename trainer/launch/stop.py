@@ -9,7 +9,7 @@ after its grace period; so a terminate that comes before the launcher has a hand
 imports, or waits minutes for the other nodes to meet) would be lost. This module imports
 nothing slow, and ``python -m trainer.launch`` installs the handler before anything else; what
 the signal then does (stop waiting, not start workers, forward it to the workers) is decided by
-the launcher (``trainer.launch.supervisor``) through ``forward_to``.
+the launcher (``trainer.launch.workers``) through ``forward_to``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,126 @@
+"""What a job gives ``python -m trainer`` and its launcher: which trainer settings the job sets
+itself (``JOB_SET``), the flags of the job's validated trainer settings (its ``trainer_args``),
+and the trainer's and the launcher's command lines, rendered once from one mapping. Pure: no
+Azure SDK, no torch (the job provider's host imports it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.cli import to_flags
+from trainer.config import TORCH_DISTRIBUTED_BACKENDS, TrainConfig
+from trainer.config import ConfigError as TrainerConfigError
+from trainer.launch.fabric import SIZES, preflight_floor
+
+# The engine of a job whose trainer settings choose none (``trainer_args`` then carry no
+# --backend): Horovod, the engine every job ran before the settings could choose one, so such a
+# job's command line, id and run folder stay what they were.
+DEFAULT_BACKEND = "horovod"
+# The engines a job can train on: those the node launcher (trainer.launch) starts on every node.
+JOB_BACKENDS = (DEFAULT_BACKEND, *TORCH_DISTRIBUTED_BACKENDS)
+# The settings the job sets itself; a trainer file's own value of one is left out of the job's
+# flags (the run folder on the shared mount, where rank 0 uploads its live metrics and results).
+JOB_SET = ("output_dir", "metrics_upload_url", "outputs_url")
+# With a staged dataset, also its source and folder.
+STAGED_DATA_SET = ("data", "data_dir")
+# Set by the job only when the file leaves them out: the engine (DEFAULT_BACKEND, which a file
+# naming it leaves to the job, so that it gives the same flags, job id and run folder as one that
+# does not) and the VM size's preflight floor (an explicit floor wins).
+JOB_DEFAULTED = ("backend", "preflight_min_busbw")
+
+
+def settings_values(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> dict[str, Any]:
+    """The file's settings the job passes on (``values``, in the file's order, less ``JOB_SET``,
+    ``STAGED_DATA_SET`` when ``staged``, and the default engine), each as the trainer validated
+    it (``config``) and spelled so that the trainer reads it back as that (``_spelled``)."""
+    left_out = JOB_SET + (STAGED_DATA_SET if staged else ())
+    passed: dict[str, Any] = {}
+    for raw_key, raw in values.items():
+        key = str(raw_key).replace("-", "_")
+        if key in left_out or (key == "backend" and config.backend == DEFAULT_BACKEND):
+            continue
+        passed[key] = _spelled(key, raw, getattr(config, key))
+    return passed
+
+
+def _spelled(key: str, raw: Any, validated: Any) -> Any:
+    """``validated`` as a flag's value: the file's own spelling when the trainer reads it back
+    as ``validated`` (so ``lr: 1e-3`` stays ``1e-3``: a job's id and run folder hash its flags),
+    else the validated value's (``pin_memory: "off"`` is ``--no-pin-memory``)."""
+    if isinstance(validated, bool) or validated is None:
+        return validated
+    text = ",".join(str(v) for v in raw) if isinstance(raw, list | tuple) else str(raw)
+    try:
+        if getattr(TrainConfig.from_mapping({key: text}), key) == validated:
+            return text
+    except TrainerConfigError:
+        pass
+    return ",".join(str(v) for v in validated) if isinstance(validated, tuple) else validated
+
+
+def settings_flags(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> tuple[str, ...]:
+    """The job's ``python -m trainer`` flags from its file (the TrainingJob's ``trainer_args``)."""
+    return tuple(to_flags(settings_values(values, config, staged)))
+
+
+@dataclass(frozen=True)
+class JobSet:
+    """The values of the settings a job sets itself, from the job's fields (``infra.batch``)."""
+
+    run_dir: str  # the run folder on the shared mount, as the node names it
+    metrics_upload_url: str
+    outputs_url: str
+    vm_size: str
+    dataset_dir: str = ""  # the staged dataset's folder on the node; "" when none is staged
+
+    def values(self, trainer_args: Sequence[str]) -> dict[str, Any]:
+        """The job-set settings for a job with ``trainer_args``, none of which those carry,
+        in the command line's order."""
+        given: dict[str, Any] = {}
+        if not _sets(trainer_args, "backend"):
+            given["backend"] = DEFAULT_BACKEND
+        if self.dataset_dir:
+            given.update(data="shards", data_dir=self.dataset_dir)
+        given.update(
+            output_dir=self.run_dir,
+            metrics_upload_url=self.metrics_upload_url,
+            outputs_url=self.outputs_url,
+        )
+        # None on a size without InfiniBand (the CPU acceptance size): there is no baseline to
+        # hold it to; nor on a size this version does not know (an older stack's), which the
+        # launcher refuses on the node with a one-line error.
+        floor = preflight_floor(self.vm_size) if self.vm_size in SIZES else 0.0
+        if floor > 0 and not _sets(trainer_args, "preflight_min_busbw"):
+            given["preflight_min_busbw"] = floor
+        return given
+
+
+def _sets(trainer_args: Sequence[str], key: str) -> bool:
+    """Whether the job's own flags (``settings_flags``) carry ``key``."""
+    flag = "--" + key.replace("_", "-")
+    return any(word == flag or word.startswith(f"{flag}=") for word in trainer_args)
+
+
+def _engine(trainer_args: Sequence[str], given: Mapping[str, Any]) -> str:
+    """The job's engine: the default it sets, else the one its flags name."""
+    if "backend" in given:
+        return str(given["backend"])
+    for index, word in enumerate(trainer_args):
+        if word == "--backend" and index + 1 < len(trainer_args):
+            return trainer_args[index + 1]
+        if word.startswith("--backend="):
+            return word.partition("=")[2]
+    raise ValueError("trainer_args name no engine")  # _sets said they did
+
+
+def commands(trainer_args: Sequence[str], job: JobSet) -> tuple[list[str], list[str]]:
+    """(the trainer's complete command, the launcher's flags), from one mapping: the job's
+    flags and the job-set settings. The launcher is told the engine and the run folder; it
+    never reads the trainer's command."""
+    given = job.values(trainer_args)
+    trainer = ["python", "-m", "trainer", *trainer_args, *to_flags(given)]
+    launcher = ["--backend", _engine(trainer_args, given), "--run-dir", given["output_dir"]]
+    return trainer, launcher

@@ -1,0 +1,290 @@
+"""``python -m trainer.launch [options] -- COMMAND...``: the Batch multi-instance task on every
+node. Wiring only: the options, then the node's place (``batch_env``), the meeting of the nodes
+(``rendezvous``, ``store``), the workers (``workers``), Scheduled Events (``eviction``) and the
+records (``records``). The engine (``--backend``) and the run folder (``--run-dir``) are given
+here by the job (``infra/batch.py``); the worker command runs as given. How the launcher runs
+on Batch, and why: docs/deploy.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.cli import OneLineParser, fail
+from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS
+from trainer.launch import eviction
+from trainer.launch.batch_env import (
+    DEFAULT_PORT,
+    LaunchError,
+    Node,
+    read_batch_environment,
+    torch_master_port,
+)
+from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
+from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunLog, RunRecords, check_writable
+from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
+from trainer.launch.stop import STOP
+from trainer.launch.store import (
+    MASTER_WAIT_SECONDS,
+    Stopped,
+    Store,
+    join_store,
+    wait_for_other_nodes,
+)
+from trainer.launch.task_user import task_user_environment
+from trainer.launch.workers import Workers, check_engine, supervise, worker_envs
+from trainer.scheduled_events import Watcher
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="python -m trainer.launch",
+        description="Start this node's workers (Horovod, or torch.distributed: ddp, fsdp) for a "
+        "Batch multi-instance task.",
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--backend",
+        default=DEFAULTS.backend,
+        help=f"the workers' engine, as the worker command's own --backend (default: the "
+        f"trainer's, {DEFAULTS.backend})",
+    )
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="the run folder on the file system every node mounts (the worker command's "
+        "--output-dir): each attempt's logs and outcomes, and the rendezvous token",
+    )
+    parser.add_argument(
+        "--vm-size", help="pool VM size: workers per node and InfiniBand/NCCL settings"
+    )
+    parser.add_argument(
+        "--workers-per-node", type=int, help="default: the VM size's GPUs, else visible GPUs or 1"
+    )
+    parser.add_argument("--node-ip", help="this node's address in AZ_BATCH_HOST_LIST")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help=f"rendezvous port on the master (default: MASTER_PORT, else {DEFAULT_PORT}); never "
+        "the port in AZ_BATCH_MASTER_NODE, which Batch reserves. ddp and fsdp workers also use "
+        "the next port (torch.distributed's store)",
+    )
+    parser.add_argument(
+        "--watch-scheduled-events",
+        action="store_true",
+        help="poll the VM's Azure Scheduled Events (AZURE_IMDS_URL, default the metadata "
+        "service): on a Spot eviction or maintenance notice the workers checkpoint at once",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--defer-exit-code",
+        action="store_true",
+        help="exit 0 once the outcome is recorded in <run-dir>/logs (Batch's coordination "
+        "command); --report exits with it",
+    )
+    mode.add_argument(
+        "--report",
+        action="store_true",
+        help="start nothing: print every node's log of the current attempt and exit with its "
+        "recorded outcome (Batch's application command)",
+    )
+    parser.add_argument("command", nargs="+", help="the worker command, after --")
+    return parser
+
+
+def _default_workers(vm_size: str | None) -> int:
+    if vm_size:
+        return workers_per_node(vm_size)
+    try:
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    except ImportError:
+        return 1
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What this launch starts, checked before anything starts."""
+
+    engine: str
+    slots: int
+    node: Node
+    torch_port: int | None
+    records: RunRecords | None
+
+
+def _plan(args, env: dict[str, str]) -> _Plan:
+    """The options and the Batch environment, checked; raises LaunchError or ValueError."""
+    if args.vm_size:
+        fabric_for(args.vm_size)  # validate before anything starts
+    # Not `args.workers_per_node or ...`: that would turn an explicit 0 into the default.
+    if args.workers_per_node is not None and args.workers_per_node < 1:
+        raise LaunchError(
+            f"--workers-per-node={args.workers_per_node}: must be at least 1 (one worker "
+            "per GPU; leave it out to use the VM size's GPUs)"
+        )
+    slots = args.workers_per_node or _default_workers(args.vm_size)
+    engine = check_engine(args.backend)
+    node = read_batch_environment(env, args.node_ip, args.port)
+    torch_port = None
+    if engine in TORCH_DISTRIBUTED_BACKENDS:
+        torch_port = torch_master_port(node.port, env)
+    if args.run_dir is None and args.defer_exit_code:
+        raise LaunchError("--defer-exit-code needs --run-dir")
+    if args.run_dir is None and len(node.hosts) > 1:
+        raise LaunchError(
+            f"{len(node.hosts)} nodes in AZ_BATCH_HOST_LIST: the master hands its "
+            "rendezvous token to the other nodes in the run folder, so the launcher "
+            "needs --run-dir on the file system every node mounts"
+        )
+    if args.run_dir is not None:
+        check_writable(args.run_dir)
+    records = RunRecords(args.run_dir) if args.run_dir is not None else None
+    return _Plan(engine, slots, node, torch_port, records)
+
+
+def _serve(plan: _Plan, log: RunLog) -> tuple[str | None, Callable[[], None] | None]:
+    """On the master, a new token (only this launch's nodes and workers reach its store) and
+    the rendezvous serving it; (None, None) on the other nodes."""
+    node = plan.node
+    if not node.is_master:
+        return None, None
+    token = new_token()
+    try:
+        return token, start_gloo_rendezvous(node.port, node.hosts, plan.slots, token, log.say)
+    except OSError as err:
+        fail(
+            f"cannot serve the rendezvous on port {node.port}: {err.strerror}: set "
+            "MASTER_PORT or --port to a free port (not the one in AZ_BATCH_MASTER_NODE)",
+            1,
+        )
+
+
+def _meet(plan: _Plan, token: str | None, log: RunLog, env: dict[str, str]) -> tuple[Store, str]:
+    """Every node joins the master's store and learns the attempt; the log goes to the run
+    folder from then on. Raises LaunchError, Stopped or OSError."""
+    node, records = plan.node, plan.records
+    if token is not None and records is not None and len(node.hosts) > 1:
+        records.publish_token(token)
+    # The master knows its token; the others read it from the run folder (checked in _plan).
+    token_of = records.read_token if token is None and records is not None else lambda: token
+    store = join_store(node, token_of, MASTER_WAIT_SECONDS)
+    if node.is_master:
+        attempt = RunRecords.new_attempt()
+        store.put("attempt", attempt)
+    else:
+        attempt = store.wait_for("attempt", MASTER_WAIT_SECONDS)
+    if records is not None:
+        log.open(records.log_path(attempt, node.name))
+        if node.is_master:
+            records.start(attempt, node.hosts, env)
+    return store, attempt
+
+
+def main(argv: list[str] | None = None) -> int:
+    STOP.install()  # `python -m trainer.launch` did already, before its imports
+    args = build_parser().parse_args(argv)
+    env = dict(os.environ)
+    if args.report:
+        try:
+            if args.run_dir is None:
+                raise LaunchError("--report needs --run-dir")
+            return RunRecords(args.run_dir).report(env, sys.stdout)
+        except LaunchError as err:
+            fail(str(err), 1)
+    try:
+        plan = _plan(args, env)
+    except (LaunchError, ValueError) as err:
+        fail(str(err), 2)
+    log = RunLog(plan.node.name, keep_early=plan.records is not None)
+    token, stop_server = _serve(plan, log)
+    try:
+        store, attempt = _meet(plan, token, log, env)
+    except LaunchError as err:
+        fail(str(err), 1)
+    except Stopped as stopped:
+        # No attempt to record it under: say so in the task's output and end (the newest
+        # checkpoint stays the run's; a retry or the next run resumes from it).
+        log.say(f"{stopped} while the nodes met, before the workers started: not starting them")
+        if stop_server is not None:
+            stop_server()
+        log.close()
+        return 0 if args.defer_exit_code else INTERRUPTED_EXIT
+    except OSError as err:
+        fail(f"output_dir={args.run_dir}: cannot record the run ({err.strerror or err})", 1)
+    ending = _Ending(plan.node, store, plan.records, attempt, log, stop_server)
+    return _run(args, plan, env, store, ending)
+
+
+def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) -> int:
+    """Start this node's workers, watch them to the end, and end the launch."""
+    node, log = plan.node, ending.log
+    base = worker_environment(args.vm_size, task_user_environment(env))
+    envs = worker_envs(plan.engine, node, plan.slots, base, plan.torch_port, token=store.token)
+    if STOP.requested:
+        # Nothing to checkpoint yet: the newest checkpoint stays the run's. The master does not
+        # wait for the others (they were stopped too; none needs its store any more).
+        outcome = Outcome(0, f"signal {STOP.signum} before the workers started", True)
+        log.say(f"{outcome.reason}: not starting them")
+        return ending.finish(outcome, args.defer_exit_code, wait_for_others=False)
+    log.say(
+        f"node {node.index + 1}/{len(node.hosts)}: starting {plan.slots} worker(s) (attempt "
+        f"{ending.attempt})"
+        + (
+            ""
+            if plan.engine == "horovod"
+            else f", {plan.engine} on {node.master_ip}:{plan.torch_port}"
+        )
+    )
+    workers = Workers(list(args.command), envs, log)
+    watcher = eviction.watch(env, store, node, log) if args.watch_scheduled_events else None
+    outcome = supervise(node, workers, store, log, watcher)
+    workers.join_output()
+    if watcher is not None:
+        watcher.stop()
+        if watcher.noticed:
+            eviction.approve(watcher, log)
+    hold = watcher if watcher is not None and watcher.noticed else None
+    return ending.finish(outcome, args.defer_exit_code, hold=hold)
+
+
+@dataclass
+class _Ending:
+    """How a launch that met the other nodes ends: the master's rendezvous, the outcome
+    recorded for the report, and the exit code."""
+
+    node: Node
+    store: Store
+    records: RunRecords | None
+    attempt: str
+    log: RunLog
+    stop_server: Callable[[], None] | None
+
+    def finish(
+        self,
+        outcome: Outcome,
+        defer_exit_code: bool,
+        wait_for_others: bool = True,
+        hold: Watcher | None = None,
+    ) -> int:
+        if self.stop_server is not None:
+            if outcome.code == 0 and wait_for_others:
+                wait_for_other_nodes(self.node, self.store)
+            self.stop_server()
+        self.log.say(f"done: {outcome.reason} (exit {outcome.code})")
+        if self.records is not None:
+            try:
+                self.records.finish(self.attempt, self.node.name, outcome)
+            except OSError as err:
+                self.log.close()
+                print(f"error: cannot record the outcome: {err}", file=sys.stderr, flush=True)
+                return outcome.code or 1
+        if hold is not None:
+            eviction.hold(hold, self.log)
+        self.log.close()
+        return 0 if defer_exit_code else outcome.code
