@@ -139,6 +139,14 @@ def _report(result: RunResult, cfg: TrainConfig, workers: int) -> None:
     )
     if result.noise_scale is not None:
         print(advice(result.noise_scale, result.global_batch), flush=True)
+    for straggler in result.stragglers:
+        print(
+            f"straggler: rank {straggler['rank']} on {straggler['host']}: {straggler['metric']} "
+            f"over the other ranks' by up to {straggler['worst_excess_of_step']:.0%} of a step, "
+            f"in {straggler['windows']} of {straggler['of_windows']} windows of "
+            f"{cfg.straggler_every} steps",
+            flush=True,
+        )
     if result.skipped_images:
         print(
             f"skipped {result.skipped_images} image(s) that did not decode "

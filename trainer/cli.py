@@ -114,6 +114,13 @@ HELP: dict[str, str] = {
     "outputs_url": "when the run ends, rank 0 copies its results/ (final weights, config, "
     "metrics, evaluation, manifest last) to this Blob folder with the machine's identity; "
     "empty: they stay in --output-dir",
+    # Watching the ranks (trainer.rank_watch).
+    "straggler_every": "every N steps the ranks share their step and data-wait times and GPU "
+    "samples (one allreduce); a slow rank is logged as a kind: straggler record; 0: never",
+    "straggler_margin": "name a rank whose data wait or own work per step exceeds the other "
+    "ranks' median by more than this fraction of their median step",
+    "gpu_telemetry_seconds": "each rank samples its GPU (NVML: utilisation, memory, "
+    "temperature, power, ECC, XID) every N seconds on a thread; kind: gpu records; 0: off",
 }
 _BOOLEAN = {"fp16_allreduce", "compile", "activation_checkpointing", "checkpoint_async"}
 

@@ -189,6 +189,14 @@ class TrainConfig:
     # Rank 0 copies the finished run's results/ (trainer.results) to this Blob folder URL
     # ("": they stay in output_dir only).
     outputs_url: str = ""
+    # Watching the ranks (trainer.rank_watch). Every N steps the ranks share their step and
+    # data-wait times and GPU samples in one allreduce (0: never, and no GPU samples either).
+    straggler_every: int = 50
+    # A rank is named when its data wait or own work exceeds the others' median by more than
+    # this fraction of their median step (0.5: half a step lost per step).
+    straggler_margin: float = 0.5
+    # Each rank samples its GPU through NVML every N seconds on a thread (0: off; CPUs: never).
+    gpu_telemetry_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -367,6 +375,21 @@ class TrainConfig:
                 except ValueError as err:
                     raise ConfigError(f"{name}={url!r}: {err}") from None
         _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
+        self._check_rank_watch()
+
+    def _check_rank_watch(self) -> None:
+        """Stragglers and GPU telemetry (trainer.rank_watch)."""
+        _int_range("straggler_every", self.straggler_every, 0, 10**9)
+        _float_range("straggler_margin", self.straggler_margin, 0.05, 100.0)
+        seconds = self.gpu_telemetry_seconds
+        if seconds != 0:
+            try:
+                _float_range("gpu_telemetry_seconds", seconds, 0.1, 3600.0)
+            except ConfigError:
+                raise ConfigError(
+                    f"gpu_telemetry_seconds={shown(seconds)}: must be 0 (off) or a number of "
+                    "seconds in [0.1, 3600]"
+                ) from None
 
 
 # ---------------------------------------------------------------------- helpers

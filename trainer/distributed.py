@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import os
 import pickle
+import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -152,6 +153,12 @@ class Dist(ABC):
         scaler.step(optimizer)
         scaler.update()
 
+    def take_reduction_wait(self) -> float | None:
+        """Seconds this rank waited for the other ranks' gradients since the last call, or
+        None where the engine does not show it (DDP and FSDP wait inside backward).
+        ``trainer.stragglers`` tells a slow rank from the ranks waiting for it by this."""
+        return None
+
     @property
     def sharded_state(self) -> bool:
         """Whether each rank holds only its shard of the parameters and optimizer state (then
@@ -268,6 +275,13 @@ class HorovodDist(Dist):
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._object_ops = 0
+        self._reduction_wait = 0.0  # seconds in synchronize(), for trainer.stragglers
+
+    def take_reduction_wait(self) -> float | None:
+        # The host's wait in synchronize(): on a GPU it also holds this rank's own backward
+        # kernels still running, which only makes a slow GPU look less slow, never a fast one slow.
+        waited, self._reduction_wait = self._reduction_wait, 0.0
+        return waited
 
     def _object_op_name(self) -> str:
         # Horovod matches collectives across ranks by name, and its object helpers default to
@@ -309,11 +323,15 @@ class HorovodDist(Dist):
         probe: GradientProbe | None = None,
     ) -> None:
         if not scaler.is_enabled() and not clip_norm and probe is None:
-            optimizer.step()
+            started = time.perf_counter()
+            optimizer.step()  # Horovod: synchronize() first, then the update (which is local)
+            self._reduction_wait += time.perf_counter() - started
             return
         # Horovod: gradients must be reduced before the scaler unscales them, they are
         # measured or clipped, and step() must not reduce them a second time.
+        started = time.perf_counter()
         optimizer.synchronize()  # type: ignore[attr-defined]
+        self._reduction_wait += time.perf_counter() - started
         scaler.unscale_(optimizer)
         if probe is not None:
             probe.record_reduced(optimizer)

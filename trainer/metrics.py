@@ -40,16 +40,26 @@ class MetricsWriter:
         except OSError as err:
             raise OutputError.of(err, where) from None
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any], tensorboard: bool = True) -> None:
+        """One line of ``metrics.jsonl``; its numbers also as TensorBoard scalars unless
+        ``tensorboard`` is False (per-rank records: ``scalars`` names them by rank)."""
         with self._writing(self.path):
             self._file.write(json.dumps(record, sort_keys=True) + "\n")
             self._file.flush()
+        if not tensorboard:
+            return
         kind = record.get("kind", "train")
         prefix = {"eval": "val"}.get(kind, kind)
         with self._writing(self.tensorboard_dir):
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key not in ("step", "epoch"):
                     self._tb.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        """TensorBoard scalars under their own tags (``ranks/step_sec/rank3``), not in the file."""
+        with self._writing(self.tensorboard_dir):
+            for tag, value in values.items():
+                self._tb.add_scalar(tag, value, step)
 
     def close(self) -> None:
         """Close both; TensorBoard's writer thread stops even when the file's last flush fails

@@ -30,6 +30,7 @@ from trainer.model import build_model, checkpoint_activations, sharding_units
 from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.profiling import profiling
+from trainer.rank_watch import RankWatch
 from trainer.signals import StopRequest, StopVote
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class RunResult:
     results: Path | None = None
     # Images replaced because they did not decode (--on-bad-image skip), over every rank.
     skipped_images: int = 0
+    # Ranks that held the others up (--straggler-every): rank, host, which time, how often.
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The run's figures as JSON values (results/metrics.json)."""
@@ -433,9 +436,8 @@ class _Run:
                     pos.epoch, offset=pos.epoch_offset, layout_replicas=pos.epoch_world
                 )
                 if pos.step_in_epoch < self.steps_per_epoch:
-                    train_one_epoch(
-                        self.parts, self.loaders.train, loop.meter, lambda: self._after_step(loop)
-                    )
+                    batches = self.watch.batches(self.loaders.train)
+                    train_one_epoch(self.parts, batches, loop.meter, lambda: self._after_step(loop))
                 if pos.step_in_epoch >= self.steps_per_epoch:
                     self._end_epoch()
             loop.stop_vote.close()  # the vote the last step started, which no step reads
@@ -449,6 +451,8 @@ class _Run:
         cfg, dist, pos = self.cfg, self.dist, self.position
         if dist.is_root:
             self.writer = MetricsWriter(self.output_dir)
+        # --straggler-every, --gpu-telemetry-seconds: the ranks' times and GPU samples.
+        self.watch = RankWatch(cfg, dist, self.device, self.writer)
         progress = Progress(pos.step, self.total_steps, unit=self.unit) if dist.is_root else None
         meter = WindowMeter(self.device, self.unit)
         stopped_by = None if self._training_due() else "already_complete"
@@ -489,6 +493,7 @@ class _Run:
         pos.step += 1
         pos.step_in_epoch += 1
         pos.epoch_offset += loop.global_batch
+        self.watch.step_done(pos.step)  # every --straggler-every steps, a collective
         loop.run_samples += self.samples_per_batch * cfg.accumulation_steps
         final = self._stop_reason(loop)
         self._report_step(loop, final)
@@ -560,6 +565,7 @@ class _Run:
         (it finishes; nothing waits for the other ranks any more), the progress line and the
         metrics file are closed."""
         loop.profiler.close()
+        self.watch.close()
         self.checkpointer.close()
         if loop.progress is not None:
             loop.progress.close()
@@ -583,6 +589,7 @@ class _Run:
             global_batch=loop.global_batch,
             noise_scale=loop.noise_scale,
             skipped_images=self._skipped_images(),
+            stragglers=self.watch.summary(),
             model=self.model,
         )
 
