@@ -1,18 +1,7 @@
 """``python -m dt_commands.preview_jobs --stack NAME PREVIEW_JSON``: the training jobs a
 ``pulumi preview --json`` would create, replace or delete, and why, as Markdown for the pull
 request's preview comment.
-
-A replaced job's new task resumes from the newest checkpoint in its run folder when the
-folder stays the same (same trainer settings, dataset and job name: ``infra.job.run_name``);
-otherwise it starts a fresh run in a new folder, and the summary says so.
-
-The input is the engine's preview digest (``pulumi preview --json``; its shape is the
-PreviewDigest/PreviewStep types of the Pulumi CLI's ``display`` package): ``steps``, each with
-``op``, ``urn``, ``oldState``/``newState`` (``inputs``, ``outputs``) and, on a replacement,
-``replaceReasons``; and ``diagnostics`` (``urn``, ``message``, ``severity``), where a running
-job's provider says it keeps its image, and where a failed preview's errors are: the summary
-then says the preview failed and why, so the pull request gets its comment either way.
-"""
+Why it is built this way: docs/internals.md, `dt_commands/preview_jobs.py`."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """What the trainer image is built from, and the content tag that names it.
-
-A light module (no Pulumi imports) because CI reads it to decide which stacks a change touches
-(``python -m dt_commands.stacks changed``) with nothing but PyYAML installed.
-
-The image holds only what it runs: the trainer sources (run from ``PYTHONPATH``, so neither
-``pyproject.toml`` nor ``README.md`` is copied), the image's lock file and the Horovod build
-script. Editing anything else (docs, the operator commands in ``dt_commands/``, the Azure program)
-keeps the tag, so `pulumi up` neither rebuilds the image nor replaces a running job.
-
-In a git checkout the tag hashes the tracked files only, as the acr builder's task clones them:
-what git ignores or does not know (``runs/`` of a local training run, caches, scratch files
-under ``trainer/``) is not part of the image the tag names. Outside a checkout (a source
-archive, which holds no ignored files) every file counts but bytecode, so an archive of a
-commit has the tag of that commit's checkout.
-"""
+Why it is built this way: docs/internals.md, `infra/image_inputs.py`."""
 
 from __future__ import annotations
 

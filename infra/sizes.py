@@ -1,31 +1,6 @@
 """The InfiniBand GPU sizes we support, the retired ones we refuse (with the reason), and the
 CPU size that only acceptance stacks may use.
-
-Exact size strings: the IB sizes are not in azure-native's deprecated VirtualMachineSizeTypes
-enum, so they are plain strings. Images pair with their Batch node agent: the Azure HPC images
-(microsoft-dsvm:ubuntu-hpc) carry MOFED/DOCA-OFED, HPC-X, NCCL, the NVIDIA driver and the
-container toolkit. The 22.04 agent reaches end of life on 2027-06-30 (Azure/Batch #200), so 24.04
-is the default. Regions are the ones this project has tested or planned capacity in; add to them
-as quota is granted.
-
-Only Azure facts live here. What the launcher needs of a size (GPUs per node, NCCL/InfiniBand
-settings, the preflight's bandwidth baseline) is the one table in ``trainer/launch/fabric.py``
-(the package the launcher ships in); this module checks at import that both name exactly the
-same sizes, and ``GpuSize.gpus`` reads that table.
-
-``CPU_ACCEPTANCE`` holds the size of the CPU acceptance profile (``acceptanceProfile: cpu``,
-python -m dt_commands.acceptance): 0 GPUs and 0 InfiniBand ports, so the start task skips
-those checks and the job passes no InfiniBand device. It runs the same HPC image: ``microsoft-dsvm
-ubuntu-hpc`` is Batch's container-capable (DockerCompatible) image and the path Batch names for
-container pools after the retired ``ubuntu-server-container`` images (Azure/Batch #166; the
-container workloads article lists it for Linux container pools, and nextflow's Azure Batch
-plugin runs containers on it on D-series sizes, plugins/nf-azure AzPoolOpts). On a size without
-GPUs its NVIDIA driver simply loads nothing. Batch supports every Azure VM size except
-STANDARD_A0 and the classic premium-storage series (Pool vmSize reference). Dsv5 runs Generation
-1 and 2 images and requires accelerated networking, which the pool enables; it has no local
-temporary disk (articles/virtual-machines/dv5-dsv5-series.md), and with this image Docker's data
-root stays on the OS disk anyway (articles/batch/batch-docker-container-workloads.md, "Notes").
-"""
+Why it is built this way: docs/internals.md, `infra/sizes.py`."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """The CUDA set the trainer image and the pool's nodes must agree on.
-
-torch 2.13.0's Linux wheel on PyPI is a CUDA 13.0 build: its metadata requires
-``cuda-toolkit==13.0.*`` and ``nvidia-nccl-cu13`` (tests/docker reads it with
-``pip install --dry-run --report``). So the image needs no CUDA base: its builder stage compiles
-Horovod's GPU kernels with that toolkit's own wheels (nvcc, headers, cudart:
-scripts/build_gpu_wheel.sh), Horovod links the NCCL of torch's own ``nvidia-nccl-cu13`` wheel,
-and every node needs a driver of the R580 branch or newer: CUDA 13.0 needs 580.65.06 (CUDA 13.0
-release notes, "CUDA Toolkit and Corresponding Driver Versions"; NVIDIA's data-center support
-matrix lists R580 as the branch for CUDA 13.x). The Azure HPC Ubuntu 24.04 images the pool
-runs carry R580 since their 2026-01 refresh (Azure/azhpc-images #478); the pool's start task
-checks the driver on every node anyway.
-
-The base's OS is part of the set: docker/Dockerfile installs its packages with apt, by Ubuntu
-22.04's names (python3.11 is in jammy-updates' universe, packages.ubuntu.com/jammy-updates/
-python3.11; rdma-core's InfiniBand user space, OpenMPI and UCX), which images of the
-RHEL-like families have no apt for and other Ubuntu releases name otherwise.
-"""
+Why it is built this way: docs/internals.md, `infra/toolchain.py`."""
 
 from __future__ import annotations
 

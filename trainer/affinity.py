@@ -1,18 +1,5 @@
 """``--cpu-affinity``: each rank of a node keeps to its own share of the node's CPUs.
-
-With one worker per core share (``select_device``), the kernel still moves every thread of every
-rank across all the CPUs: a rank's compute thread can land on the core where the other rank's
-reduction runs, caches go cold, and a rank that waits frees a core the others' threads hop onto.
-Measured here, 2 workers on 2 cores (bench.scaling's model, interleaved A/B runs): Horovod bound
-(by taskset) against unbound 0.877 and 0.857 against 0.943 and 0.983 s per step (2 rounds), and
-bound by this module 71.0 against 68.3 images/s (3 rounds, ahead in each); DDP 70.3 against 72.3
-images/s (behind in 2 of 3 rounds, within its noise). Binding one instance to its cores is also
-how PyTorch's own CPU launcher runs several (``torch.backends.xeon.run_cpu``).
-
-Every thread the process has when it binds (the engine's background and Gloo threads) is bound,
-and what starts later inherits the mask: loader workers, the checkpoint writer, threads. A
-rank's share is a contiguous slice of the CPUs this process may use, so ranks never overlap.
-"""
+Why it is built this way: docs/internals.md, `trainer/affinity.py`."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """GPU telemetry (``--gpu-telemetry-seconds``): each rank samples the GPU it trains on.
-
-A daemon thread reads NVML (the ``nvidia-ml-py`` package, module ``pynvml``) every N seconds:
-utilisation, memory, temperature, power, uncorrected ECC errors, and counts XID events (critical
-driver errors: a fallen-off GPU, a page fault) as NVML delivers them between samples. The
-training thread never calls NVML and never waits for the thread: it takes the window's summary
-(``GpuSampler.take``), which travels to rank 0 with the ranks' step times
-(``trainer.rank_watch``). Each rank samples its own GPU, so every GPU of every node is covered
-with no extra collective and no rank reading another's device.
-
-On a CPU device nothing happens: no import, no thread. Any NVML failure (no library, an
-``NVMLError``, a GPU that stops answering) is one warning line and the sampler stops; training
-goes on. pynvml's calls used here are those of its module (NVIDIA's bindings; for example
-ray-project/ray python/ray/_private/thirdparty/pynvml/pynvml.py): ``nvmlEventSetWait`` raises
-``NVMLError_Timeout`` when no event arrives in time.
-"""
+Why it is built this way: docs/internals.md, `trainer/gpu_telemetry.py`."""
 
 from __future__ import annotations
 

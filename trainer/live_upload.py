@@ -1,19 +1,5 @@
 """Rank 0's live copy of the run's record in Blob storage, readable outside the private network.
-
-The nodes have no public address and the run folder is on an NFS server inside the VNet, so the
-operator CLI (``dt-jobs metrics|tensorboard|list``) reads what rank 0 copies to
-``--metrics-upload-url``: ``metrics.jsonl`` and every file under ``tensorboard/``, every
-``--metrics-upload-minutes`` and once more when the run ends (a SIGTERM stop included). It
-authenticates with ``DefaultAzureCredential``: on a node the pool's managed identity, which the
-job names in ``AZURE_CLIENT_ID``; no keys.
-
-A background thread does the copying, so training steps never wait for storage. Only files
-whose size or modification time changed since their last successful upload are sent, each
-overwriting its blob. A failure never stops training: it logs one warning line and the next
-period tries again. That also rides out a role assignment still propagating when the run starts
-(Storage refuses with 403 AuthorizationPermissionMismatch for up to 30 minutes): the warning then
-names the missing role (``trainer.grant_wait``).
-"""
+Why it is built this way: docs/internals.md, `trainer/live_upload.py`."""
 
 from __future__ import annotations
 

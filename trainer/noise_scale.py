@@ -1,26 +1,5 @@
 """The gradient noise scale, measured while training: how large a batch is still useful.
-
-McCandlish, Kaplan, Amodei 2018 ("An Empirical Model of Large-Batch Training",
-arXiv:1812.06162): the simple noise scale B_simple = tr(Sigma) / |G|^2, where G is the true
-gradient and Sigma the per-example gradients' covariance. Batches much larger than B_simple give
-diminishing returns: each doubling of the batch then buys less than a doubling of progress per
-step.
-
-Appendix A.1 estimates both terms from gradient norms at two batch sizes, which data-parallel
-training has for free: each worker's own gradient (B_small = its samples per step) and the
-reduced one (B_big = the global batch). Since E|G_B|^2 = |G|^2 + tr(Sigma) / B,
-
-    |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
-    tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1 / B_small - 1 / B_big)
-
-Each is noisy, and their ratio is biased when taken per step, so the paper averages numerator and
-denominator separately (an exponential moving average of each here) and divides the averages.
-
-The local norms are taken where the engine already holds the local gradients (a DDP
-communication hook, a Horovod compression hook: ``trainer.distributed.GradientProbe``), so no
-extra backward pass runs. |G_small|^2 is the mean of the workers' squared norms. This module
-imports no torch: the job CLI prints the same advice from the uploaded metrics.
-"""
+Why it is built this way: docs/internals.md, `trainer/noise_scale.py`."""
 
 from __future__ import annotations
 
@@ -32,7 +11,8 @@ EMA_DECAY = 0.95
 
 @dataclass
 class NoiseScale:
-    """B_simple from one measurement per call, smoothed (see the module docstring)."""
+    """B_simple from one measurement per call, smoothed (docs/internals.md,
+    `trainer/noise_scale.py`)."""
 
     small_batch: int  # samples behind each worker's gradient
     big_batch: int  # samples behind the reduced gradient: the global batch

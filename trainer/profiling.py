@@ -1,18 +1,5 @@
 """``--profile-steps A-B``: a torch.profiler trace of optimizer steps A to B on every rank.
-
-Each rank writes one Chrome trace (JSON) with torch's ``tensorboard_trace_handler`` into
-``<output_dir>/tensorboard/profile/``, named ``rank<N>_<host>.<time in ns>.pt.trace.json``.
-On a Batch pool every rank's output folder is the same shared folder, so rank 0's live upload
-(trainer.live_upload: everything under tensorboard/) carries every rank's trace to Blob
-storage with the metrics. Open a trace in Perfetto UI or chrome://tracing (docs/trainer.md,
-"Profiling steps").
-
-Steps are numbered as ``--max-steps`` counts them: the N-th optimizer step of the run, over
-every invocation, so a resumed run records the same steps, and the trace marks each one
-``ProfilerStep#N``. The step before A is a warm-up (the profiler runs, its events are
-dropped), so A's events are not skewed by the profiler starting. Shapes and Python stacks are
-not recorded: they multiply a trace's size.
-"""
+Why it is built this way: docs/internals.md, `trainer/profiling.py`."""
 
 from __future__ import annotations
 

@@ -1,26 +1,5 @@
 """The run's results: what a finished run leaves for its users, in ``<output_dir>/results/``.
-
-- ``model.safetensors``: the final weights (the model's full state dict, buffers included),
-  loadable with ``safetensors.torch.load_file`` into a fresh ``trainer.model.build_model``;
-- ``config.yaml``: the effective settings (``python -m trainer --config`` reads it back);
-- ``metrics.json``: the run's summary (``trainer.run.RunResult.summary``);
-- ``evaluation.json``: the final validation loss and accuracy (image models) or perplexity
-  (language models), with the number of samples (images or tokens) evaluated;
-- ``manifest.json``, written last: every other file with its size and SHA-256
-  (``trainer.results_manifest``). A results folder is complete only when its manifest is there
-  and every file matches it.
-
-Each file is written atomically (``trainer.files``: temp name, fsync, rename) and the manifest is
-removed before a new set is written, so a crash never leaves a manifest vouching for a mixture.
-With ``--outputs-url`` rank 0 then copies the folder to Blob storage (the stack's ``outputs``
-container, under the job's id) in the same order: the old manifest deleted first, the files, the
-manifest last; ``dt-jobs fetch`` downloads and verifies them. While the node
-identity's role assignment is still propagating (a short run can end within the 30 minutes it
-may take) the upload waits it out (``trainer.grant_wait``).
-
-torch, safetensors and the Azure SDK are imported inside functions: the trainer's command line
-and its settings load without them.
-"""
+Why it is built this way: docs/internals.md, `trainer/results.py`."""
 
 from __future__ import annotations
 

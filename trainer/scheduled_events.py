@@ -1,22 +1,5 @@
 """Azure Scheduled Events: the node's warning before a Spot eviction or maintenance.
-
-The Instance Metadata Service lists upcoming events for the VM at
-``/metadata/scheduledevents`` (Azure docs, articles/virtual-machines/linux/scheduled-events.md):
-``Preempt`` (a Spot eviction, at least 30 s ahead), ``Terminate``, ``Reboot`` and ``Redeploy``
-end or move the VM; ``Freeze`` only pauses it for seconds and is ignored here. An event may
-name several VMs (events reach every VM of a scale set's placement group, which Batch pools
-are), so only events whose ``Resources`` include this VM count.
-
-The first request for events turns the service on and may wait up to two minutes for its
-answer (section "Enabling and Disabling Scheduled Events"): the first call waits that long, a
-call that times out is asked again, and the watcher stops only where nothing listens at the
-address (not an Azure VM), saying so once.
-
-Approving an event (``StartRequests``) lets the platform go ahead at once "for all
-``Resources`` in the event, not just the VM that acknowledges the event" (section "Start an
-event"): the launcher approves only after the workers have checkpointed, and only events whose
-VMs all belong to the job (``JobVms``: the launchers exchange their VM names).
-"""
+Why it is built this way: docs/internals.md, `trainer/scheduled_events.py`."""
 
 from __future__ import annotations
 
@@ -35,7 +18,7 @@ IMDS = "http://169.254.169.254"
 EVENTS_API = "2020-07-01"
 COMPUTE_API = "2021-02-01"
 INTERRUPTING = frozenset({"Preempt", "Terminate", "Reboot", "Redeploy"})
-# The first answer may take two minutes (see above); later ones come at once.
+# The first answer may take two minutes (docs/internals.md); later ones come at once.
 FIRST_CALL_SECONDS = 150.0
 TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 2.0

@@ -1,24 +1,5 @@
 """``dt-jobs sweep``: how far a training job scales, measured (issue 17).
-
-On a stack's pool::
-
-    dt-jobs sweep --stack NAME [--job NAME] --nodes 1,2,4 --steps 200
-
-submits one short job per node count: the deployed job's own spec (its inputs in the stack's
-state, ``pulumi stack export``) with only the node count, the steps (``--max-steps``) and the name
-changed, created by the job resource's own provider (``infra.job.TrainingJobProvider``), so the
-payloads are exactly a stack job's. The new name gives each job its own id and a fresh run
-folder. It waits for them (polling Batch), reads what each job's rank 0 uploaded
-(``infra.live_metrics``, as ``dt-jobs metrics`` does) and writes the report
-(``dt_commands.jobs.sweep_report``).
-
-On this machine's CPU::
-
-    dt-jobs sweep --local --workers 1,2 --steps 60 [trainer flags]
-
-runs the trainer once per worker count under the node launcher (``trainer.launch``) as one
-simulated node on 127.0.0.1, the way a job's nodes run it, and writes the same report.
-"""
+Why it is built this way: docs/internals.md, `dt_commands/jobs/sweep.py`."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.data.errors import DataError
 from trainer.data.manifest import (
@@ -112,14 +112,7 @@ def upload(
     ``grant_wait``: how long a refusal for want of the role is waited out (default: 30 min)."""
     wait = grant_wait or GrantWait(CONTRIBUTOR, log=log)
     manifest = Manifest.load(folder)
-    with ThreadPoolExecutor(parallel) as pool:
-        valid = list(pool.map(lambda s: shard_is_valid(folder / s.name, s), manifest.shards))
-    for shard, ok in zip(manifest.shards, valid, strict=True):
-        if not ok:
-            raise DataError(
-                f"shard {folder / shard.name} does not match {MANIFEST_NAME} (size or SHA-256): "
-                f"rerun `dt-data prepare`"
-            )
+    _check_local_shards(folder, manifest, parallel)
     where = f"{container.url}/{prefix}"
     with _azure_errors(where):
         existing = wait.call(
@@ -132,35 +125,19 @@ def upload(
 
     def send(shard: ShardEntry) -> int:
         name = _blob_name(prefix, shard.name)
-        blob = existing.get(name)
-        if (
-            blob
-            and blob.size == shard.bytes
-            and (blob.metadata or {}).get("sha256") == shard.sha256
-        ):
+        if _already_uploaded(existing.get(name), shard):
             return 0
-
-        def put() -> None:
-            with open(folder / shard.name, "rb") as file:
-                # A block blob becomes visible only when all its blocks commit: never partial.
-                container.upload_blob(
-                    name,
-                    file,
-                    length=shard.bytes,
-                    overwrite=True,
-                    metadata={"sha256": shard.sha256},
-                    validate_content=True,
-                    max_concurrency=4,
-                )
-
         with _azure_errors(f"{container.url}/{name}"):
-            wait.call(put, f"{container.url}/{name}")
+            wait.call(
+                lambda: _put_shard(container, name, folder / shard.name, shard),
+                f"{container.url}/{name}",
+            )
         return shard.bytes
 
     with ThreadPoolExecutor(parallel) as pool:
         sent = list(pool.map(send, manifest.shards))
     manifest_blob = _blob_name(prefix, MANIFEST_NAME)
-    with _azure_errors(where):
+    with _azure_errors(where):  # the manifest lands last: a reader never sees a partial set
         wait.call(
             lambda: container.upload_blob(
                 manifest_blob, manifest.to_json().encode(), overwrite=True
@@ -173,6 +150,38 @@ def upload(
         f"{result.skipped} already there, to {where}"
     )
     return result
+
+
+def _check_local_shards(folder: Path, manifest: Manifest, parallel: int) -> None:
+    """Every shard matches the manifest before anything is sent."""
+    with ThreadPoolExecutor(parallel) as pool:
+        valid = list(pool.map(lambda s: shard_is_valid(folder / s.name, s), manifest.shards))
+    for shard, ok in zip(manifest.shards, valid, strict=True):
+        if not ok:
+            raise DataError(
+                f"shard {folder / shard.name} does not match {MANIFEST_NAME} (size or SHA-256): "
+                f"rerun `dt-data prepare`"
+            )
+
+
+def _already_uploaded(blob: Any, shard: ShardEntry) -> bool:
+    return bool(
+        blob and blob.size == shard.bytes and (blob.metadata or {}).get("sha256") == shard.sha256
+    )
+
+
+def _put_shard(container: ContainerClient, name: str, path: Path, shard: ShardEntry) -> None:
+    with open(path, "rb") as file:
+        # A block blob becomes visible only when all its blocks commit: never partial.
+        container.upload_blob(
+            name,
+            file,
+            length=shard.bytes,
+            overwrite=True,
+            metadata={"sha256": shard.sha256},
+            validate_content=True,
+            max_concurrency=4,
+        )
 
 
 def _download(

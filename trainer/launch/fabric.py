@@ -4,18 +4,7 @@ preflight floor. ``infra/sizes.py`` keeps only the Azure facts of the same sizes
 image, regions) and checks at import that it names exactly these; the job (``infra/job.py``)
 puts the floor on the trainer's command line. Standard library only: the Pulumi program and the
 dynamic provider host import this module.
-
-The values follow the Azure HPC images' own configuration: NCCL reads the VM's PCIe/NUMA
-topology from the file the image ships (the container mounts /opt/microsoft read-only), relaxed
-PCIe ordering lets GPUDirect RDMA reach line rate on these virtualized hosts, and UCX (used by
-HPC-X/OpenMPI) gets the same hint. NCCL_IB_DISABLE is never set on an InfiniBand size: that
-would silently route every gradient over TCP (the mistake an earlier reference made).
-
-``FABRICS`` are the InfiniBand GPU sizes (infra/sizes.py ``SUPPORTED``); ``CPU_FABRICS`` the
-CPU acceptance size (infra/sizes.py ``CPU_ACCEPTANCE``): no GPU, no InfiniBand, so one worker
-per node, Gloo over the VNet, no NCCL or UCX settings and no preflight floor (there is no
-InfiniBand baseline to hold it to). Both are views of ``SIZES``.
-"""
+Why it is built this way: docs/internals.md, `trainer/launch/fabric.py`."""
 
 from __future__ import annotations
 

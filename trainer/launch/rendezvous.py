@@ -4,21 +4,7 @@ torch.distributed (``trainer.config.TORCH_DISTRIBUTED_BACKENDS``): every worker 
 variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
 launcher package imports ``horovod.runner``; the workers' own communication lives in
 ``trainer.distributed``.
-
-Only the job may use the master's store: every launch has a random token (``new_token``), and
-the server refuses (403, one log line) every request whose path does not start with the job's
-segment (``job_segment``). Horovod's C++ client needs no patch to send it: it builds
-``http://<ADDR>:<PORT>/<scope>/<key>`` from HOROVOD_GLOO_RENDEZVOUS_ADDR and _PORT, and its
-HTTP client (third_party/HTTPRequest) takes everything before the first ``/`` after the scheme
-as host and port, so ``ADDR = <ip>:<port>/<token>`` (``gloo_rendezvous_addr``) makes every
-request path ``/<token>:<port>/<scope>/<key>``. The launchers' own keys use the same segment.
-
-torch.distributed's engines (ddp, fsdp) meet in torch's TCPStore, which rank 0 serves on
-``MASTER_PORT`` and which has no authentication at all: anyone who reaches that port while the
-run lasts can list, read, overwrite and delete its keys (during the rendezvous: redirect or stall
-the group's connections; later: stall a new group). The token cannot close that; only the
-network can (the compute subnet's rules), and the launchers' own store is still protected.
-"""
+Why it is built this way: docs/internals.md, `trainer/launch/rendezvous.py`."""
 
 from __future__ import annotations
 
@@ -74,7 +60,8 @@ def job_segment(token: str, port: int) -> str:
 
 
 def gloo_rendezvous_addr(master_ip: str, port: int, token: str) -> str:
-    """HOROVOD_GLOO_RENDEZVOUS_ADDR that makes Horovod's requests carry the token (see above)."""
+    """HOROVOD_GLOO_RENDEZVOUS_ADDR that makes Horovod's requests carry the token (how:
+    docs/internals.md)."""
     return f"{master_ip}:{port}/{token}"
 
 
@@ -88,9 +75,26 @@ def start_gloo_rendezvous(
     ``trainer.launch.store``)."""
     # Imported here: --help and input errors never wait for Horovod.
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
-    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    from horovod.runner.http.http_server import RendezvousHTTPServer
 
-    segment = f"/{job_segment(token, port)}/"
+    handler = _job_only_handler(f"/{job_segment(token, port)}/", log)
+    server = RendezvousHTTPServer(("", port), handler, 0)
+    plan = get_host_assignments([HostInfo(host, slots) for host in hosts], len(hosts) * slots)
+    server.init(plan)
+    thread = threading.Thread(target=server.serve_forever, name="gloo-rendezvous", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return stop
+
+
+def _job_only_handler(segment: str, log: Callable[[str], None]) -> type:
+    """Horovod's rendezvous handler, admitting only requests under the job's path segment."""
+    from horovod.runner.http.http_server import RendezvousHandler
 
     class JobOnlyHandler(RendezvousHandler):
         """Horovod's handler behind the job's path segment, which is removed before it runs."""
@@ -131,18 +135,7 @@ def start_gloo_rendezvous(
         def _refuse_method(self) -> None:
             self.send_status_code(405)
 
-    server = RendezvousHTTPServer(("", port), JobOnlyHandler, 0)
-    plan = get_host_assignments([HostInfo(host, slots) for host in hosts], len(hosts) * slots)
-    server.init(plan)
-    thread = threading.Thread(target=server.serve_forever, name="gloo-rendezvous", daemon=True)
-    thread.start()
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-    return stop
+    return JobOnlyHandler
 
 
 def gloo_worker_env(

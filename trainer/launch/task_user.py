@@ -1,19 +1,5 @@
 """The task user's identity inside the container: a name and a writable HOME for the workers.
-
-Batch runs a container task as the task's user identity, a non-admin auto-user here, and maps
-that user's uid into the container ("For Linux, Batch will map the user/group permission to the
-container", articles/batch/batch-docker-container-workloads.md). Batch does not document that
-uid; it is not the image's own user (1000, /home/trainer), so the uid has no passwd entry in the
-image and Docker sets HOME to ``/``. Then ``getpass.getuser()`` raises (no LOGNAME/USER and no
-passwd entry), which torch's Inductor (``--compile``) calls to name its cache folder, and
-nothing can write ``~`` (Triton's cache, ``~/.cache``).
-
-``task_user_environment`` gives the workers what is missing: USER and LOGNAME, a HOME of their
-own in the task's folder (``AZ_BATCH_TASK_DIR``, which Batch makes the task user's and mounts
-into the container), and TORCHINDUCTOR_CACHE_DIR under it, so compiled kernels never land in a
-folder another uid made. Where the user is known and HOME writable (a laptop, the image's own
-user) nothing changes. Standard library only.
-"""
+Why it is built this way: docs/internals.md, `trainer/launch/task_user.py`."""
 
 from __future__ import annotations
 
