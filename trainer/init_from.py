@@ -167,9 +167,9 @@ def read_weights(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]
             head = file.read(9)
     except OSError as err:
         raise InitError(f"init_from={source}: cannot read ({err.strerror})", 1) from None
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":  # torch's zip format, or legacy pickle
-        return _read_torch(source, path)
-    if len(head) == 9 and head[8:9] == b"{":  # safetensors: 8-byte header length, then JSON
+    # safetensors: an 8-byte little-endian header length, then the JSON header. Tested first:
+    # that length's first byte may be 0x80, legacy torch pickles' first byte.
+    if len(head) == 9 and head[8:9] == b"{":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -179,6 +179,8 @@ def read_weights(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]
             raise InitError(
                 f"init_from={source}: not a readable safetensors file ({first_line(err)})"
             ) from None
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":  # torch's zip format, legacy pickle
+        return _read_torch(source, path)
     raise InitError(
         f"init_from={source}: neither safetensors nor a torch file; give a .safetensors file, "
         "a torch state dict or checkpoint, or a step-*.dcp folder"
