@@ -234,6 +234,11 @@ class TrainConfig:
             kwargs[key] = _coerce(key, value, known[key].type)
         return cls(**kwargs)
 
+    def __hash__(self) -> int:
+        # The plug-ins' argument mappings are dicts: hashed by their sorted items, so a config
+        # stays hashable as a frozen dataclass is.
+        return hash(tuple(_hashable(getattr(self, name)) for name in FIELD_NAMES))
+
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
@@ -481,6 +486,14 @@ def shown(value: Any, limit: int = 40) -> str:
     400-digit number."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

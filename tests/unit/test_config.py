@@ -182,3 +182,10 @@ def test_live_upload_is_off_by_default_and_takes_fractional_minutes():
         }
     )
     assert cfg.metrics_upload_minutes == 0.5
+
+
+def test_a_config_with_plugin_arguments_stays_hashable():
+    values = {"model": "pkg.models:build", "model_args": {"widths": [32, 64], "act": "gelu"}}
+    same = {"model": "pkg.models:build", "model_args": {"act": "gelu", "widths": [32, 64]}}
+    assert hash(TrainConfig.from_mapping(values)) == hash(TrainConfig.from_mapping(same))
+    assert len({DEFAULTS, TrainConfig.from_mapping(values)}) == 2
