@@ -13,6 +13,7 @@ from trainer.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
     from trainer.distributed import Dist
+    from trainer.plugins import Plugins
     from trainer.run import RunResult
 
 
@@ -23,9 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(err), 2)
     # The helpers import torch only once the settings are valid: --help and a bad setting
     # answer at once instead of after torch's import (about 3 s on a small machine).
+    plugins, parameters = _plugins(request.config)
     if request.dry_run:
-        return _dry_run(request.config)
-    result, dist = _train(request.config)
+        return _dry_run(request.config, parameters)
+    result, dist = _train(request.config, plugins)
     if result.results is not None and request.config.outputs_url:
         _upload_results(result.results, request.config.outputs_url)
     if dist.is_root:
@@ -33,11 +35,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _dry_run(cfg: TrainConfig) -> int:
+def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
+    """A team's plug-ins, imported and checked on one sample before any engine starts (and the
+    parameters of the model that checked them); a bad one stops with one line, exit 2."""
+    from trainer.plugins import load
+
+    try:
+        return load(cfg)
+    except ConfigError as err:
+        fail(str(err), 2)
+
+
+def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     """Build the model on the meta device or the CPU and count its parameters."""
     from trainer.data.text import BYTE_VOCAB
     from trainer.model import build_model, count_parameters
 
+    if parameters is not None:  # the plug-ins' check built it
+        print(
+            f"config ok: {cfg.model} has {parameters:,} parameters; plug-ins checked on one "
+            f"sample of data={cfg.data}"
+        )
+        return 0
     if cfg.language_model:
         # The vocabulary of --data tokens is in its manifest, read when training starts.
         vocab = cfg.vocab_size or BYTE_VOCAB
@@ -50,7 +69,7 @@ def _dry_run(cfg: TrainConfig) -> int:
     return 0
 
 
-def _train(cfg: TrainConfig) -> tuple[RunResult, Dist]:
+def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     """Start this worker's engine and train; every failure ends in one line (trainer.cli.fail)."""
     # Imported here so --dry-run never waits for torch.distributed.
     from trainer.checkpoint import CheckpointError
@@ -58,6 +77,7 @@ def _train(cfg: TrainConfig) -> tuple[RunResult, Dist]:
     from trainer.debugger import DebuggerError, wait_for_debugger
     from trainer.distributed import init_dist, is_peer_failure
     from trainer.files import OutputError
+    from trainer.init_from import InitError
     from trainer.live_upload import uploading
     from trainer.preflight import PreflightError
     from trainer.run import train
@@ -78,9 +98,11 @@ def _train(cfg: TrainConfig) -> tuple[RunResult, Dist]:
     with uploading(cfg, enabled=dist.is_root):
         try:
             wait_for_debugger(cfg, dist, stop)  # --debug-rank: nothing trains until it attaches
-            return train(cfg, dist, stop), dist
+            return train(cfg, dist, stop, plugins), dist
         except (ConfigError, DataError) as err:
             fail(str(err), 2)
+        except InitError as err:
+            fail(str(err), err.exit_code)
         except (CheckpointError, PreflightError, OutputError, DebuggerError) as err:
             fail(str(err), 1)
         except OSError as err:

@@ -26,7 +26,7 @@ from trainer.background_save import (
     cpu_copy,
     snapshot_unguarded,
 )
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import DEFAULTS, ConfigError, TrainConfig
 from trainer.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_WRITTEN = "checkpoint written: %s (uid %d)"
 
 # Settings that change what a checkpoint's tensors mean: resuming across them is refused.
-_CHECKPOINT_IDENTITY = ("model", "num_classes", "optimizer")
+_CHECKPOINT_IDENTITY = ("model", "model_args", "num_classes", "optimizer")
 # Checkpoint entries that are the model's and optimizer's tensors; the rest is the trainer's.
 _TENSOR_ENTRIES = ("model", "optimizer")
 
@@ -45,10 +45,12 @@ TrainerState = Callable[[], dict[str, Any]]
 def incompatibility(cfg: TrainConfig, path: Path, saved: dict[str, Any]) -> str | None:
     """Why ``cfg`` cannot resume from the checkpoint at ``path`` (saved with ``saved``), or None."""
     for key in _CHECKPOINT_IDENTITY:
-        if saved.get(key) != getattr(cfg, key):
+        # A setting older checkpoints lack had its default then.
+        was = saved.get(key, getattr(DEFAULTS, key))
+        if was != getattr(cfg, key):
             return (
                 f"{key}={getattr(cfg, key)!r}: checkpoint {path} was trained with "
-                f"{key}={saved.get(key)!r}; use the same setting or another --output-dir"
+                f"{key}={was!r}; use the same setting or another --output-dir"
             )
     return None
 

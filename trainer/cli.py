@@ -4,6 +4,7 @@ defaults in ``trainer.config``. Errors are one line and exit code 2, never a tra
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,12 +37,26 @@ from trainer.config import (
 
 # Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
 HELP: dict[str, str] = {
-    "model": f"network: {', '.join(MODELS)}",
+    "model": f"network: {', '.join(MODELS)}, or your own as pkg.module:factory "
+    "(factory(cfg, **model_args) -> torch.nn.Module, imported from the working directory or "
+    "PYTHONPATH)",
+    "model_args": "a plug-in model's keyword arguments, a YAML mapping like '{width: 32}'",
     "num_classes": "classifier outputs",
+    "loss": "your own loss as pkg.module:function(outputs, targets) -> the batch's mean loss "
+    "(default: cross-entropy over class scores)",
+    "metric": "your own metric as pkg.module:function(outputs, targets) -> how many samples "
+    "are right, logged as accuracy (default: top-1 with the default loss)",
+    "init_from": "start from these weights when the run has no checkpoint of its own: a "
+    "safetensors file, a torch state dict, or another run's checkpoint (file or sharded "
+    "folder), as a local path or an https:// Blob URL (read with the machine's identity)",
+    "init_strict": "--init-from must match every key of the model (--no-init-strict: load "
+    "those that match and report the missing and unexpected ones)",
     "context": "language models: tokens per sample (default: the model's context)",
     "vocab_size": "language models: vocabulary (default: the token shards' manifest, or 257 "
     "byte-level tokens with synthetic data)",
-    "data": f"input: {', '.join(DATA_SOURCES)}",
+    "data": f"input: {', '.join(DATA_SOURCES)}, or your own as pkg.module:factory "
+    "(factory(cfg, **data_args) -> a map-style Dataset of (input, target), or (train, val))",
+    "data_args": "a plug-in dataset's keyword arguments, a YAML mapping like '{size: 512}'",
     "data_dir": "--data folder: root with train/<class>/ (and val/); --data shards: the "
     "folder with manifest.json (dt-data prepare); --data tokens: the folder "
     "dt-data prepare-text wrote",
@@ -122,7 +137,13 @@ HELP: dict[str, str] = {
     "gpu_telemetry_seconds": "each rank samples its GPU (NVML: utilisation, memory, "
     "temperature, power, ECC, XID) every N seconds on a thread; kind: gpu records; 0: off",
 }
-_BOOLEAN = {"fp16_allreduce", "compile", "activation_checkpointing", "checkpoint_async"}
+_BOOLEAN = {
+    "fp16_allreduce",
+    "compile",
+    "activation_checkpointing",
+    "checkpoint_async",
+    "init_strict",
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -220,6 +241,9 @@ def to_flags(values: dict[str, Any]) -> list[str]:
         flag = "--" + name.replace("_", "-")
         if name in _BOOLEAN:
             flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            if value:  # JSON is YAML's flow style: parse() reads it back
+                flags += [flag, json.dumps(value, sort_keys=True)]
         elif isinstance(value, list | tuple):
             flags += [flag, ",".join(str(v) for v in value)]
         elif value is not None:

@@ -11,8 +11,10 @@ import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 from trainer.blob_folder import BlobFolder
 from trainer.lm.sizes import GPT_SIZES
@@ -65,6 +67,10 @@ LR_DECAYS = ("step", "cosine", "poly")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
 SWITCHES = ("auto", "on", "off")
+# A team's own model, data, loss or metric (trainer.plugins): ``pkg.module:name``, found on
+# sys.path (the working directory or PYTHONPATH).
+PLUGIN_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+PLUGIN_EXAMPLE = "examples.custom_model.model:build"
 # Settings an earlier version had, and why they are gone: a file that still sets one gets the
 # reason, not a bare "unknown setting".
 REMOVED_SETTINGS = {
@@ -88,6 +94,11 @@ def one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def is_plugin_ref(value: Any) -> bool:
+    """Whether ``value`` names a plug-in (``pkg.module:name``) rather than a built-in."""
+    return isinstance(value, str) and ":" in value
+
+
 class ConfigError(ValueError):
     """A setting has an invalid value; the message is one line meant for the user."""
 
@@ -98,14 +109,27 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class TrainConfig:
     # What to train.
+    # A built-in (MODELS) or a plug-in ``pkg.module:factory`` called as
+    # ``factory(cfg, **model_args)`` (trainer.plugins).
     model: str = "resnet50"
+    model_args: dict[str, Any] = field(default_factory=dict)
     num_classes: int = 1000
+    # Plug-in hooks: ``loss(outputs, targets)`` and ``metric(outputs, targets)`` ("": built-in).
+    loss: str = ""
+    metric: str = ""
+    # Start from these weights when the run has no checkpoint of its own: a local file or
+    # folder, or a Blob URL (trainer.init_from); strict: every key must match.
+    init_from: str = ""
+    init_strict: bool = True
     # Language models: tokens per sample (None: the model's context) and the vocabulary (None:
     # the token shards' manifest says, or 257 byte-level tokens for synthetic data).
     context: int | None = None
     vocab_size: int | None = None
     # Data. ``batch_size`` is per worker; the global batch is batch_size x workers x accumulation.
+    # A built-in source (DATA_SOURCES) or a plug-in ``pkg.module:factory`` called as
+    # ``factory(cfg, **data_args)``.
     data: str = "synthetic"
+    data_args: dict[str, Any] = field(default_factory=dict)
     data_dir: str | None = None
     image_size: int = 224
     batch_size: int = 32
@@ -218,6 +242,11 @@ class TrainConfig:
             kwargs[key] = _coerce(key, value, known[key].type)
         return cls(**kwargs)
 
+    def __hash__(self) -> int:
+        # The plug-ins' argument mappings are dicts: hashed by their sorted items, so a config
+        # stays hashable as a frozen dataclass is.
+        return hash(tuple(_hashable(getattr(self, name)) for name in FIELD_NAMES))
+
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
@@ -225,6 +254,10 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["lr_step_epochs"] = list(self.lr_step_epochs)
         return out
+
+    @property
+    def plugin_data(self) -> bool:
+        return is_plugin_ref(self.data)
 
     @property
     def language_model(self) -> bool:
@@ -235,6 +268,7 @@ class TrainConfig:
         """Every setting against its range and the others it depends on, in a fixed order, so
         the first problem found is always the same one."""
         self._check_model_and_data()
+        self._check_plugins()
         self._check_loading()
         self._check_schedule()
         self._check_engine()
@@ -242,9 +276,9 @@ class TrainConfig:
 
     def _check_model_and_data(self) -> None:
         """The model, and the data it can train on."""
-        _choice("model", self.model, MODELS)
+        _choice_or_plugin("model", self.model, MODELS)
         _int_range("num_classes", self.num_classes, 2, 1_000_000)
-        _choice("data", self.data, DATA_SOURCES)
+        _choice_or_plugin("data", self.data, DATA_SOURCES)
         if self.language_model and self.data not in LM_DATA:
             raise ConfigError(
                 f"data={self.data}: {self.model} trains on --data tokens (dt-data "
@@ -277,6 +311,29 @@ class TrainConfig:
                 "data_dir=None: --data shards needs --data-dir DIR (with manifest.json)"
             )
 
+    def _check_plugins(self) -> None:
+        """A team's own model, data and hooks (trainer.plugins), and the weights a run starts
+        from (trainer.init_from). Here only their form: importing them needs torch."""
+        for name in ("loss", "metric"):
+            if ref := getattr(self, name):
+                _plugin_ref(name, ref)
+                if self.language_model:
+                    raise ConfigError(
+                        f"{name}={ref}: {self.model} trains on next-token cross-entropy; delete "
+                        "the setting"
+                    )
+        for name, owner in (("model_args", "model"), ("data_args", "data")):
+            args = getattr(self, name)
+            if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+                raise ConfigError(f"{name}={shown(args)}: expected a mapping of keyword arguments")
+            if args and not is_plugin_ref(getattr(self, owner)):
+                raise ConfigError(
+                    f"{name}={shown(args)}: only a plug-in {owner} (pkg.module:factory) takes "
+                    "arguments; delete the setting"
+                )
+        if self.init_from:
+            init_source(self.init_from)
+
     def _check_loading(self) -> None:
         """The memory cache and the data loader."""
         _choice("cache", self.cache, CACHE_MODES)
@@ -284,6 +341,11 @@ class TrainConfig:
             raise ConfigError(
                 f"cache={self.cache}: token shards are memory-mapped (the page cache holds them); "
                 "use --cache none"
+            )
+        if self.cache != "none" and self.plugin_data:
+            raise ConfigError(
+                f"cache={self.cache}: the cache serves --data folder and shards; a plug-in "
+                "dataset keeps what it likes in memory itself; use --cache none"
             )
         if self.cache != "none" and self.data == "synthetic":
             raise ConfigError(
@@ -393,6 +455,43 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------- helpers
+def init_source(text: str) -> BlobFolder | None:
+    """``init_from`` as a Blob location (an https URL: the folder's ``prefix`` ends with the
+    blob's or the folder's name), or None for a local path; ConfigError for anything else."""
+    if "://" not in text:
+        return None
+    try:
+        location = BlobFolder.parse(text)
+    except ValueError as err:
+        raise ConfigError(
+            f"init_from={shown(text, 80)}: {err} (or give a local file or folder)"
+        ) from None
+    if not location.prefix:
+        raise ConfigError(
+            f"init_from={shown(text, 80)}: names a container, not a blob; give the URL of a "
+            "weights file or checkpoint folder in it"
+        )
+    return location
+
+
+def _plugin_ref(name: str, value: str) -> None:
+    if not PLUGIN_REF.match(value):
+        raise ConfigError(
+            f"{name}={shown(value)}: a plug-in is pkg.module:function (for example "
+            f"{PLUGIN_EXAMPLE})"
+        )
+
+
+def _choice_or_plugin(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if is_plugin_ref(value):
+        _plugin_ref(name, value)
+    elif value not in choices:
+        raise ConfigError(
+            f"{name}={shown(value)}: must be one of {', '.join(choices)}, or a plug-in "
+            f"pkg.module:factory"
+        )
+
+
 def profile_window(text: str) -> tuple[int, int]:
     """``profile_steps`` as (first, last): the optimizer steps a trace records, counted like
     ``--max-steps`` (from 1, over every invocation of the run)."""
@@ -410,6 +509,14 @@ def shown(value: Any, limit: int = 40) -> str:
     400-digit number."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -455,6 +562,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
             return tuple(int(str(v).strip()) for v in items if str(v).strip())
         if kind == "bool":
             return _to_bool(key, value)
+        if kind.startswith("dict"):
+            return _to_mapping(key, value)
         if kind.startswith("int"):
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
@@ -470,6 +579,21 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         expected = {"tuple": "integers, comma-separated", "int": "an integer", "float": "a number"}
         expected_text = next((v for k, v in expected.items() if kind.startswith(k)), kind)
         raise ConfigError(f"{key}={shown(value)}: expected {expected_text}") from None
+
+
+def _to_mapping(key: str, value: Any) -> dict[str, Any]:
+    """A mapping from YAML, or from a flag's YAML flow text (``'{width: 32}'``)."""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else {}
+        except yaml.YAMLError:
+            raise ConfigError(
+                f"{key}={shown(value)}: not valid YAML; give a mapping like '{{width: 32}}'"
+            ) from None
+    if not isinstance(parsed, Mapping):
+        raise ConfigError(f"{key}={shown(value)}: expected a mapping like {{width: 32}}")
+    return dict(parsed)
 
 
 def _to_bool(key: str, value: Any) -> bool:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from trainer.distributed import Dist, GradientProbe
+from trainer.plugins import Objective
 
 
 @dataclass
@@ -24,7 +25,8 @@ class StepParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    criterion: nn.Module
+    # The loss minimised and the samples counted right (trainer.plugins: built-in or a team's).
+    objective: Objective
     dist: Dist
     device: torch.device
     amp_dtype: torch.dtype | None
@@ -47,10 +49,11 @@ class WindowMeter:
     """Sums over a logging window, kept on the device so steps never wait for the host. Its
     averages also report each rank's peak memory and ``cpu_sec``, the CPU seconds a rank's process
     (every thread) spent in the window, both as means over ranks: every rank logs the same
-    record."""
+    record. Without a metric (``measured`` False) no accuracy is reported."""
 
     device: torch.device
     unit: str = "images"  # what one sample is: an image, or a language model's target token
+    measured: bool = True
     sums: torch.Tensor = field(init=False)
     images: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -76,9 +79,10 @@ class WindowMeter:
         self.images = 0
         self.started = time.monotonic()
         self.cpu_started = time.process_time()
+        accuracy = {"accuracy": correct / max(count, 1)} if self.measured else {}
         return {
             "loss": loss_sum / max(count, 1),
-            "accuracy": correct / max(count, 1),
+            **accuracy,
             f"{self.unit}_per_sec": total_rate / dist.size,
             f"{self.unit}_per_sec_total": total_rate,
             "peak_memory_gb": memory / dist.size,
@@ -100,9 +104,11 @@ def train_step(
     """Forward/backward over ``accumulation_steps`` micro-batches, then one optimizer step.
 
     Returns the summed loss, correct predictions and sample count (device tensors, no sync).
-    A sample is an image (logits [batch, classes], labels [batch]) or, for a language model,
-    one target token (logits [batch, time, vocabulary], labels [batch, time]).
+    A sample is an image (logits [batch, classes], labels [batch]), for a language model one
+    target token (logits [batch, time, vocabulary], labels [batch, time]), or a plug-in
+    dataset's (input, target) pair; ``parts.objective`` says how each is scored.
     """
+    objective = parts.objective
     probe = parts.probe if parts.measure else None
     if probe is not None:
         probe.start()
@@ -116,11 +122,13 @@ def train_step(
         with sync:
             with parts.autocast():
                 logits = parts.model(images)
-                loss = parts.criterion(logits.flatten(0, -2), labels.flatten())
+                loss = objective.loss(logits, labels)
             parts.scaler.scale(loss / len(micro_batches)).backward()
-        loss_sum += loss.detach().float() * labels.numel()
-        correct += (logits.detach().argmax(dim=-1) == labels).sum()
-        count += labels.numel()
+        samples = objective.count(labels)
+        loss_sum += loss.detach().float() * samples
+        if objective.correct is not None:
+            correct += objective.correct(logits.detach(), labels).to(correct.dtype)
+        count += samples
     parts.dist.optimizer_step(parts.optimizer, parts.scaler, parts.clip_norm, probe)
     parts.optimizer.zero_grad()  # set_to_none by default; Horovod's override takes no args
     parts.scheduler.step()
@@ -158,21 +166,22 @@ def train_one_epoch(
 def evaluate(
     parts: StepParts, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
 ) -> dict[str, float]:
-    """Loss and top-1 accuracy over every rank's validation shard, and the samples (images, or
-    a language model's target tokens) they cover."""
+    """Loss and accuracy (top-1, or the plug-in metric's; none without a metric) over every
+    rank's validation shard, and the samples (images, a language model's target tokens, a
+    plug-in dataset's samples) they cover."""
     parts.model.eval()
+    objective = parts.objective
     sums = torch.zeros(3, dtype=torch.float64, device=parts.device)
     for images, labels in batches:
         with parts.autocast():
             logits = parts.model(images)
-            loss = parts.criterion(logits.flatten(0, -2), labels.flatten())
-        sums[0] += loss.double() * labels.numel()
-        sums[1] += (logits.argmax(dim=-1) == labels).sum().double()
-        sums[2] += labels.numel()
+            loss = objective.loss(logits, labels)
+        samples = objective.count(labels)
+        sums[0] += loss.double() * samples
+        if objective.correct is not None:
+            sums[1] += objective.correct(logits, labels).double()
+        sums[2] += samples
     loss_sum, correct, count = parts.dist.allreduce_sum(sums).tolist()
     parts.model.train()
-    return {
-        "val_loss": loss_sum / max(count, 1),
-        "val_accuracy": correct / max(count, 1),
-        "val_samples": int(count),
-    }
+    accuracy = {"val_accuracy": correct / max(count, 1)} if objective.correct is not None else {}
+    return {"val_loss": loss_sum / max(count, 1), **accuracy, "val_samples": int(count)}

@@ -80,7 +80,14 @@ class Progress:
         self, start_step: int, total_steps: int, stream: TextIO = sys.stderr, unit: str = "images"
     ) -> None:
         self.total = total_steps
-        self.rate_key, self.rate_label = f"{unit}_per_sec", {"images": "img", "tokens": "tok"}[unit]
+        self.rate_key, self.rate_label = (
+            f"{unit}_per_sec",
+            {
+                "images": "img",
+                "tokens": "tok",
+                "samples": "samples",
+            }[unit],
+        )
         self.stream = stream
         self.started = time.monotonic()
         self.start_step = start_step
@@ -107,9 +114,10 @@ class Progress:
         done = step - self.start_step
         elapsed = time.monotonic() - self.started
         eta = elapsed / done * (self.total - step) if done else 0.0
+        accuracy = f"acc {record['accuracy']:.3f} " if "accuracy" in record else ""
         print(
             f"step {step}/{self.total} epoch {record['epoch']} loss {record['loss']:.4f} "
-            f"acc {record['accuracy']:.3f} lr {record['lr']:.4g} "
+            f"{accuracy}lr {record['lr']:.4g} "
             f"{record[self.rate_key]:.1f} {self.rate_label}/s eta {eta:.0f}s",
             file=self.stream,
             flush=True,

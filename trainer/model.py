@@ -167,12 +167,29 @@ def build_model(name: str, outputs: int, device: torch.device | str | None = Non
 def sharding_units(model: nn.Module) -> list[nn.Module]:
     """The blocks FSDP shards one by one (each gathers its parameters just before it runs and
     frees them after, so peak memory holds one block's full parameters, not the model's) and
-    activation checkpointing recomputes: ResNet's residual blocks, a GPT's transformer blocks
-    (``model.blocks``). The tiny test CNN has none; the root then holds everything."""
+    activation checkpointing recomputes. A model names them itself in a ``sharding_units``
+    attribute (a list of its submodules, or a method returning one: a plug-in's way,
+    trainer.plugins); otherwise a GPT's transformer blocks (``model.blocks``), ResNet's residual
+    blocks, or else the entries of the model's outermost ``nn.ModuleList``s (where transformer
+    code keeps its layers). The tiny test CNN has none; the root then holds everything."""
+    declared = getattr(model, "sharding_units", None)
+    if declared is not None:
+        return list(declared() if callable(declared) else declared)
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.ModuleList):
         return list(blocks)
-    return [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+    residual = [m for m in model.modules() if isinstance(m, (BasicBlock, Bottleneck))]
+    return residual or _outermost_list_entries(model)
+
+
+def _outermost_list_entries(model: nn.Module) -> list[nn.Module]:
+    units: list[nn.Module] = []
+    inside: set[int] = set()  # modules already within a collected list
+    for module in model.modules():  # parents before children
+        if isinstance(module, nn.ModuleList) and id(module) not in inside:
+            units += list(module)
+            inside |= {id(m) for m in module.modules()}
+    return units
 
 
 def checkpoint_activations(units: list[nn.Module]) -> None:

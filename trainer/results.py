@@ -78,7 +78,7 @@ def evaluation_summary(
     if language_model:
         # exp() overflows a float beyond ~709; such a model has no meaningful perplexity.
         summary["perplexity"] = math.exp(loss) if loss < 700 else None
-    else:
+    elif "val_accuracy" in metrics:  # a plug-in loss without a metric measures none
         summary["accuracy"] = float(metrics["val_accuracy"])
     return summary
 

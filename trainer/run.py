@@ -17,18 +17,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import affinity, checkpoint, preflight, results
+from trainer import affinity, checkpoint, init_from, preflight, results
 from trainer.checkpointer import build_checkpointer
 from trainer.config import ConfigError, TrainConfig
-from trainer.data import build_loaders
+from trainer.data import Loaders, build_loaders
+from trainer.data.plugin import plugin_loaders
 from trainer.distributed import Dist, GradientProbe
 from trainer.lm.sizes import GPT_SIZES, flops_per_token
 from trainer.lm.throughput import peak_tflops, throughput_metrics
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
-from trainer.model import build_model, checkpoint_activations, sharding_units
+from trainer.model import checkpoint_activations, sharding_units
 from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
+from trainer.plugins import Plugins
 from trainer.profiling import profiling
 from trainer.rank_watch import RankWatch
 from trainer.signals import StopRequest, StopVote
@@ -181,8 +183,11 @@ class _Run:
     trainer's own part of a checkpoint is written by ``state_dict()`` and read back by
     ``load_state_dict()``; ``self.checkpointer`` holds the model's and optimizer's."""
 
-    def __init__(self, cfg: TrainConfig, dist: Dist, stop: StopRequest) -> None:
+    def __init__(
+        self, cfg: TrainConfig, dist: Dist, stop: StopRequest, plugins: Plugins | None = None
+    ) -> None:
         self.cfg, self.dist, self.stop = cfg, dist, stop
+        self.plugins = plugins or Plugins()
         self.output_dir = Path(cfg.output_dir)
         self.device = select_device(cfg, dist)
         amp_dtype, channels_last = resolve_precision(cfg, self.device)
@@ -195,9 +200,7 @@ class _Run:
         # anyway, so a rank with a different seed can never silently diverge.
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed + dist.rank)
-        self.loaders = build_loaders(
-            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size, dist
-        )
+        self.loaders = self._build_loaders(channels_last)
         self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
         if self.steps_per_epoch == 0:
             raise ConfigError(
@@ -218,16 +221,26 @@ class _Run:
         self.last_eval: tuple[int, dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ set-up
+    def _build_loaders(self, channels_last: bool) -> Loaders:
+        """Our data sources, or a plug-in's datasets behind the same samplers."""
+        cfg, dist = self.cfg, self.dist
+        data = self.plugins.data
+        if data is not None:
+            return plugin_loaders(cfg, data.train, data.val, dist.rank, dist.size, self.device)
+        return build_loaders(
+            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size, dist
+        )
+
     def _build_model(self, outputs: int, channels_last: bool) -> nn.Module:
         """The model on its device, and what throughput counts (``unit``, samples per batch,
         FLOPs per token and the device's peak for a language model)."""
         cfg = self.cfg
         # Sharded engines build the model in host memory: fully_shard moves each block to the
         # GPU as it cuts it into shards, so the whole model never has to fit on one GPU.
-        model = build_model(cfg.model, outputs)
+        model = self.plugins.build_model(cfg, outputs)
         if not self.dist.sharded_state:
             model = model.to(self.device)
-        self.unit = "tokens" if cfg.language_model else "images"
+        self.unit = "tokens" if cfg.language_model else "samples" if cfg.plugin_data else "images"
         # Samples of one batch: images, or target tokens (the batch's windows x context).
         self.samples_per_batch = cfg.batch_size
         self.flops_per_token = 0
@@ -284,7 +297,7 @@ class _Run:
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=scaler,
-            criterion=nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing),
+            objective=self.plugins.objective(cfg),
             dist=dist,
             device=self.device,
             amp_dtype=amp_dtype,
@@ -326,8 +339,16 @@ class _Run:
         the plan and the LR schedule are placed at the position for this world size."""
         found = self.checkpointer.load()
         if found is None:
+            if self.cfg.init_from:
+                self._start_from_weights()
             return
         path, state = found
+        if self.cfg.init_from and self.dist.is_root:
+            print(
+                f"init_from={self.cfg.init_from} not applied: the run resumes from its own "
+                f"checkpoint {path}",
+                flush=True,
+            )
         self.load_state_dict(state)
         pos = self.position
         sampler = self.loaders.train.sampler
@@ -344,6 +365,29 @@ class _Run:
             self._log_resize(saved_world, steps_left)
         if self.dist.is_root:
             print(f"resumed from {path} at step {pos.step} (epoch {pos.epoch})", flush=True)
+
+    def _start_from_weights(self) -> None:
+        """A fresh run with --init-from: the weights read (by rank 0, or with sharded state by
+        every rank) and loaded into the model (a collective); a failure on a reading rank
+        stops every rank with its line."""
+        cfg, dist = self.cfg, self.dist
+        reads = dist.sharded_state or dist.is_root
+        report, error = None, None
+        if reads:
+            try:
+                report = init_from.apply(self.model, cfg.init_from, cfg.init_strict)
+            except init_from.InitError as err:
+                error = (str(err), err.exit_code)
+        if dist.any_rank(error is not None):
+            line, code = dist.broadcast_object(error) or (
+                "init_from: another rank could not read the weights (its log says why)",
+                1,
+            )
+            raise init_from.InitError(line, code)
+        if not dist.sharded_state:
+            dist.broadcast_parameters(self.model)  # rank 0's weights on every rank
+        if dist.is_root:
+            print(report, flush=True)
 
     def _log_resize(self, saved_world: int, steps_left: int) -> None:
         """Rank 0, resuming on another number of workers: how the epoch continues."""
@@ -454,7 +498,7 @@ class _Run:
         # --straggler-every, --gpu-telemetry-seconds: the ranks' times and GPU samples.
         self.watch = RankWatch(cfg, dist, self.device, self.writer)
         progress = Progress(pos.step, self.total_steps, unit=self.unit) if dist.is_root else None
-        meter = WindowMeter(self.device, self.unit)
+        meter = WindowMeter(self.device, self.unit, self.parts.objective.correct is not None)
         stopped_by = None if self._training_due() else "already_complete"
         started = time.monotonic()
         every = cfg.noise_scale_every
@@ -635,9 +679,16 @@ class _Run:
         return evaluate(self.parts, self.loaders.val)
 
 
-def train(cfg: TrainConfig, dist: Dist, stop: StopRequest | None = None) -> RunResult:
-    """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present."""
-    run = _Run(cfg, dist, stop or StopRequest())
+def train(
+    cfg: TrainConfig,
+    dist: Dist,
+    stop: StopRequest | None = None,
+    plugins: Plugins | None = None,
+) -> RunResult:
+    """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present,
+    else starts from ``--init-from`` if given. ``plugins``: the team's checked plug-ins
+    (``trainer.plugins.load``)."""
+    run = _Run(cfg, dist, stop or StopRequest(), plugins)
     run.resume()
     result = run.train()
     result.results = run.write_results(result)

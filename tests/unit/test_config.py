@@ -109,7 +109,42 @@ INVALID = [
     ({"debug_rank": -1}, "debug_rank=-1", "0.."),
     ({"debug_port": 80}, "debug_port=80", "1024..65535"),
     ({"batchsize": 32}, "unknown setting 'batchsize'", "batch_size"),
+    # A team's plug-ins (trainer.plugins) and the weights a run starts from (trainer.init_from).
+    ({"model": "my model:build"}, "model='my model:build'", "pkg.module:function"),
+    ({"data": "pkg.data:"}, "data='pkg.data:'", "pkg.module:function"),
+    ({"loss": "losses.focal"}, "loss='losses.focal'", "pkg.module:function"),
+    ({"metric": "m:1x"}, "metric='m:1x'", "pkg.module:function"),
+    ({"model": "gpt-tiny", "loss": "a.b:c"}, "loss=a.b:c", "next-token cross-entropy"),
+    ({"model_args": {"width": 3}}, "model_args={'width': 3}", "only a plug-in model"),
+    ({"model_args": "[1, 2]"}, "model_args='[1, 2]'", "a mapping like"),
+    ({"model_args": "{width: [1"}, "model_args='{width: [1'", "not valid YAML"),
+    ({"data_args": {"size": 3}}, "data_args={'size': 3}", "only a plug-in data"),
+    (
+        {"data": "a.b:c", "cache": "bytes"},
+        "cache=bytes",
+        "a plug-in dataset keeps what it likes in memory itself",
+    ),
+    ({"init_from": "s3://bucket/w.pt"}, "init_from='s3://bucket/w.pt'", "https:// blob"),
+    (
+        {"init_from": "https://acct.blob.core.windows.net/weights"},
+        "init_from='https://acct.blob.core.windows.net/weights'",
+        "names a container, not a blob",
+    ),
+    ({"init_strict": "mostly"}, "init_strict='mostly'", "true or false"),
 ]
+
+
+def test_plugins_and_their_arguments_from_flags_and_yaml():
+    from_flags = TrainConfig.from_mapping(
+        {"model": "pkg.models:build", "model-args": "{width: 32, act: gelu}", "data": "d.e:f"}
+    )
+    from_yaml = TrainConfig.from_mapping(
+        {"model": "pkg.models:build", "model_args": {"width": 32, "act": "gelu"}, "data": "d.e:f"}
+    )
+    assert from_flags == from_yaml
+    assert from_flags.model_args == {"width": 32, "act": "gelu"}
+    assert from_flags.plugin_data and not from_flags.language_model
+    assert TrainConfig.from_mapping(from_flags.to_dict()) == from_flags
 
 
 @pytest.mark.parametrize(("values", "names", "fix"), INVALID)
@@ -152,3 +187,10 @@ def test_live_upload_is_off_by_default_and_takes_fractional_minutes():
         }
     )
     assert cfg.metrics_upload_minutes == 0.5
+
+
+def test_a_config_with_plugin_arguments_stays_hashable():
+    values = {"model": "pkg.models:build", "model_args": {"widths": [32, 64], "act": "gelu"}}
+    same = {"model": "pkg.models:build", "model_args": {"act": "gelu", "widths": [32, 64]}}
+    assert hash(TrainConfig.from_mapping(values)) == hash(TrainConfig.from_mapping(same))
+    assert len({DEFAULTS, TrainConfig.from_mapping(values)}) == 2

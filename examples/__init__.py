@@ -1,0 +1,1 @@
+"""Examples of using the trainer with a team's own code."""
