@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import runpy
+import shlex
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -181,12 +182,19 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
                 line += "; continues the deployed run"
             else:
                 line += f"; STARTS A FRESH RUN (the deployed job trains in {before})"
-        lines.append(line)
+        lines += [line, f"    runs: {runs_line(spec)}"]
     planned = {spec.name or SHORTHAND_JOB for spec in specs}
     for name, folder in sorted((deployed or {}).items()):
         if name not in planned:
             lines.append(f"  {name}: deleted by this change (its checkpoints stay in {folder})")
     return [*lines, ""]
+
+
+def runs_line(spec: Any) -> str:
+    """What a job's workers run: its own command and engine, or the trainer with its flags."""
+    if spec.command:
+        return f"{shlex.join(spec.command)} (engine {spec.engine}, its own command)"
+    return shlex.join(["python", "-m", "trainer", *spec.trainer_args])
 
 
 def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None]:

@@ -24,6 +24,8 @@ REPLACE_OPS = ("replace", "create-replacement", "delete-replaced")
 REASONS = {
     "image_ref": "new trainer image (an image input changed)",
     "trainer_args": "trainer settings changed",
+    "command": "the job's command changed",
+    "engine": "the job's engine changed",
     "node_count": "node count changed",
     "vm_size": "VM size changed",
     "dataset_prefix": "dataset changed",

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from infra import credentials
 from infra.cloud_init import RUNS_DIR
 from infra.sizes import size_of
-from infra.trainer_command import JobSet, commands
+from infra.trainer_command import JobSet, commands, script_commands
 
 TASK_ID = "train"  # the multi-instance task in every job
 # Where every node mounts the shared file system, under $AZ_BATCH_NODE_MOUNTS_DIR (the pool's
@@ -183,6 +183,11 @@ class JobFields(Generic[S]):
     # ones stacks had before the jobs map existed (no replaced job on upgrade).
     name: str = ""
     priority: int = 0  # Batch job priority, -1000..1000
+    # A job that runs its own command instead of the trainer (trainer_args then empty): its
+    # words and how its workers meet (infra.trainer_command.SCRIPT_ENGINES). Left out of the
+    # hashes at these defaults, like name and priority.
+    command: tuple[str, ...] = ()
+    engine: str = ""
 
 
 def job_priority(value: Any) -> int:
@@ -224,7 +229,8 @@ class JobSpec(JobFields[str]):
 
     @property
     def run_name(self) -> str:
-        return run_name(self.trainer_args, self.dataset_prefix, self.name)
+        script = (*self.command, self.engine) if self.command else ()
+        return run_name(self.trainer_args, self.dataset_prefix, self.name, script)
 
     @property
     def checkpoint_path(self) -> str:
@@ -254,14 +260,18 @@ class JobSpec(JobFields[str]):
         # A field this version added is absent from older state: its default, as then.
         values = {f.name: props.get(f.name, f.default) for f in fields(cls)}
         values["trainer_args"] = tuple(values["trainer_args"])
+        values["command"] = tuple(values["command"] or ())
         values["node_count"] = int(values["node_count"])
         return cls(**values)
 
 
-def run_name(trainer_args: Sequence[str], dataset_prefix: str, name: str) -> str:
-    """Names a job's checkpoint folder: the same training settings of the same job resume the
-    same run; two jobs never share one."""
+def run_name(
+    trainer_args: Sequence[str], dataset_prefix: str, name: str, script: Sequence[str] = ()
+) -> str:
+    """Names a job's checkpoint folder: the same training settings (or the same own command
+    and engine, ``script``) of the same job resume the same run; two jobs never share one."""
     settings = [tuple(trainer_args), dataset_prefix, *([name] if name else [])]
+    settings += [tuple(script)] if script else []
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
 
 
@@ -352,12 +362,20 @@ def job_set(spec: JobSpec) -> JobSet:
     )
 
 
+def worker_commands(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(the workers' command, the launcher's flags): the trainer's, or the job's own command's
+    (``infra.trainer_command``)."""
+    if spec.command:
+        return script_commands(spec.command, spec.engine, job_set(spec))
+    return commands(spec.trainer_args, job_set(spec))
+
+
 def trainer_command(spec: JobSpec) -> list[str]:
-    """The trainer's complete command line, as the launcher runs it on every node: what runs
-    follows from the job's inputs alone, and the launcher edits nothing. The command is not part
-    of the job id or the run name (those hash the ``JobSpec``), so a change here replaces no job
-    by itself."""
-    return commands(spec.trainer_args, job_set(spec))[0]
+    """The workers' complete command line (the trainer's, or the job's own), as the launcher
+    runs it on every node: what runs follows from the job's inputs alone, and the launcher edits
+    nothing. The trainer's command is not part of the job id or the run name (those hash the
+    ``JobSpec``), so a change to its rendering replaces no job by itself."""
+    return worker_commands(spec)[0]
 
 
 def stage_command(spec: JobSpec) -> list[str]:
@@ -415,7 +433,7 @@ def job_options(spec: JobSpec):
 def launch_command(spec: JobSpec, *mode: str) -> list[str]:
     """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer,
     told the engine and the run folder by the same mapping the trainer's command comes from."""
-    trainer, given = commands(spec.trainer_args, job_set(spec))
+    trainer, given = worker_commands(spec)
     launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *given, *mode, "--"]
     return [*launch, *trainer]
 

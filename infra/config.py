@@ -25,6 +25,7 @@ from infra.naming import PROJECT, default_tags, tag_problem
 from infra.schema import declared, notes_of, render_block, schema_of, setting, with_block
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
+from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
 from trainer.config import one_line
 
@@ -64,7 +65,7 @@ _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 _S = TypeVar("_S")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-JOB_KEYS = ("trainerConfig", "nodes", "datasetPrefix", "priority")
+JOB_KEYS = ("trainerConfig", "command", "engine", "nodes", "datasetPrefix", "priority")
 SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
 
 
@@ -337,10 +338,12 @@ class JobInputs:
         "jobs",
         {},
         "Named training jobs, each a Batch job on the pool - a map of name to {trainerConfig, "
-        "nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; set one with "
-        "pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or removing a job "
-        "touches no other. Empty means the one job of submitJob/trainerConfig/datasetPrefix; "
-        "giving both forms is an error.",
+        "or command (your own script: a list of words, or one string split as a POSIX shell "
+        "would, never run by a shell) with engine (torch, the default: torchrun's variables; "
+        "or horovod), nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; "
+        "set one with pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or "
+        "removing a job touches no other. Empty means the one job of submitJob/trainerConfig/"
+        "datasetPrefix; giving both forms is an error.",
     )
 
 
@@ -751,13 +754,16 @@ def _section(cls: type[_S], typed: Mapping[str, Any], **overrides: Any) -> _S:
 @dataclass(frozen=True)
 class JobSettings:
     """One training job of the stack: its trainer settings (read and validated when the stack's
-    settings load), its node count, the dataset it stages and its Batch priority."""
+    settings load) or its own command and engine, its node count, the dataset it stages and its
+    Batch priority."""
 
     name: str
-    trainer: TrainerSettings
+    trainer: TrainerSettings | None  # None for a job that runs its own command
     nodes: int
     dataset_prefix: str = ""
     priority: int = 0
+    command: tuple[str, ...] = ()  # the job's own worker command (docs/jobs.md, Your own script)
+    engine: str = ""  # how its workers meet (SCRIPT_ENGINES); "" for the trainer
 
 
 def _read_trainer_settings(key: str, path: str) -> TrainerSettings:
@@ -793,15 +799,14 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
                 "with a letter (it becomes part of the Batch job id)"
             )
         if not isinstance(entry, dict):
-            raise ConfigError(f"jobs.{name}={entry!r}: give a mapping with trainerConfig")
+            raise ConfigError(
+                f"jobs.{name}={entry!r}: give a mapping with trainerConfig or command"
+            )
         unknown = sorted(set(entry) - set(JOB_KEYS))
         if unknown:
             raise ConfigError(
                 f"jobs.{name}.{unknown[0]}: unknown; a job takes {', '.join(JOB_KEYS)}"
             )
-        trainer_config = entry.get("trainerConfig")
-        if not isinstance(trainer_config, str) or not trainer_config:
-            raise ConfigError(f"jobs.{name}.trainerConfig: required (a trainer YAML path)")
         nodes = _typed(f"jobs.{name}.nodes", entry.get("nodes", node_count), {"type": "integer"})
         priority = _typed(f"jobs.{name}.priority", entry.get("priority", 0), {"type": "integer"})
         prefix = _typed(
@@ -811,9 +816,52 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         # Batch job priorities run from -1000 (lowest) to 1000 (highest).
         _range(f"jobs.{name}.priority", priority, -1000, 1000)
         _check_prefix(f"jobs.{name}.datasetPrefix", prefix)
-        trainer = _read_trainer_settings(f"jobs.{name}.trainerConfig", trainer_config)
-        parsed.append(JobSettings(name, trainer, nodes, prefix, priority))
+        trainer, command, engine = _what_runs(name, entry)
+        parsed.append(JobSettings(name, trainer, nodes, prefix, priority, command, engine))
     return tuple(parsed)
+
+
+def _what_runs(
+    name: str, entry: Mapping[str, Any]
+) -> tuple[TrainerSettings | None, tuple[str, ...], str]:
+    """(trainer settings, command, engine) of the job ``name``: its trainerConfig, or its own
+    command and engine; never both."""
+    if "command" in entry:
+        if "trainerConfig" in entry:
+            raise ConfigError(
+                f"jobs.{name}: command and trainerConfig are both set: a job runs either the "
+                f"trainer or your command; remove jobs.{name}.trainerConfig or "
+                f"jobs.{name}.command"
+            )
+        return _script(name, entry)
+    if "engine" in entry:
+        raise ConfigError(
+            f"jobs.{name}.engine={entry['engine']!r}: only a job with a command chooses its "
+            f"engine (the trainer's comes from its trainerConfig's backend); remove it"
+        )
+    trainer_config = entry.get("trainerConfig")
+    if not isinstance(trainer_config, str) or not trainer_config:
+        raise ConfigError(
+            f"jobs.{name}.trainerConfig: required (a trainer YAML path), or give "
+            f"jobs.{name}.command"
+        )
+    return _read_trainer_settings(f"jobs.{name}.trainerConfig", trainer_config), (), ""
+
+
+def _script(name: str, entry: Mapping[str, Any]) -> tuple[None, tuple[str, ...], str]:
+    """(no trainer settings, the job's command as argv, its engine)."""
+    try:
+        command = script_argv(entry["command"])
+    except ValueError as err:
+        raise ConfigError(f"jobs.{name}.command={entry['command']!r}: {err}") from None
+    engine = entry.get("engine", DEFAULT_SCRIPT_ENGINE)
+    if engine not in SCRIPT_ENGINES:
+        raise ConfigError(
+            f"jobs.{name}.engine={engine!r}: choose {' or '.join(SCRIPT_ENGINES)} (torch: "
+            "torchrun's variables, for torch.distributed, Accelerate or Lightning scripts; "
+            "horovod: horovodrun's, for a Horovod script)"
+        )
+    return None, command, engine
 
 
 SECRET_SETTINGS = tuple(d.key for _, d in declared(SecretSettings))

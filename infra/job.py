@@ -574,6 +574,7 @@ class TrainingJob(pulumi.dynamic.Resource):
         props: dict[str, Any] = {f.name: getattr(args, f.name) for f in fields(args)}
         props["endpoint"] = pulumi.Output.from_input(args.endpoint).apply(batch.endpoint_url)
         props["trainer_args"] = list(args.trainer_args)
+        props["command"] = list(args.command)
         props.update({key: None for key in OUTPUT_KEYS})
         super().__init__(
             TrainingJobProvider(),

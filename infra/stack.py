@@ -260,10 +260,12 @@ def _job(
             node_identity_id=ids.nodes.id,
             node_identity_client_id=ids.nodes.client_id,
             blob_endpoint=store.blob_endpoint,
-            trainer_args=trainer_flags(job.trainer, job.dataset_prefix),
+            trainer_args=trainer_flags(job.trainer, job.dataset_prefix) if job.trainer else (),
             dataset_prefix=job.dataset_prefix,
             name="" if shorthand else job.name,
             priority=job.priority,
+            command=job.command,
+            engine=job.engine,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
         # Data-plane calls need the deployer's Batch roles to exist first.

@@ -1,11 +1,13 @@
 """What a job gives ``python -m trainer`` and its launcher: which trainer settings the job sets
 itself (``JOB_SET``), the flags of the job's validated trainer settings (its ``trainer_args``),
-and the trainer's and the launcher's command lines, rendered once from one mapping. Pure: no
-Azure SDK, no torch (the job provider's host imports it).
+and the trainer's and the launcher's command lines, rendered once from one mapping; or, for a
+job that runs its own command (``script_argv``), that command and the launcher's flags for it
+(``script_commands``). Pure: no Azure SDK, no torch (the job provider's host imports it).
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,29 @@ STAGED_DATA_SET = ("data", "data_dir")
 # naming it leaves to the job, so that it gives the same flags, job id and run folder as one that
 # does not) and the VM size's preflight floor (an explicit floor wins).
 JOB_DEFAULTED = ("backend", "preflight_min_busbw")
+# How a job's own command's workers meet (the launcher's --backend for it): torch gives every
+# worker the variables torchrun would (torch.distributed, Accelerate, Lightning), horovod those
+# horovodrun --gloo would (a Horovod script).
+SCRIPT_ENGINES = ("torch", "horovod")
+DEFAULT_SCRIPT_ENGINE = "torch"
+
+
+def script_argv(value: Any) -> tuple[str, ...]:
+    """A job's own command as the words its workers run: a list of strings as it is, or one
+    string split as a POSIX shell splits words (``shlex.split``: quotes group, nothing is
+    expanded or run by a shell). Raises ValueError naming the fix."""
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as err:
+            raise ValueError(f"cannot split it into words ({err}); close the quote") from None
+    elif isinstance(value, list | tuple) and all(isinstance(word, str) for word in value):
+        words = list(value)
+    else:
+        raise ValueError("give a list of strings or one string (python train.py --epochs 3)")
+    if not words or not words[0]:
+        raise ValueError("empty; give the program and its arguments (python train.py ...)")
+    return tuple(words)
 
 
 def settings_values(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> dict[str, Any]:
@@ -124,3 +149,15 @@ def commands(trainer_args: Sequence[str], job: JobSet) -> tuple[list[str], list[
     trainer = ["python", "-m", "trainer", *trainer_args, *to_flags(given)]
     launcher = ["--backend", _engine(trainer_args, given), "--run-dir", given["output_dir"]]
     return trainer, launcher
+
+
+def script_commands(
+    command: Sequence[str], engine: str, job: JobSet
+) -> tuple[list[str], list[str]]:
+    """(the job's own command as its workers run it, the launcher's flags): the engine, the run
+    folder (each worker's DT_RUN_DIR) and where the master copies the run folder's
+    metrics.jsonl and tensorboard/ while it runs (the trainer does that itself)."""
+    if engine not in SCRIPT_ENGINES:
+        raise ValueError(f"engine={engine!r}: not one of {', '.join(SCRIPT_ENGINES)}")
+    launcher = ["--backend", engine, "--run-dir", job.run_dir]
+    return list(command), [*launcher, "--metrics-upload-url", job.metrics_upload_url]

@@ -278,8 +278,8 @@ def test_the_engine_is_the_launchers_own_option_never_read_from_the_worker_comma
 @pytest.mark.parametrize(
     ("backend", "message"),
     [
-        ("local", "backend=local: the launcher starts horovod, ddp, fsdp workers"),
-        ("mpi", "backend=mpi: the launcher starts horovod, ddp, fsdp workers"),
+        ("local", "backend=local: the launcher starts horovod, ddp, fsdp, torch workers"),
+        ("mpi", "backend=mpi: the launcher starts horovod, ddp, fsdp, torch workers"),
     ],
 )
 def test_an_engine_the_launcher_cannot_start_is_one_line(backend, message):

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.blob_folder import BlobFolder
 from trainer.cli import OneLineParser, fail
-from trainer.config import DEFAULTS, TORCH_DISTRIBUTED_BACKENDS
+from trainer.config import DEFAULTS
 from trainer.launch import eviction
 from trainer.launch.batch_env import (
     DEFAULT_PORT,
@@ -36,15 +37,19 @@ from trainer.launch.store import (
     wait_for_other_nodes,
 )
 from trainer.launch.task_user import task_user_environment
-from trainer.launch.workers import Workers, check_engine, supervise, worker_envs
+from trainer.launch.workers import TORCH_ENGINES, Workers, check_engine, supervise, worker_envs
+from trainer.live_upload import LiveUploader
 from trainer.scheduled_events import Watcher
+
+# How often the master copies a job's own command's metrics (the trainer's default period).
+SCRIPT_UPLOAD_MINUTES = DEFAULTS.metrics_upload_minutes
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="python -m trainer.launch",
-        description="Start this node's workers (Horovod, or torch.distributed: ddp, fsdp) for a "
-        "Batch multi-instance task.",
+        description="Start this node's workers (Horovod, or torch.distributed: ddp, fsdp; torch "
+        "or horovod for a job's own command) for a Batch multi-instance task.",
         allow_abbrev=False,
     )
     parser.add_argument(
@@ -59,6 +64,7 @@ def build_parser() -> OneLineParser:
         help="the run folder on the file system every node mounts (the worker command's "
         "--output-dir): each attempt's logs and outcomes, and the rendezvous token",
     )
+    _add_script_flags(parser)
     parser.add_argument(
         "--vm-size", help="pool VM size: workers per node and InfiniBand/NCCL settings"
     )
@@ -94,6 +100,17 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("command", nargs="+", help="the worker command, after --")
     return parser
+
+
+def _add_script_flags(parser: OneLineParser) -> None:
+    """The flags only a job's own command (not the trainer) gets."""
+    parser.add_argument(
+        "--metrics-upload-url",
+        type=BlobFolder.parse,
+        help="a job's own command (the trainer uploads its own): the master node copies "
+        "<run-dir>/metrics.jsonl and <run-dir>/tensorboard/ to this Blob folder every "
+        f"{SCRIPT_UPLOAD_MINUTES:g} min and when the workers end",
+    )
 
 
 def _default_workers(vm_size: str | None) -> int:
@@ -132,7 +149,7 @@ def _plan(args, env: dict[str, str]) -> _Plan:
     engine = check_engine(args.backend)
     node = read_batch_environment(env, args.node_ip, args.port)
     torch_port = None
-    if engine in TORCH_DISTRIBUTED_BACKENDS:
+    if engine in TORCH_ENGINES:
         torch_port = torch_master_port(node.port, env)
     if args.run_dir is None and args.defer_exit_code:
         raise LaunchError("--defer-exit-code needs --run-dir")
@@ -142,6 +159,8 @@ def _plan(args, env: dict[str, str]) -> _Plan:
             "rendezvous token to the other nodes in the run folder, so the launcher "
             "needs --run-dir on the file system every node mounts"
         )
+    if args.metrics_upload_url is not None and args.run_dir is None:
+        raise LaunchError("--metrics-upload-url needs --run-dir (the folder it copies from)")
     if args.run_dir is not None:
         check_writable(args.run_dir)
     records = RunRecords(args.run_dir) if args.run_dir is not None else None
@@ -225,6 +244,10 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
     """Start this node's workers, watch them to the end, and end the launch."""
     node, log = plan.node, ending.log
     base = worker_environment(args.vm_size, task_user_environment(env))
+    if args.run_dir is not None:
+        # The run folder on the shared file system, for a job's own command: its checkpoints/
+        # and tensorboard/ go there (docs/jobs.md, Your own script).
+        base["DT_RUN_DIR"] = str(args.run_dir)
     envs = worker_envs(plan.engine, node, plan.slots, base, plan.torch_port, token=store.token)
     if STOP.requested:
         # Nothing to checkpoint yet: the newest checkpoint stays the run's. The master does not
@@ -241,16 +264,31 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
             else f", {plan.engine} on {node.master_ip}:{plan.torch_port}"
         )
     )
+    uploader = _uploader(args, node, log)
     workers = Workers(list(args.command), envs, log)
     watcher = eviction.watch(env, store, node, log) if args.watch_scheduled_events else None
     outcome = supervise(node, workers, store, log, watcher)
     workers.join_output()
+    if uploader is not None:
+        uploader.close()  # the last copy, after the workers closed their files
     if watcher is not None:
         watcher.stop()
         if watcher.noticed:
             eviction.approve(watcher, log)
     hold = watcher if watcher is not None and watcher.noticed else None
     return ending.finish(outcome, args.defer_exit_code, hold=hold)
+
+
+def _uploader(args, node: Node, log: RunLog) -> LiveUploader | None:
+    """On the master, the live copy of a job's own command's metrics (``--metrics-upload-url``),
+    as rank 0 of the trainer makes its own (trainer.live_upload); None elsewhere."""
+    if args.metrics_upload_url is None or not node.is_master:
+        return None
+    log.say(
+        f"live upload: {args.run_dir}/metrics.jsonl and tensorboard/ to "
+        f"{args.metrics_upload_url.url} every {SCRIPT_UPLOAD_MINUTES:g} min"
+    )
+    return LiveUploader(args.run_dir, args.metrics_upload_url, SCRIPT_UPLOAD_MINUTES * 60).start()
 
 
 @dataclass

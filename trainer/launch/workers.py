@@ -22,9 +22,12 @@ from trainer.launch.stop import STOP
 from trainer.launch.store import POLL_SECONDS, Store
 from trainer.scheduled_events import Watcher
 
+# The engines started the way torchrun starts them: the trainer's torch.distributed ones, and
+# ``torch`` for a job's own command (a torchrun-style script, Accelerate, Lightning).
+TORCH_ENGINES = (*TORCH_DISTRIBUTED_BACKENDS, "torch")
 # The engines the launcher starts: Horovod, and those started the way torchrun starts them.
 # (``local`` is one process without a process group: nothing to launch on several nodes.)
-LAUNCHED_BACKENDS = ("horovod", *TORCH_DISTRIBUTED_BACKENDS)
+LAUNCHED_BACKENDS = ("horovod", *TORCH_ENGINES)
 # How long a launcher tolerates an unreachable store before it gives up on the job.
 STORE_LOST_SECONDS = 10
 KILL_GRACE_SECONDS = 10
@@ -55,7 +58,7 @@ def worker_envs(
     ``MASTER_PORT`` for a torch.distributed engine (``torch_master_port``) and ``token`` the
     job's, which Horovod's workers send to the master's store."""
     nodes = len(node.hosts)
-    if engine in TORCH_DISTRIBUTED_BACKENDS:
+    if engine in TORCH_ENGINES:
         if torch_port is None:
             raise ValueError(f"backend={engine}: needs torch_port")
         return [
