@@ -20,7 +20,7 @@ import yaml
 from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from infra import cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
-from trainer.cli import OneLineParser
+from trainer.cli import OneLineParser, int_in
 
 PROGRAM = REPO / "__main__.py"
 SHOWN_PROPERTIES = (
@@ -306,7 +306,7 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--stack-file", type=Path, help="another stack file to read")
     parser.add_argument(
         "--busy-hours",
-        type=int,
+        type=int_in(0, prices.HOURS_PER_MONTH),
         default=160,
         help="GPU hours per month assumed for autoscaled pools (default 160)",
     )
@@ -325,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     from dt_commands.stack_outputs import JobsError
 
     try:
-        if not 0 <= args.busy_hours <= prices.HOURS_PER_MONTH:
-            raise ConfigError(f"--busy-hours={args.busy_hours}: must be in 0..730")
         values = read_stack_file(args.stack_file or REPO / f"Pulumi.{args.stack}.yaml")
         plan = evaluate(args.stack, values)
         deployed = None

@@ -31,6 +31,8 @@ from trainer.config import one_line
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
+# The most nodes a pool or a job takes (nodeCount, jobs.<name>.nodes, a sweep's --nodes).
+MAX_NODES = 100
 NFS_MODES = ("vm", "azurefiles")
 IMAGE_BUILDERS = ("acr", "docker")
 # "" for team stacks; the throwaway stacks of python -m dt_commands.acceptance say which profile.
@@ -453,7 +455,7 @@ class StackSettings:
                 f"in our table; use one of {', '.join(sorted(cluster.gpu.regions))}"
             )
         self._check_spot()
-        _range("nodeCount", cluster.node_count, 1, 100)
+        _range("nodeCount", cluster.node_count, 1, MAX_NODES)
         if cluster.scale_mode not in SCALE_MODES:
             raise ConfigError(f"scaleMode={cluster.scale_mode!r}: use {' or '.join(SCALE_MODES)}")
         _range("idleMinutes", cluster.idle_minutes, 5, 1440)
@@ -812,7 +814,7 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         prefix = _typed(
             f"jobs.{name}.datasetPrefix", entry.get("datasetPrefix", ""), {"type": "string"}
         )
-        _range(f"jobs.{name}.nodes", nodes, 1, 100)
+        _range(f"jobs.{name}.nodes", nodes, 1, MAX_NODES)
         # Batch job priorities run from -1000 (lowest) to 1000 (highest).
         _range(f"jobs.{name}.priority", priority, -1000, 1000)
         _check_prefix(f"jobs.{name}.datasetPrefix", prefix)

@@ -112,7 +112,35 @@ def load(path: Path) -> dict[str, Any]:
 
 def load_latest(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads; unreadable ones are skipped with a warning."""
+    warn_misnamed(directory, _NAME, Path.is_file, "a checkpoint file")
     return newest_loadable([path for _, path in list_checkpoints(directory)], load)
+
+
+def warn_misnamed(
+    directory: Path, name: re.Pattern[str], usable: Callable[[Path], bool], expected: str
+) -> None:
+    """At resume, each entry named like a checkpoint that cannot be one (a folder, a FIFO, a
+    broken link) is named in a warning line, never skipped silently: it may be the newest
+    checkpoint someone moved or copied wrongly."""
+    if not directory.is_dir():
+        return
+    for entry in sorted(directory.iterdir(), reverse=True):
+        if name.match(entry.name) and not usable(entry):
+            log.warning(
+                "skipping %s: %s, not %s; move it out of %s",
+                entry,
+                _kind(entry),
+                expected,
+                directory,
+            )
+
+
+def _kind(entry: Path) -> str:
+    if entry.is_symlink() and not entry.exists():
+        return "a broken symbolic link"
+    if entry.is_dir():
+        return "a folder"
+    return "a file" if entry.is_file() else "a FIFO, socket or device"
 
 
 def newest_loadable(

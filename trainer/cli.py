@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,7 +33,10 @@ from trainer.config import (
     ConfigError,
     TrainConfig,
     first_line,
+    interval,
     one_line,
+    shown,
+    within,
 )
 
 # Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
@@ -219,12 +223,44 @@ def parse(argv: Sequence[str] | None = None) -> Request:
     return Request(TrainConfig.from_mapping(values), bool(namespace.get("dry_run")))
 
 
-def positive_int(text: str) -> int:
-    """An argparse type for counts: 1 or more (argparse turns the ValueError into one line)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
+# Digits an integer flag may have: more is never a count or a size, and int() of over 4300
+# digits raises its own ValueError.
+_MAX_DIGITS = 30
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type for an integer in ``low..high``. argparse turns its error into one line
+    naming the flag, exit 2, before the command does anything."""
+
+    def integer(text: str) -> int:
+        digits = text.strip().removeprefix("-")
+        usable = digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS
+        if usable and low <= (value := int(text)) <= high:
+            return value
+        raise argparse.ArgumentTypeError(f"{shown(text)}: give an integer in {low}..{high}")
+
+    return integer
+
+
+def number_in(
+    low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type for a finite number in an interval (``trainer.config.within``): NaN,
+    infinities and values out of range are one line naming the flag, exit 2."""
+    ends = {"low_open": low_open, "high_open": high_open}
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not within(value, low, high, **ends):
+            raise argparse.ArgumentTypeError(
+                f"{shown(text)}: give a number in {interval(low, high, **ends)}"
+            )
+        return value
+
+    return number
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -63,6 +63,10 @@ GLOO_CPU_CYCLE_MS = 20.0
 NCCL_FUSION_MB = 128
 GLOO_CPU_FUSION_MB = 4
 LR_SCALINGS = ("linear", "sqrt", "none")
+# Epochs a run may train (--epochs, each of --lr-step-epochs).
+MAX_EPOCHS = 100_000
+# Optimizer steps a run may count to (--max-steps, --run-steps, a sweep's --steps).
+MAX_STEPS = 10**12
 LR_DECAYS = ("step", "cosine", "poly")
 AMP_MODES = ("auto", "off", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -297,7 +301,7 @@ class TrainConfig:
         for name in ("context", "vocab_size"):
             if getattr(self, name) is not None and not self.language_model:
                 raise ConfigError(
-                    f"{name}={getattr(self, name)}: only language models "
+                    f"{name}={shown(getattr(self, name))}: only language models "
                     f"({', '.join(LM_MODELS)}) have one; delete the setting"
                 )
         if self.context is not None:
@@ -362,11 +366,11 @@ class TrainConfig:
 
     def _check_schedule(self) -> None:
         """How long to train, and the optimizer with its learning-rate schedule."""
-        _int_range("epochs", self.epochs, 1, 100_000)
+        _int_range("epochs", self.epochs, 1, MAX_EPOCHS)
         if self.max_steps is not None:
-            _int_range("max_steps", self.max_steps, 1, 10**12)
+            _int_range("max_steps", self.max_steps, 1, MAX_STEPS)
         if self.run_steps is not None:
-            _int_range("run_steps", self.run_steps, 1, 10**12)
+            _int_range("run_steps", self.run_steps, 1, MAX_STEPS)
         _float_range("lr", self.lr, 0.0, 1000.0, low_open=True)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _float_range("momentum", self.momentum, 0.0, 1.0, high_open=True)
@@ -376,10 +380,11 @@ class TrainConfig:
         _float_range("warmup_epochs", self.warmup_epochs, 0.0, float(self.epochs))
         _choice("lr_decay", self.lr_decay, LR_DECAYS)
         if list(self.lr_step_epochs) != sorted(set(self.lr_step_epochs)) or any(
-            e < 1 for e in self.lr_step_epochs
+            not 1 <= e <= MAX_EPOCHS for e in self.lr_step_epochs
         ):
             raise ConfigError(
-                f"lr_step_epochs={list(self.lr_step_epochs)}: must be increasing epochs >= 1"
+                f"lr_step_epochs={shown(list(self.lr_step_epochs))}: must be increasing epochs "
+                f"in 1..{MAX_EPOCHS}"
             )
         _float_range("lr_step_factor", self.lr_step_factor, 0.0, 1.0, low_open=True)
         _float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
@@ -507,7 +512,10 @@ def profile_window(text: str) -> tuple[int, int]:
 def shown(value: Any, limit: int = 40) -> str:
     """``repr(value)``, cut to ``limit`` characters: an error quotes what was typed, not a
     400-digit number."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4300-digit conversion limit
+        text = f"<a {value.bit_length()}-bit integer>"
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
@@ -531,6 +539,23 @@ def _int_range(name: str, value: Any, low: int, high: int) -> None:
         raise ConfigError(f"{name}={shown(value)}: must be in {low}..{high}")
 
 
+def interval(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> str:
+    """``[low, high]`` with its open ends as ``(`` or ``)``: how an error states a range."""
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def within(
+    value: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> bool:
+    """Whether ``value`` is a number in the interval: the one home of "a finite number in a
+    range" for settings and flags alike (NaN compares false with everything, so it is out)."""
+    if isinstance(value, float) and math.isnan(value):
+        return False
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    return above and below
+
+
 def _float_range(
     name: str,
     value: Any,
@@ -540,13 +565,14 @@ def _float_range(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ConfigError(f"{name}={shown(value)}: must be a number in {interval}")
-    too_low = value <= low if low_open else value < low
-    too_high = value >= high if high_open else value > high
-    if too_low or too_high:
-        raise ConfigError(f"{name}={value:g}: must be in {interval}")
+    ends = {"low_open": low_open, "high_open": high_open}
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(
+            f"{name}={shown(value)}: must be a number in {interval(low, high, **ends)}"
+        )
+    if not within(value, low, high, **ends):
+        shown_value = f"{value:g}" if isinstance(value, float) else shown(value)
+        raise ConfigError(f"{name}={shown_value}: must be in {interval(low, high, **ends)}")
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ class MetricsWriter:
         self.path = output_dir / "metrics.jsonl"
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.tensorboard_dir = output_dir / "tensorboard"
+        _quiet_event_writer_threads()
         self._tb = SummaryWriter(str(self.tensorboard_dir))
 
     @staticmethod
@@ -70,6 +72,26 @@ class MetricsWriter:
         finally:
             with self._writing(self.tensorboard_dir):
                 self._tb.close()
+
+
+def _quiet_event_writer_threads() -> None:
+    """TensorBoard's event writer thread keeps a failed write's error (a full disk) for the next
+    add, flush or close, which raise it here as one line, and then re-raises it, so threading's
+    hook prints its traceback too. Only that thread's OSError is left unprinted; every other
+    thread's uncaught error still goes to the hook before it."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "quiet_event_writers", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.thread, _AsyncWriterThread) and isinstance(args.exc_value, OSError):
+            return
+        previous(args)
+
+    hook.quiet_event_writers = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class Progress:

@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import SCHEMA, CheckpointError, newest_loadable, os_error_in
+from trainer.checkpoint import (
+    SCHEMA,
+    CheckpointError,
+    newest_loadable,
+    os_error_in,
+    warn_misnamed,
+)
 from trainer.config import first_line
 from trainer.files import fsync_folder, write_atomic
 
@@ -117,6 +123,7 @@ def complete(path: Path, trainer_state: dict[str, Any], keep: int) -> None:
 
 def load_latest_trainer_state(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest complete checkpoint whose trainer state reads, with that state."""
+    warn_misnamed(directory, _NAME, Path.is_dir, "a sharded checkpoint's folder")
     folders = [path for _, path in list_checkpoints(directory)]
     return newest_loadable(folders, read_trainer_state)
 

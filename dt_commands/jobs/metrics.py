@@ -20,7 +20,7 @@ from infra.live_metrics import (
     train_records,
 )
 from trainer.blob_folder import BlobFolder
-from trainer.cli import positive_int
+from trainer.cli import int_in
 
 NAME = "metrics"
 HELP = "the last logged steps and the throughput, from the uploaded metrics"
@@ -28,7 +28,9 @@ LAST_STEPS = 10
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--last", type=positive_int, default=LAST_STEPS, help="logged steps to show")
+    sub.add_argument(
+        "--last", type=int_in(1, 1_000_000), default=LAST_STEPS, help="logged steps to show"
+    )
 
 
 def run(call: Call) -> int:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,14 +21,21 @@ from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
-from infra.config import REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
+from infra.config import (
+    MAX_NODES,
+    REPO,
+    SHORTHAND_JOB,
+    ConfigError,
+    StackSettings,
+    load_schema,
+)
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
 from infra.trainer_settings import JOB_BACKENDS
 from trainer.blob_folder import BlobFolder
-from trainer.cli import fail, parse, positive_int
+from trainer.cli import fail, int_in, number_in, parse
+from trainer.config import MAX_STEPS, TrainConfig, one_line, shown
 from trainer.config import ConfigError as TrainerConfigError
-from trainer.config import TrainConfig, one_line
-from trainer.launch.fabric import workers_per_node
+from trainer.launch.fabric import MAX_WORKERS_PER_NODE, workers_per_node
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 POLL_SECONDS = 30.0
@@ -54,28 +61,23 @@ class SweepError(RuntimeError):
 
 
 # ---------------------------------------------------------------------- options
-def counts(text: str) -> tuple[int, ...]:
-    """An argparse type for ``1,2,4``: distinct positive integers, ascending."""
-    words = [word.strip() for word in text.split(",")]
-    if not text.strip() or not all(w.isascii() and w.isdigit() for w in words):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give counts as positive integers separated by commas, e.g. 1,2,4"
-        )
-    values = sorted({int(word) for word in words})
-    if values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a count must be at least 1, e.g. 1,2,4")
-    return tuple(values)
+def counts(high: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type for ``1,2,4``: distinct integers in 1..``high``, ascending."""
 
+    def parse_counts(text: str) -> tuple[int, ...]:
+        words = [word.strip() for word in text.split(",")]
+        if not text.strip() or not all(w.isascii() and w.isdigit() and len(w) < 9 for w in words):
+            raise argparse.ArgumentTypeError(
+                f"{shown(text)}: give counts as positive integers separated by commas, e.g. 1,2,4"
+            )
+        values = sorted({int(word) for word in words})
+        if values[0] < 1 or values[-1] > high:
+            raise argparse.ArgumentTypeError(
+                f"{shown(text)}: a count must be at least 1 and at most {high}, e.g. 1,2,4"
+            )
+        return tuple(values)
 
-def minutes(text: str) -> float:
-    """An argparse type for a wait: a positive number of minutes."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of minutes")
-    return value
+    return parse_counts
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -92,19 +94,21 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     sub.add_argument("--job", help="which job of the stack's jobs (needed if several)")
     sub.add_argument("--state-file", type=Path, help="JSON of `pulumi stack export`")
-    sub.add_argument("--nodes", type=counts, help="node counts on the pool, e.g. 1,2,4")
-    sub.add_argument("--workers", type=counts, help="--local: worker counts, e.g. 1,2")
-    sub.add_argument("--steps", type=positive_int, required=True, help="steps of every run")
+    sub.add_argument("--nodes", type=counts(MAX_NODES), help="node counts on the pool, e.g. 1,2,4")
+    sub.add_argument(
+        "--workers", type=counts(MAX_WORKERS_PER_NODE), help="--local: worker counts, e.g. 1,2"
+    )
+    sub.add_argument("--steps", type=int_in(1, MAX_STEPS), required=True, help="steps of every run")
     sub.add_argument(
         "--epoch-samples",
-        type=positive_int,
+        type=int_in(1, MAX_STEPS),
         help="images (tokens for a language model) in one epoch; default: the synthetic "
         "data's size; needed for other data",
     )
     sub.add_argument("--report", type=Path, help="report folder (default: runs/sweep/<name>)")
     sub.add_argument(
         "--timeout-minutes",
-        type=minutes,
+        type=number_in(0.0, 7 * 24 * 60.0, low_open=True),
         default=DEFAULT_TIMEOUT_MINUTES,
         help="stop waiting for the jobs after this long (they keep running)",
     )

@@ -268,7 +268,7 @@ def test_bad_input_leaves_an_earlier_complete_output_as_it_was(tmp_path, capsys)
         ("missing tokenizer", r"tokenizer .*absent.json is not a file"),
         ("out is a file", r"output folder .*out is a file"),
         ("out holds other files", r"holds 'photo.jpg', which prepare-text did not write"),
-        ("val fraction 1", r"val_fraction=1.0: must be at least 0 and below 1"),
+        ("val fraction 1", r"--val-fraction: '1': give a number in \[0, 1\)"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, setup, message):

@@ -247,7 +247,7 @@ def test_a_timeout_and_a_failed_job_exit_1_without_a_report(pool, capsys, tmp_pa
     [
         (["--steps", "5"], "--workers: required with --local, e.g. --workers 1,2"),
         (["--workers", "1,0", "--steps", "5"], "argument --workers: '1,0': a count must be"),
-        (["--workers", "1", "--steps", "0"], "argument --steps: invalid positive_int value"),
+        (["--workers", "1", "--steps", "0"], "argument --steps: '0': give an integer in 1.."),
         (["--workers", "1", "--nodes", "2", "--steps", "5"], "--local runs on this machine"),
         (["--workers", "1", "--steps", "5", "--output-dir", "x"], "--output-dir: the sweep sets"),
         (["--workers", "1", "--steps", "5", "--max-steps=9"], "--max-steps: the sweep sets it"),

@@ -5,6 +5,8 @@ complete output."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -122,3 +124,47 @@ def test_results_in_a_faulty_folder_are_one_line_and_never_pass_for_complete(tmp
         assert str(out) in message, message
         assert not results.is_complete(out / "results")
         assert leftovers(out) == []
+
+
+# Run as its own process: pytest replaces threading.excepthook while a test runs, so only a
+# process of its own shows what a thread's uncaught error prints.
+TENSORBOARD_ONLY = """
+import sys
+from pathlib import Path
+from tests.fs_faults import fill
+from trainer.files import OutputError
+from trainer.metrics import MetricsWriter
+
+disk = Path(sys.argv[1])
+writer = MetricsWriter(disk / "run")
+writer.scalars({"loss": 1.0}, 1)
+fill(disk, room=4 * 1024)
+try:
+    try:
+        for step in range(2, 100_000):  # events only: TensorBoard's thread meets the full disk
+            writer.scalars({f"rank/{i}": 1.0 for i in range(10)}, step)
+    finally:
+        writer.close()
+except OutputError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_tensorboards_writer_thread_on_a_full_disk_prints_no_traceback_of_its_own(tmp_path):
+    """TensorBoard's event writer thread re-raises a failed write (threading's hook prints its
+    traceback) after keeping it for the next call, which raises it again here: one line."""
+    with tmpfs(tmp_path / "disk") as disk:
+        process = subprocess.run(
+            [sys.executable, "-c", TENSORBOARD_ONLY, str(disk)],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert process.returncode == 1, process.stderr[-2000:]
+    assert process.stderr.count("\n") == 1, process.stderr[-3000:]
+    [line] = process.stderr.splitlines()
+    assert line.startswith(f"error: cannot write {disk / 'run' / 'tensorboard'}"), line
+    assert "No space left on device" in line and "free space" in line

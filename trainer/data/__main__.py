@@ -12,14 +12,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trainer.cli import OneLineParser, fail, positive_int
+from trainer.cli import OneLineParser, fail, int_in, number_in
 from trainer.data.errors import DataError
+from trainer.data.manifest import MAX_SHARD_MB
 from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepare
 from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
 from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
 from trainer.files import OutputError
 from trainer.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, GrantWait
+
+# The flags' ranges: a shard up to 64 GiB, JPEG's largest side, processes and transfers at a time.
+SHARD_MB = number_in(0.0, MAX_SHARD_MB, low_open=True)
+MAX_SIDE = 65535
+PROCESSES = int_in(1, 1024)
+PARALLEL = int_in(1, 1024)
 
 
 def build_parser() -> OneLineParser:
@@ -28,15 +35,15 @@ def build_parser() -> OneLineParser:
     prep = commands.add_parser("prepare", help="image folder -> tar shards + manifest.json")
     prep.add_argument("src", type=Path, help="dataset root with train/<class>/ and val/")
     prep.add_argument("out", type=Path, help="output folder (empty, or an earlier prepare's)")
-    prep.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="shard size")
+    prep.add_argument("--shard-mb", type=SHARD_MB, default=DEFAULT_SHARD_MB, help="shard size")
     prep.add_argument(
         "--max-short-side",
-        type=int,
+        type=int_in(0, MAX_SIDE),
         default=DEFAULT_MAX_SHORT_SIDE,
         help="store larger images scaled down to this short side in px (0: as they are); the "
         f"default, {DEFAULT_MAX_SHORT_SIDE}, keeps every 224 px training crop a downscale",
     )
-    prep.add_argument("--processes", type=positive_int, default=None, help="default: all cores")
+    prep.add_argument("--processes", type=PROCESSES, default=None, help="default: all cores")
     prep.add_argument("--strict", action="store_true", help="stop at the first unreadable image")
     text = commands.add_parser("prepare-text", help="text files -> token shards + manifest.json")
     text.add_argument("src", type=Path, help="a UTF-8 text file, or a folder of .txt files")
@@ -48,10 +55,10 @@ def build_parser() -> OneLineParser:
         help="a tokenizer.json (tokenizers library) with an end-of-text token; default: UTF-8 "
         "bytes plus end-of-text (257 ids)",
     )
-    text.add_argument("--shard-mb", type=float, default=DEFAULT_TEXT_SHARD_MB, help="shard MB")
+    text.add_argument("--shard-mb", type=SHARD_MB, default=DEFAULT_TEXT_SHARD_MB, help="shard MB")
     text.add_argument(
         "--val-fraction",
-        type=float,
+        type=number_in(0.0, 1.0, high_open=True),
         default=DEFAULT_VAL_FRACTION,
         help="share of the tokens (the end of the stream) kept for validation",
     )
@@ -64,10 +71,10 @@ def build_parser() -> OneLineParser:
         sub.add_argument("--account-url", required=True, help="https://<account>.blob.core...")
         sub.add_argument("--container", default="datasets", help="blob container")
         sub.add_argument("--prefix", required=True, help="dataset folder in the container")
-        sub.add_argument("--parallel", type=positive_int, default=8, help="shards at a time")
+        sub.add_argument("--parallel", type=PARALLEL, default=8, help="shards at a time")
         sub.add_argument(
             "--grant-wait-minutes",
-            type=minutes,
+            type=number_in(0.0, 24 * 60.0),
             default=GRANT_WAIT_MINUTES,
             help="while Storage refuses the identity for want of its role (a new role "
             "assignment takes up to 30 min to propagate), retry for this long (0: fail at once)",
@@ -75,14 +82,6 @@ def build_parser() -> OneLineParser:
     for sub in commands.choices.values():
         sub.error = parser.error  # type: ignore[method-assign]  # one line for subcommands too
     return parser
-
-
-def minutes(text: str) -> float:
-    """An argparse type for a duration in minutes: 0 or more."""
-    value = float(text)
-    if not value >= 0:  # NaN too
-        raise ValueError(text)
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

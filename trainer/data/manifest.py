@@ -12,6 +12,8 @@ from trainer.data.errors import DataError
 from trainer.files import sha256_file
 
 MANIFEST_NAME = "manifest.json"
+# The largest shard prepare and prepare-text write (64 GiB): beyond it a size is a typo.
+MAX_SHARD_MB = 65536.0
 # Beside the shards: which of them this node already checked against their SHA-256
 # (``trainer.data.verify``); a later prepare removes it with the shards it names.
 VERIFIED_NAME = ".verified-shards.json"

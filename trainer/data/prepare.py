@@ -33,6 +33,7 @@ from trainer.data.errors import DataError
 from trainer.data.folder import IMAGE_SUFFIXES, scan_image_folder
 from trainer.data.manifest import (
     MANIFEST_NAME,
+    MAX_SHARD_MB,
     VERIFIED_NAME,
     Manifest,
     ShardEntry,
@@ -320,8 +321,10 @@ def prepare(
     skipped, counted and listed in the manifest, or with ``strict`` stop the run naming the file.
     Images with a short side over ``max_short_side`` (0: none) are stored scaled down to it.
     All checks run before the first shard is written."""
-    if shard_mb <= 0:
-        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if not 0 < shard_mb <= MAX_SHARD_MB:  # NaN too
+        raise DataError(
+            f"shard_mb={shard_mb}: must be a positive number of MB, {MAX_SHARD_MB:g} at most"
+        )
     if max_short_side < 0:
         raise DataError(
             f"max_short_side={max_short_side}: give a size in pixels, or 0 to store images as "

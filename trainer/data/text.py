@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainer.data.errors import DataError
-from trainer.data.manifest import MANIFEST_NAME
+from trainer.data.manifest import MANIFEST_NAME, MAX_SHARD_MB
 from trainer.files import (
     OutputError,
     fsync_folder,
@@ -428,8 +428,10 @@ def _prepare_text(
 
 
 def _check_numbers(shard_mb: float, val_fraction: float) -> None:
-    if not (shard_mb > 0 and math.isfinite(shard_mb)):
-        raise DataError(f"shard_mb={shard_mb}: must be a positive number of MB")
+    if not 0 < shard_mb <= MAX_SHARD_MB:  # NaN too
+        raise DataError(
+            f"shard_mb={shard_mb}: must be a positive number of MB, {MAX_SHARD_MB:g} at most"
+        )
     if not 0 <= val_fraction < 1:
         raise DataError(f"val_fraction={val_fraction}: must be at least 0 and below 1")
 

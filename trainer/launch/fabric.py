@@ -58,6 +58,9 @@ SIZES: dict[str, Fabric] = {
 FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if f.gpus}
 CPU_FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if not f.gpus}
 PREFLIGHT_FRACTION = 0.7
+# Ranks one node may start (--workers-per-node, a sweep's --workers): far more than any VM's
+# GPUs, few enough that a typo is refused before the launcher sets up an environment per worker.
+MAX_WORKERS_PER_NODE = 256
 # Settings that must not leak into a run on an InfiniBand size (from a base image or a user).
 FORBIDDEN_ON_IB = ("NCCL_IB_DISABLE", "NCCL_NET")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.blob_folder import BlobFolder
-from trainer.cli import OneLineParser, fail
+from trainer.cli import OneLineParser, fail, int_in
 from trainer.config import DEFAULTS
 from trainer.launch import eviction
 from trainer.launch.batch_env import (
@@ -25,7 +25,12 @@ from trainer.launch.batch_env import (
     read_batch_environment,
     torch_master_port,
 )
-from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
+from trainer.launch.fabric import (
+    MAX_WORKERS_PER_NODE,
+    fabric_for,
+    worker_environment,
+    workers_per_node,
+)
 from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunLog, RunRecords, check_writable
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
 from trainer.launch.stop import STOP
@@ -69,12 +74,14 @@ def build_parser() -> OneLineParser:
         "--vm-size", help="pool VM size: workers per node and InfiniBand/NCCL settings"
     )
     parser.add_argument(
-        "--workers-per-node", type=int, help="default: the VM size's GPUs, else visible GPUs or 1"
+        "--workers-per-node",
+        type=int_in(1, MAX_WORKERS_PER_NODE),
+        help="default: the VM size's GPUs, else visible GPUs or 1",
     )
     parser.add_argument("--node-ip", help="this node's address in AZ_BATCH_HOST_LIST")
     parser.add_argument(
         "--port",
-        type=int,
+        type=int_in(1, 65535),
         help=f"rendezvous port on the master (default: MASTER_PORT, else {DEFAULT_PORT}); never "
         "the port in AZ_BATCH_MASTER_NODE, which Batch reserves. ddp and fsdp workers also use "
         "the next port (torch.distributed's store)",
