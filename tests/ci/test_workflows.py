@@ -55,7 +55,7 @@ def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
         "    pytest.skip('no CUDA device')\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.seam_skips", "-c", os.devnull,
+        [sys.executable, "-m", "pytest", "-p", "tests.support.seam_skips", "-c", os.devnull,
          "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "CI": ci, "PYTHONPATH": str(REPO)},
