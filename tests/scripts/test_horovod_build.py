@@ -11,8 +11,9 @@ import pytest
 
 from tests.support.launchers import REPO, horovodrun
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 
 def test_a_rank_waiting_for_a_late_peer_does_not_spin(tmp_path):

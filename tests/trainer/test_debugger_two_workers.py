@@ -19,8 +19,9 @@ from tests.support.ports import free_port
 from tests.trainer.traces import recorded_steps
 from trainer.cli import to_flags
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 
 class DapClient:

@@ -28,8 +28,9 @@ from tests.support.ports import free_port
 from trainer import results, sharded_checkpoint
 from trainer.cli import to_flags
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 REPORT = str(Path(__file__).with_name("rank_report.py"))
 

@@ -22,8 +22,9 @@ from trainer.config import DEFAULTS
 from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
 SIZE, BATCH, BASE_LR, WARMUP_EPOCHS, EPOCHS = 128, 8, 0.05, 1.5, 3

@@ -13,8 +13,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.support.launchers import REPO, horovodrun, read_metrics, small_config
 from trainer.cli import to_flags
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 # 2 epochs of 8 steps, the ranks' times shared every 4 steps: 4 windows.
 EVERY = 4

@@ -26,8 +26,9 @@ from trainer.affinity import cpu_share
 from trainer.cli import to_flags
 from trainer.config import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
 

@@ -20,8 +20,9 @@ from tests.support.launchers import (
 from tests.trainer.test_two_workers import run, trainer_args, worker_processes
 from trainer import checkpoint
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 COMMON = {**SIGNAL_RUN, "checkpoint_every": 4}
 TOTAL = SIGNAL_RUN_STEPS

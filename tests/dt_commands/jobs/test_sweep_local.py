@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 6

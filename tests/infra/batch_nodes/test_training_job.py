@@ -27,6 +27,9 @@ from tests.infra.batch_nodes.batch import Cluster, JobRun
 from tests.infra.batch_nodes.conftest import REPO, blob
 from trainer.checkpoint import list_checkpoints, load_latest
 
+# Real processes on emulated nodes: make test runs these one at a time.
+pytestmark = pytest.mark.processes
+
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
 TINY = (
     "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",

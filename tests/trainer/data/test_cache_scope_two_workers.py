@@ -24,8 +24,9 @@ from trainer.data.folder import scan_image_folder
 from trainer.data.node_memory import PREFIX, SHM_DIR
 from trainer.data.sampler import PartSampler, RankSampler
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 IMAGE_SIZE, BATCH, CLASSES, PER_CLASS = 16, 4, 3, 13  # 39 images a split: rank scope drops 1
 

@@ -15,8 +15,9 @@ from tests.support.launchers import read_metrics
 from tests.trainer.fs_faults import read_only
 from tests.trainer.launch.launch_nodes import batch_env, free_port, start_nodes, trainer_command
 
-# No process of a run started here may outlive its test (tests/support/process_tree.py).
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+# Real multi-process runs (make test runs them one at a time), none of whose processes may
+# outlive its test (tests/support/process_tree.py).
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 # ``python -m trainer`` that also records what each worker was started with (see the file).
 TORCH_WORKER = str(Path(__file__).with_name("torch_worker.py"))
