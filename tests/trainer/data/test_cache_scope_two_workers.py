@@ -1,8 +1,8 @@
 """One cache per node: two DDP ranks on one host, measured by the shared memory they map.
 
 Each rank (and one of its loader workers) reports the cache files it maps, read from
-/proc/<pid>/maps, with inode and size (``cache_report.py``). Summing distinct inodes over the
-ranks gives the node's cache memory. The images have varied sizes, so the exact byte count
+/proc/<pid>/maps, with inode and size (``tests/trainer/cache_report.py``). Summing distinct inodes
+over the ranks gives the node's cache memory. The images have varied sizes, so the exact byte count
 (computed here from their headers, as the cache does) is not a multiple of a constant.
 """
 
@@ -68,7 +68,7 @@ def run_two_ranks(tmp_path: Path, repo: Path, scope: str) -> tuple[list[dict], P
         loader_workers=1,
         epochs=2,
     )
-    script = str(repo / "tests" / "trainer" / "data" / "cache_report.py")
+    script = str(repo / "tests" / "trainer" / "cache_report.py")
     command = torchrun(script, str(tmp_path / "reports"), json.dumps(config))
     result = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
