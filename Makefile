@@ -36,17 +36,14 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
-# Two passes. The tests that run one process at a time (settings, the program under mocks, the
+# Two passes. The tests that start no multi-process run (settings, the program under mocks, the
 # policy pack, CI and Dockerfile checks, the data pipeline, single-process trainer runs) run on
-# both cores at once. The tests that start real multi-process runs go one at a time: each already
-# uses both cores, and many time signals, exits and stalls.
-# tests/ci/test_workflows.py checks that every test folder is in exactly one of the two.
-IN_PROCESS_TESTS := tests/unit tests/infra tests/policy tests/ci tests/docker tests/data tests/trainer
-MULTI_PROCESS_TESTS := tests/parallel tests/faults tests/batch
-
+# both cores at once. Those marked `processes` start real multi-process runs (workers, launchers,
+# emulated nodes) and go one at a time: each already uses both cores, and many time signals,
+# exits and stalls. tests/ci/test_workflows.py checks that the two run every test once.
 test: lint $(GPU_WHEEL_STAMP)
-	$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)
-	$(VENV)/bin/pytest $(MULTI_PROCESS_TESTS)
+	$(VENV)/bin/pytest -n 2 -m "not processes" tests
+	$(VENV)/bin/pytest -m processes tests
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).
 bench: $(SETUP_STAMP)

@@ -18,10 +18,13 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.fake_imds import IDENTITY, FakeImds, serving
-from tests.ports import free_port
-from tests.process_tree import RUN_TAG, check_none_left, new_tag
-from tests.seam_skips import pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401  # hooks
+from tests.support.fake_imds import IDENTITY, FakeImds, serving
+from tests.support.ports import free_port
+from tests.support.process_tree import RUN_TAG, check_none_left, new_tag
+from tests.support.seam_skips import (  # noqa: F401  # hooks
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+)
 
 # The job's launchers watch the VM's Scheduled Events at the Azure metadata address. Tests run
 # those command lines on this machine, which must send nothing beyond loopback: point every
@@ -51,8 +54,8 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     """The final checkpoint of ``SIGNAL_RUN`` run straight through on two Horovod workers:
     what every interrupted and resumed run of it must end with (run once per session; saving
     checkpoints more or less often changes nothing a run computes)."""
-    # Here, not in tests/parallel/conftest.py, so the fault tests share the same run.
-    from tests.parallel.conftest import REPO, SIGNAL_RUN, horovodrun, small_config
+    # A session fixture, so the worker-fault and signal tests of every folder share one run.
+    from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
     from trainer import checkpoint
     from trainer.cli import to_flags
 
@@ -67,12 +70,19 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
 
 @pytest.fixture
 def no_leftover_processes(monkeypatch) -> Iterator[str]:
-    """Tag every process this test starts; once it ended, none may be alive (the multi-process
-    folders use it for every test: tests/process_tree.py). Yields the tag."""
+    """Tag every process this test starts; once it ended, none may be alive (every module that
+    starts real multi-process runs of the trainer or the launcher uses it for each of its tests:
+    tests/support/process_tree.py). Yields the tag."""
     tag = new_tag()
     monkeypatch.setenv(RUN_TAG, tag)
     yield tag
     check_none_left(tag)
+
+
+@pytest.fixture
+def repo() -> Path:
+    """The checkout's root (what the runs' subprocesses start in)."""
+    return Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -188,7 +198,7 @@ class EntraStorage:
 def azurite_entra(tmp_path_factory) -> Iterator[EntraStorage]:
     """Azurite over HTTPS with ``--oauth basic`` and a fake metadata service issuing the
     managed identity's tokens, for this test session."""
-    from tests.tls import self_signed
+    from tests.support.tls import self_signed
 
     folder = tmp_path_factory.mktemp("azurite-entra")
     cert, key = self_signed(folder / "tls", name="azurite")
@@ -282,12 +292,13 @@ def shards(tmp_path, prepared) -> Path:
 
 @dataclass(frozen=True)
 class LateGrants:
-    """``azurite_entra`` behind the grant clock (tests/storage_grants.py): ``storage`` is reached
-    like ``azurite_entra`` (its ``env()`` for subprocesses, ``container()`` for key-signed setup,
-    which the grants never refuse); ``grants`` says when each identity's role has propagated."""
+    """``azurite_entra`` behind the grant clock (tests/support/storage_grants.py): ``storage`` is
+    reached like ``azurite_entra`` (its ``env()`` for subprocesses, ``container()`` for key-signed
+    setup, which the grants never refuse); ``grants`` says when each identity's role has
+    propagated."""
 
     storage: EntraStorage
-    grants: Any  # tests.storage_grants.Grants
+    grants: Any  # tests.support.storage_grants.Grants
 
 
 @pytest.fixture
@@ -300,14 +311,14 @@ def late_grants(azurite_entra, tmp_path) -> Iterator[LateGrants]:
 
 @pytest.fixture
 def late_grants_on(azurite_entra, tmp_path):
-    """``late_grants`` on a clock the test gives (tests.storage_grants.FakeClock)."""
+    """``late_grants`` on a clock the test gives (tests.support.storage_grants.FakeClock)."""
     with contextlib.ExitStack() as stack:
         yield lambda clock: stack.enter_context(_late_grants(azurite_entra, tmp_path, clock))
 
 
 @contextlib.contextmanager
 def _late_grants(entra: EntraStorage, tmp_path: Path, clock) -> Iterator[LateGrants]:
-    from tests.storage_grants import Grants, grant_proxy
+    from tests.support.storage_grants import Grants, grant_proxy
 
     grants = Grants(clock=clock)
     upstream = entra.blob_endpoint.removesuffix(f"/{DEV_ACCOUNT}")

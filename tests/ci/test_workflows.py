@@ -1,5 +1,6 @@
 """The GitHub workflows: actionlint clean, no long-lived secrets, and the changed-stack logic."""
 
+import ast
 import json
 import os
 import re
@@ -55,7 +56,7 @@ def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
         "    pytest.skip('no CUDA device')\n"
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.seam_skips", "-c", os.devnull,
+        [sys.executable, "-m", "pytest", "-p", "tests.support.seam_skips", "-c", os.devnull,
          "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "CI": ci, "PYTHONPATH": str(REPO)},
@@ -64,21 +65,83 @@ def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
     assert ("1 seam test(s) skipped for want of root" in result.stdout) == bool(ci)
 
 
-def test_make_test_runs_every_test_folder_in_exactly_one_pass():
-    """make test's two passes (one-process tests on both cores, multi-process runs one at a
-    time) name every folder of tests/ that holds tests, each once."""
+def _collected(*args: str) -> list[str]:
+    """The test ids ``pytest args`` would run, collected as that command line collects them."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode in (0, 5), result.stdout[-3000:] + result.stderr[-3000:]
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def _make_test_passes() -> list[list[str]]:
+    """The pytest command lines of make test's recipe, split as the shell splits them, each
+    without its ``$(VENV)/bin/pytest`` and its ``-n`` (workers change what runs where, not what
+    runs)."""
     makefile = (REPO / "Makefile").read_text()
-    passes = {
-        name: re.search(rf"^{name} := (.+)$", makefile, re.M).group(1).split()  # type: ignore[union-attr]
-        for name in ("IN_PROCESS_TESTS", "MULTI_PROCESS_TESTS")
-    }
-    named = passes["IN_PROCESS_TESTS"] + passes["MULTI_PROCESS_TESTS"]
-    folders = sorted(
-        f"tests/{d.name}" for d in (REPO / "tests").iterdir() if any(d.glob("test_*.py"))
-    )
-    assert sorted(named) == folders
-    assert "$(VENV)/bin/pytest -n 2 $(IN_PROCESS_TESTS)" in makefile
-    assert "$(VENV)/bin/pytest $(MULTI_PROCESS_TESTS)" in makefile
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
+    passes = []
+    for line in recipe.splitlines():
+        argv = shlex.split(line.strip())
+        if argv[0] != "$(VENV)/bin/pytest":
+            continue
+        if "-n" in argv:
+            del argv[argv.index("-n") : argv.index("-n") + 2]
+        passes.append(argv[1:])
+    return passes
+
+
+def test_make_test_runs_every_test_exactly_once():
+    """make test's two passes (the tests that start no multi-process run on both cores, those
+    marked ``processes`` one at a time) run between them every test a plain run collects, each
+    in one pass only."""
+    passes = _make_test_passes()
+    assert len(passes) == 2 and all("-m" in argv for argv in passes), passes
+    runs = [_collected(*argv) for argv in passes]
+    assert all(runs), "a pass of make test runs no test"
+    assert not set(runs[0]) & set(runs[1]), "tests run in both passes"
+    assert sorted(runs[0] + runs[1]) == sorted(_collected("tests"))
+
+
+# What starts a real multi-process run in a test: the two-worker launchers, the simulated
+# launch nodes, the node emulator's pools, and the shared run of two Horovod workers.
+STARTS_PROCESSES = {
+    "tests.support.launchers": {"horovodrun", "torchrun"},
+    "tests.trainer.launch.launch_nodes": {"start_nodes"},
+    "tests.infra.batch_nodes.batch": {"Cluster", "JobRun"},
+}
+PROCESS_FIXTURES = {"make_cluster", "uninterrupted_signal_run"}
+
+
+def starts_processes(source: str) -> bool:
+    """Whether a test module imports or requests what starts a multi-process run."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module in STARTS_PROCESSES:
+            names = {a.name for a in node.names} & STARTS_PROCESSES[node.module]
+        elif isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            names = {a.arg for a in node.args.args} & PROCESS_FIXTURES
+        else:
+            continue
+        if names:
+            return True
+    return False
+
+
+def test_every_module_that_starts_multi_process_runs_is_marked_processes():
+    """Such a run uses both cores and its signals, exits and stalls need them: the module
+    carries ``pytestmark = pytest.mark.processes``, so make test runs it in the one-at-a-time
+    pass."""
+    unmarked = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "tests").rglob("test_*.py"))
+        if starts_processes(source := path.read_text()) and "pytest.mark.processes" not in source
+    ]
+    assert unmarked == []
+    assert starts_processes("from tests.support.launchers import REPO, torchrun\n")
+    assert not starts_processes("from tests.support.launchers import REPO\n")
+    assert starts_processes("def test_x(tmp_path, uninterrupted_signal_run): pass\n")
 
 
 def test_deploy_waits_for_environment_approval_and_applies_policies():

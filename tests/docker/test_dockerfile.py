@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from infra.config import StackSettings, load_schema
 from infra.image_inputs import IMAGE_INPUTS
 from infra.toolchain import CUDA, MIN_DRIVER, base_reference, cuda_of_base
-from tests.infra.conftest import stack_values
+from tests.support.stacks import stack_values
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.tls import serve_https
+from tests.support.tls import serve_https
 
 # (method, path, query, headers, body) -> (status, response headers, JSON body or None)
 # A status of DROP closes the connection without an answer (a connection reset mid-request).

@@ -1,5 +1,5 @@
 """The process's one Azure credential against a token service whose GitHub ID tokens expire
-five minutes after issue (tests/fake_entra.py)."""
+five minutes after issue (tests/support/fake_entra.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from azure.core.exceptions import ClientAuthenticationError
 
 from infra import credentials
-from tests.fake_entra import FakeEntra, write_federated_az
+from tests.support.fake_entra import FakeEntra, write_federated_az
 
 BATCH = "https://batch.core.windows.net//.default"
 ARM = "https://management.azure.com/.default"

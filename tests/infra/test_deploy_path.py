@@ -13,8 +13,8 @@ from infra.cloud_init import ready_command
 from infra.config import ConfigError, StackSettings, load_schema
 from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
 from infra.nfs import CUSTOM_DATA_PROPERTY
-from tests.infra.conftest import STACKS, of_type, one, stack_values
 from tests.infra.fake_arm import arm_creates_budget
+from tests.support.stacks import STACKS, of_type, one, stack_values
 
 TEAM_GROUP = "33333333-3333-3333-3333-333333333333"
 

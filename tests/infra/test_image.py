@@ -12,7 +12,7 @@ from infra.config import PROJECT, ConfigError, secret_setting
 from infra.identity import ACR_PUSH
 from infra.image import ACR_TOKEN_USER
 from infra.image_inputs import REPO, content_tag
-from tests.infra.conftest import of_type, one, stack_values
+from tests.support.stacks import of_type, one, stack_values
 
 SECRET_ENVELOPE = "4dabf18193072939515e22adb298388d"
 BUILD = "pulumi-python:dynamic/acr:ImageBuild"

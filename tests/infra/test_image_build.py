@@ -18,7 +18,6 @@ from infra.image import (
     ImageBuildProvider,
 )
 from infra.registry import TaskBypassError
-from tests.infra.conftest import REPO
 from tests.infra.fake_arm import (
     BYPASS_PATCH,
     DROP,
@@ -28,6 +27,7 @@ from tests.infra.fake_arm import (
     FakeRegistry,
     serving_arm,
 )
+from tests.support.stacks import REPO
 
 REGISTRY_PATH = REGISTRY_ID
 TASK_ID = f"{REGISTRY_PATH}/tasks/build-trainer"

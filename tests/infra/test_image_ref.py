@@ -12,7 +12,7 @@ import pytest
 from dt_commands.plan import Plan, evaluate
 from infra.config import ConfigError, StackSettings
 from infra.identity import ACR_PULL
-from tests.infra.conftest import of_type, one, stack_values
+from tests.support.stacks import of_type, one, stack_values
 
 SUB = "00000000-0000-0000-0000-00000000abcd"
 REGISTRY_ID = (

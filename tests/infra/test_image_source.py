@@ -13,7 +13,7 @@ from infra import image as image_module
 from infra import stack as stack_module
 from infra.config import PROJECT, ConfigError
 from infra.image import commit_to_build, source_state
-from tests.infra.conftest import stack_values
+from tests.support.stacks import stack_values
 
 FILES = {
     "docker/Dockerfile": "FROM scratch\n",

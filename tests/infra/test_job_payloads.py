@@ -25,7 +25,7 @@ from infra.batch import (
     trainer_command,
 )
 from infra.job import JobError, TrainingJobProvider
-from tests.infra.container import (
+from tests.support.container import (
     base_path,
     container_argv,
     image_command,
@@ -34,7 +34,7 @@ from tests.infra.container import (
     run_in_container,
     stub_program,
 )
-from tests.infra.fake_batch import FakeBatch
+from tests.support.fake_batch import FakeBatch
 from trainer.cli import parse
 from trainer.launch.main import build_parser as launch_parser
 
@@ -268,7 +268,7 @@ exec %s "$@"
 
 def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_path):
     """The CPU size's task command lines run as a node runs them, the launcher for real."""
-    from tests.parallel.launch_nodes import free_port, held_port
+    from tests.trainer.launch.launch_nodes import free_port, held_port
 
     spec = _spec(vm_size="Standard_D2s_v5", node_count=1, trainer_args=("--model", "tiny"))
     task = task_options(spec)
@@ -371,7 +371,7 @@ exec %s "$@"
 def test_a_cpu_node_starts_a_ddp_jobs_worker_the_torchrun_way(tmp_path):
     """The ddp job's task command lines run as a node runs them, the launcher for real: its
     worker gets torch.distributed's variables, MASTER_PORT beside the launcher's own port."""
-    from tests.parallel.launch_nodes import free_port, held_port
+    from tests.trainer.launch.launch_nodes import free_port, held_port
 
     trainer = _trainer_file(tmp_path, "model: tiny\nbackend: ddp\n")
     spec = _spec_of(trainer, vm_size="Standard_D2s_v5", node_count=1)
@@ -668,7 +668,7 @@ def test_a_job_still_there_after_its_delete_is_an_error(batch, monkeypatch):
 
 # ---------------------------------------------------------------- an eventually consistent Batch
 # Batch documents no consistency window: the fake takes the unfavourable reading of each race
-# (tests/infra/fake_batch.py), and the provider must neither delete nor orphan a job over it.
+# (tests/support/fake_batch.py), and the provider must neither delete nor orphan a job over it.
 
 
 def _made_before(fake: FakeBatch, state: str, with_task: bool, spec: JobSpec | None = None):

@@ -16,9 +16,9 @@ from infra import batch as batch_module
 from infra import job as job_module
 from infra.batch import TASK_ID
 from infra.job import TrainingJobProvider
-from tests.infra.fake_batch import FakeBatch
 from tests.infra.test_job_payloads import _spec
-from tests.ports import free_port
+from tests.support.fake_batch import FakeBatch
+from tests.support.ports import free_port
 
 
 def _train(step, rate):
@@ -150,7 +150,7 @@ def test_a_failed_progress_read_keeps_the_last_step_marked_with_its_age(
 
 
 def test_a_refresh_reports_why_the_pool_gives_the_job_no_nodes(cloud, warnings):
-    from tests.infra.test_ops import QUOTA_MESSAGE, pool_in_trouble
+    from tests.dt_commands.jobs.test_ops import QUOTA_MESSAGE, pool_in_trouble
 
     fake, storage, _ = cloud
     job_id, state = _state(fake, storage, "stuck")

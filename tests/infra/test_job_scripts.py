@@ -15,9 +15,9 @@ from dt_commands.plan import evaluate, render
 from infra.batch import JobSpec, task_options, trainer_command
 from infra.config import ConfigError, job_settings
 from infra.job import JobError, TrainingJobProvider
-from tests.infra.conftest import REPO, of_type, stack_values
-from tests.infra.container import one_node_pool, run_in_container
 from tests.infra.test_job_payloads import SPEC
+from tests.support.container import one_node_pool, run_in_container
+from tests.support.stacks import REPO, of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 MINE = {"command": "python train.py --steps 40 --note 'two words'", "nodes": 1}
@@ -159,7 +159,7 @@ exec %s "$@"
 
 
 def _run_on_a_cpu_node(tmp_path, engine: str, exit_code: int = 0):
-    from tests.parallel.launch_nodes import free_port, held_port
+    from tests.trainer.launch.launch_nodes import free_port, held_port
 
     spec = JobSpec(
         **{

@@ -4,7 +4,7 @@ import json
 
 from dt_commands.plan import evaluate
 from infra.trainer_command import settings_values
-from tests.infra.conftest import one, stack_values
+from tests.support.stacks import one, stack_values
 from trainer.cli import to_flags
 
 

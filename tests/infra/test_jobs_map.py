@@ -13,7 +13,7 @@ from infra import batch as batch_module
 from infra.batch import JobSpec
 from infra.config import ConfigError, StackSettings, load_schema
 from infra.job import JobError, TrainingJobProvider
-from tests.infra.conftest import of_type, one, stack_values
+from tests.support.stacks import of_type, one, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 DEMO = "trainer/presets/demo.yaml"

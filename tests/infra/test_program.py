@@ -11,7 +11,7 @@ from dt_commands.plan import evaluate
 from infra.config import current_month
 from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
 from infra.naming import REQUIRED_TAGS, TAGGABLE
-from tests.infra.conftest import of_type, one, stack_values
+from tests.support.stacks import of_type, one, stack_values
 
 
 def test_every_taggable_resource_carries_team_stack_cost_center_project(plan):

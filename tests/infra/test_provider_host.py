@@ -34,9 +34,9 @@ from infra.batch import TASK_ID, JobSpec
 from infra.image import ImageBuildProvider
 from infra.job import TrainingJobProvider
 from infra.registry import TaskBypassProvider
-from tests.fake_entra import FakeEntra, write_federated_az
 from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
-from tests.infra.fake_batch import FakeBatch
+from tests.support.fake_batch import FakeBatch
+from tests.support.fake_entra import FakeEntra, write_federated_az
 
 REPO = Path(__file__).resolve().parents[2]
 URN = "urn:pulumi:dev::gpu-cluster::pulumi-python:dynamic:Resource::dev-job"

@@ -20,7 +20,6 @@ from infra.registry import (
     TaskBypassError,
     TaskBypassProvider,
 )
-from tests.infra.conftest import REPO
 from tests.infra.fake_arm import (
     BYPASS_API_VERSION,
     BYPASS_PATCH,
@@ -30,6 +29,7 @@ from tests.infra.fake_arm import (
     FakeRegistry,
     serving_arm,
 )
+from tests.support.stacks import REPO
 
 PROPERTY = BYPASS_PROPERTY
 PATCH_BODY = BYPASS_PATCH

@@ -20,7 +20,7 @@ from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_MODE
 from infra.cluster import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS
 from infra.toolchain import MIN_DRIVER
-from tests.infra.conftest import one
+from tests.support.stacks import one
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,

@@ -24,7 +24,7 @@ def debugging_trainer_config(tmp_path, rank=1):
 
 def test_a_production_stack_refuses_a_waiting_job_unless_it_allows_the_debugger(tmp_path):
     from dt_commands.plan import evaluate
-    from tests.infra.conftest import stack_values
+    from tests.support.stacks import stack_values
 
     values = stack_values("vision-prod") | {
         "gpu-cluster:trainerConfig": debugging_trainer_config(tmp_path)

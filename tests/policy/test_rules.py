@@ -333,7 +333,7 @@ CASES += [
 
 
 # Each address or range the registry and storage IP rules refuse, and why (the same function
-# refuses them in the stack's settings: tests/infra/test_config.py).
+# refuses them in the stack's settings: tests/infra/test_stack_config.py).
 REFUSED_RULES = [
     ("0.0.0.0/0", "the whole internet"),
     ("0.0.0.0/1", "wider than the /16"),
@@ -395,7 +395,7 @@ def test_every_resource_policy_has_a_case():
 @pytest.mark.parametrize("stack", ["dev", "vision-prod"])
 def test_both_stacks_pass_every_policy(stack):
     from dt_commands.plan import evaluate
-    from tests.infra.conftest import stack_values
+    from tests.support.stacks import stack_values
 
     plan = evaluate(stack, stack_values(stack))
     for resource in plan.resources:
@@ -433,7 +433,7 @@ def test_the_cpu_acceptance_size_passes_only_on_a_pool_that_declares_it():
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
 def test_acceptance_stacks_pass_every_policy(profile):
     from dt_commands.plan import evaluate
-    from tests.infra.conftest import acceptance_options, acceptance_values
+    from tests.support.stacks import acceptance_options, acceptance_values
 
     plan = evaluate(acceptance_options(profile).stack_name, acceptance_values(profile))
     for resource in plan.resources:
@@ -445,7 +445,7 @@ def test_acceptance_stacks_pass_every_policy(profile):
 
 def test_cost_over_budget_or_without_budget_is_a_violation():
     from dt_commands.plan import evaluate
-    from tests.infra.conftest import stack_values
+    from tests.support.stacks import stack_values
 
     plan = evaluate("vision-prod", stack_values("vision-prod"))
     resources = [(r.typ, r.inputs) for r in plan.resources]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from tests.fs_faults import file_size_limit, fill, read_only, tmpfs
+from tests.trainer.fs_faults import file_size_limit, fill, read_only, tmpfs
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, checksum_path
 from trainer.cli import to_flags

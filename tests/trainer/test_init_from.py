@@ -174,7 +174,7 @@ def test_weights_and_a_sharded_checkpoint_from_blob_urls(source, tmp_path, entra
 
 
 def test_unreachable_storage_is_an_environment_fault_exit_1(tmp_path, entra_env):
-    from tests.ports import free_port
+    from tests.support.ports import free_port
 
     url = f"https://127.0.0.1:{free_port()}/devstoreaccount1/weights/model.safetensors"
     output = tmp_path / "run"

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from tests.conftest import tiny_config
-from tests.ports import free_port
-from tests.traces import traces
+from tests.support.ports import free_port
+from tests.trainer.traces import traces
 from trainer import live_upload
 from trainer.blob_folder import BlobFolder
 from trainer.cli import to_flags
@@ -173,9 +173,9 @@ def test_an_unreachable_endpoint_is_one_warning_line_and_the_run_still_succeeds(
 def test_a_late_role_assignment_is_one_warning_naming_the_role_until_it_arrives(
     tmp_path, late_grants, caplog, monkeypatch
 ):
-    """A late grant (tests/storage_grants.py): each period before it is one warning line that
-    says which role is missing; the first period after it uploads everything."""
-    from tests.fake_imds import IDENTITY
+    """A late grant (tests/support/storage_grants.py): each period before it is one warning line
+    that says which role is missing; the first period after it uploads everything."""
+    from tests.support.fake_imds import IDENTITY
     from trainer.grant_wait import CONTRIBUTOR
 
     storage = late_grants.storage

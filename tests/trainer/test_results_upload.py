@@ -63,12 +63,12 @@ def test_a_finished_run_uploads_its_results_which_fetch_downloads_verified(
 
 
 def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_grants_on, monkeypatch):
-    """Storage refuses the identity (403 AuthorizationPermissionMismatch, tests/storage_grants.py)
-    for 3 minutes after the run ends: the upload waits, one line per wait, then uploads; with
-    the role never granted it fails in one line naming it."""
-    from tests.fake_imds import IDENTITY
-    from tests.storage_grants import FakeClock
-    from tests.unit.test_results import _write
+    """Storage refuses the identity (403 AuthorizationPermissionMismatch,
+    tests/support/storage_grants.py) for 3 minutes after the run ends: the upload waits, one line
+    per wait, then uploads; with the role never granted it fails in one line naming it."""
+    from tests.support.fake_imds import IDENTITY
+    from tests.support.storage_grants import FakeClock
+    from tests.trainer.test_results import _write
     from trainer import results
     from trainer.blob_folder import BlobFolder
     from trainer.grant_wait import CONTRIBUTOR, GrantWait

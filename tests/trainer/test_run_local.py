@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_config as base_config
-from tests.traces import recorded_steps
+from tests.trainer.traces import recorded_steps
 from trainer import checkpoint, results
 from trainer.config import DEFAULTS, ConfigError
 from trainer.distributed import LocalDist

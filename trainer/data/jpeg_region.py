@@ -1,8 +1,9 @@
 """Decode only the pixels a training crop keeps: ``jpeg_region.c`` (libjpeg-turbo's
 ``jpeg_crop_scanline`` and ``jpeg_skip_scanlines``), loaded through ctypes.
 
-The crop's pixels are the whole image's, bit for bit (``tests/data/test_jpeg_region.py``), at
-about 1.3x the speed of decoding all of a 500x375 photo. ``scripts/build_jpeg_region.sh`` builds
+The crop's pixels are the whole image's, bit for bit
+(``tests/trainer/data/test_jpeg_region.py``), at about 1.3x the speed of decoding all of a
+500x375 photo. ``scripts/build_jpeg_region.sh`` builds
 the library into the Python environment (``make test``/``make demo`` and the trainer image do);
 without it, or with one built from another version of the source, ``available()`` is False and
 images are decoded whole, as before.

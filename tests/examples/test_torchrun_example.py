@@ -1,0 +1,84 @@
+"""examples/torchrun_ddp/train.py run exactly as docs/jobs.md says (torchrun, two CPU workers):
+it trains, checkpoints to $DT_RUN_DIR/checkpoints, writes TensorBoard and metrics.jsonl there,
+resumes from its newest checkpoint, and stops every rank at one step on a SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support.launchers import BIN, REPO
+
+# The documented command (docs/jobs.md, Your own script), as a user types it.
+DOCUMENTED = "torchrun --standalone --nproc_per_node 2 examples/torchrun_ddp/train.py"
+
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
+
+
+def _start(run_dir: Path, *flags: str) -> subprocess.Popen:
+    argv = shlex.split(DOCUMENTED) + list(flags)
+    env = {**os.environ, "DT_RUN_DIR": str(run_dir), "PATH": f"{BIN}:{os.environ['PATH']}"}
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _run(run_dir: Path, *flags: str) -> str:
+    process = _start(run_dir, *flags)
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out
+    return out
+
+
+def _steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+def test_the_documented_command_trains_checkpoints_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    out = _run(run_dir, "--steps", "6", "--checkpoint-every", "3")
+    assert "training steps 1..6 on 2 workers" in out and "done at step 6" in out
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000003.pt", "step-00000006.pt"]
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    # A second run (a retried task) continues from the newest checkpoint.
+    out = _run(run_dir, "--steps", "8", "--checkpoint-every", "3")
+    assert "training steps 7..8 on 2 workers" in out
+    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_a_sigterm_to_one_worker_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    process = _start(run_dir, "--steps", "100000", "--step-seconds", "0.05")
+    try:
+        while not (run_dir / "metrics.jsonl").exists() or len(_steps(run_dir)) < 3:
+            assert process.poll() is None, process.stdout.read()
+            time.sleep(0.1)
+        workers = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "train.py" in " ".join(child.cmdline()) and child.pid != process.pid
+        ]
+        assert len(workers) == 2, workers
+        # The launcher signals every worker; one of them getting it first must be enough.
+        workers[-1].send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, out
+    stopped = _steps(run_dir)[-1]
+    assert f"stopped by a signal at step {stopped}: checkpointed" in out
+    assert (run_dir / "checkpoints" / f"step-{stopped:08d}.pt").is_file()
+    out = _run(run_dir, "--steps", str(stopped + 1))
+    assert f"training steps {stopped + 1}..{stopped + 1}" in out

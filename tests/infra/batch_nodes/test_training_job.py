@@ -1,0 +1,474 @@
+"""The training job exactly as ``infra.job`` submits it, on emulated Batch nodes.
+
+The job and task are ``job_options(spec).as_dict()`` and ``task_options(spec).as_dict()`` of a
+``JobSpec`` built from a stack's declared TrainingJob, with a tiny trainer and the emulated
+storage account's endpoint: the real launcher, trainer and Horovod run (CPU, Gloo). Full runs
+use the dev stack as a CPU acceptance stack (``Standard_D2s_v5``: the size's payloads start
+one worker per node, which two shared cores can run); the start task's GPU and InfiniBand
+checks run on the dev stack's own pool (``Standard_ND96isr_H100_v5``, 8 GPUs, 8 HCAs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from infra.batch import JobSpec, job_options, task_options
+from tests.conftest import write_image_folder
+from tests.infra.batch_nodes.batch import Cluster, JobRun
+from tests.infra.batch_nodes.conftest import REPO, blob
+from trainer.checkpoint import list_checkpoints, load_latest
+
+# Real processes on emulated nodes: make test runs these one at a time.
+pytestmark = pytest.mark.processes
+
+# The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
+TINY = (
+    "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",
+    "--synthetic-size", "64", "--synthetic-pool", "16", "--warmup-epochs", "1",
+    "--loader-workers", "0", "--log-every", "1",
+)  # fmt: skip
+SHARDS = (
+    "--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "2",
+    "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
+)  # fmt: skip
+RUN_SECONDS = 180
+
+
+def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
+    """``nodes`` (two: the task's) of the CPU acceptance stack (one worker per node); every node
+    must have passed the pool's start task."""
+    cluster = make_cluster(stack, nodes=nodes, **options)
+    failed = {
+        node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
+        for node in cluster.nodes
+        if node.state != "idle"
+    }
+    assert not failed, f"start task failed: {failed}"
+    return cluster
+
+
+def make_spec(stack, storage, **changes) -> JobSpec:
+    """The stack's TrainingJob inputs, with the emulated storage account and the changes."""
+    values = {f.name: stack.job_props[f.name] for f in fields(JobSpec)}
+    values.update(blob_endpoint=storage.blob_endpoint, dataset_prefix="")
+    values.update(changes)
+    values["trainer_args"] = list(values["trainer_args"])
+    return JobSpec.from_props(values)
+
+
+def submit(cluster: Cluster, spec: JobSpec) -> JobRun:
+    return cluster.submit(job_options(spec).as_dict(), task_options(spec).as_dict())
+
+
+def run_folder(cluster: Cluster, spec: JobSpec) -> Path:
+    """The run's folder on the NFS server (the share is mounted as ``shared``)."""
+    relative = spec.checkpoint_path.split("/", 1)[1]
+    cluster.sync_nfs()
+    return cluster.nfs_export / relative
+
+
+def describe(cluster: Cluster, run: JobRun) -> str:
+    lines = [f"state={run.state} exit={run.exit_code} reason={run.reason} error={run.error}"]
+    lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
+    lines += cluster.events[-40:]
+    for node in run.nodes or cluster.nodes:
+        for folder in (run._prep_dir(node), run.task_dir(node)):
+            for path in sorted(folder.glob("*.txt")) if folder else ():
+                lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
+                             f"{path.read_text()[-3000:]}")  # fmt: skip
+    for path in sorted((cluster.base / "logs").glob("*.agent")):
+        text = path.read_text().strip()
+        if text:
+            lines.append(f"--- {path.name}: {text[-1500:]}")
+    return "\n".join(lines)
+
+
+def metrics(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
+    names = blob(fabric, storage, "list", container="logs", prefix=f"{spec.job_id}/")
+    return {
+        name.rsplit("/", 1)[1]: blob(fabric, storage, "download", container="logs", blob=name)
+        for name in names
+    }
+
+
+def _folder_logs(folder: Path, attempt: str | None = None) -> str:
+    """The launchers' logs in the run folder (every attempt's, or one attempt's)."""
+    root = folder / "logs" / attempt if attempt else folder / "logs"
+    return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def _current_attempt(folder: Path) -> str:
+    return json.loads((folder / "logs" / "current.json").read_text())["attempt"]
+
+
+def _checkpoints(folder: Path) -> list[int]:
+    """The steps of the run's complete checkpoints, newest first."""
+    return [step for step, _ in list_checkpoints(folder / "checkpoints")]
+
+
+@pytest.fixture(scope="module")
+def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
+    """A tiny image folder prepared into shards with ``dt-data prepare`` and
+    uploaded to the storage account's ``datasets`` container with the project's upload."""
+    root = tmp_path_factory.mktemp("dataset")
+    source = write_image_folder(root / "images", classes=3, per_class=12, size=24)
+    shards = root / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainer.data", "prepare", str(source), str(shards),
+         "--shard-mb", "0.02", "--processes", "1"],
+        check=True, cwd=REPO, capture_output=True,
+    )  # fmt: skip
+    blob(
+        fabric,
+        storage,
+        "trainer-upload",
+        container="datasets",
+        prefix="tiny-v1",
+        folder=str(shards),
+    )
+    return "tiny-v1"
+
+
+# Both container lifecycles (does what the coordination command leaves running survive it?),
+# each with a full run: the synthetic data under the stricter one, the staged dataset under the
+# other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py).
+@pytest.mark.parametrize(
+    ("lifecycle", "data", "shared"),
+    [("kill", "synthetic", "node"), ("survive", "shards", "node"), ("survive", "shards", "task")],
+    ids=["kill", "survive-shared-node", "survive-shared-task"],
+)
+def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
+    make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared)
+    if data == "synthetic":
+        args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
+    else:
+        prefix = request.getfixturevalue("dataset_prefix")
+        args = (*SHARDS, "--max-steps", "6", "--epochs", "9")
+    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=prefix)
+    run = submit(cluster, spec)
+    # A node whose preparation failed never gets the task: with two nodes the job would wait
+    # forever, so that is a failure now.
+    _wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
+              cluster, run)  # fmt: skip
+    assert not run.prep_failed(), describe(cluster, run)
+    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
+    folder = run_folder(cluster, spec)
+    assert _checkpoints(folder), describe(cluster, run)
+    assert metrics(folder)[-1]["step"] == 6
+    logs = uploaded(fabric, storage, spec)
+    # The task's output files, and rank 0's live metrics (the job's --metrics-upload-url, as
+    # the node's managed identity) with its TensorBoard events.
+    assert {"stdout.txt", "stderr.txt", "metrics.jsonl"} <= set(logs), logs
+    assert any(name.startswith("events.out.tfevents.") for name in logs), logs
+    live = [json.loads(line) for line in logs["metrics.jsonl"].splitlines() if line.strip()]
+    assert live == metrics(folder)  # the final upload: the whole file as it ended
+    # The finished run's results, uploaded by rank 0 as the node's identity to the job's
+    # --outputs-url (what `dt-jobs fetch` downloads): every file of its results/ folder.
+    job_prefix = f"{spec.job_id}/"
+    results = blob(fabric, storage, "list", container="outputs", prefix=job_prefix)
+    assert sorted(name.removeprefix(job_prefix) for name in results) == sorted(
+        path.name for path in (folder / "results").iterdir()
+    ), describe(cluster, run)
+    output = logs["stdout.txt"] + logs["stderr.txt"]
+    # Every node's launcher log reaches the user: the non-primary's too (in the uploaded
+    # stdout, or at least in the run folder on the share).
+    for node in run.nodes:
+        assert f"[launch {node.ip}]" in output + _folder_logs(folder), output
+    assert "done: step 6" in output + _folder_logs(folder), output
+    if data == "shards":
+        for node in run.nodes:
+            assert run.prep_exit[node.index] == 0
+            # Staged into the preparation's working folder (infra.batch.STAGE_ROOT), not the
+            # node's shared folder, which the "Shared" mount may not be.
+            prep_dir = run._prep_dir(node)
+            assert prep_dir and (prep_dir / "wd/datasets" / prefix / "manifest.json").is_file()
+            # batch-job-prep-release.md: the preparation ran before the task on the node.
+            prep = next(e for e in cluster.events if f"node {node.index}: job preparation" in e)
+            task = next(e for e in cluster.events if f"node {node.index}: started coord" in e)
+            assert float(prep.split()[0]) <= float(task.split()[0])
+
+
+def test_a_node_whose_start_task_fails_never_receives_the_task(make_cluster, storage, gpu_stack):
+    """The dev stack's InfiniBand pool, one node with a port down."""
+    cluster = make_cluster(gpu_stack, ib_down={1: "mlx5_ib5"})
+    outputs = {n.index: (n.startup_dir / "stderr.txt").read_text()[-1500:] for n in cluster.nodes}
+    assert [n.state for n in cluster.nodes] == ["idle", "starttaskfailed", "idle"], outputs
+    # After the start task's bounded wait for ports still coming up, one line names the port.
+    assert "found 7 after waiting 300 s: mlx5_ib5/ports/1 is" in outputs[1], outputs[1]
+    spec = make_spec(gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), node_count=3)
+    run = submit(cluster, spec)
+    # Three instances wanted, two usable nodes: the task is never scheduled, it stays active.
+    assert not run.wait(3), describe(cluster, run)
+    assert run.state == "active" and "usable" in run.reason, describe(cluster, run)
+    assert not run.nodes and not cluster.nodes[1].job_dir(spec.job_id).exists()
+    run.terminate()
+    assert run.wait(10) and not run.tries
+
+
+def _worker_pids(cluster: Cluster, run: JobRun, node_index: int) -> list[int]:
+    """The trainer worker processes (``python -m trainer``, not the launcher) on a node."""
+    found = []
+    for pid in run.processes(cluster.nodes[node_index]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
+            found.append(pid)
+    return found
+
+
+def _wait_for(condition, seconds: float, what: str, cluster: Cluster, run: JobRun) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if run.finished.is_set() or time.monotonic() > deadline:
+            pytest.fail(f"{what} never happened\n{describe(cluster, run)}")
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks(
+    make_cluster, storage, cpu_stack
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+
+    # A worker on the non-primary node dies: the try fails within a minute, every node's part
+    # of it stops (batch-mpi.md: a subtask failure fails the task) and Batch retries.
+    subtask = next(n for n in run.nodes if n is not run.master)
+    workers = _worker_pids(cluster, run, subtask.index)
+    assert workers, describe(cluster, run)
+    killed_at = time.monotonic()
+    os.kill(workers[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0, describe(cluster, run)
+    assert time.monotonic() - killed_at < 60
+
+    # The retry resumes from the newest checkpoint on the share.
+    resumed = len(metrics(folder))
+    _wait_for(lambda: len(metrics(folder)) > resumed + 1, RUN_SECONDS, "retry steps", cluster, run)
+    attempt = _current_attempt(folder)
+    assert "resumed from" in _folder_logs(folder, attempt), _folder_logs(folder, attempt)
+
+    # A terminate reaches every rank, which checkpoint and stop.
+    before = _checkpoints(folder)[0]
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+    assert run.terminated and len(run.tries) == 2, describe(cluster, run)
+    logs = _folder_logs(folder, attempt)
+    assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
+    assert "stopped by signal" in logs, logs
+    assert _checkpoints(folder)[0] > before, logs
+
+
+def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
+    make_cluster, storage, cpu_stack, dataset_prefix
+):
+    """Batch may retry a task on other nodes (tests/infra/batch_nodes/placement.py, ``move``): a
+    worker dies on the subtask's node; the retry leaves that node out, takes the spare node and puts
+    the primary on a node that was not the master. The spare stages the dataset first (node-
+    local staging does not travel) and the retry resumes from the checkpoint on the share."""
+    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
+    args = (*SHARDS, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=dataset_prefix)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    first, old_master = list(run.nodes), run.master
+    assert old_master is not None
+    (spare,) = [n for n in cluster.nodes if n not in first]
+    assert run.prep_exit.get(spare.index) is None  # not prepared: the task never ran there
+    subtask = next(n for n in first if n is not old_master)
+    run.leave_out = subtask
+    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0 and not run.tries[0].recovered, describe(cluster, run)
+
+    attempt = _current_attempt(folder)
+    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
+              cluster, run)  # fmt: skip
+    placed = ({n.index for n in run.nodes}, run.master and run.master.index)
+    assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
+    assert run.prep_exit[spare.index] == 0, describe(cluster, run)
+    prep_dir = run._prep_dir(spare)
+    assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
+    logs = _folder_logs(folder, _current_attempt(folder))
+    assert "resumed from" in logs, logs
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+
+
+def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
+    """A condition: a try later than ``after_attempt`` runs and has logged a step."""
+
+    def condition() -> bool:
+        try:
+            attempt = _current_attempt(folder)
+        except (OSError, ValueError):
+            return False
+        return attempt != after_attempt and len(metrics(folder)) > metrics_before
+
+    return condition
+
+
+def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_still_uses_one(
+    make_cluster, storage, cpu_stack
+):
+    """Four scheduled events take a node of the job, one after the other (MAX_TASK_RETRIES is
+    3: a fourth counted retry would fail the task); each time the job checkpoints, the event is
+    approved unless it also names another job's VM, the platform takes the node and Batch's
+    recovery requeues the task. A worker that dies afterwards is a real failure: a retry."""
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    attempt = None
+    events = []
+    plan = [
+        ("Preempt", [], 60),
+        # Also another job's VM: not to be approved; the platform acts at NotBefore.
+        ("Reboot", ["vm-of-another-job"], 25),
+        ("Redeploy", [], 60),
+        ("Terminate", [], 60),
+    ]
+    for index, (kind, others, notice) in enumerate(plan):
+        _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
+                  cluster, run)  # fmt: skip
+        attempt = _current_attempt(folder)
+        victim = next(n for n in run.nodes if n is not run.master)
+        events.append(cluster.schedule_event(kind, [victim.vm_name, *others], notice))
+        _wait_for(lambda i=index: len(run.tries) > i, RUN_SECONDS, f"{kind} ends the try",
+                  cluster, run)  # fmt: skip
+        assert run.tries[index].recovered, describe(cluster, run)
+        logs = _folder_logs(folder, attempt)
+        assert f"scheduled event {kind} {events[-1]}" in logs, logs
+        assert "waiting for the platform to take this VM" in logs, logs
+    assert (run.retry_count, run.requeue_count, run.finished.is_set()) == (0, 4, False), describe(
+        cluster, run
+    )
+    assert sorted(event for _, event in cluster.approved()) == sorted(events[:1] + events[2:])
+    assert "not approving Reboot" in _folder_logs(folder)
+
+    # A real failure still counts: a worker dies, the try fails, Batch retries it.
+    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
+    subtask = next(n for n in run.nodes if n is not run.master)
+    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    _wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
+    assert not run.tries[4].recovered and run.tries[4].exit_code != 0, describe(cluster, run)
+    assert run.retry_count == 1 and not run.finished.is_set(), describe(cluster, run)
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return False
+    caught = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signum - 1)))
+
+
+def _launcher(run: JobRun, node_index: int) -> int | None:
+    """The container's first process on a node once it is the launcher (bash exec'd it)."""
+    proc = run.running.get(node_index)
+    pid = proc.main_pid() if proc else None
+    if pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return pid if b"trainer.launch" in argv else None
+
+
+def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_meeting_the_others(
+    make_cluster, storage, cpu_stack
+):
+    """Batch documents no signal for a terminate (``STOP_MODES`` in
+    tests/infra/batch_nodes/batch.py): both readings. Under ``kill`` nothing can react: the newest
+    periodic checkpoint must be intact and the next run of the job resumes from it. Under ``stop``
+    only the container's first process gets SIGTERM, and only if it has a handler (PID 1): the
+    launcher must have one from its first instant, also while it still waits for the master's
+    rendezvous (frozen here), and then must not start workers it would have to stop."""
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    folder = run_folder(cluster, spec)
+
+    # Kill: SIGKILL to every process of the task, at once, mid-run.
+    run = submit(cluster, spec)
+    _wait_for(lambda: len(_checkpoints(folder)) >= 2, RUN_SECONDS, "checkpoints", cluster, run)
+    run.terminate("kill")
+    assert run.wait(60) and run.terminated, describe(cluster, run)
+    newest = load_latest(folder / "checkpoints")
+    assert newest is not None, describe(cluster, run)
+    kept = int(newest[1]["step"])
+
+    # Stop while the non-primary launcher waits for the primary's rendezvous.
+    seen = len(cluster.events)  # the kill's events before
+    run = submit(cluster, spec)
+    _wait_for(lambda: run.master is not None and len(run.running) == 2, RUN_SECONDS,
+              "the coordination commands", cluster, run)  # fmt: skip
+    assert run.master is not None
+    master = run.master.index
+    subtask = next(n.index for n in run.nodes if n is not run.master)
+    _wait_for(lambda: _launcher(run, master) is not None, 60, "the launcher", cluster, run)
+    master_pid = _launcher(run, master)
+    assert master_pid is not None
+    os.kill(master_pid, signal.SIGSTOP)
+    try:
+        _wait_for(lambda: _launcher(run, subtask) is not None, RUN_SECONDS, "the launcher",
+                  cluster, run)  # fmt: skip
+        waiting = _launcher(run, subtask)
+        assert waiting is not None
+        what = "a SIGTERM handler in the launcher waiting for the master"
+        _wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, run)
+        run.terminate("stop")
+        stopping = f"terminate: SIGTERM to coord-n{subtask}"
+        _wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
+                  cluster, run)  # fmt: skip
+    finally:
+        os.kill(master_pid, signal.SIGCONT)
+    assert run.wait(60) and run.terminated, describe(cluster, run)
+    stop = next(e for e in cluster.events[seen:] if stopping in e)
+    assert "sent to PID 1" in stop, describe(cluster, run)
+    output = (run.task_dir(cluster.nodes[subtask]) / "stdout.txt").read_text()
+    output += (run.task_dir(cluster.nodes[subtask]) / "stderr.txt").read_text()
+    assert "before the workers started" in output, describe(cluster, run)
+    killed = f"terminate: SIGKILL to coord-n{subtask}"
+    assert killed not in "\n".join(cluster.events[seen:]), describe(cluster, run)
+    assert not _worker_pids(cluster, run, subtask)
+    assert load_latest(folder / "checkpoints")[0] == newest[0], describe(cluster, run)
+
+    # The next run resumes from the checkpoint the kill left.
+    run = submit(cluster, spec)
+    resumed = f"{newest[0].name} at step {kept} "  # the path as the node sees it ends so
+    _wait_for(lambda: resumed in _folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
+              cluster, run)  # fmt: skip
+    run.terminate("kill")
+    assert run.wait(60), describe(cluster, run)

@@ -1,0 +1,23 @@
+"""The Horovod the set-up installed is the build scripts/build_horovod.sh makes: PyTorch and
+Gloo support, and the blocking-wait patch (scripts/horovod-blocking-wait.patch) by its marker
+(what the patch changes: tests/scripts/test_horovod_build.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.launchers import BIN
+
+
+def test_the_installed_horovod_has_pytorch_gloo_and_the_blocking_wait():
+    build = subprocess.run(
+        [str(BIN / "horovodrun"), "--check-build"], capture_output=True, text=True, timeout=60
+    )
+    assert "[X] PyTorch" in build.stdout and "[X] Gloo" in build.stdout
+    marker = subprocess.run(
+        [sys.executable, "-c", "from horovod.torch import mpi_lib_v2 as m; "
+         "print(m.horovod_torch_wait_blocks())"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert marker.stdout.strip() == "1", marker.stderr

@@ -1,0 +1,212 @@
+"""Role assignments that arrive late: an HTTPS proxy in front of Azurite that answers every
+request made with a managed identity's bearer token ``403 AuthorizationPermissionMismatch`` until
+the grant time the test set for that identity, as Storage does while a new role assignment
+propagates. Azurite with ``--oauth basic`` accepts any well-formed token: it has no RBAC.
+
+What Azure documents:
+- "Azure role assignments may take up to 30 minutes to propagate"
+  (azure-docs articles/storage/blobs/authorize-access-azure-active-directory.md, "Assign Azure
+  roles for access rights"); until then the identity holds no data role on the account.
+- A principal without the data role gets 403 ``AuthorizationPermissionMismatch``, "This request
+  is not authorized to perform this operation using this permission." (the Storage error code
+  tables; Azurite's own StorageErrorFactory sends the same code and message), in the error body
+  of the Storage REST API: ``<?xml ...?><Error><Code>..</Code><Message>..</Message></Error>``,
+  the code repeated in ``x-ms-error-code`` (Storage REST docs, "Status and error codes").
+
+What it leaves open, and the reading taken here (the unfavourable one): whether every front end
+sees the new assignment at the same moment. Here a grant may be *unsettled* for a while after its
+time: requests then alternate between denied and allowed, so a client that got its first answer
+may still be refused on the next one (a staged manifest, then a 403 on a shard).
+
+Requests signed with the account key (the tests' own setup and checks) pass: Shared Key is not
+subject to Azure RBAC. The proxy forwards everything else to Azurite unchanged."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import http.client
+import json
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+MISMATCH = "AuthorizationPermissionMismatch"
+MISMATCH_MESSAGE = "This request is not authorized to perform this operation using this permission."
+# Hop-by-hop headers (RFC 9110 section 7.6.1): never forwarded by a proxy.
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+class FakeClock:
+    """A clock that moves only when told: the code under test sleeps with ``advance``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+@dataclass
+class Grant:
+    at: float  # from this time on the role assignment has reached Storage
+    unsettled_s: float = 0.0  # then, for this long, every other request is still refused
+    seen: int = 0  # requests answered after ``at`` (the alternation's counter)
+
+
+@dataclass
+class Grants:
+    """The role assignments of each identity (the token's ``oid``): none until ``grant``."""
+
+    clock: Callable[[], float] = time.monotonic
+    _grants: dict[str, Grant] = field(default_factory=dict)
+    denied: list[tuple[str, str, str]] = field(default_factory=list)  # (identity, method, path)
+    allowed: int = 0
+    refused: threading.Event = field(default_factory=threading.Event)  # set at the first 403
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def grant(self, identity: str, after_s: float = 0.0, unsettled_s: float = 0.0) -> None:
+        """The identity's role assignment reaches Storage ``after_s`` from now."""
+        with self._lock:
+            self._grants[identity] = Grant(self.clock() + after_s, unsettled_s)
+
+    def revoke(self, identity: str) -> None:
+        with self._lock:
+            self._grants.pop(identity, None)
+
+    def permits(self, identity: str, method: str, path: str) -> bool:
+        with self._lock:
+            grant = self._grants.get(identity)
+            now = self.clock()
+            ok = grant is not None and now >= grant.at
+            if ok and grant is not None and now < grant.at + grant.unsettled_s:
+                grant.seen += 1
+                ok = grant.seen % 2 == 0  # the first request after the grant time: refused
+            if ok:
+                self.allowed += 1
+            else:
+                self.denied.append((identity, method, path))
+                self.refused.set()
+            return ok
+
+
+def token_identity(authorization: str) -> str | None:
+    """The ``oid`` claim of a bearer token (unverified: Azurite checks the token itself)."""
+    kind, _, token = authorization.partition(" ")
+    if kind.lower() != "bearer" or token.count(".") != 2:
+        return None
+    payload = token.split(".")[1]
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    return claims.get("oid") if isinstance(claims, dict) else None
+
+
+def mismatch_body(request_id: str) -> bytes:
+    """The Storage error document Storage sends with 403 AuthorizationPermissionMismatch."""
+    time_text = time.strftime("%Y-%m-%dT%H:%M:%S.0000000Z", time.gmtime())
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><Error>'
+        f"<Code>{MISMATCH}</Code>"
+        f"<Message>{MISMATCH_MESSAGE}\nRequestId:{request_id}\nTime:{time_text}</Message>"
+        "</Error>"
+    ).encode()
+
+
+class GrantProxy(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, upstream: str, upstream_ca: Path, grants: Grants) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        parts = urlsplit(upstream)
+        self.upstream_host, self.upstream_port = parts.hostname or "", parts.port or 443
+        self.upstream_context = ssl.create_default_context(cafile=str(upstream_ca))
+        self.grants = grants
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: GrantProxy
+    protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        identity = token_identity(self.headers.get("Authorization", ""))
+        if identity is not None and not self.server.grants.permits(
+            identity, self.command, self.path
+        ):
+            self._deny()
+            return
+        self._forward(body)
+
+    def _deny(self) -> None:
+        request_id = str(uuid.uuid4())
+        body = b"" if self.command == "HEAD" else mismatch_body(request_id)
+        self.send_response(403, MISMATCH_MESSAGE)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("x-ms-error-code", MISMATCH)
+        self.send_header("x-ms-request-id", request_id)
+        self.send_header("x-ms-version", self.headers.get("x-ms-version", "2021-12-02"))
+        self.send_header("Date", formatdate(usegmt=True))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _forward(self, body: bytes) -> None:
+        upstream = http.client.HTTPSConnection(
+            self.server.upstream_host,
+            self.server.upstream_port,
+            context=self.server.upstream_context,
+            timeout=60,
+        )
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            response = upstream.getresponse()
+            data = response.read()
+            self.send_response(response.status, response.reason)
+            for name, value in response.getheaders():
+                if name.lower() not in _HOP and name.lower() != "content-length":
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            upstream.close()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _handle
+
+
+@contextmanager
+def grant_proxy(
+    upstream: str, upstream_ca: Path, grants: Grants, folder: Path
+) -> Iterator[tuple[str, Path]]:
+    """The proxy over TLS in a daemon thread; yields its ``https://127.0.0.1:<port>`` address
+    and the certificate (written to ``folder``) its clients must trust."""
+    from tests.support.tls import serve_tls
+
+    server = GrantProxy(upstream, upstream_ca, grants)
+    cert = serve_tls(server, folder, name="grants")
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", cert
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,170 @@
+"""The trainer's in-process writers on real failing file systems (tests/trainer/fs_faults.py): a
+full, read-only or immutable output folder, or a file where the folder goes, is one line naming the
+path and the fix (exit 1 from a command), and nothing is left that a reader could take for
+complete output."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
+from trainer import checkpoint, results
+from trainer.checkpoint import CheckpointError
+from trainer.data.__main__ import main as data_main
+from trainer.files import OutputError
+from trainer.metrics import MetricsWriter
+
+# What each fault's one line must say: the reason and the first words of its fix.
+EXPECTED = {
+    "full": ("No space left on device", "free space"),
+    "read-only": ("Read-only file system", "remount it read-write"),
+    "immutable": ("Operation not permitted", "chattr -i"),
+    "file-in-the-way": ("Not a directory", "a file sits where a folder goes"),
+}
+
+
+def _one_line(capsys, code: int) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_prepare_text_into_a_faulty_folder_is_one_line_exit_1(tmp_path, capsys, fault):
+    src = tmp_path / "text.txt"
+    # Enough tokens (bytes) to overrun the room a full disk leaves, in several shards.
+    src.write_text("the quick brown fox jumps over the lazy dog\n" * 8000)
+    with faulty_output(tmp_path, fault, room=32 * 1024) as out:
+        with pytest.raises(SystemExit) as exit_:
+            data_main(["prepare-text", str(src), str(out), "--shard-mb", "0.05"])
+        assert exit_.value.code == 1
+        line = _one_line(capsys, 1)
+        reason, fix = EXPECTED[fault]
+        assert line.startswith("error: cannot write ") and reason in line and fix in line, line
+        # Named: the output folder, or the file a failed write was writing into it.
+        assert str(out) in line or str(out.parent) in line, line
+        assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_metrics_folder_that_cannot_be_made_is_an_error_naming_it(tmp_path, fault):
+    """What the trainer turns into its one ``output_dir=...`` line (exit 1): an OSError whose
+    file is the run folder or one inside it."""
+    with faulty_output(tmp_path, fault) as out:
+        run = out / "run" if fault == "full" else out
+        if fault == "full":  # room for the folder and the open, not for the records
+            writer = MetricsWriter(run)
+            with pytest.raises(OutputError, match="No space left on device"):
+                for step in range(1, 2000):
+                    writer.write({"kind": "train", "step": step, "note": "x" * 200})
+            return
+        with pytest.raises(OSError) as failure:
+            MetricsWriter(run)
+        assert failure.value.filename is not None
+        assert Path(failure.value.filename).is_relative_to(out), failure.value
+
+
+def test_a_disk_filling_up_under_a_running_metrics_writer_is_one_line(tmp_path):
+    before = set(threading.enumerate())
+    with tmpfs(tmp_path / "disk") as disk:
+        writer = MetricsWriter(disk / "run")
+        writer.write({"kind": "train", "step": 1, "loss": 1.0})
+        fill(disk, room=4 * 1024)
+        with pytest.raises(OutputError) as failure:
+            for step in range(2, 2000):
+                writer.write({"kind": "train", "step": step, "loss": 1.0, "note": "x" * 200})
+        message = str(failure.value)
+        assert "\n" not in message and "No space left on device" in message
+        assert message.startswith(f"cannot write {disk / 'run'}") and "free space" in message
+        # The run's close (in its finally) on the still-full disk: one line again, and
+        # TensorBoard's writer thread ends with it rather than outliving the disk.
+        with pytest.raises(OutputError) as failure:
+            writer.close()
+        assert "\n" not in str(failure.value) and "free space" in str(failure.value)
+        assert set(threading.enumerate()) - before == set()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_checkpoint_save_in_a_faulty_folder_is_one_line_and_leaves_no_part(tmp_path, fault):
+    state = {"step": 1, "model": {"w": torch.zeros(64 * 1024)}}  # 256 KiB: more than the room
+    with faulty_output(tmp_path, fault) as out:
+        with pytest.raises(CheckpointError) as failure:
+            checkpoint.save(out / "checkpoints", 1, state, keep=2)
+        message = str(failure.value)
+        assert "\n" not in message and EXPECTED[fault][0] in message, message
+        assert "there is no earlier one" in message
+        assert leftovers(out) == []
+        assert checkpoint.load_latest(out / "checkpoints") is None
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_results_in_a_faulty_folder_are_one_line_and_never_pass_for_complete(tmp_path, fault):
+    weights = {"w": torch.zeros(64 * 1024)}  # 256 KiB: more than a full disk's room
+    with faulty_output(tmp_path, fault) as out:
+        with pytest.raises(OutputError) as failure:
+            results.write(
+                out / "results",
+                weights,
+                config={"model": "tiny"},
+                summary={"step": 1},
+                evaluation={"loss": 1.0},
+                weights_metadata={},
+            )
+        message = str(failure.value)
+        reason, fix = EXPECTED[fault]
+        assert "\n" not in message and reason in message and fix in message, message
+        assert str(out) in message, message
+        assert not results.is_complete(out / "results")
+        assert leftovers(out) == []
+
+
+# Run as its own process: pytest replaces threading.excepthook while a test runs, so only a
+# process of its own shows what a thread's uncaught error prints.
+TENSORBOARD_ONLY = """
+import sys
+from pathlib import Path
+from tests.trainer.fs_faults import fill
+from trainer.files import OutputError
+from trainer.metrics import MetricsWriter
+
+disk = Path(sys.argv[1])
+writer = MetricsWriter(disk / "run")
+writer.scalars({"loss": 1.0}, 1)
+fill(disk, room=4 * 1024)
+try:
+    try:
+        for step in range(2, 100_000):  # events only: TensorBoard's thread meets the full disk
+            writer.scalars({f"rank/{i}": 1.0 for i in range(10)}, step)
+    finally:
+        writer.close()
+except OutputError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_tensorboards_writer_thread_on_a_full_disk_prints_no_traceback_of_its_own(tmp_path):
+    """TensorBoard's event writer thread re-raises a failed write (threading's hook prints its
+    traceback) after keeping it for the next call, which raises it again here: one line."""
+    with tmpfs(tmp_path / "disk") as disk:
+        process = subprocess.run(
+            [sys.executable, "-c", TENSORBOARD_ONLY, str(disk)],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert process.returncode == 1, process.stderr[-2000:]
+    assert process.stderr.count("\n") == 1, process.stderr[-3000:]
+    [line] = process.stderr.splitlines()
+    assert line.startswith(f"error: cannot write {disk / 'run' / 'tensorboard'}"), line
+    assert "No space left on device" in line and "free space" in line
