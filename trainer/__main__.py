@@ -82,9 +82,12 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     from trainer.preflight import PreflightError
     from trainer.run import train
     from trainer.signals import StopRequest, die_with_parent
+    from trainer.watchdog import enable_flight_recorder
 
     stop = StopRequest().install()
     die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
+    # The engine's record of its collectives, for the step watchdog (trainer.watchdog).
+    enable_flight_recorder(cfg.backend, os.environ)
     try:
         dist = init_dist(cfg)
     except (RuntimeError, ValueError) as err:

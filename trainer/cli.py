@@ -140,6 +140,9 @@ HELP: dict[str, str] = {
     "ranks' median by more than this fraction of their median step",
     "gpu_telemetry_seconds": "each rank samples its GPU (NVML: utilisation, memory, "
     "temperature, power, ECC, XID) every N seconds on a thread; kind: gpu records; 0: off",
+    "step_timeout_minutes": "a rank that completes no step, evaluation or checkpoint save for N "
+    "minutes writes its Python stacks and collectives to <output-dir>/watchdog/ and exits with "
+    "86; 0: 20 median steps, at least 10 minutes",
 }
 _BOOLEAN = {
     "fp16_allreduce",

@@ -225,6 +225,10 @@ class TrainConfig:
     straggler_margin: float = 0.5
     # Each rank samples its GPU through NVML every N seconds on a thread (0: off; CPUs: never).
     gpu_telemetry_seconds: float = 10.0
+    # A rank whose training makes no progress (no step, evaluation or save ends) for this many
+    # minutes writes its stacks and collectives and exits (trainer.watchdog; 0: derived from
+    # the median step, at least 10 minutes).
+    step_timeout_minutes: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -443,6 +447,19 @@ class TrainConfig:
                     raise ConfigError(f"{name}={url!r}: {err}") from None
         _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
         self._check_rank_watch()
+        self._check_watchdog()
+
+    def _check_watchdog(self) -> None:
+        """The step watchdog (trainer.watchdog): 0 derives the limit from the steps."""
+        minutes = self.step_timeout_minutes
+        if minutes != 0:
+            try:
+                _float_range("step_timeout_minutes", minutes, 0.05, 10080.0)
+            except ConfigError:
+                raise ConfigError(
+                    f"step_timeout_minutes={shown(minutes)}: must be 0 (derived from the median "
+                    "step, at least 10 minutes) or a number of minutes in [0.05, 10080]"
+                ) from None
 
     def _check_rank_watch(self) -> None:
         """Stragglers and GPU telemetry (trainer.rank_watch)."""

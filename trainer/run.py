@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import random
+import socket
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,6 +35,7 @@ from trainer.plugins import Plugins
 from trainer.profiling import profiling
 from trainer.rank_watch import RankWatch
 from trainer.signals import StopRequest, StopVote
+from trainer.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -444,6 +446,7 @@ class _Run:
         stall = self.checkpointer.save_on_stop(step) if final else self.checkpointer.save(step)
         if stall is not None:
             self.log({"kind": "checkpoint", "step": step, "stall_sec": stall})
+        self.watchdog.beat()  # a save is one phase of its own (trainer.watchdog)
 
     def _measure_noise_scale(self, step: int, global_batch: int) -> float | None:
         """After a measuring step: the workers' mean squared local gradient norm (a collective)
@@ -497,6 +500,15 @@ class _Run:
             self.writer = MetricsWriter(self.output_dir)
         # --straggler-every, --gpu-telemetry-seconds: the ranks' times and GPU samples.
         self.watch = RankWatch(cfg, dist, self.device, self.writer)
+        # --step-timeout-minutes: from here until the loop ends, every step, evaluation and
+        # save must end within the limit.
+        self.watchdog = StepWatchdog(
+            cfg.step_timeout_minutes,
+            rank=dist.rank,
+            host=socket.gethostname(),
+            backend=cfg.backend,
+            folder=self.output_dir / "watchdog",
+        ).start()
         progress = Progress(pos.step, self.total_steps, unit=self.unit) if dist.is_root else None
         meter = WindowMeter(self.device, self.unit, self.parts.objective.correct is not None)
         stopped_by = None if self._training_due() else "already_complete"
@@ -538,6 +550,7 @@ class _Run:
         pos.step_in_epoch += 1
         pos.epoch_offset += loop.global_batch
         self.watch.step_done(pos.step)  # every --straggler-every steps, a collective
+        self.watchdog.beat(pos.step)
         loop.run_samples += self.samples_per_batch * cfg.accumulation_steps
         final = self._stop_reason(loop)
         self._report_step(loop, final)
@@ -599,6 +612,7 @@ class _Run:
             self.loaders.val.set_epoch(pos.epoch)
             self.last_eval = (pos.step, evaluate(self.parts, self.loaders.val))
             self.log({"kind": "eval", "step": pos.step, "epoch": pos.epoch, **self.last_eval[1]})
+            self.watchdog.beat()
         pos.epoch += 1
         pos.step_in_epoch = pos.epoch_offset = 0
         pos.epoch_world = self.dist.size
@@ -609,6 +623,7 @@ class _Run:
         (it finishes; nothing waits for the other ranks any more), the progress line and the
         metrics file are closed."""
         loop.profiler.close()
+        self.watchdog.close()
         self.watch.close()
         self.checkpointer.close()
         if loop.progress is not None:
