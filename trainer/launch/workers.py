@@ -21,6 +21,7 @@ from trainer.launch.rendezvous import gloo_worker_env, torch_worker_env
 from trainer.launch.stop import STOP
 from trainer.launch.store import POLL_SECONDS, Store
 from trainer.scheduled_events import Watcher
+from trainer.watchdog import WATCHDOG_EXIT
 
 # The engines started the way torchrun starts them: the trainer's torch.distributed ones, and
 # ``torch`` for a job's own command (a torchrun-style script, Accelerate, Lightning).
@@ -31,6 +32,9 @@ LAUNCHED_BACKENDS = ("horovod", *TORCH_ENGINES)
 # How long a launcher tolerates an unreachable store before it gives up on the job.
 STORE_LOST_SECONDS = 10
 KILL_GRACE_SECONDS = 10
+# After a worker's step watchdog fired, how long the node's other workers get to fire theirs:
+# each one's limit runs from its own last step, so theirs end within a step or two of it.
+WATCHDOG_GATHER_SECONDS = 30
 
 
 def check_engine(backend: str) -> str:
@@ -142,6 +146,28 @@ def _pump(stream: IO[bytes], log: RunLog) -> None:
     stream.close()
 
 
+def watchdog_reason(node: Node, workers: Workers, gather: float) -> str:
+    """The node's line once a worker's step watchdog fired (trainer.watchdog): which workers'
+    fired and which did not, given ``gather`` seconds to. A worker blocked in a collective
+    cannot tell which peer is missing; one that did not fire (wedged below Python, or ended
+    another way) is the suspect, as is the rank the flight recorders show behind."""
+    deadline = time.monotonic() + gather
+    while any(p.poll() is None for p in workers.processes) and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    codes = [process.poll() for process in workers.processes]
+    fired = [str(local) for local, code in enumerate(codes) if code == WATCHDOG_EXIT]
+    others = [
+        f"{local} ({'still running' if code is None else f'exit {code}'})"
+        for local, code in enumerate(codes)
+        if code != WATCHDOG_EXIT
+    ]
+    return (
+        f"node {node.name}: the step watchdog fired on worker {', '.join(fired)} (no step "
+        f"completed within --step-timeout-minutes; stacks and collectives in the run's "
+        f"watchdog/ folder); did not fire: {', '.join(others) or 'none'}"
+    )
+
+
 def supervise(
     node: Node, workers: Workers, store: Store, log: RunLog, watcher: Watcher | None = None
 ) -> Outcome:
@@ -171,6 +197,8 @@ def supervise(
         if failure:
             local, code = failure
             reason = f"node {node.name} worker {local} exited with {code}"
+            if code == WATCHDOG_EXIT:
+                reason = watchdog_reason(node, workers, WATCHDOG_GATHER_SECONDS)
             log.say(f"{reason}: stopping the job on every node")
             # If the store is gone too, the others notice that the master stopped answering.
             with contextlib.suppress(OSError):
