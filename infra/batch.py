@@ -188,6 +188,10 @@ class JobFields(Generic[S]):
     # hashes at these defaults, like name and priority.
     command: tuple[str, ...] = ()
     engine: str = ""
+    # The SHA-256 of the job's code snapshot (infra.code_snapshot; "" for none): the blob each
+    # node fetches, verifies and works in. A changed folder is a changed input, so the preview
+    # shows exactly that and the job is replaced; left out of the hashes at its default.
+    code_sha256: str = ""
 
 
 def job_priority(value: Any) -> int:

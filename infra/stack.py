@@ -266,6 +266,7 @@ def _job(
             priority=job.priority,
             command=job.command,
             engine=job.engine,
+            code_sha256=job.code.sha256 if job.code else "",
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
         # Data-plane calls need the deployer's Batch roles to exist first.
