@@ -116,3 +116,45 @@ def test_a_missing_code_folder_stops_dt_plan_in_one_line_exit_2(tmp_path):
         "error: jobs.mine.code='team/nowhere': no such folder; give a folder of the repository"
     )
     assert result.stdout == ""
+
+
+UPLOAD = "pulumi-python:dynamic:Resource"
+
+
+def test_each_code_hash_is_one_upload_the_job_waits_for():
+    plan = evaluate(
+        "dev",
+        _stack({"mine": MINE, "again": MINE, "other": {**MINE, "code": "examples/custom_model"}}),
+    )
+    uploads = {r.name: r.inputs for r in of_type(plan, UPLOAD) if "folder" in r.inputs}
+    sha = snapshot("examples/torchrun_ddp", REPO).sha256
+    assert len(uploads) == 2
+    upload = uploads[f"platform-dev-code-{sha[:12]}"]
+    assert (upload["folder"], upload["sha256"]) == ("examples/torchrun_ddp", sha)
+    assert "data" not in upload  # the bytes never reach the state
+    for job in ("platform-dev-job-mine", "platform-dev-job-again"):
+        assert f"platform-dev-code-{sha[:12]}" in plan.dependencies[job]
+
+
+def test_the_provider_uploads_the_snapshot_once_with_the_deployers_credential(
+    entra_env, azurite_entra
+):
+    from infra.code_upload import CodeUploadError, CodeUploadProvider
+
+    code = azurite_entra.container("code")
+    if not code.exists():
+        code.create_container()
+    snap = snapshot("examples/torchrun_ddp", REPO)
+    if code.get_blob_client(snap.blob_name).exists():
+        code.delete_blob(snap.blob_name)
+    props = {
+        "folder": snap.folder,
+        "sha256": snap.sha256,
+        "blob_endpoint": azurite_entra.blob_endpoint,
+    }
+    made = CodeUploadProvider().create(props)
+    assert made.id == snap.sha256 and made.outs["url"].endswith(f"/code/{snap.blob_name}")
+    assert code.download_blob(snap.blob_name).readall() == snap.data
+    assert CodeUploadProvider().create(props).id == snap.sha256  # there already: kept
+    with pytest.raises(CodeUploadError, match="changed since the preview"):
+        CodeUploadProvider().create({**props, "sha256": "0" * 64})
