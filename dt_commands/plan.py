@@ -183,6 +183,8 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
             else:
                 line += f"; STARTS A FRESH RUN (the deployed job trains in {before})"
         lines += [line, f"    runs: {runs_line(spec)}"]
+        if spec.code_sha256:
+            lines.append(f"    code: snapshot sha256 {spec.code_sha256}")
     planned = {spec.name or SHORTHAND_JOB for spec in specs}
     for name, folder in sorted((deployed or {}).items()):
         if name not in planned:

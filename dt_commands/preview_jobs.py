@@ -26,6 +26,7 @@ REASONS = {
     "trainer_args": "trainer settings changed",
     "command": "the job's command changed",
     "engine": "the job's engine changed",
+    "code_sha256": "the job's code changed (jobs.<name>.code: a new snapshot, no image rebuild)",
     "node_count": "node count changed",
     "vm_size": "VM size changed",
     "dataset_prefix": "dataset changed",

@@ -68,6 +68,12 @@ NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 # AZ_BATCH_NODE_SHARED_DIR (docs/fake-readings.md). The folder goes with the job.
 STAGE_ROOT = "${AZ_BATCH_TASK_WORKING_DIR}/datasets"
 DATASET_ROOT = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets"
+# A job's code snapshot (jobs.<name>.code): the preparation task makes it ready in a per-hash
+# folder of the node (trainer.code_folder: the node's shared folder when the container sees
+# it, which outlives jobs; else the preparation's own folder) and links it here, in its
+# working directory; the job's task finds the link under the JobPrep mount.
+CODE_LINK = "${AZ_BATCH_TASK_WORKING_DIR}/code"
+CODE_DIR = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/code"
 
 
 def endpoint_url(endpoint: str) -> str:
@@ -188,6 +194,10 @@ class JobFields(Generic[S]):
     # hashes at these defaults, like name and priority.
     command: tuple[str, ...] = ()
     engine: str = ""
+    # The SHA-256 of the job's code snapshot (infra.code_snapshot; "" for none): the blob each
+    # node fetches, verifies and works in. A changed folder is a changed input, so the preview
+    # shows exactly that and the job is replaced; left out of the hashes at its default.
+    code_sha256: str = ""
 
 
 def job_priority(value: Any) -> int:
@@ -333,10 +343,16 @@ def _container(spec: JobSpec):
             registry_server=spec.registry_server,
             identity_reference=m.BatchNodeIdentityReference(resource_id=spec.node_identity_id),
         ),
-        # No "Shared": nothing of the job is in the node's shared folder (see STAGE_ROOT).
+        # No "Shared" but for a job with code: its snapshots may be kept in the node's shared
+        # folder (see CODE_LINK); the dataset never is (see STAGE_ROOT).
         container_host_batch_bind_mounts=[
             m.ContainerHostBatchBindMountEntry(source=source, is_read_only=False)
-            for source in ("Task", "VfsMounts", "JobPrep")
+            for source in (
+                "Task",
+                "VfsMounts",
+                "JobPrep",
+                *(("Shared",) if spec.code_sha256 else ()),
+            )
         ],
     )
 
@@ -397,6 +413,34 @@ def stage_command(spec: JobSpec) -> list[str]:
     ]
 
 
+def code_command(spec: JobSpec) -> list[str]:
+    """``trainer.code_folder``: the job's code snapshot ready on the node, linked at CODE_LINK."""
+    return [
+        "python",
+        "-m",
+        "trainer.code_folder",
+        "--account-url",
+        spec.blob_endpoint,
+        "--sha256",
+        spec.code_sha256,
+        "--link",
+        CODE_LINK,
+    ]
+
+
+def preparation_command(spec: JobSpec) -> str:
+    """The preparation task's command line: the code first (its failure is the task's, with
+    pip's own line), then the dataset; "" when the job needs neither."""
+    steps = [code_command(spec)] if spec.code_sha256 else []
+    steps += [stage_command(spec)] if spec.dataset_prefix else []
+    if not steps:
+        return ""
+    *first, last = [_shell(*step) for step in steps]
+    # Each step must succeed before the next; the last one is exec'd (see _in_bash).
+    script = " && ".join([*first, f"exec {last}"])
+    return f"/bin/bash -c {shlex.quote(script)}"
+
+
 def job_options(spec: JobSpec):
     """The job: on the stack's pool, stages data first if asked. Created with ``noaction``:
     Batch counts a job without tasks as complete, so ``terminatejob`` is set only once the task
@@ -404,10 +448,11 @@ def job_options(spec: JobSpec):
     from azure.batch import models as m
 
     preparation = None
-    if spec.dataset_prefix:
+    if spec.dataset_prefix or spec.code_sha256:
         preparation = m.BatchJobPreparationTask(
-            id="stage-data",
-            command_line=_in_bash(_shell(*stage_command(spec))),
+            # The id the staging-only preparation has always had.
+            id="stage-data" if spec.dataset_prefix else "prepare-code",
+            command_line=preparation_command(spec),
             container_settings=_container(spec),
             environment_settings=_identity_env(spec),
             wait_for_success=True,
@@ -434,7 +479,9 @@ def launch_command(spec: JobSpec, *mode: str) -> list[str]:
     """``trainer.launch`` in ``mode`` (``--defer-exit-code`` or ``--report``) over the trainer,
     told the engine and the run folder by the same mapping the trainer's command comes from."""
     trainer, given = worker_commands(spec)
-    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *given, *mode, "--"]
+    code = ["--code-dir", CODE_DIR] if spec.code_sha256 else []
+    launch = ["python", "-m", "trainer.launch", "--vm-size", spec.vm_size, *given, *code, *mode]
+    launch.append("--")
     return [*launch, *trainer]
 
 

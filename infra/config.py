@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from infra.code_snapshot import CodeSnapshot, SnapshotError, snapshot
 from infra.cost import CostInputs
 from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
@@ -67,7 +68,7 @@ _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 _S = TypeVar("_S")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-JOB_KEYS = ("trainerConfig", "command", "engine", "nodes", "datasetPrefix", "priority")
+JOB_KEYS = ("trainerConfig", "command", "engine", "code", "nodes", "datasetPrefix", "priority")
 SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
 
 
@@ -342,7 +343,9 @@ class JobInputs:
         "Named training jobs, each a Batch job on the pool - a map of name to {trainerConfig, "
         "or command (your own script: a list of words, or one string split as a POSIX shell "
         "would, never run by a shell) with engine (torch, the default: torchrun's variables; "
-        "or horovod), nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; "
+        "or horovod), code (a folder of the repository whose tracked files, with an optional "
+        "requirements.txt, each node gets as its working directory without an image rebuild), "
+        "nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; "
         "set one with pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or "
         "removing a job touches no other. Empty means the one job of submitJob/trainerConfig/"
         "datasetPrefix; giving both forms is an error.",
@@ -766,6 +769,8 @@ class JobSettings:
     priority: int = 0
     command: tuple[str, ...] = ()  # the job's own worker command (docs/jobs.md, Your own script)
     engine: str = ""  # how its workers meet (SCRIPT_ENGINES); "" for the trainer
+    # The job's code folder as one snapshot (docs/jobs.md, Your code without an image rebuild)
+    code: CodeSnapshot | None = None
 
 
 def _read_trainer_settings(key: str, path: str) -> TrainerSettings:
@@ -819,7 +824,8 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         _range(f"jobs.{name}.priority", priority, -1000, 1000)
         _check_prefix(f"jobs.{name}.datasetPrefix", prefix)
         trainer, command, engine = _what_runs(name, entry)
-        parsed.append(JobSettings(name, trainer, nodes, prefix, priority, command, engine))
+        code = _code(name, entry)
+        parsed.append(JobSettings(name, trainer, nodes, prefix, priority, command, engine, code))
     return tuple(parsed)
 
 
@@ -848,6 +854,17 @@ def _what_runs(
             f"jobs.{name}.command"
         )
     return _read_trainer_settings(f"jobs.{name}.trainerConfig", trainer_config), (), ""
+
+
+def _code(name: str, entry: Mapping[str, Any]) -> CodeSnapshot | None:
+    """The snapshot of the job's code folder, built (and refused) before anything is created."""
+    if "code" not in entry:
+        return None
+    folder = _typed(f"jobs.{name}.code", entry["code"], {"type": "string"})
+    try:
+        return snapshot(folder, REPO)
+    except SnapshotError as err:
+        raise ConfigError(f"jobs.{name}.code={folder!r}: {err}") from None
 
 
 def _script(name: str, entry: Mapping[str, Any]) -> tuple[None, tuple[str, ...], str]:

@@ -14,6 +14,7 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
+from infra.code_upload import CodeUpload, CodeUploadArgs
 from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
 from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
 from infra.image import (
@@ -73,7 +74,10 @@ def declare(s: StackSettings) -> dict[str, Any]:
             nfs_vm_id=nfs.vm_id,
         ),
     )
-    jobs = {job.name: _job(stem, s, job, cluster, image, pull, ids, store) for job in s.jobs}
+    uploads = _code_uploads(stem, s, store)
+    jobs = {
+        job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads) for job in s.jobs
+    }
     return {**_job_outputs(image, jobs), **_outputs(s, rg, store, nfs, pull, cluster)}
 
 
@@ -233,6 +237,19 @@ def _cluster(
     )
 
 
+def _code_uploads(stem: str, s: StackSettings, store: Storage) -> dict[str, CodeUpload]:
+    """One upload per snapshot hash the stack's jobs name (equal code is one blob)."""
+    uploads: dict[str, CodeUpload] = {}
+    for job in s.jobs:
+        if job.code is not None and job.code.sha256 not in uploads:
+            uploads[job.code.sha256] = CodeUpload(
+                f"{stem}-code-{job.code.sha256[:12]}",
+                CodeUploadArgs(job.code.folder, job.code.sha256, store.blob_endpoint),
+                opts=pulumi.ResourceOptions(depends_on=[store]),
+            )
+    return uploads
+
+
 def _job(
     stem: str,
     s: StackSettings,
@@ -242,6 +259,7 @@ def _job(
     pull: PullSource,
     ids: Identities,
     store: Storage,
+    uploads: dict[str, CodeUpload],
 ) -> dict[str, Any]:
     """Submit one job of the stack; its outputs."""
     shorthand = job.name == SHORTHAND_JOB
@@ -266,10 +284,14 @@ def _job(
             priority=job.priority,
             command=job.command,
             engine=job.engine,
+            code_sha256=job.code.sha256 if job.code else "",
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
-        # Data-plane calls need the deployer's Batch roles to exist first.
-        opts=pulumi.ResourceOptions(depends_on=[cluster]),
+        # Data-plane calls need the deployer's Batch roles to exist first; the nodes fetch
+        # the job's code as soon as it starts.
+        opts=pulumi.ResourceOptions(
+            depends_on=[cluster, *([uploads[job.code.sha256]] if job.code else [])]
+        ),
     )
     return {
         "job_id": resource.job_id,

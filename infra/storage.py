@@ -17,7 +17,8 @@ from pulumi_azure_native import authorization, storage
 from infra.identity import STORAGE_BLOB_DATA_READER, assign_role
 from infra.naming import Placement
 
-CONTAINERS = ("datasets", "checkpoints", "logs", "outputs")
+# code: the jobs' code snapshots (infra.code_upload), written by the deployer, read by nodes.
+CONTAINERS = ("datasets", "checkpoints", "logs", "outputs", "code")
 FILE_SHARE = "results"
 
 

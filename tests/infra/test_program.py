@@ -47,7 +47,13 @@ def test_stack_outputs(plan):
         "job_checkpoint_path",
         "jobs",
     }
-    assert plan.outputs["storage_containers"] == ["datasets", "checkpoints", "logs", "outputs"]
+    assert plan.outputs["storage_containers"] == [
+        "datasets",
+        "checkpoints",
+        "logs",
+        "outputs",
+        "code",
+    ]
     assert plan.outputs["vm_size"] == plan.settings.cluster.vm_size
     assert plan.outputs["node_count"] == plan.settings.cluster.node_count
 
@@ -136,6 +142,7 @@ def test_data_storage_is_identity_only_encrypted_and_private(plan):
     containers = of_type(plan, "azure-native:storage:BlobContainer")
     assert sorted(c.inputs["containerName"] for c in containers) == [
         "checkpoints",
+        "code",
         "datasets",
         "logs",
         "outputs",

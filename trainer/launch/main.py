@@ -112,6 +112,13 @@ def build_parser() -> OneLineParser:
 def _add_script_flags(parser: OneLineParser) -> None:
     """The flags only a job's own command (not the trainer) gets."""
     parser.add_argument(
+        "--code-dir",
+        type=Path,
+        help="a job's code snapshot made ready on this node (python -m trainer.code_folder): "
+        "the workers run in <code-dir>/src with it and <code-dir>/site (its requirements) "
+        "first on PYTHONPATH",
+    )
+    parser.add_argument(
         "--metrics-upload-url",
         type=BlobFolder.parse,
         help="a job's own command (the trainer uploads its own): the master node copies "
@@ -255,6 +262,13 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
         # The run folder on the shared file system, for a job's own command: its checkpoints/
         # and tensorboard/ go there (docs/jobs.md, Your own script).
         base["DT_RUN_DIR"] = str(args.run_dir)
+    cwd = None
+    if args.code_dir is not None:
+        # The team's code is the working directory (python train.py) and importable
+        # (--model pkg.module:factory), its requirements over the image's packages.
+        cwd = args.code_dir / "src"
+        paths = [str(cwd), str(args.code_dir / "site"), base.get("PYTHONPATH", "")]
+        base["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     envs = worker_envs(plan.engine, node, plan.slots, base, plan.torch_port, token=store.token)
     if STOP.requested:
         # Nothing to checkpoint yet: the newest checkpoint stays the run's. The master does not
@@ -272,7 +286,7 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
         )
     )
     uploader = _uploader(args, node, log)
-    workers = Workers(list(args.command), envs, log)
+    workers = Workers(list(args.command), envs, log, cwd=cwd)
     watcher = eviction.watch(env, store, node, log) if args.watch_scheduled_events else None
     outcome = supervise(node, workers, store, log, watcher)
     workers.join_output()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO
 
 from trainer.config import TORCH_DISTRIBUTED_BACKENDS
@@ -89,11 +90,18 @@ class Workers:
     """This node's worker processes, each in its own session so a kill reaches its children;
     their output goes through ``log``."""
 
-    def __init__(self, command: list[str], envs: list[dict[str, str]], log: RunLog) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        envs: list[dict[str, str]],
+        log: RunLog,
+        cwd: Path | None = None,
+    ) -> None:
         self.processes = [
             subprocess.Popen(
                 command,
                 env=env,
+                cwd=cwd,
                 start_new_session=True,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
