@@ -293,6 +293,11 @@ def _job(
             depends_on=[cluster, *([uploads[job.code.sha256]] if job.code else [])]
         ),
     )
+    return _job_outputs_of(resource, job.nodes)
+
+
+def _job_outputs_of(resource: TrainingJob, nodes: int) -> dict[str, Any]:
+    """One job's stack outputs: its ids and links, its live state and progress."""
     return {
         "job_id": resource.job_id,
         "job_state": resource.state,
@@ -301,7 +306,7 @@ def _job(
         "job_portal_url": resource.portal_url,
         "job_log_url": resource.log_url,
         "job_checkpoint_path": resource.checkpoint_path,
-        "node_count": job.nodes,
+        "node_count": nodes,
         "metrics_url": resource.metrics_url,
         "outputs_url": resource.outputs_url,
         "step": resource.step,
