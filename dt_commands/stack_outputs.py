@@ -38,6 +38,7 @@ JOB_OUTPUTS = (
     "progress_at",
     "progress_error",
     "pool_errors",
+    "stragglers",
 )
 
 

@@ -151,6 +151,7 @@ OUTPUT_KEYS = (
     "progress_at",
     "progress_error",
     "pool_errors",
+    "stragglers",
 )
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
@@ -499,13 +500,18 @@ def _progress(job_id: str, metrics_url: str, recorded: dict[str, Any]) -> dict[s
     was uploaded (``progress_at``); nothing before the first upload. A refresh never fails on
     its metrics: when storage refuses, the recorded step stays, ``progress_error`` says why it
     is not current, and a warning gives its age."""
-    from infra.live_metrics import NotUploaded, StorageError, blob_container, latest_progress
+    from infra.live_metrics import (
+        NotUploaded,
+        StorageError,
+        blob_container,
+        latest_progress_and_stragglers,
+    )
     from trainer.blob_folder import BlobFolder
 
     try:
         folder = BlobFolder.parse(metrics_url)
         container = blob_container(folder, timeout=PROGRESS_TIMEOUT_SECONDS)
-        latest = latest_progress(container, folder)
+        latest = latest_progress_and_stragglers(container, folder)
     except NotUploaded:
         return {"progress_error": None}
     except (StorageError, ValueError) as err:
@@ -513,9 +519,10 @@ def _progress(job_id: str, metrics_url: str, recorded: dict[str, Any]) -> dict[s
         return {"progress_error": one_line(str(err))}
     if latest is None:
         return {"progress_error": None}
-    step, rate, unit, uploaded = latest  # unit: images, or tokens for a language model's run
+    (step, rate, unit, uploaded), stragglers = latest  # unit: images, or tokens for an LM's run
     return {
         "step": step,
+        "stragglers": stragglers,
         **({} if rate is None else {f"{unit}_per_sec": round(rate, 1)}),
         "progress_at": None if uploaded is None else uploaded.astimezone(UTC).isoformat(),
         "progress_error": None,
@@ -560,6 +567,7 @@ class TrainingJob(pulumi.dynamic.Resource):
     progress_at: pulumi.Output[str]
     progress_error: pulumi.Output[str]
     pool_errors: pulumi.Output[list[str]]
+    stragglers: pulumi.Output[list[str]]
     """The pool's resize errors and start-task failures as of the last refresh (one line each,
     with the fix); empty when there are none."""
     portal_url: pulumi.Output[str]

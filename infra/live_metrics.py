@@ -147,12 +147,41 @@ def latest_progress(
 ) -> tuple[int, float | None, str, datetime | None] | None:
     """The last logged training step, its rate (all ranks), the rate's unit ("images" or
     "tokens") and when the metrics holding it were uploaded; None before the first step."""
+    latest = latest_progress_and_stragglers(container, folder)
+    return None if latest is None else latest[0]
+
+
+def latest_progress_and_stragglers(
+    container: Any, folder: BlobFolder
+) -> tuple[tuple[int, float | None, str, datetime | None], list[str]] | None:
+    """``latest_progress`` and the latest window's stragglers (``straggler_lines``), from one
+    read of the uploaded metrics' tail; None before the first step."""
     records, uploaded = read_metrics(container, folder, TAIL_BYTES)
     train = train_records(records)
     if not train:
         return None
     unit, key = rate_key(train[-1:])
-    return train[-1]["step"], number(train[-1], key), unit, uploaded
+    progress = (train[-1]["step"], number(train[-1], key), unit, uploaded)
+    return progress, straggler_lines(records)
+
+
+def straggler_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The ranks the run named slower than the others in its latest window with any
+    (``kind: straggler`` records, ``trainer.stragglers``), one line each."""
+    named = [r for r in records if r.get("kind") == "straggler" and isinstance(r.get("step"), int)]
+    if not named:
+        return []
+    last = max(r["step"] for r in named)
+    return [_straggler_line(r) for r in named if r["step"] == last]
+
+
+def _straggler_line(r: dict[str, Any]) -> str:
+    seconds, others = number(r, "seconds") or 0.0, number(r, "others_sec") or 0.0
+    return (
+        f"rank {r.get('rank')} on {r.get('host')}: {r.get('metric')} {seconds:.3f}s per step "
+        f"against {others:.3f}s on the other ranks, {number(r, 'excess_of_step') or 0.0:.0%} "
+        f"of a step slower (step {r['step']})"
+    )
 
 
 def latest_step(container: Any, folder: BlobFolder) -> tuple[int, float | None, str] | None:

@@ -316,6 +316,8 @@ def _job_outputs_of(resource: TrainingJob, nodes: int) -> dict[str, Any]:
         "progress_at": resource.progress_at,
         "progress_error": resource.progress_error,
         "pool_errors": resource.pool_errors,
+        # The ranks the run named slower than the others in its latest window.
+        "stragglers": resource.stragglers,
     }
 
 

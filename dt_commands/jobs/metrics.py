@@ -15,6 +15,7 @@ from infra.live_metrics import (
     blob_container,
     noise_advice,
     number,
+    straggler_lines,
     rate_key,
     read_metrics,
     train_records,
@@ -95,4 +96,6 @@ def metrics(
     # --noise-scale-every: the latest smoothed estimate, as the run's own summary says it.
     if (noise := noise_advice(records)) is not None:
         out.write(noise + "\n")
+    for line in straggler_lines(records):  # --straggler-every: the latest window's
+        out.write(f"straggler: {line}\n")
     return 0

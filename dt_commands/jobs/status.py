@@ -1,5 +1,6 @@
 """``dt-jobs status``: the job's and its task's state, retries and exit code, why its pool gives
-it no nodes (``infra.pool_health``), and where its logs, checkpoints and results are."""
+it no nodes (``infra.pool_health``), the ranks its run named slower than the others, and where
+its logs, checkpoints and results are."""
 
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ def status(
             lines.append(f"            failure: {info.failure_info.message}")
     if state_text(task.state) != "completed":
         lines += [f"pool        {line}" for line in pool_lines(client, job, cancel_hint)]
+    # The stack's last refresh read them from the run's uploaded metrics (infra.job).
+    when = f" (as of {outputs['progress_at']})" if outputs.get("progress_at") else ""
+    lines += [f"straggler   {line}{when}" for line in outputs.get("stragglers") or []]
     lines += [f"{label:<12}{outputs[key]}" for label, key in WHERE if outputs.get(key)]
     out.write("\n".join(lines) + "\n")
     return 0

@@ -178,3 +178,28 @@ def test_a_refresh_names_the_nodes_whose_dataset_staging_failed(cloud, warnings)
     assert "jobpreparation/stderr.txt" in line and "--stack staging --job default" in line
     assert "\n" not in line
     assert f"job {job_id}: {line}" in warnings
+
+
+def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(cloud, warnings):
+    """``kind: straggler`` records (trainer.stragglers) reach the job's ``stragglers`` output:
+    the latest window's only, one line each naming rank, host and how much slower."""
+    fake, storage, logs = cloud
+    job_id, state = _state(fake, storage, "slow")
+
+    def straggler(step, rank, excess):
+        return {"kind": "straggler", "step": step, "rank": rank, "host": f"node-{rank}",
+                "metric": "data_wait_sec", "seconds": 0.2, "others_sec": 0.01,
+                "excess_of_step": excess}  # fmt: skip
+
+    records = [_train(40, 100.0), straggler(40, 3, 0.9), _train(50, 90.0)]
+    records += [straggler(50, 1, 0.6), straggler(50, 2, 0.55)]
+    _upload(logs, job_id, records)
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert outs["stragglers"] == [
+        "rank 1 on node-1: data_wait_sec 0.200s per step against 0.010s on the other ranks, "
+        "60% of a step slower (step 50)",
+        "rank 2 on node-2: data_wait_sec 0.200s per step against 0.010s on the other ranks, "
+        "55% of a step slower (step 50)",
+    ]
+    _upload(logs, job_id, [_train(60, 100.0)])
+    assert TrainingJobProvider().read(job_id, state).outs["stragglers"] == []

@@ -48,6 +48,16 @@ def test_status_shows_job_task_retries_and_locations(client):
     client.get_task.assert_called_once_with("dev-892e482eaf", "train")
 
 
+def test_status_names_the_stragglers_the_last_refresh_read(client):
+    client.get_job.return_value = m.BatchJob(state="active")
+    client.get_task.return_value = m.BatchTask(state="running")
+    line = "rank 1 on node-1: data_wait_sec 0.200s per step against 0.010s on the other ranks"
+    outputs = {**OUTPUTS, "stragglers": [line], "progress_at": "2026-11-26T10:00:00+00:00"}
+    out = io.StringIO()
+    assert status(client, outputs, out) == 0
+    assert f"straggler   {line} (as of 2026-11-26T10:00:00+00:00)" in out.getvalue().splitlines()
+
+
 class StaticToken:
     def get_token(self, *scopes, **kwargs):
         return AccessToken("fake-token", int(time.time()) + 3600)

@@ -272,6 +272,19 @@ def test_metrics_of_a_language_model_count_tokens_and_give_the_noise_scale_advic
     assert "scaling beyond about 8.0x" in lines[-1]
 
 
+def test_metrics_name_the_latest_windows_stragglers(tmp_path, capsys, entra_env, logs):
+    outputs = _stack(_url(entra_env, logs), "resnet", "vit")
+    slow = {"kind": "straggler", "step": 2, "rank": 1, "host": "node-1", "metric": "compute_sec",
+            "seconds": 0.5, "others_sec": 0.25, "excess_of_step": 0.5}  # fmt: skip
+    _upload_metrics(logs, "resnet/live/", [_train(1, 10.0), _train(2, 10.0), slow])
+    code, out, err = _run(capsys, ["metrics", *_outputs(tmp_path, outputs), "--job", "resnet"])
+    assert (code, err) == (0, "")
+    assert out.splitlines()[-1] == (
+        "straggler: rank 1 on node-1: compute_sec 0.500s per step against 0.250s on the other "
+        "ranks, 50% of a step slower (step 2)"
+    )
+
+
 def test_metrics_before_any_upload_and_without_credentials_are_one_line_errors(
     tmp_path, capsys, entra_env, logs, monkeypatch
 ):
