@@ -147,3 +147,38 @@ def test_an_unreachable_mirror_is_one_warning_and_the_run_trains_and_resumes_loc
     assert copies and all(w.endswith("the next checkpoint retries") for w in copies)
     assert len([w for w in warnings if "unreachable" in w]) == 2  # one per resume, no more
     assert all("\n" not in w for w in warnings)
+
+
+def test_a_sharded_checkpoint_folder_is_mirrored_marker_last_and_fetched_whole(
+    tmp_path, entra_env, logs
+):
+    """A ``step-N.dcp/`` folder (trainer.sharded_checkpoint's layout): every file, the
+    ``complete`` marker last in the manifest; fetched into place as one folder, an incomplete
+    local folder of that name replaced."""
+    source = tmp_path / "source" / "step-000000004.dcp"
+    (source / "sub").mkdir(parents=True)
+    for name, data in {
+        "__0_0.distcp": b"rank 0",
+        "__1_0.distcp": b"rank 1",
+        ".metadata": b"meta",
+        "sub/x": b"nested",
+        "trainer_state.pt": b"state",
+        "complete": b"",
+    }.items():
+        (source / name).write_bytes(data)
+    mirror = CheckpointMirror(BlobFolder.parse(entra_env.folder_url(logs.container_name, "s/")), 2)
+    assert mirror.upload(source)
+    manifest = json.loads(_content(logs, f"s/step-000000004.dcp{MANIFEST_SUFFIX}"))
+    assert manifest["files"][-1]["name"] == "step-000000004.dcp/complete"
+    local = tmp_path / "lost"
+    (local / "step-000000004.dcp").mkdir(parents=True)  # a crash before its marker
+    (local / "step-000000004.dcp" / "__0_0.distcp").write_bytes(b"half")
+    assert mirror.fetch_newer(local, -1, "pt") is None  # another format's are not candidates
+    assert mirror.fetch_newer(local, -1, "dcp") == local / "step-000000004.dcp"
+    fetched = local / "step-000000004.dcp"
+    assert {
+        p.relative_to(fetched).as_posix(): p.read_bytes() for p in fetched.rglob("*") if p.is_file()
+    } == {
+        p.relative_to(source).as_posix(): p.read_bytes() for p in source.rglob("*") if p.is_file()
+    }
+    assert sorted(p.name for p in local.iterdir()) == ["step-000000004.dcp"]
