@@ -262,6 +262,13 @@ class JobSpec(JobFields[str]):
         return f"{self.blob_endpoint.rstrip('/')}/outputs/{self.job_id}/"
 
     @property
+    def checkpoint_mirror_url(self) -> str:
+        """Where rank 0 mirrors the run's checkpoints (trainer.checkpoint_mirror): the
+        ``checkpoints`` container (infra.storage.CONTAINERS), under the run folder's own path,
+        so that a job of the same settings resumes from it as from the run folder on NFS."""
+        return f"{self.blob_endpoint.rstrip('/')}/checkpoints/{self.stack}/{self.run_name}/"
+
+    @property
     def portal_url(self) -> str:
         return f"https://portal.azure.com/#resource{self.account_id}/jobs"
 
@@ -374,6 +381,7 @@ def job_set(spec: JobSpec) -> JobSet:
         metrics_upload_url=spec.metrics_url,
         outputs_url=spec.outputs_url,
         vm_size=spec.vm_size,
+        checkpoint_mirror_url=spec.checkpoint_mirror_url,
         dataset_dir=f"{DATASET_ROOT}/{spec.dataset_prefix}" if spec.dataset_prefix else "",
     )
 

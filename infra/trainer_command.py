@@ -24,8 +24,9 @@ DEFAULT_BACKEND = "horovod"
 # The engines a job can train on: those the node launcher (trainer.launch) starts on every node.
 JOB_BACKENDS = (DEFAULT_BACKEND, *TORCH_DISTRIBUTED_BACKENDS)
 # The settings the job sets itself; a trainer file's own value of one is left out of the job's
-# flags (the run folder on the shared mount, where rank 0 uploads its live metrics and results).
-JOB_SET = ("output_dir", "metrics_upload_url", "outputs_url")
+# flags (the run folder on the shared mount, where rank 0 uploads its live metrics and results,
+# and where it mirrors the run's checkpoints).
+JOB_SET = ("output_dir", "metrics_upload_url", "outputs_url", "checkpoint_mirror_url")
 # With a staged dataset, also its source and folder.
 STAGED_DATA_SET = ("data", "data_dir")
 # Set by the job only when the file leaves them out: the engine (DEFAULT_BACKEND, which a file
@@ -100,6 +101,7 @@ class JobSet:
     outputs_url: str
     vm_size: str
     dataset_dir: str = ""  # the staged dataset's folder on the node; "" when none is staged
+    checkpoint_mirror_url: str = ""  # where rank 0 mirrors the run's checkpoints; "": off
 
     def values(self, trainer_args: Sequence[str]) -> dict[str, Any]:
         """The job-set settings for a job with ``trainer_args``, none of which those carry,
@@ -114,6 +116,8 @@ class JobSet:
             metrics_upload_url=self.metrics_upload_url,
             outputs_url=self.outputs_url,
         )
+        if self.checkpoint_mirror_url:
+            given["checkpoint_mirror_url"] = self.checkpoint_mirror_url
         # None on a size without InfiniBand (the CPU acceptance size): there is no baseline to
         # hold it to; nor on a size this version does not know (an older stack's), which the
         # launcher refuses on the node with a one-line error.

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint, sharded_checkpoint
+from trainer import checkpoint, checkpoint_mirror, sharded_checkpoint
 from trainer.background_save import (
     BackgroundWriter,
     HostStaging,
@@ -79,6 +79,8 @@ class Checkpointer(ABC):
         # A background save's copy overlaps the next step; that step's optimizer.step() waits
         # for it (the fence is the optimizer's step pre-hook).
         self._fence = StepFence(optimizer)
+        # Rank 0 copies each finished checkpoint to Blob storage (trainer.checkpoint_mirror).
+        self._mirror = checkpoint_mirror.build(cfg, dist.is_root)
 
     # ------------------------------------------------------------------ the interface
     @abstractmethod
@@ -116,8 +118,11 @@ class Checkpointer(ABC):
 
     def close(self) -> None:
         """After the run or an error: a write in flight still finishes (it is atomic and
-        complete, or it is never loaded); nothing waits for the other ranks any more."""
+        complete, or it is never loaded), then its mirror's upload; nothing waits for the other
+        ranks any more."""
         self._writes.close()
+        if self._mirror is not None:
+            self._mirror.close()
 
     # ------------------------------------------------------------------ shared steps
     @abstractmethod
@@ -127,6 +132,12 @@ class Checkpointer(ABC):
     @abstractmethod
     def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
         """Rank 0: the newest checkpoint that loads, with what was read of it."""
+
+    def _fetch_mirrored(self, listed: list[tuple[int, Path]], kind: str) -> None:
+        """Rank 0, before ``_find_latest``: the mirror's newest verified checkpoint, when newer
+        than the local folder's newest (``listed``), downloaded into the local folder."""
+        if self._mirror is not None:
+            self._mirror.fetch_newer(self.folder, listed[0][0] if listed else -1, kind)
 
     def _latest(self) -> tuple[Path | None, dict[str, Any] | None, dict[str, Any] | None]:
         """Every rank: the newest valid checkpoint's path and trainer entries as rank 0 found
@@ -175,6 +186,7 @@ class SingleFileCheckpointer(Checkpointer):
         return None if shared is None or path is None else (path, shared)
 
     def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        self._fetch_mirrored(checkpoint.list_checkpoints(self.folder), "pt")
         return checkpoint.load_latest(self.folder)
 
     def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
@@ -187,11 +199,13 @@ class SingleFileCheckpointer(Checkpointer):
         }
         # In the background the next steps change the live tensors while a copy is written.
         copy = self._staging.stage(state) if background else None
-        folder, keep = self.folder, self.cfg.keep_checkpoints
+        folder, keep, mirror = self.folder, self.cfg.keep_checkpoints, self._mirror
 
         def write() -> None:
             path = checkpoint.save(folder, step, state if copy is None else copy.result(), keep)
             log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+            if mirror is not None:
+                mirror.submit(path)
 
         self._writes.submit(write)
 
@@ -219,6 +233,7 @@ class ShardedCheckpointer(Checkpointer):
         return path, shared
 
     def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        self._fetch_mirrored(sharded_checkpoint.list_checkpoints(self.folder), "dcp")
         return sharded_checkpoint.load_latest_trainer_state(self.folder)
 
     def _tensors(self) -> dict[str, Any]:
@@ -271,7 +286,7 @@ class ShardedCheckpointer(Checkpointer):
     ) -> Callable[[], None]:
         """The write's end: every rank's shards, then rank 0's trainer state and marker."""
         state = cpu_copy(trainer_state) if self.dist.is_root else None
-        keep = self.cfg.keep_checkpoints
+        keep, mirror = self.cfg.keep_checkpoints, self._mirror
 
         def write() -> None:
             try:
@@ -280,6 +295,8 @@ class ShardedCheckpointer(Checkpointer):
                 if state is not None:  # rank 0: the trainer state, then the marker
                     sharded_checkpoint.complete(path, state, keep)
                     log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+                    if mirror is not None:
+                        mirror.submit(path)
             except Exception as err:
                 raise sharded_checkpoint.save_error(path, err) from None
 

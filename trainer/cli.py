@@ -133,6 +133,10 @@ HELP: dict[str, str] = {
     "outputs_url": "when the run ends, rank 0 copies its results/ (final weights, config, "
     "metrics, evaluation, manifest last) to this Blob folder with the machine's identity; "
     "empty: they stay in --output-dir",
+    "checkpoint_mirror_url": "rank 0 copies each finished checkpoint to this Blob folder in the "
+    "background with the machine's identity (verified, its manifest last); a resume takes the "
+    "newest verified checkpoint of --output-dir and this folder; empty: off",
+    "checkpoint_mirror_keep": "mirrored checkpoints to keep in --checkpoint-mirror-url",
     # Watching the ranks (trainer.rank_watch).
     "straggler_every": "every N steps the ranks share their step and data-wait times and GPU "
     "samples (one allreduce); a slow rank is logged as a kind: straggler record; 0: never",

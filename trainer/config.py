@@ -217,6 +217,11 @@ class TrainConfig:
     # Rank 0 copies the finished run's results/ (trainer.results) to this Blob folder URL
     # ("": they stay in output_dir only).
     outputs_url: str = ""
+    # Rank 0 copies each finished checkpoint to this Blob folder URL in the background, the newest
+    # N kept; a resume takes the newest verified copy of the local folder and it
+    # (trainer.checkpoint_mirror; "": off).
+    checkpoint_mirror_url: str = ""
+    checkpoint_mirror_keep: int = 2
     # Watching the ranks (trainer.rank_watch). Every N steps the ranks share their step and
     # data-wait times and GPU samples in one allreduce (0: never, and no GPU samples either).
     straggler_every: int = 50
@@ -446,8 +451,18 @@ class TrainConfig:
                 except ValueError as err:
                     raise ConfigError(f"{name}={url!r}: {err}") from None
         _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
+        self._check_mirror()
         self._check_rank_watch()
         self._check_watchdog()
+
+    def _check_mirror(self) -> None:
+        """The checkpoint mirror in Blob storage (trainer.checkpoint_mirror)."""
+        if url := self.checkpoint_mirror_url:
+            try:
+                BlobFolder.parse(url)
+            except ValueError as err:
+                raise ConfigError(f"checkpoint_mirror_url={url!r}: {err}") from None
+        _int_range("checkpoint_mirror_keep", self.checkpoint_mirror_keep, 1, 1000)
 
     def _check_watchdog(self) -> None:
         """The step watchdog (trainer.watchdog): 0 derives the limit from the steps."""

@@ -213,6 +213,8 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
         f"{SPEC.log_url}live/",
         "--outputs-url",
         f"{SPEC.blob_endpoint}outputs/{SPEC.job_id}/",
+        "--checkpoint-mirror-url",  # the checkpoints container, under the run folder's path
+        f"{SPEC.blob_endpoint}checkpoints/vision-prod/{SPEC.run_name}/",
         "--preflight-min-busbw",  # the H100 size's floor: 70% of its 350 GB/s baseline
         "245.0",
     ]

@@ -88,11 +88,14 @@ def test_job_set_keys_of_the_file_are_left_out_and_the_command_names_each_settin
     text = (
         "model: tiny\noutput_dir: /mine\nmetrics_upload_url: https://a.blob.core.windows.net/logs/x/\n"
         "outputs_url: https://a.blob.core.windows.net/outputs/y/\nbackend: ddp\n"
+        "checkpoint_mirror_url: https://a.blob.core.windows.net/checkpoints/z/\n"
     )
     settings = _settings(tmp_path, text)
     flags = trainer_flags(settings)
     assert flags == ("--model", "tiny", "--backend", "ddp")
-    assert set(JOB_SET) == {"output_dir", "metrics_upload_url", "outputs_url"}
+    assert set(JOB_SET) == {
+        "output_dir", "metrics_upload_url", "outputs_url", "checkpoint_mirror_url"
+    }  # fmt: skip
     spec = _spec(flags)
     command = trainer_command(spec)
     named = [word for word in command if word.startswith("--")]
@@ -100,6 +103,11 @@ def test_job_set_keys_of_the_file_are_left_out_and_the_command_names_each_settin
     config = parse(command[3:]).config
     assert config.output_dir.endswith(f"/runs/dev/{spec.run_name}")
     assert (config.metrics_upload_url, config.outputs_url) == (spec.metrics_url, spec.outputs_url)
+    # The checkpoints container, under the run folder's path: a rerun of the same settings
+    # (another job id) resumes from the same mirror.
+    assert config.checkpoint_mirror_url == (
+        f"{spec.blob_endpoint.rstrip('/')}/checkpoints/dev/{spec.run_name}/"
+    )
     assert config.backend == "ddp"
 
 

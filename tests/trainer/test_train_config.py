@@ -100,6 +100,12 @@ INVALID = [
         "not a valid container name",
     ),
     ({"metrics_upload_minutes": "often"}, "metrics_upload_minutes='often'", "a number"),
+    (
+        {"checkpoint_mirror_url": "https://acct.blob.core.windows.net/ckpt/j/?sv=x"},
+        "checkpoint_mirror_url='https://acct.blob.core.windows.net/ckpt/j/?sv=x'",
+        "no SAS token",
+    ),
+    ({"checkpoint_mirror_keep": 0}, "checkpoint_mirror_keep=0", "1..1000"),
     ({"straggler_every": -1}, "straggler_every=-1", "must be in 0..1000000000"),
     ({"straggler_margin": 0}, "straggler_margin=0", "[0.05, 100]"),
     ({"straggler_margin": "lots"}, "straggler_margin='lots'", "a number"),

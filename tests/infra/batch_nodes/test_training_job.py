@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -472,3 +473,60 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
               cluster, run)  # fmt: skip
     run.terminate("kill")
     assert run.wait(60), describe(cluster, run)
+
+
+def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
+    make_cluster, fabric, storage, cpu_stack, monkeypatch
+):
+    """The NFS server is lost or replaced (its checkpoints gone) while a try fails: the retry
+    resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
+    (trainer.checkpoint_mirror, the job's --checkpoint-mirror-url), not from step 0."""
+    from tests.infra.batch_nodes.batch import JobRun
+
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    folder = run_folder(cluster, spec)
+    mirror = spec.checkpoint_mirror_url.split("/checkpoints/", 1)[1]
+    wiped: list[int] = []
+    original = JobRun._try
+
+    def wipe_before_the_retry(self, attempt, instances):
+        if attempt == 1:  # every process of the failed try has stopped: the share is replaced
+            cluster.sync_nfs()
+            wiped.extend(_checkpoints(folder))
+            shutil.rmtree(folder / "checkpoints")
+        return original(self, attempt, instances)
+
+    monkeypatch.setattr(JobRun, "_try", wipe_before_the_retry)
+    run = submit(cluster, spec)
+
+    def mirrored():
+        names = blob(fabric, storage, "list", container="checkpoints", prefix=mirror)
+        return [n for n in names if n.endswith(".mirror.json")]
+
+    _wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, run)
+    subtask = next(n for n in run.nodes if n is not run.master)
+    workers = _worker_pids(cluster, run, subtask.index)
+    assert workers, describe(cluster, run)
+    os.kill(workers[0], signal.SIGKILL)
+    _wait_for(lambda: len(run.tries) >= 1, 60, "the try's failure", cluster, run)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "the retry's checkpoint", cluster, run)
+    attempt = _current_attempt(folder)
+    logs = _folder_logs(folder, attempt)
+    assert wiped, describe(cluster, run)
+    assert "resuming from the mirror's step-" in logs, logs
+    resumed = int(logs.split("resuming from the mirror's step-", 1)[1][:9])
+    assert 0 < resumed <= wiped[0]  # at most the steps since the last mirrored checkpoint lost
+    # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is kept).
+    _wait_for(lambda: _retry_steps(folder), RUN_SECONDS, "the retry's steps", cluster, run)
+    assert _retry_steps(folder)[0] == resumed + 1, _retry_steps(folder)
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+
+
+def _retry_steps(folder: Path) -> list[int]:
+    """The steps trained since the run went back to an earlier step (a retry), in order."""
+    steps = [r["step"] for r in metrics(folder) if r.get("kind") == "train"]
+    back = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
+    return [] if back is None else steps[back:]
