@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -19,6 +19,18 @@ ACR_PUSH = "8311e382-0749-4cb8-b61a-304f252e45ec"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
+
+# The nodes' data role on each Blob container (infra.storage.CONTAINERS), no more: Contributor
+# where something on a node writes, Reader where it only reads.
+NODE_BLOB_ROLES = {
+    "datasets": STORAGE_BLOB_DATA_READER,  # dt-data stage (trainer.data.transfer), --init-from
+    "checkpoints": STORAGE_BLOB_DATA_READER,  # --init-from's weights; checkpoints go to NFS
+    "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.code_folder)
+    # Batch's output files (the tasks' stdout and stderr, infra.batch) and rank 0's live copy
+    # of the metrics (trainer.live_upload).
+    "logs": STORAGE_BLOB_DATA_CONTRIBUTOR,
+    "outputs": STORAGE_BLOB_DATA_CONTRIBUTOR,  # trainer.results: uploads, a stale manifest deleted
+}
 
 
 def deployer_principal_type(env: Mapping[str, str] | None = None) -> str:
@@ -57,6 +69,7 @@ def assign_role(
     principal_type: authorization.PrincipalType,
     parent: pulumi.Resource,
     retain_on_delete: bool = False,
+    depends_on: Sequence[pulumi.Resource] = (),
 ) -> authorization.RoleAssignment:
     """Grant ``role`` at ``scope``. The assignment's GUID derives from scope, principal and role,
     so re-running never creates duplicates and a changed scope replaces it cleanly.
@@ -76,7 +89,9 @@ def assign_role(
         role_assignment_name=pulumi.Output.all(scope, principal_id).apply(
             lambda values: role_assignment_name(values[0], values[1], role)
         ),
-        opts=pulumi.ResourceOptions(parent=parent, retain_on_delete=retain_on_delete),
+        opts=pulumi.ResourceOptions(
+            parent=parent, retain_on_delete=retain_on_delete, depends_on=list(depends_on)
+        ),
     )
 
 
@@ -86,11 +101,29 @@ class IdentitiesArgs:
     subscription_id: pulumi.Input[str]
     registry_id: pulumi.Input[str]
     storage_account_id: pulumi.Input[str]
+    # The account's containers by name (infra.storage.Storage.containers): each grant waits for
+    # its container, which ARM needs to exist as the assignment's scope.
+    blob_containers: Mapping[str, pulumi.Resource]
+
+
+def container_scope(account_id: pulumi.Input[str], container: str) -> pulumi.Output[str]:
+    """A Blob container's ARM id, the scope of a role assignment on that container alone
+    ("Scope a role assignment to a container", azure-docs
+    articles/storage/blobs/assign-azure-role-data-access.md)."""
+    return pulumi.Output.concat(account_id, "/blobServices/default/containers/", container)
 
 
 class Identities(pulumi.ComponentResource):
-    """``nodes``: pulls images, reads and writes blobs, runs Batch auto-storage. Images are
-    pushed by the ACR Task's own identity (infra/image.py) or the deployer's token."""
+    """``nodes``: pulls images; reads and writes Blob containers, each with its own role
+    (``NODE_BLOB_ROLES``), never the whole account. Images are pushed by the ACR Task's own
+    identity (infra/image.py) or the deployer's token.
+
+    Batch auto-storage (infra.cluster) names this identity for "compute nodes that need access
+    to auto-storage" (Batch management API, AutoStorageBaseProperties.nodeIdentityReference);
+    auto-storage holds "the application packages and task resource files" (Azure Batch
+    troubleshooting, use-managed-identities-azure-batch-account-pool). Batch documents no
+    other use by the nodes and this program declares neither (tests/infra/
+    test_node_blob_grants.py), so auto-storage gets no grant of its own."""
 
     def __init__(
         self, name: str, args: IdentitiesArgs, opts: pulumi.ResourceOptions | None = None
@@ -102,20 +135,38 @@ class Identities(pulumi.ComponentResource):
             **args.placement.kwargs(),
             opts=child,
         )
-        grants = (
-            ("nodes-acrpull", ACR_PULL, self.nodes, args.registry_id),
-            ("nodes-blob", STORAGE_BLOB_DATA_CONTRIBUTOR, self.nodes, args.storage_account_id),
-        )
-        self.assignments = [
-            assign_role(
-                f"{name}-{label}",
-                role=role,
-                principal_id=identity.principal_id,
-                scope=scope,
-                subscription_id=args.subscription_id,
-                principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
-                parent=self,
+        self.assignments = [self._grant(name, "nodes-acrpull", ACR_PULL, args.registry_id, args)]
+        # Replaces the former account-wide Contributor (nodes-blob): `pulumi up` creates these
+        # first and deletes a removed resource at the end of the update (docs/deploy.md).
+        self.assignments += [
+            self._grant(
+                name,
+                f"nodes-blob-{container}",
+                role,
+                container_scope(args.storage_account_id, container),
+                args,
+                depends_on=[args.blob_containers[container]],
             )
-            for label, role, identity, scope in grants
+            for container, role in NODE_BLOB_ROLES.items()
         ]
         self.register_outputs({"nodes_id": self.nodes.id})
+
+    def _grant(
+        self,
+        name: str,
+        label: str,
+        role: str,
+        scope: pulumi.Input[str],
+        args: IdentitiesArgs,
+        depends_on: Sequence[pulumi.Resource] = (),
+    ) -> authorization.RoleAssignment:
+        return assign_role(
+            f"{name}-{label}",
+            role=role,
+            principal_id=self.nodes.principal_id,
+            scope=scope,
+            subscription_id=args.subscription_id,
+            principal_type=authorization.PrincipalType.SERVICE_PRINCIPAL,
+            parent=self,
+            depends_on=depends_on,
+        )

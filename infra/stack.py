@@ -58,6 +58,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             subscription_id=client.subscription_id,
             registry_id=pull.registry_id,
             storage_account_id=store.account_id,
+            blob_containers=store.containers,
         ),
     )
     nfs = _nfs(stem, at, s, net)

@@ -52,7 +52,7 @@ class Storage(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpucluster:infra:Storage", name, None, opts)
         account = self._account(name, args)
-        self._blob_containers(name, args, account)
+        self.containers = self._blob_containers(name, args, account)
         self._file_share(name, args, account)
         self._readers(name, args, account)
         self.account_name = account.name
@@ -85,7 +85,7 @@ class Storage(pulumi.ComponentResource):
 
     def _blob_containers(
         self, name: str, args: StorageArgs, account: storage.StorageAccount
-    ) -> None:
+    ) -> dict[str, storage.BlobContainer]:
         """The blob service (versioning, 7 days of soft delete) and its private containers."""
         blob_service = storage.BlobServiceProperties(
             f"{name}-blob-service",
@@ -99,8 +99,8 @@ class Storage(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        for container in CONTAINERS:
-            storage.BlobContainer(
+        return {
+            container: storage.BlobContainer(
                 f"{name}-{container}",
                 account_name=account.name,
                 resource_group_name=args.placement.resource_group_name,
@@ -108,6 +108,8 @@ class Storage(pulumi.ComponentResource):
                 public_access=storage.PublicAccess.NONE,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[blob_service]),
             )
+            for container in CONTAINERS
+        }
 
     def _file_share(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
         """The file service (7 days of share soft delete) and the SMB results share."""

@@ -57,3 +57,44 @@ def test_registry_exposes_its_login_server(mocks):
         assert acr.inputs["policies"]["exportPolicy"]["status"] == "enabled"
 
     return registry.login_server.apply(check)
+
+
+@pulumi.runtime.test
+def test_node_blob_grants_are_scoped_to_their_containers(mocks):
+    from infra.identity import (
+        NODE_BLOB_ROLES,
+        STORAGE_BLOB_DATA_CONTRIBUTOR,
+        STORAGE_BLOB_DATA_READER,
+        Identities,
+        IdentitiesArgs,
+    )
+    from infra.storage import CONTAINERS, Storage, StorageArgs
+
+    store = Storage("unit", StorageArgs(PLACE, "unitdata12345678", ["subnet-id"]))
+    ids = Identities(
+        "unit",
+        IdentitiesArgs(
+            placement=PLACE,
+            subscription_id="sub",
+            registry_id="registry-id",
+            storage_account_id=store.account_id,
+            blob_containers=store.containers,
+        ),
+    )
+    blob = ids.assignments[1:]  # after AcrPull
+
+    def check(values):
+        account_id, *pairs = values
+        granted = {
+            scope.removeprefix(f"{account_id}/blobServices/default/containers/"): role
+            for scope, role in zip(pairs[::2], pairs[1::2], strict=True)
+        }
+        assert set(granted) == set(CONTAINERS)  # each scope is one container, none the account
+        base = "/subscriptions/sub/providers/Microsoft.Authorization/roleDefinitions/"
+        reader, contributor = base + STORAGE_BLOB_DATA_READER, base + STORAGE_BLOB_DATA_CONTRIBUTOR
+        assert granted["code"] == granted["datasets"] == granted["checkpoints"] == reader
+        assert granted["logs"] == granted["outputs"] == contributor
+        assert {c: r.rsplit("/", 1)[-1] for c, r in granted.items()} == NODE_BLOB_ROLES
+
+    outputs = [x for a in blob for x in (a.scope, a.role_definition_id)]
+    return pulumi.Output.all(store.account_id, *outputs).apply(check)

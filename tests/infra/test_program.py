@@ -6,11 +6,18 @@ import base64
 import ipaddress
 import uuid
 
-from dt_commands.mocks import DEPLOYER_OBJECT_ID
+from dt_commands.mocks import DEPLOYER_OBJECT_ID, SUBSCRIPTION_ID
 from dt_commands.plan import evaluate
 from infra.config import current_month
-from infra.identity import ACR_PULL, ACR_PUSH, STORAGE_BLOB_DATA_CONTRIBUTOR
+from infra.identity import (
+    ACR_PULL,
+    ACR_PUSH,
+    NODE_BLOB_ROLES,
+    STORAGE_BLOB_DATA_CONTRIBUTOR,
+    STORAGE_BLOB_DATA_READER,
+)
 from infra.naming import REQUIRED_TAGS, TAGGABLE
+from infra.storage import CONTAINERS
 from tests.support.stacks import of_type, one, stack_values
 
 
@@ -245,7 +252,10 @@ def test_least_privilege_role_assignments_with_deterministic_names(plan, dev_pla
     assert assignments["acrpull"]["roleDefinitionId"].endswith(ACR_PULL)
     assert assignments["acrpull"]["scope"].endswith(plan.outputs["registry_login_server"][:-11])
     assert assignments["acrpush"]["roleDefinitionId"].endswith(ACR_PUSH)
-    assert assignments["blob"]["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
+    for reader in ("datasets", "code"):
+        assert assignments[reader]["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_READER)
+    for writer in ("logs", "outputs"):
+        assert assignments[writer]["roleDefinitionId"].endswith(STORAGE_BLOB_DATA_CONTRIBUTOR)
     (deployer,) = [
         r.inputs
         for r in of_type(plan, "azure-native:authorization:RoleAssignment")
@@ -267,9 +277,31 @@ def test_role_assignment_names_are_stable_across_runs(dev_plan):
         )
 
     assert names(again) == names(dev_plan)
-    # AcrPull and Blob for the nodes, AcrPush for the build task, Job Submitter for the deployer
-    # and for the team's group.
-    assert len(set(names(dev_plan))) == 5
+    # AcrPull and one Blob role per container for the nodes, AcrPush for the build task, Job
+    # Submitter for the deployer and for the team's group.
+    assert len(set(names(dev_plan))) == 4 + len(CONTAINERS)
+
+
+def test_no_node_blob_grant_reaches_beyond_its_container(plan):
+    """Least privilege: every Blob role of the nodes is scoped to one container of the stack's
+    account, each container has exactly one, and none writes the code snapshots."""
+    account = one(plan, "azure-native:storage:StorageAccount", "-account")
+    account_id = (
+        f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/mock/providers/storage/"
+        f"{account.inputs['accountName']}"
+    )
+    grants = {}
+    for assignment in of_type(plan, "azure-native:authorization:RoleAssignment"):
+        if "-nodes-blob" not in assignment.name:
+            continue
+        scope = assignment.inputs["scope"]
+        prefix = f"{account_id}/blobServices/default/containers/"
+        assert scope.startswith(prefix), f"{assignment.name}: not one container: {scope}"
+        container = scope.removeprefix(prefix)
+        assert container in CONTAINERS and container not in grants, assignment.name
+        grants[container] = assignment.inputs["roleDefinitionId"].rsplit("/", 1)[-1]
+    assert grants == NODE_BLOB_ROLES and set(grants) == set(CONTAINERS)
+    assert grants["code"] == STORAGE_BLOB_DATA_READER
 
 
 def test_diagnostics_reach_the_log_analytics_workspace(dev_plan, prod_plan):

@@ -18,6 +18,15 @@ sees the new assignment at the same moment. Here a grant may be *unsettled* for 
 time: requests then alternate between denied and allowed, so a client that got its first answer
 may still be refused on the next one (a staged manifest, then a 403 on a shard).
 
+Per container and per role: a grant is scoped to the account or to one container
+(``<account id>/blobServices/default/containers/<name>``, "Scope a role assignment to a
+container" in azure-docs articles/storage/blobs/assign-azure-role-data-access.md; the scope
+contains everything under it), and Storage Blob Data Reader allows only reading and listing
+blobs, Contributor also writing and deleting them (articles/role-based-access-control/
+built-in-roles: Reader's data actions are ``containers/blobs/read`` alone). A request outside
+every grant of its identity gets the same 403 as one before its grant. A container grant covers
+nothing at the account's own level (listing containers), the unfavourable reading.
+
 Requests signed with the account key (the tests' own setup and checks) pass: Shared Key is not
 subject to Azure RBAC. The proxy forwards everything else to Azurite unchanged."""
 
@@ -60,11 +69,31 @@ class FakeClock:
             self.now += seconds
 
 
+READER = "Storage Blob Data Reader"
+CONTRIBUTOR = "Storage Blob Data Contributor"
+# What each role may do: Reader's only data action reads (GET, HEAD: download, properties,
+# list); Contributor's also write and delete (PUT, POST, PATCH, DELETE).
+_READS = frozenset({"GET", "HEAD"})
+ROLE_METHODS = {READER: _READS, CONTRIBUTOR: _READS | {"PUT", "POST", "PATCH", "DELETE"}}
+
+
 @dataclass
 class Grant:
     at: float  # from this time on the role assignment has reached Storage
     unsettled_s: float = 0.0  # then, for this long, every other request is still refused
     seen: int = 0  # requests answered after ``at`` (the alternation's counter)
+    role: str = CONTRIBUTOR
+    container: str | None = None  # None: the whole account
+
+    def covers(self, method: str, container: str | None) -> bool:
+        in_scope = self.container is None or self.container == container
+        return in_scope and method in ROLE_METHODS[self.role]
+
+
+def request_container(path: str) -> str | None:
+    """The container a request path (``/<account>/<container>/<blob>?...``) names, if any."""
+    segments = urlsplit(path).path.split("/")
+    return segments[2] if len(segments) > 2 and segments[2] else None
 
 
 @dataclass
@@ -72,29 +101,44 @@ class Grants:
     """The role assignments of each identity (the token's ``oid``): none until ``grant``."""
 
     clock: Callable[[], float] = time.monotonic
-    _grants: dict[str, Grant] = field(default_factory=dict)
+    _grants: dict[str, list[Grant]] = field(default_factory=dict)
     denied: list[tuple[str, str, str]] = field(default_factory=list)  # (identity, method, path)
     allowed: int = 0
     refused: threading.Event = field(default_factory=threading.Event)  # set at the first 403
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def grant(self, identity: str, after_s: float = 0.0, unsettled_s: float = 0.0) -> None:
-        """The identity's role assignment reaches Storage ``after_s`` from now."""
+    def grant(
+        self,
+        identity: str,
+        after_s: float = 0.0,
+        unsettled_s: float = 0.0,
+        *,
+        role: str = CONTRIBUTOR,
+        container: str | None = None,
+    ) -> None:
+        """The identity's ``role`` on ``container`` (None: the account) reaches Storage
+        ``after_s`` from now; its other grants stay."""
         with self._lock:
-            self._grants[identity] = Grant(self.clock() + after_s, unsettled_s)
+            grant = Grant(self.clock() + after_s, unsettled_s, role=role, container=container)
+            self._grants.setdefault(identity, []).append(grant)
 
     def revoke(self, identity: str) -> None:
         with self._lock:
             self._grants.pop(identity, None)
 
     def permits(self, identity: str, method: str, path: str) -> bool:
+        container = request_container(path)
         with self._lock:
-            grant = self._grants.get(identity)
             now = self.clock()
-            ok = grant is not None and now >= grant.at
-            if ok and grant is not None and now < grant.at + grant.unsettled_s:
+            covering = [
+                g
+                for g in self._grants.get(identity, [])
+                if g.covers(method, container) and now >= g.at
+            ]
+            ok = any(now >= g.at + g.unsettled_s for g in covering)
+            for grant in [] if ok else covering:  # unsettled: the first request is refused
                 grant.seen += 1
-                ok = grant.seen % 2 == 0  # the first request after the grant time: refused
+                ok = ok or grant.seen % 2 == 0
             if ok:
                 self.allowed += 1
             else:
