@@ -24,7 +24,9 @@ BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
 # where something on a node writes, Reader where it only reads.
 NODE_BLOB_ROLES = {
     "datasets": STORAGE_BLOB_DATA_READER,  # dt-data stage (trainer.data.transfer), --init-from
-    "checkpoints": STORAGE_BLOB_DATA_READER,  # --init-from's weights; checkpoints go to NFS
+    # Rank 0's mirror of each finished checkpoint (trainer.checkpoint_mirror, pruned: deletes)
+    # and a resume's download of it; --init-from's weights.
+    "checkpoints": STORAGE_BLOB_DATA_CONTRIBUTOR,
     "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.code_folder)
     # Batch's output files (the tasks' stdout and stderr, infra.batch) and rank 0's live copy
     # of the metrics (trainer.live_upload).

@@ -15,9 +15,9 @@ from infra.live_metrics import (
     blob_container,
     noise_advice,
     number,
-    straggler_lines,
     rate_key,
     read_metrics,
+    straggler_lines,
     train_records,
 )
 from trainer.blob_folder import BlobFolder
