@@ -8,6 +8,7 @@ the value and what would be valid.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -249,8 +250,11 @@ class TrainConfig:
             if key in REMOVED_SETTINGS:
                 raise ConfigError(f"{raw_key}: was removed: {REMOVED_SETTINGS[key]}")
             if key not in known:
+                # Naming the nearest settings keeps the line short; there are over 70.
+                close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+                hint = f"did you mean {', '.join(close)}? " if close else ""
                 raise ConfigError(
-                    f"unknown setting {raw_key!r}: valid settings are {', '.join(sorted(known))}"
+                    f"unknown setting {shown(raw_key)}: {hint}dt-train --help lists every setting"
                 )
             kwargs[key] = _coerce(key, value, known[key].type)
         return cls(**kwargs)

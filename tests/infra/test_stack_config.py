@@ -191,7 +191,7 @@ INVALID = [
     (
         {"trainerConfig": "trainer/presets/../../Pulumi.dev.yaml"},
         "trainerConfig=trainer/presets/../../Pulumi.dev.yaml: unknown setting 'config'",
-        "valid settings",
+        "dt-train --help lists every setting",
     ),
     ({"budget": -5}, "budget=-5", "0..10000000"),
     ({"budget": 1000, "budgetStartMonth": "12/2026"}, "budgetStartMonth='12/2026'", "YYYY-MM"),
