@@ -206,6 +206,7 @@ def test_the_jobs_task_command_lines_train_then_report_on_a_one_node_pool(tmp_pa
     assert [line.split()[0] for line in workers] == [f"{rank}/8" for rank in range(8)]
     ending = (
         f"--output-dir {output_dir} --metrics-upload-url {spec.metrics_url} "
-        f"--outputs-url {spec.outputs_url} --preflight-min-busbw 245.0"
+        f"--outputs-url {spec.outputs_url} --checkpoint-mirror-url {spec.checkpoint_mirror_url} "
+        "--preflight-min-busbw 245.0"
     )
     assert all(line.endswith(ending) for line in workers)
