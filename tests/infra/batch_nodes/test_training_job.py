@@ -151,13 +151,23 @@ def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
 # other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py).
 @pytest.mark.parametrize(
     ("lifecycle", "data", "shared"),
-    [("kill", "synthetic", "node"), ("survive", "shards", "node"), ("survive", "shards", "task")],
-    ids=["kill", "survive-shared-node", "survive-shared-task"],
+    [
+        pytest.param("kill", "synthetic", "node", id="kill"),
+        pytest.param("survive", "shards", "node", id="survive-shared-node"),
+        pytest.param(
+            "survive",
+            "shards",
+            "task",
+            id="survive-shared-task",
+            marks=pytest.mark.xfail(
+                strict=False, reason="known defect: fresh-clone runs miss metrics.jsonl"
+            ),
+        ),
+    ],
 )
 # Known defect, cause not yet found: in a fresh clone [survive-shared-task] reads no
 # metrics.jsonl from the run folder afterwards (it passes in a long-lived checkout); the NFS
 # view's delays are the first suspect. Reported as xfail until found, not hidden.
-@pytest.mark.xfail(strict=False, reason="known defect: fresh-clone runs miss metrics.jsonl")
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
 ):
