@@ -421,6 +421,10 @@ def blob(request_json: str) -> int:
         from pathlib import Path
 
         upload_shards(Path(request["folder"]), container, request["prefix"], log=lambda _: None)
+    elif action == "empty-container":
+        container = service.get_container_client(request["container"])
+        for name in [b.name for b in container.list_blobs()]:
+            container.delete_blob(name)
     elif action == "list":
         container = service.get_container_client(request["container"])
         result = sorted(b.name for b in container.list_blobs(name_starts_with=request["prefix"]))

@@ -154,20 +154,9 @@ def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
     [
         pytest.param("kill", "synthetic", "node", id="kill"),
         pytest.param("survive", "shards", "node", id="survive-shared-node"),
-        pytest.param(
-            "survive",
-            "shards",
-            "task",
-            id="survive-shared-task",
-            marks=pytest.mark.xfail(
-                strict=False, reason="known defect: fresh-clone runs miss metrics.jsonl"
-            ),
-        ),
+        pytest.param("survive", "shards", "task", id="survive-shared-task"),
     ],
 )
-# Known defect, cause not yet found: in a fresh clone [survive-shared-task] reads no
-# metrics.jsonl from the run folder afterwards (it passes in a long-lived checkout); the NFS
-# view's delays are the first suspect. Reported as xfail until found, not hidden.
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
 ):
@@ -489,10 +478,6 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     assert run.wait(60), describe(cluster, run)
 
 
-# Known defect, cause not yet found: in a fresh clone the run finds no worker to kill at the
-# first mirrored checkpoint, or the retry does not resume; the NFS view's delays are the first
-# suspect. Reported as xfail until found, not hidden.
-@pytest.mark.xfail(strict=False, reason="known defect: fresh-clone runs miss the mirror's try")
 def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     make_cluster, fabric, storage, cpu_stack, monkeypatch
 ):
@@ -507,12 +492,14 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     folder = run_folder(cluster, spec)
     mirror = spec.checkpoint_mirror_url.split("/checkpoints/", 1)[1]
     wiped: list[int] = []
+    first_try_rows: list[int] = []  # how many lines of metrics.jsonl the failed try wrote
     original = JobRun._try
 
     def wipe_before_the_retry(self, attempt, instances):
         if attempt == 1:  # every process of the failed try has stopped: the share is replaced
             cluster.sync_nfs()
             wiped.extend(_checkpoints(folder))
+            first_try_rows.append(len(metrics(folder)))
             shutil.rmtree(folder / "checkpoints")
         return original(self, attempt, instances)
 
@@ -536,15 +523,15 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     assert "resuming from the mirror's step-" in logs, logs
     resumed = int(logs.split("resuming from the mirror's step-", 1)[1][:9])
     assert 0 < resumed <= wiped[0]  # at most the steps since the last mirrored checkpoint lost
-    # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is kept).
-    _wait_for(lambda: _retry_steps(folder), RUN_SECONDS, "the retry's steps", cluster, run)
-    assert _retry_steps(folder)[0] == resumed + 1, _retry_steps(folder)
+    # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is kept
+    # and appended to; the failed try may have stopped right at that checkpoint, so the retry's
+    # lines are told apart by where the failed try's ended, not by a step going back).
+    def retry_steps() -> list[int]:
+        rows = metrics(folder)[first_try_rows[0] :]
+        return [r["step"] for r in rows if r.get("kind") == "train"]
+
+    _wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, run)
+    assert retry_steps()[0] == resumed + 1, retry_steps()
     run.terminate()
     assert run.wait(60), describe(cluster, run)
 
-
-def _retry_steps(folder: Path) -> list[int]:
-    """The steps trained since the run went back to an earlier step (a retry), in order."""
-    steps = [r["step"] for r in metrics(folder) if r.get("kind") == "train"]
-    back = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
-    return [] if back is None else steps[back:]
