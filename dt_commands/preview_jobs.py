@@ -6,6 +6,7 @@ Why it is built this way: docs/internals.md, `dt_commands/preview_jobs.py`."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class JobChange:
     change: str  # created | replaced | deleted | kept running
     reasons: tuple[str, ...]
     training: str
+    runs: str = ""  # what a created or replaced job's workers run (and its code snapshot)
 
 
 def _is_job(state: Any) -> bool:
@@ -71,6 +73,22 @@ def _run_folder(inputs: dict[str, Any]) -> str | None:
     if not (isinstance(prefix, str) and isinstance(name, str) and isinstance(stack, str)):
         return None
     return run_folder(stack, run_name(args, prefix, name))
+
+
+def _runs(inputs: dict[str, Any]) -> str:
+    """What the job's workers run, as dt-plan says it: its own command and engine, or the
+    trainer with its flags; then its code snapshot's hash. "" for a value unknown at preview."""
+    command, args = inputs.get("command") or [], inputs.get("trainer_args") or []
+    words = command if command else ["python", "-m", "trainer", *args]
+    if not all(isinstance(w, str) for w in words):
+        return ""
+    runs = shlex.join(words)
+    if command:
+        runs += f" (engine {inputs.get('engine')}, its own command)"
+    code = inputs.get("code_sha256")
+    if isinstance(code, str) and code:
+        runs += f"; code sha256 {code}"
+    return runs
 
 
 def _job_name(state: dict[str, Any], urn: str) -> str:
@@ -128,12 +146,12 @@ def job_changes(digest: Any) -> list[JobChange]:
     for urn, entry in by_urn.items():
         ops, old, new = entry["ops"], entry.get("old"), entry.get("new")
         if any(op in REPLACE_OPS for op in ops) and new is not None:
-            training = _training(old, new)
-            changes.append(
-                JobChange(_job_name(new, urn), "replaced", _reasons(entry["reasons"]), training)
-            )
+            training, runs = _training(old, new), _runs(new["inputs"])
+            reasons = _reasons(entry["reasons"])
+            changes.append(JobChange(_job_name(new, urn), "replaced", reasons, training, runs))
         elif "create" in ops and new is not None:
-            changes.append(JobChange(_job_name(new, urn), "created", (), _training(None, new)))
+            training, runs = _training(None, new), _runs(new["inputs"])
+            changes.append(JobChange(_job_name(new, urn), "created", (), training, runs))
         elif "delete" in ops and old is not None:
             folder = _outputs(old).get("checkpoint_path") or _run_folder(old["inputs"])
             changes.append(
@@ -172,6 +190,12 @@ def errors(digest: Any) -> list[str]:
     return [" ".join(d["message"].split()) for d in _diagnostics(digest, "error")]
 
 
+def _cell(text: str) -> str:
+    """``text`` as code in one Markdown table cell (a ``|`` in a command would split it)."""
+    escaped = text.replace("|", "\\|")
+    return f"`{escaped}`" if text else "-"
+
+
 def render(stack: str, changes: list[JobChange], failures: Sequence[str] = ()) -> str:
     title = f"### Training jobs: stack `{stack}`\n\n"
     if failures:
@@ -181,10 +205,11 @@ def render(stack: str, changes: list[JobChange], failures: Sequence[str] = ()) -
         return title + "No training job is created, replaced or deleted.\n"
     replaced = sum(c.change == "replaced" for c in changes)
     lines = [
-        "| job | change | why | training |",
-        "|---|---|---|---|",
+        "| job | change | why | training | runs |",
+        "|---|---|---|---|---|",
         *(
-            f"| {c.name} | {c.change} | {'; '.join(c.reasons) or '-'} | {c.training} |"
+            f"| {c.name} | {c.change} | {'; '.join(c.reasons) or '-'} | {c.training} | "
+            f"{_cell(c.runs)} |"
             for c in changes
         ),
     ]

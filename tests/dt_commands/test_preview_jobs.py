@@ -11,6 +11,7 @@ change, and our provider's own diff of them.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -84,7 +85,16 @@ def test_one_changed_job_of_two_is_the_one_replace_and_it_resumes():
     assert changes[0].training == f"resumes from the newest checkpoint in {folder}"
     text = preview_jobs.render("dev", changes)
     assert "| small | replaced | node count changed | resumes" in text
+    args = after["platform-dev-job-small"]["trainer_args"]
+    assert changes[0].runs == shlex.join(["python", "-m", "trainer", *args])
+    assert text.splitlines()[4].endswith(f" | `{changes[0].runs}` |")
     assert "1 running job(s) would be terminated" in text
+
+
+def test_a_command_with_a_pipe_stays_in_its_table_cell():
+    change = preview_jobs.JobChange("mine", "created", (), "trains", "python x.py 'a|b'")
+    row = preview_jobs.render("dev", [change]).splitlines()[4]
+    assert row.endswith("| `python x.py 'a\\|b'` |") and row.count(" | ") == 4
 
 
 def test_new_trainer_settings_say_the_job_starts_a_fresh_run():

@@ -82,6 +82,11 @@ def test_changed_code_replaces_the_job_named_as_a_code_change_and_not_the_image(
     assert (change.name, change.change) == ("mine", "replaced")
     assert change.reasons == (preview_jobs.REASONS["code_sha256"],)
     assert "code changed" in change.reasons[0]
+    # The pull request's comment shows what the job now runs and from which snapshot.
+    sha = snapshot("examples/custom_model", REPO).sha256
+    command = "python train.py --steps 40 (engine torch, its own command)"
+    assert change.runs == f"{command}; code sha256 {sha}"
+    assert f"| `{change.runs}` |" in preview_jobs.render("dev", [change])
     old = JobSpec.from_props(before["platform-dev-job-mine"])
     new = JobSpec.from_props(after["platform-dev-job-mine"])
     assert old.job_id != new.job_id

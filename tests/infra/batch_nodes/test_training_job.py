@@ -523,6 +523,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     assert "resuming from the mirror's step-" in logs, logs
     resumed = int(logs.split("resuming from the mirror's step-", 1)[1][:9])
     assert 0 < resumed <= wiped[0]  # at most the steps since the last mirrored checkpoint lost
+
     # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is kept
     # and appended to; the failed try may have stopped right at that checkpoint, so the retry's
     # lines are told apart by where the failed try's ended, not by a step going back).
@@ -534,4 +535,3 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     assert retry_steps()[0] == resumed + 1, retry_steps()
     run.terminate()
     assert run.wait(60), describe(cluster, run)
-
