@@ -89,11 +89,15 @@ def _install(folder: Path) -> None:
     if not requirements.is_file():
         return
     pip = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
+    # From the code's own top, as a team runs `pip install -r requirements.txt` there: pip reads
+    # a local path in the file (./wheels/x.whl, -e ./lib) from the working folder, not the
+    # file's (pypa/pip #8765).
     result = subprocess.run(
         [*pip, "--target", str(folder / "site"), "-r", str(requirements)],
         capture_output=True,
         text=True,
         check=False,
+        cwd=folder / "src",
     )
     if result.returncode != 0:
         raise CodeError(

@@ -15,6 +15,7 @@ from infra.batch import JobSpec, job_options, task_options
 from infra.code_snapshot import snapshot
 from tests.infra.test_job_payloads import SPEC, node  # noqa: F401 (its fixture)
 from tests.support.container import recorded, run_in_container
+from tests.support.wheels import write_wheel
 from trainer import code_folder
 from trainer.code_folder import CodeError, ready
 from trainer.grant_wait import READER, GrantWait
@@ -86,6 +87,7 @@ def _team_repo(tmp_path, requirements: str | None):
     (repo / "team" / "pkg").mkdir(parents=True)
     (repo / "team" / "train.py").write_text("print('team code')\n")
     (repo / "team" / "pkg" / "__init__.py").write_text("VALUE = 7\n")
+    write_wheel(repo / "team" / "wheels", "team_dep", "VALUE = 3\n")
     if requirements is not None:
         (repo / "team" / "requirements.txt").write_text(requirements)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -109,13 +111,15 @@ def test_a_snapshot_is_downloaded_verified_and_installed_once_per_hash(
     tmp_path, code, azurite_entra, monkeypatch
 ):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing to fetch; pip runs for real
-    snap = _team_repo(tmp_path, "# nothing beyond the image\n")
+    # A wheel of the team's own, named relative to the code's top as the team installs it.
+    snap = _team_repo(tmp_path, "./wheels/team_dep-0.1-py3-none-any.whl\n")
     code.upload_blob(snap.blob_name, snap.data, overwrite=True)
     root, said = tmp_path / "node-shared" / "code", []
     folder = ready(azurite_entra.blob_endpoint, snap.sha256, root, _wait(), said.append)
     assert folder == root / snap.sha256
     assert (folder / "src" / "train.py").read_text() == "print('team code')\n"
     assert (folder / "src" / "pkg" / "__init__.py").is_file()
+    assert (folder / "site" / "team_dep" / "__init__.py").read_text() == "VALUE = 3\n"
     assert (folder / ".ready").read_text() == snap.sha256 + "\n"
     assert sorted(p.name for p in root.iterdir()) == [snap.sha256]  # no temp folder left
     # Cached on the node: the next job with this hash downloads and installs nothing.
