@@ -43,6 +43,15 @@ class Node:
     def name(self) -> str:
         return self.hosts[self.index]
 
+    @property
+    def master_first_rank(self) -> int:
+        """This node's place with the master first, then the others as listed: torch's rank 0
+        serves the TCPStore at MASTER_ADDR, the master, and Batch "designates one of the
+        compute nodes as the master" without saying where AZ_BATCH_HOST_LIST puts it
+        (articles/batch/batch-mpi.md)."""
+        others = [host for host in self.hosts if host != self.master_ip]
+        return [self.master_ip, *others].index(self.name)
+
 
 def _interface_of(ip: str, *, exact: bool = True) -> str | None:
     """The interface holding ``ip``; with ``exact=False`` also one whose subnet contains it

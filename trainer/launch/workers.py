@@ -70,7 +70,13 @@ def worker_envs(
             {
                 **base,
                 **torch_worker_env(
-                    node.master_ip, torch_port, node.iface, nodes, node.index, slots, local
+                    node.master_ip,
+                    torch_port,
+                    node.iface,
+                    nodes,
+                    node.master_first_rank,
+                    slots,
+                    local,
                 ),
             }
             for local in range(slots)

@@ -332,6 +332,19 @@ def test_torch_engines_get_torchruns_variables_with_global_ranks_node_by_node(en
     }
 
 
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_torch_rank_0_is_on_the_master_wherever_batch_lists_it(engine):
+    """Batch does not say where AZ_BATCH_HOST_LIST puts the master; rank 0 must be there,
+    where MASTER_ADDR sends every rank to its store (with rank 0 elsewhere they all wait)."""
+    hosts = ["10.0.0.4", "10.0.0.5", "10.0.0.6"]
+    nodes = [Node(hosts, index, "10.0.0.5", 6105, index == 1, "eth0") for index in range(3)]
+    ranks = {
+        node.name: [env["RANK"] for env in worker_envs(engine, node, 2, {}, 6106, token="t")]
+        for node in nodes
+    }
+    assert ranks == {"10.0.0.5": ["0", "1"], "10.0.0.4": ["2", "3"], "10.0.0.6": ["4", "5"]}
+
+
 def test_horovod_workers_keep_horovods_variables_and_the_inherited_master_port():
     base = {"PATH": "/bin", "MASTER_PORT": "6105"}
     envs = [

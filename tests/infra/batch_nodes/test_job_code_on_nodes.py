@@ -1,0 +1,153 @@
+"""A team's own code on emulated Batch nodes (docs/jobs.md, Your own script and Your code without
+an image rebuild): the torchrun example as a two-node ``command:`` job whose code is a snapshot
+(``jobs.<name>.code``) with a requirements file, and the plug-in example as a trainer job from
+a snapshot. The snapshot is made by ``infra.code_snapshot`` and put where ``pulumi up`` puts it;
+each node's job preparation fetches it with the node's identity, verifies it and installs the
+requirements; the real launcher starts the workers in it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.code_snapshot import CodeSnapshot, snapshot
+from tests.infra.batch_nodes.batch import Cluster, JobRun
+from tests.infra.batch_nodes.conftest import REPO, blob
+from tests.infra.batch_nodes.test_training_job import (
+    RUN_SECONDS,
+    _current_attempt,
+    _folder_logs,
+    _wait_for,
+    booted,
+    describe,
+    make_spec,
+    metrics,
+    run_folder,
+    submit,
+)
+from tests.support.wheels import write_wheel
+
+# Real processes on emulated nodes: make test runs these one at a time.
+pytestmark = pytest.mark.processes
+
+REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
+
+
+def _upload(fabric, storage, tmp_path: Path, team: str, files: dict[str, Path]) -> CodeSnapshot:
+    """A git repository holding the team's folder ``team`` (``files``: name -> source, and a
+    requirements file naming a wheel of its own), snapshotted and uploaded as CodeUpload does."""
+    repo = tmp_path / "repo"
+    folder = repo / team
+    for name, source in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, folder / name)
+    write_wheel(folder / "wheels", "team_dep", "VALUE = 3\n")
+    (folder / "requirements.txt").write_text(REQUIREMENT)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", team], check=True)
+    snap = snapshot(team, repo)
+    archive = tmp_path / snap.blob_name
+    archive.write_bytes(snap.data)
+    os.chmod(tmp_path, 0o755)
+    blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name, file=str(archive))
+    return snap
+
+
+def _prepared_on_every_node(cluster: Cluster, run: JobRun, snap: CodeSnapshot) -> None:
+    """Each node's preparation downloaded, verified and installed the snapshot, requirements
+    included, before the task ran there."""
+    for node in run.nodes:
+        prep = run._prep_dir(node)
+        said = "".join(p.read_text() for p in sorted(prep.glob("*.txt"))) if prep else ""
+        assert f"code {snap.sha256[:12]}: downloaded, verified and installed" in said, said
+        installed = list(node.root.rglob(f"{snap.sha256}/site/team_dep/__init__.py"))
+        assert installed, describe(cluster, run)
+
+
+def _script_workers(cluster: Cluster, run: JobRun, node_index: int) -> list[int]:
+    """The script's worker processes (``python train.py``) on a node."""
+    found = []
+    for pid in run.processes(cluster.nodes[node_index]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train.py" in argv:
+            found.append(pid)
+    return found
+
+
+def _script_checkpoints(folder: Path) -> list[str]:
+    return sorted(p.name for p in (folder / "checkpoints").glob("step-*.pt"))
+
+
+def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_honours_sigterm(
+    make_cluster, fabric, storage, cpu_stack, tmp_path
+):
+    script = REPO / "examples" / "torchrun_ddp" / "train.py"
+    snap = _upload(fabric, storage, tmp_path, "team", {"train.py": script})
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    command = ("python", "train.py", "--steps", "100000", "--checkpoint-every", "5")
+    spec = make_spec(
+        cpu_stack, storage, trainer_args=(), command=command, engine="torch",
+        code_sha256=snap.sha256,
+    )  # fmt: skip
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _script_checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    _prepared_on_every_node(cluster, run, snap)
+    first = _current_attempt(folder)
+    assert "training steps 1..100000 on 2 workers" in _folder_logs(folder, first)
+
+    # A worker on the non-primary node dies: the try fails and Batch retries it, which resumes
+    # from the script's own newest checkpoint in $DT_RUN_DIR/checkpoints.
+    subtask = next(n for n in run.nodes if n is not run.master)
+    workers = _script_workers(cluster, run, subtask.index)
+    assert workers, describe(cluster, run)
+    os.kill(workers[0], signal.SIGKILL)
+    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    assert run.tries[0].exit_code != 0, describe(cluster, run)
+    _wait_for(lambda: _current_attempt(folder) != first, RUN_SECONDS, "the retry", cluster, run)
+    retry = _current_attempt(folder)
+    _wait_for(lambda: "training steps" in _folder_logs(folder, retry), RUN_SECONDS,
+              "the retry's start", cluster, run)  # fmt: skip
+    started = _folder_logs(folder, retry).split("training steps ", 1)[1]
+    assert int(started.split("..", 1)[0]) > 1, started  # resumed, not from the first step
+
+    # A terminate (as an eviction or `pulumi destroy` does): SIGTERM reaches every rank, which
+    # stop at one step; rank 0 checkpoints and the script exits 0.
+    rows = len(metrics(folder))
+    _wait_for(lambda: len(metrics(folder)) > rows, RUN_SECONDS, "the retry's steps", cluster, run)
+    run.terminate()
+    assert run.wait(60), describe(cluster, run)
+    logs = _folder_logs(folder, retry)
+    assert "stopped by a signal at step" in logs, logs
+    stopped = int(logs.split("stopped by a signal at step ", 1)[1].split(":", 1)[0])
+    assert _script_checkpoints(folder)[-1] == f"step-{stopped:08d}.pt"
+
+
+def test_plugins_from_a_snapshot_train_on_two_nodes_with_the_trainer(
+    make_cluster, fabric, storage, cpu_stack, tmp_path
+):
+    example = REPO / "examples" / "custom_model"
+    files = {f"custom_model/{p.name}": p for p in example.glob("*.py")}
+    snap = _upload(fabric, storage, tmp_path, "team", files)
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (
+        "--model", "custom_model.model:build", "--data", "custom_model.data:build",
+        "--num-classes", "3", "--batch-size", "8", "--max-steps", "6", "--epochs", "9",
+        "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
+    )  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
+    run = submit(cluster, spec)
+    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
+    _prepared_on_every_node(cluster, run, snap)
+    folder = run_folder(cluster, spec)
+    assert metrics(folder)[-1]["step"] == 6, describe(cluster, run)
+    assert "custom_model.model:build" in (folder / "results" / "config.yaml").read_text()
