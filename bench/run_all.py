@@ -22,6 +22,7 @@ BENCHMARKS = (
     ("bench.engine_memory", []),
     ("bench.lm_throughput", []),
     ("bench.program_eval", []),
+    ("bench.code_change", []),
     ("bench.gpu", []),
     ("bench.plots", []),
 )

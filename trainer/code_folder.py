@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,7 +107,10 @@ def _install(folder: Path) -> None:
         )
 
 
-def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> None:
+def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> tuple[float, float]:
+    """Fetches, verifies, unpacks and installs the snapshot in ``temp``; the seconds spent
+    fetching (download, hash, unpack) and installing the requirements."""
+    started = time.monotonic()
     temp.mkdir(parents=True)
     archive = temp / "snapshot.tar.gz"
     got = _download(account_url, sha256, archive, wait)
@@ -119,8 +123,10 @@ def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> None:
         # "data": no absolute names, no links leaving the folder, no device files.
         tar.extractall(temp / "src", filter="data")
     archive.unlink()
+    fetched = time.monotonic()
     _install(temp)
     (temp / READY).write_text(sha256 + "\n")
+    return fetched - started, time.monotonic() - fetched
 
 
 def ready(
@@ -134,7 +140,7 @@ def ready(
     temp = root / f".{sha256}.{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     try:
-        _build(account_url, sha256, temp, wait)
+        fetch, install = _build(account_url, sha256, temp, wait)
         shutil.rmtree(folder, ignore_errors=True)  # an unfinished one (no marker)
         try:
             os.rename(temp, folder)
@@ -143,7 +149,10 @@ def ready(
                 raise  # another task made it ready meanwhile, or the rename truly failed
     finally:
         shutil.rmtree(temp, ignore_errors=True)
-    log(f"code {sha256[:12]}: downloaded, verified and installed in {folder}")
+    log(
+        f"code {sha256[:12]}: downloaded, verified and installed in {folder} "
+        f"(fetch {fetch:.1f} s, install {install:.1f} s)"
+    )
     return folder
 
 

@@ -49,6 +49,7 @@ MODULES = (
     "dt_commands.acceptance",
     "bench.allreduce",
     "bench.checkpoint_io",
+    "bench.code_change",
     "bench.data_path",
     "bench.gpu",
     "bench.overhead",

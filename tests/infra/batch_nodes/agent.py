@@ -423,8 +423,10 @@ def blob(request_json: str) -> int:
         upload_shards(Path(request["folder"]), container, request["prefix"], log=lambda _: None)
     elif action == "upload-file":
         container = service.get_container_client(request["container"])
+        started = time.monotonic()
         with open(request["file"], "rb") as data:
             container.upload_blob(request["blob"], data, overwrite=True)
+        result = {"seconds": time.monotonic() - started}
     elif action == "empty-container":
         container = service.get_container_client(request["container"])
         for name in [b.name for b in container.list_blobs()]:
