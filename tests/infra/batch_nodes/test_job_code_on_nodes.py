@@ -23,6 +23,7 @@ from tests.infra.batch_nodes.test_training_job import (
     _current_attempt,
     _folder_logs,
     _wait_for,
+    _worker_pids,
     booted,
     describe,
     make_spec,
@@ -69,19 +70,6 @@ def _prepared_on_every_node(cluster: Cluster, run: JobRun, snap: CodeSnapshot) -
         assert installed, describe(cluster, run)
 
 
-def _script_workers(cluster: Cluster, run: JobRun, node_index: int) -> list[int]:
-    """The script's worker processes (``python train.py``) on a node."""
-    found = []
-    for pid in run.processes(cluster.nodes[node_index]):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"train.py" in argv:
-            found.append(pid)
-    return found
-
-
 def _script_checkpoints(folder: Path) -> list[str]:
     return sorted(p.name for p in (folder / "checkpoints").glob("step-*.pt"))
 
@@ -107,7 +95,7 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
     # A worker on the non-primary node dies: the try fails and Batch retries it, which resumes
     # from the script's own newest checkpoint in $DT_RUN_DIR/checkpoints.
     subtask = next(n for n in run.nodes if n is not run.master)
-    workers = _script_workers(cluster, run, subtask.index)
+    workers = _worker_pids(cluster, run, subtask.index, script="train.py")
     assert workers, describe(cluster, run)
     os.kill(workers[0], signal.SIGKILL)
     _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)

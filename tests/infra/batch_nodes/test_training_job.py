@@ -228,15 +228,19 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(make_cluster, sto
     assert run.wait(10) and not run.tries
 
 
-def _worker_pids(cluster: Cluster, run: JobRun, node_index: int) -> list[int]:
-    """The trainer worker processes (``python -m trainer``, not the launcher) on a node."""
+def _worker_pids(cluster: Cluster, run: JobRun, node_index: int, script: str = "") -> list[int]:
+    """The worker processes on a node: the trainer's (``python -m trainer``, not the launcher),
+    or a job's own ``script`` (``python train.py``)."""
     found = []
     for pid in run.processes(cluster.nodes[node_index]):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
+        if script:
+            if script.encode() in argv:
+                found.append(pid)
+        elif b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
             found.append(pid)
     return found
 
