@@ -57,10 +57,37 @@ oldest=$(printf '%s\\n' {MIN_DRIVER} "$driver" | sort -V | sed -n 1p)
 [ "$oldest" = {MIN_DRIVER} ] ||
   fail "NVIDIA driver $driver is older than {MIN_DRIVER}, which the image's CUDA {CUDA} needs;" \\
     "use a newer pool image"
-{_ib_wait(ib_ports)}{_RUNS_FOLDER}
+{_GPU_HEALTH}{_ib_wait(ib_ports)}{_RUNS_FOLDER}
 echo "node ok: $n GPUs, driver $driver, $ib active InfiniBand ports"
 """
     return in_bash(script)
+
+
+# GPU Xids that mean the hardware, not the program, failed (an uncorrectable memory error, a
+# row remapping, a GPU fallen off the bus, an NVLink error...): the list Azure's own node health
+# checks fail a node on (Azure/azurehpc-health-checks, customTests/azure_gpu_xid.nhc, XID_EC).
+CRITICAL_XIDS = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
+
+# A GPU that passes the count but is sick: uncorrectable ECC errors since the driver loaded, a
+# row remapping the GPU waits for (a reset) or one that failed, and a critical Xid in the kernel
+# log since boot; azurehpc-health-checks customTests/azure_gpu_ecc.nhc fails a node on the
+# first two. "[N/A]" (ECC off, no row remapping on the GPU) is not a fault. The start task runs
+# as the node's admin, so dmesg can be read.
+_GPU_HEALTH = f"""while IFS=', ' read -r index ecc; do
+  case "$ecc" in ''|*[!0-9]*) continue ;; esac
+  [ "$ecc" -eq 0 ] || fail "GPU $index: $ecc uncorrectable ECC errors since boot;" \\
+    "this node's GPU memory is failing"
+done < <(nvidia-smi --query-gpu=index,ecc.errors.uncorrected.volatile.total \\
+  --format=csv,noheader)
+remap=gpu_bus_id,remapped_rows.pending,remapped_rows.failure
+while IFS=', ' read -r bus pending failed; do
+  case "$pending" in 1|Yes) fail "GPU $bus: a row remapping is pending (it needs a reset)" ;; esac
+  case "$failed" in 1|Yes) fail "GPU $bus: a row remapping failed (it needs replacing)" ;; esac
+done < <(nvidia-smi --query-remapped-rows="$remap" --format=csv,noheader)
+critical='{"|".join(map(str, CRITICAL_XIDS))}'
+xid=$(dmesg 2>/dev/null | grep -E "NVRM: Xid \\([^)]*\\): ($critical)," | sed -n 1p || true)
+[ -z "$xid" ] || fail "GPU Xid error in the kernel log since boot: ${{xid#*NVRM: }}"
+"""
 
 
 # How long the start task waits for InfiniBand ports to turn ACTIVE, polling every

@@ -50,8 +50,31 @@ def resize_error_lines(pool_id: str, errors: Any) -> list[str]:
     return lines
 
 
-def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | None:
-    """One line for the nodes in ``starttaskfailed``; None when there are none."""
+# The start task's own words: its last line on stderr names the failed check (infra.cluster).
+START_TASK_STDERR = "startup/stderr.txt"
+SAID_BYTES = 4096
+
+
+def start_task_said(client: Any, pool_id: str, node_id: str) -> str:
+    """The last line the node's start task wrote on stderr ("" when it cannot be read): read
+    through the Batch file API, as `dt-jobs logs` reads a running task's files."""
+    from azure.core.exceptions import AzureError
+
+    try:
+        data = b"".join(
+            client.download_node_file(
+                pool_id, node_id, START_TASK_STDERR, ocp_range=f"bytes=0-{SAID_BYTES - 1}"
+            )
+        )
+    except (AzureError, OSError):  # a file we cannot read only leaves the reason out
+        return ""
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
+    return next((line for line in reversed(lines) if line), "")
+
+
+def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str, said: str = "") -> str | None:
+    """One line for the nodes in ``starttaskfailed`` (``said``: the first one's start task's
+    last stderr line); None when there are none."""
     # The fix it names is ending the task: the autoscale formula cannot see node states, and
     # the multi-instance task waiting for these nodes stays pending, which keeps the pool up
     # (infra.cluster.autoscale_formula). Once the job is cancelled, the formula drops the pool
@@ -65,6 +88,8 @@ def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | N
     failure = getattr(info, "failure_info", None) if info is not None else None
     exit_code = getattr(info, "exit_code", None) if info is not None else None
     why = _first_line(getattr(failure, "message", "")) or f"exit code {exit_code}"
+    if said:
+        why += f"; {failed[0].id}'s start task said: {said}"
     shown = ", ".join(str(n.id) for n in failed[:SHOWN_NODES])
     more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
     return (
@@ -118,6 +143,8 @@ def pool_problems(
     # goes to starttaskfailed and is never given a task, yet bills.
     from azure.core.exceptions import ResourceNotFoundError
 
+    from infra.batch import state_text
+
     try:
         pool = client.get_pool(pool_id)
     except ResourceNotFoundError:
@@ -126,6 +153,9 @@ def pool_problems(
             "(it declares the pool)"
         ]
     lines = resize_error_lines(pool_id, pool.resize_errors)
-    nodes = start_task_line(pool_id, list(client.list_nodes(pool_id)), cancel_hint)
+    listed = list(client.list_nodes(pool_id))
+    failed = [n for n in listed if state_text(n.state) == "starttaskfailed"]
+    said = start_task_said(client, pool_id, str(failed[0].id)) if failed else ""
+    nodes = start_task_line(pool_id, listed, cancel_hint, said)
     staging = preparation_line(client, job_id, cancel_hint) if job_id else None
     return [*lines, *(line for line in (nodes, staging) if line)]

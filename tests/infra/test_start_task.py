@@ -49,21 +49,37 @@ def fake_node(
     driver: str = MIN_DRIVER,
     down: set[str] = frozenset(),
     coming_up: dict[str, int | None] | None = None,
+    ecc: dict[int, str] | None = None,
+    remapped: dict[int, str] | None = None,
+    kernel_log: str = "",
 ) -> dict[str, str]:
     """A node's tools and sysfs under ``root``; returns the environment the task gets.
 
     ``coming_up`` maps a device to the node time (seconds slept) at which its port turns ACTIVE,
-    reading ``2: INIT`` until then; ``None`` keeps it INIT for good."""
+    reading ``2: INIT`` until then; ``None`` keeps it INIT for good. ``ecc`` gives a GPU's
+    uncorrectable ECC count since boot (as nvidia-smi prints it: "0", "3", "[N/A]"),
+    ``remapped`` its row remapping's "pending, failure" (nvidia-smi --query-remapped-rows: "0, 0"
+    when none), ``kernel_log`` what dmesg prints."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
     _fake_clock(root, bin_dir, coming_up or {})
     listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})" for i in range(gpus))
+    ecc_rows = "\n".join(f"{i}, {(ecc or {}).get(i, '0')}" for i in range(gpus))
+    remap_rows = "\n".join(
+        f"00000000:{i + 0x18:02X}:00.0, {(remapped or {}).get(i, '0, 0')}" for i in range(gpus)
+    )
     (bin_dir / "nvidia-smi").write_text(
         "#!/bin/bash\n"
         f'if [ "$1" = -L ]; then printf "%s\\n" {shlex.quote(listing)}; exit 0; fi\n'
-        f'case "$*" in *driver_version*) for _ in $(seq {gpus}); do echo {driver}; done;; esac\n'
+        'case "$*" in\n'
+        f"  *driver_version*) for _ in $(seq {gpus}); do echo {driver}; done;;\n"
+        f'  *ecc.errors.uncorrected.volatile.total*) printf "%s\\n" {shlex.quote(ecc_rows)};;\n'
+        f'  *--query-remapped-rows*) printf "%s\\n" {shlex.quote(remap_rows)};;\n'
+        "esac\n"
     )
     (bin_dir / "nvidia-smi").chmod(0o755)
+    (bin_dir / "dmesg").write_text(f"#!/bin/bash\nprintf '%s' {shlex.quote(kernel_log)}\n")
+    (bin_dir / "dmesg").chmod(0o755)
     for device, link_layer in INFINIBAND.items():
         port = root / "infiniband" / device / "ports" / "1"
         port.mkdir(parents=True)
@@ -217,3 +233,48 @@ def test_a_gpu_size_never_takes_the_skip(start_task, tmp_path):
     result = run_start_task(start_task, tmp_path, env)
     assert result.returncode == 1 and "expected 8 GPUs, nvidia-smi lists 0" in result.stderr
     assert CPU_SKIP_MESSAGE not in result.stdout
+
+
+# How the driver logs an Xid (NVIDIA's Xid catalog, "NVRM: Xid (PCI:<bus>): <xid>, ...").
+FALLEN_OFF_THE_BUS = (
+    "[  812.331204] NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.\n"
+)
+APPLICATION_FAULT = (
+    "[  950.102311] NVRM: Xid (PCI:0000:1b:00): 13, pid=4242, name=python, Graphics SM "
+    "Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ({"ecc": {3: "2"}}, "GPU 3: 2 uncorrectable ECC errors since boot; this node's GPU"),
+        ({"remapped": {5: "1, 0"}}, "GPU 00000000:1D:00.0: a row remapping is pending"),
+        ({"remapped": {0: "0, 1"}}, "GPU 00000000:18:00.0: a row remapping failed"),
+        (
+            {"kernel_log": APPLICATION_FAULT + FALLEN_OFF_THE_BUS},
+            "GPU Xid error in the kernel log since boot: Xid (PCI:0000:9b:00): 79, pid=",
+        ),
+    ],
+)
+def test_a_sick_gpu_fails_the_node_in_one_line_naming_it(start_task, tmp_path, fault, expected):
+    """All eight GPUs are listed, on a good driver, with every link up, but one is sick."""
+    result = run_start_task(start_task, tmp_path, fake_node(tmp_path, **fault))
+    assert result.returncode == 1, result.stdout
+    assert len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"start task: {expected}"), result.stderr
+    assert "node ok" not in result.stdout
+
+
+def test_what_is_not_a_hardware_fault_passes(start_task, tmp_path):
+    """ECC off or not reported, a GPU without row remapping, an application's own Xid (13)."""
+    env = fake_node(
+        tmp_path,
+        ecc={i: "[N/A]" for i in range(8)},
+        remapped={0: "[N/A], [N/A]"},
+        kernel_log=APPLICATION_FAULT,
+    )
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert "node ok: 8 GPUs" in result.stdout

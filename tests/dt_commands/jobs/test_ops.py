@@ -278,6 +278,9 @@ def pool_in_trouble(batch, pool_id="ib-gpu"):
         "targetDedicatedNodes": 2,
         "resizeErrors": [{"code": "AccountVMSeriesCoreQuotaReached", "message": QUOTA_MESSAGE}],
     }
+    batch.node_files["tvm-0"] = {
+        "startup/stderr.txt": bytearray(f"nvidia-smi: warming up\n{GPU_FAULT}\n\n".encode())
+    }
     batch.pool_nodes[pool_id] = [
         {
             "id": "tvm-0",
@@ -298,6 +301,9 @@ def pool_in_trouble(batch, pool_id="ib-gpu"):
     ]
 
 
+GPU_FAULT = "start task: GPU 3: 2 uncorrectable ECC errors since boot; this node's GPU memory"
+
+
 def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys):
     batch.add_job(JOB, "active")
     batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
@@ -313,4 +319,7 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]
     assert "request more for the Batch account, not the subscription" in pool[0]
     assert "1 of 1 node(s) failed their start task (tvm-0: The task process exited" in pool[1]
+    # The start task's own last line on stderr (read through the Batch file API) says which
+    # check failed (infra.cluster.node_check_command).
+    assert f"tvm-0's start task said: {GPU_FAULT})" in pool[1], pool[1]
     assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]

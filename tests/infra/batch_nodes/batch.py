@@ -382,6 +382,7 @@ class Node:
     state: str = "creating"
     start_task_exit: int | None = None
     ib_ports: dict[str, tuple[str, str]] = field(default_factory=dict)
+    kernel_log: str = ""  # what dmesg prints on the node (the GPU driver's Xid messages)
 
     @property
     def id(self) -> str:
@@ -529,6 +530,10 @@ class Cluster:
         smi = node.hw / "bin" / "nvidia-smi"
         smi.write_text(_nvidia_smi(self.pool.gpus, self.pool.gpu_name, self.driver))
         smi.chmod(0o755)
+        # The kernel's log, as the start task (the node's admin) reads it with dmesg.
+        dmesg = node.hw / "bin" / "dmesg"
+        dmesg.write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(node.kernel_log)}\n")
+        dmesg.chmod(0o755)
         # Each VM has its own hostname, which the VNet's DNS resolves to its private address.
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         hosts += [f"{n.ip} {n.hostname}" for n in self.nodes]
@@ -1626,7 +1631,13 @@ def _nvidia_smi(gpus: int, name: str, driver: str) -> str:
         f"GPU {i}: NVIDIA {name} (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)"
         for i in range(gpus)
     )
-    values = {"driver_version": driver, "name": f"NVIDIA {name}", "count": str(gpus)}
+    # A healthy GPU: no uncorrectable ECC error since boot, no row remapping pending or failed.
+    values = {
+        "driver_version": driver,
+        "name": f"NVIDIA {name}",
+        "count": str(gpus),
+        "ecc.errors.uncorrected.volatile.total": "0",
+    }
     if gpus == 0:
         # The HPC image's driver on a VM without GPUs: nvidia-smi is there and fails.
         return (
@@ -1656,6 +1667,8 @@ case "$1" in
     out+="$row"$'\\n'
   done
   printf '%s' "$out" ;;
+--query-remapped-rows=*)
+  for ((i = 0; i < {gpus}; i++)); do printf '00000000:%02X:00.0, 0, 0\n' $((i + 24)); done ;;
 *) echo "NVIDIA-SMI {driver}    GPUs: {gpus}" ;;
 esac
 """

@@ -232,12 +232,13 @@ def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any
 # --- pools ---
 @pytest.fixture
 def make_cluster(fabric, storage, request):
-    """``make_cluster(stack, lifecycle=..., ib_down={node: port}, nodes=N)``: a pool of the
-    stack's nodes that booted (their start tasks ran)."""
+    """``make_cluster(stack, lifecycle=..., ib_down={node: port}, kernel_log={node: text},
+    nodes=N)``: a pool of the stack's nodes that booted (their start tasks ran)."""
     made: list[tuple[Cluster, Path]] = []
 
     def make(stack: Stack, **options: Any) -> Cluster:
         ib_down: dict[int, str] = options.pop("ib_down", {})
+        kernel_log: dict[int, str] = options.pop("kernel_log", {})
         # Each cluster is a new stack with a new NFS share, but the storage account is shared
         # by the module's tests: without this, a job with the settings of an earlier test's job
         # (the same run folder) resumes from that job's mirrored checkpoint, as a stack whose
@@ -257,6 +258,8 @@ def make_cluster(fabric, storage, request):
         )
         for index, port in ib_down.items():
             cluster.nodes[index].ib_ports[port] = ("1: DOWN", "InfiniBand")
+        for index, text in kernel_log.items():
+            cluster.nodes[index].kernel_log = text
         made.append((cluster, base))
         cluster.boot()
         return cluster

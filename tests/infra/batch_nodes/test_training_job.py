@@ -211,13 +211,27 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
             assert float(prep.split()[0]) <= float(task.split()[0])
 
 
-def test_a_node_whose_start_task_fails_never_receives_the_task(make_cluster, storage, gpu_stack):
-    """The dev stack's InfiniBand pool, one node with a port down."""
-    cluster = make_cluster(gpu_stack, ib_down={1: "mlx5_ib5"})
+# The driver's line for a GPU fallen off the bus (Xid 79, one Azure's health checks fail on).
+XID_79 = "[  812.3] NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', GPU has fallen off the bus.\n"
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        # After the start task's bounded wait for ports still coming up, one line names the port.
+        ({"ib_down": {1: "mlx5_ib5"}}, "found 7 after waiting 300 s: mlx5_ib5/ports/1 is"),
+        ({"kernel_log": {1: XID_79}}, "GPU Xid error in the kernel log since boot: Xid (PCI:"),
+    ],
+    ids=["infiniband-port-down", "gpu-xid-79"],
+)
+def test_a_node_whose_start_task_fails_never_receives_the_task(
+    make_cluster, storage, gpu_stack, fault, said
+):
+    """The dev stack's InfiniBand pool, one node with a port down or a GPU fallen off the bus."""
+    cluster = make_cluster(gpu_stack, **fault)
     outputs = {n.index: (n.startup_dir / "stderr.txt").read_text()[-1500:] for n in cluster.nodes}
     assert [n.state for n in cluster.nodes] == ["idle", "starttaskfailed", "idle"], outputs
-    # After the start task's bounded wait for ports still coming up, one line names the port.
-    assert "found 7 after waiting 300 s: mlx5_ib5/ports/1 is" in outputs[1], outputs[1]
+    assert said in outputs[1], outputs[1]
     spec = make_spec(gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), node_count=3)
     run = submit(cluster, spec)
     # Three instances wanted, two usable nodes: the task is never scheduled, it stays active.
