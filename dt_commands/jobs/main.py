@@ -1,5 +1,6 @@
-"""``dt-jobs list|status|logs|cancel|metrics|tensorboard|fetch|sweep``: the parser, and one run
-of a command, every fault a one-line error (exit 2 for the command or the stack, 1 for Azure)."""
+"""``dt-jobs list|status|logs|cancel|keep-out|metrics|tensorboard|fetch|sweep``: the parser,
+and one run of a command, every fault a one-line error (exit 2 for the command or the stack, 1
+for Azure)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dt_commands.jobs import cancel, fetch, list_jobs, logs, metrics, status, sweep, tensorboard
+from dt_commands.jobs import (
+    cancel,
+    fetch,
+    keep_out,
+    list_jobs,
+    logs,
+    metrics,
+    status,
+    sweep,
+    tensorboard,
+)
 from dt_commands.jobs.call import Call
 from dt_commands.jobs.tensorboard import start_tensorboard
 from dt_commands.stack_outputs import JobsError, OutputsError, read_outputs
@@ -18,7 +29,7 @@ from infra.live_metrics import StorageError
 from trainer.cli import OneLineParser, fail
 
 # In the order --help lists them; sweep (its own options) comes last.
-COMMANDS = (list_jobs, status, logs, cancel, metrics, tensorboard, fetch)
+COMMANDS = (list_jobs, status, logs, cancel, keep_out, metrics, tensorboard, fetch)
 
 
 def build_parser() -> OneLineParser:

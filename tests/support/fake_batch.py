@@ -270,10 +270,39 @@ class FakeBatch:
             return 200, pool
         if rest == ["nodes"] and request.method == "GET":
             return 200, {"value": self.pool_nodes.get(parts[1], [])}
+        if len(rest) == 2 and rest[0] == "nodes" and request.method == "GET":
+            found = [n for n in self.pool_nodes.get(parts[1], []) if n.get("id") == rest[1]]
+            return (200, found[0]) if found else (404, _error("NodeNotFound"))
+        if len(rest) == 3 and rest[0] == "nodes" and request.method == "POST":
+            return self._node_scheduling(parts[1], rest[1], rest[2], request.body)
         if len(rest) >= 4 and rest[0] == "nodes" and rest[2] == "files":
             if not any(n.get("id") == rest[1] for n in self.pool_nodes.get(parts[1], [])):
                 return (404, None) if request.method == "HEAD" else (404, _error("NodeNotFound"))
             return self._file(request, rest[1], "/".join(rest[3:]))
+        return 404, _error("InvalidPropertyValue")
+
+    def _node_scheduling(self, pool_id: str, node_id: str, action: str, body: Any):
+        """Compute Node - Disable Scheduling / Enable Scheduling. Disabling works "only if its
+        current scheduling state is enabled" (REST reference, Disable Node Scheduling); the
+        error's code is not documented, so the fake's is its own, and a caller reads the
+        node's schedulingState first (as Azure/aztk's node scripts do). The option says what
+        happens to running tasks: requeue (the default), terminate, taskcompletion."""
+        node = next((n for n in self.pool_nodes.get(pool_id, []) if n.get("id") == node_id), None)
+        if node is None:
+            return 404, _error("NodeNotFound")
+        state = node.setdefault("schedulingState", "enabled")
+        if action == "disablescheduling":
+            option = (body or {}).get("nodeDisableSchedulingOption", "requeue")
+            if option not in ("requeue", "terminate", "taskcompletion"):
+                return 400, _error("InvalidPropertyValue")
+            if state != "enabled":
+                return 409, _error("NodeSchedulingAlreadyDisabled")
+            node["schedulingState"], node["disabledWith"] = "disabled", option
+            return 200, None
+        if action == "enablescheduling":
+            node["schedulingState"] = "enabled"
+            node.pop("disabledWith", None)
+            return 200, None
         return 404, _error("InvalidPropertyValue")
 
     def prepare_fails(self, job_id: str, nodes: list[str], message: str, exit_code: int = 1):

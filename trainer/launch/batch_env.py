@@ -38,10 +38,16 @@ class Node:
     port: int
     is_master: bool
     iface: str
+    node_id: str = ""  # AZ_BATCH_NODE_ID: what `dt-jobs keep-out` and the portal call it
 
     @property
     def name(self) -> str:
         return self.hosts[self.index]
+
+    @property
+    def label(self) -> str:
+        """The node as a failure names it: its address and, on Batch, its node id."""
+        return f"{self.name} ({self.node_id})" if self.node_id else self.name
 
     @property
     def master_first_rank(self) -> int:
@@ -138,4 +144,5 @@ def read_batch_environment(
     if iface is None:
         raise LaunchError(f"node_ip={node_ip}: no network interface of this machine has it")
     port = rendezvous_port(env, port)
-    return Node(hosts, hosts.index(node_ip), master_ip, port, is_master, iface)
+    node_id = env.get("AZ_BATCH_NODE_ID", "")
+    return Node(hosts, hosts.index(node_ip), master_ip, port, is_master, iface, node_id)

@@ -32,6 +32,10 @@ INTERRUPTED_EXIT = 75
 # opens such a file by name again until this passed (the lookup then reaches the server).
 NFS_CACHE_SECONDS = 60
 
+# A failed attempt's summary ends with what an operator can do about the node it names; the
+# nodes themselves hold no right over their pool (docs/jobs.md, A node that fails).
+KEEP_OUT_HINT = "to keep a sick node out of the next tries: dt-jobs keep-out NODE_ID"
+
 _T = TypeVar("_T")
 
 
@@ -198,7 +202,7 @@ class RunRecords:
             interrupted = interrupted or bool(outcome and outcome.get("interrupted"))
         if failures:
             code, reason = failures[0]
-            summary = f"attempt {attempt} failed: {reason} (exit {code})"
+            summary = f"attempt {attempt} failed: {reason} (exit {code}); {KEEP_OUT_HINT}"
         elif interrupted:
             code, summary = INTERRUPTED_EXIT, f"attempt {attempt} was stopped by a signal"
         else:

@@ -176,7 +176,7 @@ def watchdog_reason(node: Node, workers: Workers, gather: float) -> str:
         if code != WATCHDOG_EXIT
     ]
     return (
-        f"node {node.name}: the step watchdog fired on worker {', '.join(fired)} (no step "
+        f"node {node.label}: the step watchdog fired on worker {', '.join(fired)} (no step "
         f"completed within --step-timeout-minutes; stacks and collectives in the run's "
         f"watchdog/ folder); did not fire: {', '.join(others) or 'none'}"
     )
@@ -210,7 +210,7 @@ def supervise(
         failure = workers.failed()
         if failure:
             local, code = failure
-            reason = f"node {node.name} worker {local} exited with {code}"
+            reason = f"node {node.label} worker {local} exited with {code}"
             if code == WATCHDOG_EXIT:
                 reason = watchdog_reason(node, workers, WATCHDOG_GATHER_SECONDS)
             log.say(f"{reason}: stopping the job on every node")

@@ -323,3 +323,40 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     # check failed (infra.cluster.node_check_command).
     assert f"tvm-0's start task said: {GPU_FAULT})" in pool[1], pool[1]
     assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]
+
+
+def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
+    batch, tmp_path, capsys
+):
+    """The nodes a failed try names are kept out of the next tries with the operator's
+    credential (docs/jobs.md: the nodes get no right over their pool); running tasks finish."""
+    batch.add_job(JOB, "active")
+    batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
+    batch.pools["ib-gpu"] = {"id": "ib-gpu", "allocationState": "steady"}
+    batch.pool_nodes["ib-gpu"] = [
+        {"id": node, "state": "idle", "schedulingState": "enabled"} for node in ("tvm-0", "tvm-1")
+    ]
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    base = ["keep-out", "--stack", "dev", "--outputs-file", str(outputs)]
+    client = lambda endpoint: _real_client(batch)  # noqa: E731
+    assert main([*base, "tvm-1"], client) == 0
+    nodes = {n["id"]: n for n in batch.pool_nodes["ib-gpu"]}
+    assert nodes["tvm-1"]["schedulingState"] == "disabled"
+    assert nodes["tvm-1"]["disabledWith"] == "taskcompletion"
+    assert nodes["tvm-0"]["schedulingState"] == "enabled"
+    out = capsys.readouterr().out
+    assert "node tvm-1 takes no new task (the job's next tries go elsewhere)" in out
+    # Again: Batch refuses to disable a disabled node; the command says so instead.
+    assert main([*base, "tvm-1"], client) == 0
+    assert "node tvm-1 already is kept out" in capsys.readouterr().out
+    assert main([*base, "--undo", "tvm-1"], client) == 0
+    assert nodes["tvm-1"]["schedulingState"] == "enabled"
+    assert "node tvm-1 takes tasks again" in capsys.readouterr().out
+    # A node the pool does not have: one line, exit 1 (Azure said no).
+    with pytest.raises(SystemExit) as stopped:
+        main([*base, "tvm-9"], client)
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: job {JOB}: ") and err.count("\n") == 1, err
+    assert "(NodeNotFound)" in err, err

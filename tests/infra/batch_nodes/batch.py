@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tests.infra.batch_nodes.fabric import IMDS_IP, Fabric
@@ -383,6 +384,9 @@ class Node:
     start_task_exit: int | None = None
     ib_ports: dict[str, tuple[str, str]] = field(default_factory=dict)
     kernel_log: str = ""  # what dmesg prints on the node (the GPU driver's Xid messages)
+    # SchedulingState: "disabled" after Compute Node - Disable Scheduling ("No new Tasks will be
+    # scheduled on the Compute Node"; its running tasks finish with taskcompletion).
+    scheduling: str = "enabled"
 
     @property
     def id(self) -> str:
@@ -1078,6 +1082,35 @@ class Cluster:
             self.nfs_views.stop()
 
 
+class NodeScheduling:
+    """The Batch client's node-scheduling calls (``get_node``, ``disable_node_scheduling``,
+    ``enable_node_scheduling`` of azure-batch 15) as the emulated account answers them, for the
+    operator's ``dt-jobs keep-out``. Disabling a node whose scheduling is already disabled is
+    refused, as the REST reference says ("only if its current scheduling state is enabled")."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def _node(self, pool_id: str, node_id: str) -> Node:
+        found = [n for n in self.cluster.nodes if n.id == node_id]
+        if pool_id != self.cluster.pool.pool_id or not found:
+            raise LookupError(f"NodeNotFound: {pool_id}/{node_id}")
+        return found[0]
+
+    def get_node(self, pool_id: str, node_id: str) -> Any:
+        return SimpleNamespace(scheduling_state=self._node(pool_id, node_id).scheduling)
+
+    def disable_node_scheduling(self, pool_id: str, node_id: str, options: Any = None) -> None:
+        node = self._node(pool_id, node_id)
+        if node.scheduling != "enabled":
+            raise RuntimeError(f"node {node_id}: scheduling is already disabled")
+        node.scheduling = "disabled"
+        self.cluster.log(f"node {node.index}: scheduling disabled ({options})")
+
+    def enable_node_scheduling(self, pool_id: str, node_id: str) -> None:
+        self._node(pool_id, node_id).scheduling = "enabled"
+
+
 # --- a job and its multi-instance task ------------------------------------------------------------
 @dataclass
 class Try:
@@ -1151,7 +1184,7 @@ class JobRun(threading.Thread):
             self.finished.set()
 
     def _eligible(self) -> list[Node]:
-        return [n for n in self.cluster.nodes if n.state == "idle"]
+        return [n for n in self.cluster.nodes if n.state == "idle" and n.scheduling == "enabled"]
 
     def _run(self) -> None:
         pool = self.cluster.pool

@@ -1,0 +1,57 @@
+"""``dt-jobs keep-out NODE...``: the job's next tries never land on these nodes of its pool
+(Batch's disable scheduling: a task running there finishes, no new one starts); ``--undo``
+lets them back. Why an operator does this and not the nodes themselves: docs/jobs.md."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, TextIO
+
+from dt_commands.jobs.call import Call
+from infra.batch import state_text
+
+NAME = "keep-out"
+HELP = "keep nodes out of the job's next tries (disable scheduling); --undo lets them back"
+
+
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "nodes", nargs="+", metavar="NODE", help="Batch node ids (dt-jobs status names them)"
+    )
+    sub.add_argument("--undo", action="store_true", help="let the nodes take tasks again")
+
+
+def run(call: Call) -> int:
+    job = call.job()
+    client = call.client()
+    pool_info = client.get_job(job.job_id).pool_info
+    pool_id = pool_info.pool_id if pool_info is not None else None
+    if not pool_id:
+        call.err.write(f"error: job {job.job_id} names no pool; nothing to keep out of\n")
+        return 2
+    return keep_out(client, pool_id, call.args.nodes, call.args.undo, call.out)
+
+
+def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextIO) -> int:
+    from azure.batch.models import BatchNodeDisableSchedulingOptions
+
+    # taskcompletion: a task still running there (another job's, or this job's own try) ends
+    # as it would; requeue would kill it and count nothing against its retries.
+    options = BatchNodeDisableSchedulingOptions(node_disable_scheduling_option="taskcompletion")
+    for node_id in nodes:
+        # Disabling works only while scheduling is enabled: read the state first.
+        enabled = state_text(client.get_node(pool_id, node_id).scheduling_state) == "enabled"
+        if undo and not enabled:
+            client.enable_node_scheduling(pool_id, node_id)
+            out.write(f"pool {pool_id}: node {node_id} takes tasks again\n")
+        elif not undo and enabled:
+            client.disable_node_scheduling(pool_id, node_id, options)
+            out.write(
+                f"pool {pool_id}: node {node_id} takes no new task (the job's next tries go "
+                f"elsewhere); it still bills: `dt-jobs keep-out --undo {node_id}` or remove "
+                "it from the pool\n"
+            )
+        else:
+            state = "takes tasks" if enabled else "is kept out"
+            out.write(f"pool {pool_id}: node {node_id} already {state}\n")
+    return 0
