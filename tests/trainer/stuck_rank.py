@@ -2,7 +2,8 @@
 ``STUCK_RANK`` at its ``STUCK_STEP``-th training step, blocks inside the engine: it waits in
 ``torch.distributed.recv`` for a message no rank sends, while the other ranks wait for its
 gradients in their allreduce. Only the first run blocks: it leaves the file ``STUCK_MARKER``
-names, so the retry (the same command) trains through."""
+names (by default ``stuck.marker`` in the run's output folder, which every try of a job on
+the shared file system sees), so the retry (the same command) trains through."""
 
 from __future__ import annotations
 
@@ -15,21 +16,21 @@ from torch import nn
 
 
 class StuckRank(nn.Module):
-    def __init__(self, inputs: int, classes: int) -> None:
+    def __init__(self, inputs: int, classes: int, marker: Path) -> None:
         super().__init__()
         self.head = nn.Linear(inputs, classes)
         self.training_calls = 0
+        self.marker = marker
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.training_calls += 1
             if self.training_calls == int(os.environ["STUCK_STEP"]):
-                maybe_block_in_a_collective()
+                maybe_block_in_a_collective(self.marker)
         return self.head(x.flatten(1))
 
 
-def maybe_block_in_a_collective() -> None:
-    marker = Path(os.environ["STUCK_MARKER"])
+def maybe_block_in_a_collective(marker: Path) -> None:
     rank = td.get_rank()
     if rank == int(os.environ["STUCK_RANK"]) and not marker.exists():
         marker.write_text(f"rank {rank} blocked\n")
@@ -37,4 +38,5 @@ def maybe_block_in_a_collective() -> None:
 
 
 def build(cfg, **_args) -> nn.Module:
-    return StuckRank(3 * cfg.image_size * cfg.image_size, cfg.num_classes)
+    marker = os.environ.get("STUCK_MARKER") or Path(cfg.output_dir) / "stuck.marker"
+    return StuckRank(3 * cfg.image_size * cfg.image_size, cfg.num_classes, Path(marker))

@@ -1,0 +1,92 @@
+"""Failures at scale on emulated Batch nodes, each injected on one node of a two-node job: a rank
+blocked inside a collective (the step watchdog names it, the task fails, Batch's retry resumes
+from the last checkpoint and finishes) and a rank whose data arrives late (named as the
+straggler, with its node's host)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.batch import job_options, task_options
+from tests.infra.batch_nodes.test_training_job import (
+    RUN_SECONDS,
+    _current_attempt,
+    _folder_logs,
+    booted,
+    describe,
+    make_spec,
+    metrics,
+    run_folder,
+)
+from trainer.watchdog import WATCHDOG_EXIT
+
+# Real processes on emulated nodes: make test runs these one at a time.
+pytestmark = pytest.mark.processes
+
+SMALL = (
+    "--num-classes", "3", "--batch-size", "8", "--warmup-epochs", "1", "--loader-workers", "0",
+    "--epochs", "9",
+)  # fmt: skip
+
+
+def _submit(cluster, spec, env: dict[str, str]):
+    """The job as infra.job submits it, with ``env`` added to its task's environment."""
+    task = task_options(spec).as_dict()
+    task.setdefault("environmentSettings", [])
+    task["environmentSettings"] += [{"name": k, "value": v} for k, v in env.items()]
+    return cluster.submit(job_options(spec).as_dict(), task)
+
+
+def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
+    make_cluster, storage, cpu_stack
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (
+        "--backend", "ddp", "--model", "tests.trainer.stuck_rank:build", "--image-size", "16",
+        "--synthetic-size", "256", *SMALL, "--max-steps", "8", "--checkpoint-every", "2",
+        "--log-every", "1", "--step-timeout-minutes", "0.25",
+    )  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    # Rank 1 (torch ranks the master's workers first: rank 1 is the other node's) blocks in a
+    # recv nobody answers at its third step, after the step-2 checkpoint, on the first try only.
+    run = _submit(cluster, spec, {"STUCK_RANK": "1", "STUCK_STEP": "3"})
+    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 2), describe(cluster, run)
+    assert run.tries[0].exit_code == WATCHDOG_EXIT, describe(cluster, run)
+    folder = run_folder(cluster, spec)
+    stuck = next(n for n in run.nodes if n is not run.master)
+    logs = _folder_logs(folder)
+    # Every rank's watchdog names the stuck rank and its host; the launchers name the node.
+    assert f"rank 1 on host {stuck.hostname}" in logs, logs
+    assert f"node {stuck.ip} ({stuck.id}): the step watchdog fired on worker 0" in logs, logs
+    (stacks,) = (folder / "watchdog").glob("rank-1-*.stacks.txt")
+    assert "in maybe_block_in_a_collective" in stacks.read_text()
+    # The retry resumed from the step-2 checkpoint and trained to the end.
+    retry = _folder_logs(folder, _current_attempt(folder))
+    assert "at step 2 (epoch 0)" in retry and "error: watchdog" not in retry, retry
+    assert [r for r in metrics(folder) if r.get("kind") == "train"][-1]["step"] == 8
+
+
+def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
+    make_cluster, storage, cpu_stack
+):
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    args = (
+        "--model", "examples.custom_model.model:build",
+        "--data", "tests.trainer.slow_node_data:build", "--data-args", "{seconds: 0.02}",
+        *SMALL, "--max-steps", "16", "--straggler-every", "4", "--log-every", "4",
+    )  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = _submit(cluster, spec, {})
+    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
+    folder = run_folder(cluster, spec)
+    slow = next(n for n in run.nodes if n is not run.master)
+    named = [r for r in metrics(folder) if r.get("kind") == "straggler"]
+    assert named and {r["host"] for r in named} == {slow.hostname}, named
+    assert {r["metric"] for r in named} == {"data_wait_sec"}, named
+    assert f"on {slow.hostname}: data_wait_sec" in _folder_logs(folder), describe(cluster, run)
+    summary = json.loads((folder / "results" / "metrics.json").read_text())
+    assert [entry["host"] for entry in summary["stragglers"]] == [slow.hostname]
