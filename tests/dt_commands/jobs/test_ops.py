@@ -20,6 +20,7 @@ from dt_commands.jobs.main import main
 from dt_commands.jobs.status import status
 from dt_commands.stack_outputs import JobsError, read_outputs
 from tests.support.fake_batch import FakeBatch
+from trainer.launch.records import KEEP_OUT_HINT
 
 OUTPUTS = {
     "job_id": "dev-892e482eaf",
@@ -360,3 +361,30 @@ def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
     err = capsys.readouterr().err
     assert err.startswith(f"error: job {JOB}: ") and err.count("\n") == 1, err
     assert "(NodeNotFound)" in err, err
+
+
+def test_status_shows_the_node_the_last_failed_try_names(batch, tmp_path, capsys):
+    """The primary's report (trainer.launch.records) ends a failed try's output with the node
+    whose worker failed; status reads it back through the Batch file API with the real SDK."""
+    batch.add_job(JOB, "active")
+    batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
+    batch.tasks[JOB] = [{"id": "train"}]
+    batch.task_retries = 1
+    batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
+    failed = (
+        "attempt 20261127T081000Z-1a2b3c failed: node 10.0.0.5 (tvm-1) worker 0 exited with -9 "
+        f"(exit 137); {KEEP_OUT_HINT}"
+    )
+    report = "===== node 1/2 10.0.0.4: ... =====\n[launch 10.0.0.4] ...\n" + f"===== {failed}\n"
+    batch.write(JOB, "train", 0, ("x" * 20000 + "\n" + report).encode())
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps(OUTPUTS))
+    argv = ["status", "--stack", "dev", "--outputs-file", str(outputs)]
+    assert main(argv, lambda endpoint: _real_client(batch)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"last try    {failed}" in lines, lines
+    # A try still running (nothing reported yet) adds no line.
+    batch.node_files["tvm-0"] = {}
+    batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
+    assert main(argv, lambda endpoint: _real_client(batch)) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if "last try" in line]

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from dt_commands.jobs.status import REPORT_MARK
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, check_same_sizes
 from trainer.launch.batch_env import (
     DEFAULT_PORT,
@@ -24,7 +25,13 @@ from trainer.launch.fabric import (
     workers_per_node,
 )
 from trainer.launch.main import build_parser, main
-from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunRecords, check_writable
+from trainer.launch.records import (
+    INTERRUPTED_EXIT,
+    KEEP_OUT_HINT,
+    Outcome,
+    RunRecords,
+    check_writable,
+)
 from trainer.launch.rendezvous import torch_worker_env
 from trainer.launch.workers import check_engine, worker_envs
 
@@ -239,6 +246,10 @@ def test_report_exits_with_the_recorded_outcome(tmp_path, outcomes, code, summar
     assert records.report(ENV, out, wait=0, sleep=waits.append) == code
     assert summary in out.getvalue().splitlines()[-1]
     assert waits == []
+    # dt-jobs status finds the try's summary in the primary's output by this mark.
+    assert out.getvalue().splitlines()[-1].startswith(REPORT_MARK)
+    if code not in (0, INTERRUPTED_EXIT):
+        assert out.getvalue().rstrip().endswith(KEEP_OUT_HINT)
 
 
 def test_report_refuses_a_missing_or_stale_record(tmp_path):
