@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         _upload_results(result.results, request.config.outputs_url)
     if dist.is_root:
         _report(result, request.config, dist.size)
+    if not dist.teardown_safe:
+        from trainer.distributed import exit_without_teardown
+
+        exit_without_teardown(0)
     return 0
 
 

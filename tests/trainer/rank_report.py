@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainer.affinity import each_thread
 from trainer.config import TrainConfig
-from trainer.distributed import init_dist
+from trainer.distributed import exit_without_teardown, init_dist
 from trainer.run import train
 
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
@@ -58,6 +58,8 @@ def main() -> None:
     report["threads_after_shutdown"] = threads_left_after_shutdown(config.backend)
     del result
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
+    if not dist.teardown_safe:  # as dt-train ends (trainer.distributed.exit_without_teardown)
+        exit_without_teardown(0)
 
 
 def threads_left_after_shutdown(backend: str, seconds: float = 5.0) -> list[str] | None:

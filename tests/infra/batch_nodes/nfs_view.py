@@ -128,6 +128,7 @@ class NfsView:
 
     def _push_change(self, rel: str, entry: Entry) -> None:
         source, target = self.root / rel, self.truth / rel
+        self._remake_folders(rel)
         try:
             there = _lstat(target)
             if entry[0] == "d":
@@ -145,6 +146,25 @@ class NfsView:
             return  # gone or changed meanwhile: the next pass sees what is there
         self.seen[rel] = entry
         self.pending.pop(rel, None)
+
+    def _remake_folders(self, rel: str) -> None:
+        """The folders above ``rel`` that the server lost while this node still has them (another
+        node or the server removed them): made again on the server, as the node's own mkdir does.
+        A create that must be exclusive (mkdir) is never answered from the client's cache: the
+        NFS client revalidates the cached entry with the server first (Linux fs/nfs/dir.c,
+        nfs4_lookup_revalidate: "We cannot do exclusive creation on a positive dentry"), finds
+        it gone and sends MKDIR; every writer of a run folder makes its folder first
+        (trainer.files, trainer.checkpoint), so its files land in the folder made again."""
+        parts = rel.split("/")[:-1]
+        for depth in range(1, len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            if (self.truth / folder).exists() or not (self.root / folder).is_dir():
+                continue
+            attrs = _entry(os.lstat(self.root / folder))
+            (self.truth / folder).mkdir()
+            _set_folder(self.truth / folder, attrs[1])
+            self.seen[folder] = attrs
+            self.pending.pop(folder, None)
 
     def _link(self, source: Path, target: Path) -> None:
         """``target`` becomes ``source``'s inode in one rename (never absent on the way)."""

@@ -14,7 +14,7 @@ import pytest
 from tests.infra.batch_nodes.nfs_view import NfsViews
 from tests.support.ports import free_port
 from trainer.launch.batch_env import Node
-from trainer.launch.records import Outcome, RunRecords
+from trainer.launch.records import KEEP_OUT_HINT, Outcome, RunRecords
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
 from trainer.launch.store import join_store
 
@@ -104,6 +104,28 @@ def test_a_removal_and_a_new_folder_reach_other_nodes_late_and_a_node_sees_its_o
     (views.path(1) / "runs" / "mine").mkdir(mode=0o777)
     views.sync(now)
     assert (views.path(1) / "runs" / "mine").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_folder_the_server_lost_is_made_again_by_a_node_that_writes_into_it(views):
+    """The server's runs/ckpt is removed (a share wiped) while node 0 still caches it: what the
+    node writes there after its mkdir reaches the server in the folder made again, not nowhere."""
+    (views.path(0) / "runs" / "ckpt").mkdir()
+    (views.path(0) / "runs" / "ckpt" / "step-1").write_text("1")
+    views.sync(0.0)
+    (views.truth / "runs" / "ckpt" / "step-1").unlink()
+    (views.truth / "runs" / "ckpt").rmdir()
+    (views.path(0) / "runs" / "ckpt").mkdir(exist_ok=True)  # cached: no error on the node
+    (views.path(0) / "runs" / "ckpt" / "step-2").write_text("2")
+    views.sync(0.5)
+    assert (views.truth / "runs" / "ckpt" / "step-2").read_text() == "2"
+    # The lost file goes from the node's view once its delay is over; the new one stays.
+    for now in itertools.count(0.5, 0.25):
+        views.sync(now)
+        if not (views.path(0) / "runs" / "ckpt" / "step-1").exists():
+            break
+        assert now <= 2 * BOUND
+    assert (views.path(0) / "runs" / "ckpt" / "step-2").read_text() == "2"
+    assert (views.truth / "runs" / "ckpt").is_dir()
 
 
 def test_a_seed_replays_the_same_delays(tmp_path):
@@ -197,4 +219,6 @@ def test_the_report_finds_the_outcome_another_node_just_wrote(views):
     out = io.StringIO()
     assert master.report(env, out, sleep=clock.tick) == 3, out.getvalue()
     assert "log of 10.0.0.5" in out.getvalue()
-    assert out.getvalue().splitlines()[-1].endswith("10.0.0.5 ended with 3 (exit 3)")
+    assert (
+        out.getvalue().splitlines()[-1].endswith(f"10.0.0.5 ended with 3 (exit 3); {KEEP_OUT_HINT}")
+    )
