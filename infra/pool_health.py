@@ -6,6 +6,7 @@ imports stay inside functions (the job resource's provider host imports this mod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Resize error codes (Batch REST ``ResizeError``; the Azure support article "Azure Batch pool
@@ -72,9 +73,14 @@ def start_task_said(client: Any, pool_id: str, node_id: str) -> str:
     return next((line for line in reversed(lines) if line), "")
 
 
-def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str, said: str = "") -> str | None:
-    """One line for the nodes in ``starttaskfailed`` (``said``: the first one's start task's
-    last stderr line); None when there are none."""
+def start_task_line(
+    pool_id: str,
+    nodes: list[Any],
+    cancel_hint: str,
+    said: Callable[[str], str] = lambda node_id: "",
+) -> str | None:
+    """One line for the nodes in ``starttaskfailed``, quoting what the first one's start task
+    said (``said``: a node id -> its start task's last stderr line); None when there are none."""
     # The fix it names is ending the task: the autoscale formula cannot see node states, and
     # the multi-instance task waiting for these nodes stays pending, which keeps the pool up
     # (infra.cluster.autoscale_formula). Once the job is cancelled, the formula drops the pool
@@ -88,8 +94,8 @@ def start_task_line(pool_id: str, nodes: list[Any], cancel_hint: str, said: str 
     failure = getattr(info, "failure_info", None) if info is not None else None
     exit_code = getattr(info, "exit_code", None) if info is not None else None
     why = _first_line(getattr(failure, "message", "")) or f"exit code {exit_code}"
-    if said:
-        why += f"; {failed[0].id}'s start task said: {said}"
+    if words := said(str(failed[0].id)):
+        why += f"; {failed[0].id}'s start task said: {words}"
     shown = ", ".join(str(n.id) for n in failed[:SHOWN_NODES])
     more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
     return (
@@ -143,8 +149,6 @@ def pool_problems(
     # goes to starttaskfailed and is never given a task, yet bills.
     from azure.core.exceptions import ResourceNotFoundError
 
-    from infra.batch import state_text
-
     try:
         pool = client.get_pool(pool_id)
     except ResourceNotFoundError:
@@ -153,9 +157,11 @@ def pool_problems(
             "(it declares the pool)"
         ]
     lines = resize_error_lines(pool_id, pool.resize_errors)
-    listed = list(client.list_nodes(pool_id))
-    failed = [n for n in listed if state_text(n.state) == "starttaskfailed"]
-    said = start_task_said(client, pool_id, str(failed[0].id)) if failed else ""
-    nodes = start_task_line(pool_id, listed, cancel_hint, said)
+    nodes = start_task_line(
+        pool_id,
+        list(client.list_nodes(pool_id)),
+        cancel_hint,
+        lambda node_id: start_task_said(client, pool_id, node_id),
+    )
     staging = preparation_line(client, job_id, cancel_hint) if job_id else None
     return [*lines, *(line for line in (nodes, staging) if line)]
