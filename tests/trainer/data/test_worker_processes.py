@@ -33,7 +33,8 @@ def test_a_loader_worker_starts_without_importing_torch_again():
     # CPU time, not wall time: what the worker itself did, however busy the machine is.
     plain = _worker_startup_cpu_seconds("plain")
     preloaded = _worker_startup_cpu_seconds("preloaded")
-    # A plain forkserver's worker imports torch itself (about 2 CPU-seconds here); one forked
-    # from the preloaded server only unpickles the dataset.
-    assert min(plain) > 1.0, plain
+    # A plain forkserver's worker imports torch itself (1-2 CPU-seconds here, less once the
+    # files are in the page cache: 0.98 s was seen); one forked from the preloaded server only
+    # unpickles the dataset (about 0.02 s). Compared within the run, not against a clock.
+    assert min(plain) > 0.5 and min(plain) > 10 * max(preloaded), (plain, preloaded)
     assert max(preloaded) < 0.5, preloaded
