@@ -30,7 +30,7 @@ def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str,
     """One code change on a fresh pool (pytest fixtures of the emulator, ``folder`` a temp
     folder); the seconds of each part."""
     from infra.code_snapshot import snapshot
-    from tests.infra.batch_nodes.conftest import blob
+    from tests.infra.batch_nodes.test_job_code_on_nodes import team_repo, upload_snapshot
     from tests.infra.batch_nodes.test_training_job import (
         booted,
         make_spec,
@@ -38,26 +38,19 @@ def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str,
         run_folder,
         submit,
     )
-    from tests.support.wheels import write_wheel
 
-    repo, team = folder / "repo", folder / "repo" / "team"
-    team.mkdir(parents=True)
-    script = (REPO / "examples" / "torchrun_ddp" / "train.py").read_text()
-    (team / "train.py").write_text(f"{script}\n# change {time.time_ns()}\n")
-    write_wheel(team / "wheels", "team_dep", "VALUE = 3\n")
-    (team / "requirements.txt").write_text("./wheels/team_dep-0.1-py3-none-any.whl\n")
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "add", "team"], check=True)
+    # The change: the torchrun example with a line of its own, so each round is a new hash.
+    script = folder / "changed" / "train.py"
+    script.parent.mkdir(parents=True)
+    example = (REPO / "examples" / "torchrun_ddp" / "train.py").read_text()
+    script.write_text(f"{example}\n# change {time.time_ns()}\n")
+    repo = team_repo(folder, "team", {"train.py": script})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
 
     changed = time.monotonic()
     snap = snapshot("team", repo)
     snapped = time.monotonic()
-    archive = folder / snap.blob_name
-    archive.write_bytes(snap.data)
-    folder.chmod(0o755)
-    sent = blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name,
-                file=str(archive))  # fmt: skip
+    upload_seconds = upload_snapshot(fabric, storage, folder, snap)
     uploaded = time.monotonic()
     command = ("python", "train.py", "--steps", "100000")
     spec = make_spec(cpu_stack, storage, trainer_args=(), command=command, engine="torch",
@@ -79,14 +72,12 @@ def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str,
 
     prep_started = min(event_times(r"started prep-n\d+-try0"))
     prep_ended = max(event_times(r"job preparation try 0 exited 0"))
-    said = "".join(
-        p.read_text() for node in run.nodes for p in sorted(run._prep_dir(node).glob("*.txt"))
-    )
+    said = "".join(run.prep_output(node) for node in run.nodes)
     fetch = max(float(s) for s in re.findall(r"fetch ([\d.]+) s", said))
     install = max(float(s) for s in re.findall(r"install ([\d.]+) s", said))
     return {
         "snapshot": snapped - changed,
-        "upload": sent["seconds"],  # the upload itself, not the helper's start
+        "upload": upload_seconds,  # the upload itself, not the helper's start
         "scheduling": prep_started - uploaded,
         "fetch": fetch,
         "install": install,

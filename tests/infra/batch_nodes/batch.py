@@ -1451,6 +1451,11 @@ class JobRun(threading.Thread):
             return code, "terminated during the application command"
         return code, f"application command exited {code}"
 
+    def prep_output(self, node: Node) -> str:
+        """What the job preparation task wrote on ``node`` (stdout.txt, stderr.txt)."""
+        prep = self._prep_dir(node)
+        return "".join(p.read_text() for p in sorted(prep.glob("*.txt"))) if prep else ""
+
     def _prep_dir(self, node: Node) -> Path | None:
         prep = self.job.get("jobPreparationTask")
         if prep is None:

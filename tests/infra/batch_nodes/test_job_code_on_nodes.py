@@ -39,10 +39,10 @@ pytestmark = pytest.mark.processes
 REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
 
 
-def _upload(fabric, storage, tmp_path: Path, team: str, files: dict[str, Path]) -> CodeSnapshot:
-    """A git repository holding the team's folder ``team`` (``files``: name -> source, and a
-    requirements file naming a wheel of its own), snapshotted and uploaded as CodeUpload does."""
-    repo = tmp_path / "repo"
+def team_repo(root: Path, team: str, files: dict[str, Path]) -> Path:
+    """A git repository under ``root`` holding the team's folder ``team`` (``files``: name ->
+    source, and a requirements file naming a wheel of its own); its path."""
+    repo = root / "repo"
     folder = repo / team
     for name, source in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -51,11 +51,23 @@ def _upload(fabric, storage, tmp_path: Path, team: str, files: dict[str, Path]) 
     (folder / "requirements.txt").write_text(REQUIREMENT)
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "add", team], check=True)
-    snap = snapshot(team, repo)
-    archive = tmp_path / snap.blob_name
+    return repo
+
+
+def upload_snapshot(fabric, storage, root: Path, snap: CodeSnapshot) -> float:
+    """``snap`` put into the code container as CodeUpload puts it; the upload's own seconds."""
+    archive = root / snap.blob_name
     archive.write_bytes(snap.data)
-    os.chmod(tmp_path, 0o755)
-    blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name, file=str(archive))
+    os.chmod(root, 0o755)  # the storage side's helper reads it
+    sent = blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name,
+                file=str(archive))  # fmt: skip
+    return sent["seconds"]
+
+
+def _upload(fabric, storage, tmp_path: Path, team: str, files: dict[str, Path]) -> CodeSnapshot:
+    """The team's repository (``team_repo``), snapshotted and uploaded."""
+    snap = snapshot(team, team_repo(tmp_path, team, files))
+    upload_snapshot(fabric, storage, tmp_path, snap)
     return snap
 
 
@@ -63,8 +75,7 @@ def _prepared_on_every_node(cluster: Cluster, run: JobRun, snap: CodeSnapshot) -
     """Each node's preparation downloaded, verified and installed the snapshot, requirements
     included, before the task ran there."""
     for node in run.nodes:
-        prep = run._prep_dir(node)
-        said = "".join(p.read_text() for p in sorted(prep.glob("*.txt"))) if prep else ""
+        said = run.prep_output(node)
         assert f"code {snap.sha256[:12]}: downloaded, verified and installed" in said, said
         installed = list(node.root.rglob(f"{snap.sha256}/site/team_dep/__init__.py"))
         assert installed, describe(cluster, run)

@@ -76,8 +76,7 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     again = submit(cluster, make_spec(cpu_stack, storage, trainer_args=args))
     _wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
     assert sick not in again.nodes and len(again.nodes) == 2, describe(cluster, again)
-    resumed = _current_attempt
-    _wait_for(lambda: "resumed from" in _folder_logs(folder, resumed(folder)), RUN_SECONDS,
-              "the rerun's resume", cluster, again)  # fmt: skip
+    _wait_for(lambda: "resumed from" in _folder_logs(folder, _current_attempt(folder)),
+              RUN_SECONDS, "the rerun's resume", cluster, again)  # fmt: skip
     again.terminate("kill")
     assert again.wait(60), describe(cluster, again)
