@@ -8,8 +8,10 @@ CACHE_DIR ?= $(or $(DT_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/distrib
 
 .PHONY: demo test lint setup gpu-wheel bench azure-check
 
+HOROVOD_PATCHES := $(wildcard scripts/horovod-patches/*.patch)
+
 $(SETUP_STAMP): pyproject.toml scripts/setup_env.sh scripts/build_horovod.sh \
-		scripts/horovod-blocking-wait.patch scripts/build_jpeg_region.sh trainer/data/jpeg_region.c
+		$(HOROVOD_PATCHES) scripts/build_jpeg_region.sh trainer/data/jpeg_region.c
 	bash scripts/setup_env.sh "$(CACHE_DIR)"
 	touch $@
 
@@ -20,7 +22,7 @@ setup: $(SETUP_STAMP)
 # inputs outside the checkout: minutes and about 5 GB of downloads the first time only.
 GPU_WHEEL_STAMP := $(VENV)/.gpu-wheel
 $(GPU_WHEEL_STAMP): $(SETUP_STAMP) scripts/build_gpu_wheel.sh scripts/build_horovod.sh \
-		scripts/horovod-blocking-wait.patch
+		$(HOROVOD_PATCHES)
 	bash scripts/build_gpu_wheel.sh "$(CACHE_DIR)" > $@.tmp
 	mv $@.tmp $@
 
@@ -47,7 +49,7 @@ test: lint $(GPU_WHEEL_STAMP)
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).
 bench: $(SETUP_STAMP)
-	$(VENV)/bin/python -m bench.run_all
+	DT_CACHE_DIR="$(CACHE_DIR)" $(VENV)/bin/python -m bench.run_all
 
 # Prove the stack on your subscription (Pulumi CLI and az login needed; creates, checks and
 # destroys a throwaway stack; see README): make azure-check [PROFILE=cpu|gpu] [ARGS=--dry-run]

@@ -1,5 +1,6 @@
 """The performance goals, each beside what the saved results measured: Horovod's 2-worker
-efficiency against DDP's and in absolute terms (``bench.scaling``), the data path's images/s per
+efficiency against DDP's, in absolute terms and against the run's ceiling, and its throughput
+against DDP's (``bench.scaling``), the data path's images/s per
 core against the folder path before (``bench.data_path``), and the decoded cache's memory per
 node (``bench.cache_memory``). ``make bench`` prints this last, from the files its run wrote; a
 result file older than the run is named as such, never passed off as this run's.
@@ -17,7 +18,7 @@ from typing import Any
 from bench.cache_memory import GOAL_COPIES
 from bench.common import RESULTS
 from bench.data_path import GOAL_SPEEDUP, SCALED_SHORT_SIDE
-from bench.scaling import EFFICIENCY_GOAL, PARITY_GOAL
+from bench.scaling import CEILING_GOAL, EFFICIENCY_GOAL, PARITY_GOAL, THROUGHPUT_GOAL
 
 PAGE_SLACK_COPIES = 0.005
 
@@ -51,8 +52,11 @@ def goals(since: float | None = None, results: Path = RESULTS) -> list[Goal]:
     scaling = _results("scaling", since, results)
     data = _results("data_path", since, results)
     cache = _results("cache_memory", since, results)
-    horovod = scaling["results"]["horovod"]["efficiency"] if scaling else None
-    ddp = scaling["results"]["ddp"]["efficiency"] if scaling else None
+    rows = scaling["results"] if scaling else {}
+    horovod = rows["horovod"]["efficiency"] if rows else None
+    ddp = rows["ddp"]["efficiency"] if rows else None
+    ceiling = rows["independent"]["efficiency"] if rows else None
+    throughput = f"images_per_sec_{scaling['workers']}" if scaling else ""
     speedup = data["speedup_vs_folder"] if data else {}
     copies = cache["copies"] if cache else {}
     return [
@@ -63,6 +67,18 @@ def goals(since: float | None = None, results: Path = RESULTS) -> list[Goal]:
             True,
         ),
         Goal("Horovod 2-worker efficiency", horovod, EFFICIENCY_GOAL, True),
+        Goal(
+            "Horovod 2-worker efficiency / the run's ceiling",
+            horovod / ceiling if horovod is not None and ceiling else None,
+            CEILING_GOAL,
+            True,
+        ),
+        Goal(
+            "Horovod 2-worker images/s / DDP's",
+            rows["horovod"][throughput] / rows["ddp"][throughput] if rows else None,
+            THROUGHPUT_GOAL,
+            True,
+        ),
         Goal(
             f"data path per core, {SCALED_SHORT_SIDE} px shards / folder before",
             speedup.get(f"shards_{SCALED_SHORT_SIDE}"),

@@ -2,10 +2,11 @@
 (images/sec and scaling efficiency = throughput_N / (N x throughput_1)), plus what Horovod's fp16
 gradient compression, its own 1 ms cycle, its 128 MB fusion buffer, no buffer at all and ranks
 left free to run on any core (``--cpu-affinity off``) change.
-Horovod and DDP take turns over 5 rounds (medians); a single run of each drifts by 10-15 % here. A
-benchmark: prints and saves, asserts nothing.
+Horovod, the same Horovod with only the first of our patches (bench/baseline_horovod.py) and DDP
+take turns over 5 rounds (medians); a single run of each drifts by 10-15 % here. A benchmark:
+prints and saves, asserts nothing.
 
-    .venv/bin/python -m bench.scaling [--workers 2] [--steps 32]
+    .venv/bin/python -m bench.scaling [--workers 2] [--steps 32] [--rounds 5] [--no-variants]
 
 Each worker gets one thread (OMP_NUM_THREADS=1) so N workers use N cores, as N GPUs would.
 Efficiency is against the row's own 1-worker run (the goals' definition); beside it, against one
@@ -33,8 +34,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from bench import baseline_horovod
 from bench.common import horovodrun, run_records, save, steady_value, torchrun
-from trainer.cli import OneLineParser
+from trainer.cli import OneLineParser, int_in
 
 BATCH = 32  # images per worker and step
 LOG_EVERY = 4  # steps per metrics window
@@ -65,6 +67,11 @@ CYCLE_1MS = ["--horovod-cycle-time-ms", "1"]
 # drift on a shared machine).
 PARITY_GOAL = 0.95  # Horovod's efficiency / DDP's
 EFFICIENCY_GOAL = 0.85  # Horovod's efficiency with 2 workers on 2 cores
+CEILING_GOAL = 0.95  # Horovod's efficiency / the run's ceiling (the "independent" row's)
+THROUGHPUT_GOAL = 1.0  # Horovod's N-worker images/s / DDP's
+# The engine before our wake-on-wait and Gloo in-place patches (bench/baseline_horovod.py): it
+# takes turns with the others, so the patches are measured within the run.
+BASELINE = "horovod, first patch only"
 
 
 # Horovod and DDP, the comparison the goals are about, run in turns for ROUNDS rounds and keep
@@ -73,6 +80,7 @@ EFFICIENCY_GOAL = 0.85  # Horovod's efficiency with 2 workers on 2 cores
 ROUNDS = 5
 ENGINES = {
     "horovod": (horovodrun, ["--backend", "horovod"], {}),
+    BASELINE: (horovodrun, ["--backend", "horovod"], {}),  # its PYTHONPATH: set in main()
     "ddp": (torchrun, ["--backend", "ddp"], {}),
     "independent": (None, ["--backend", "local"], {}),
 }
@@ -111,12 +119,12 @@ def run(launcher: list[str], flags: list[str], env: dict[str, str]) -> Run:
     )
 
 
-def measure(workers: int, steps: int) -> dict:
+def measure(workers: int, steps: int, rounds: int = ROUNDS, variants: bool = True) -> dict:
     flags = [*MODEL, "--max-steps", str(steps), "--synthetic-size", str(BATCH * steps * workers)]
     single_flags = [*flags[:-1], str(BATCH * steps)]
     one_thread = {"OMP_NUM_THREADS": "1"}
     samples: dict[str, tuple[list[Run], list[Run]]] = {}
-    plan = [name for _ in range(ROUNDS) for name in ENGINES] + list(VARIANTS)
+    plan = [name for _ in range(rounds) for name in ENGINES] + (list(VARIANTS) if variants else [])
     for name in plan:
         launcher, extra, env = {**ENGINES, **VARIANTS}[name]
         base = {**one_thread, **env}
@@ -198,6 +206,10 @@ def main() -> None:
     parser = OneLineParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--rounds", type=int_in(1, 100), default=ROUNDS)
+    parser.add_argument(
+        "--no-variants", action="store_true", help="the engines' rounds only (a quicker check)"
+    )
     args = parser.parse_args()
     print(f"ResNet-18, 64 px, {BATCH} images per worker, {args.steps} steps, Gloo on 127.0.0.1")
     print(
@@ -208,15 +220,20 @@ def main() -> None:
         f"{'engine':<24}{'1 worker':>10}{f'{args.workers} workers':>12}{'efficiency':>12}"
         f"{'vs plain worker':>16}"
     )
-    rows = measure(args.workers, args.steps)
+    ENGINES[BASELINE] = (horovodrun, ["--backend", "horovod"], baseline_horovod.row_env())
+    rows = measure(args.workers, args.steps, args.rounds, not args.no_variants)
     horovod, ddp = rows["horovod"]["efficiency"], rows["ddp"]["efficiency"]
     throughput = f"images_per_sec_{args.workers}"
     ceiling = rows["independent"]["efficiency"]
+    before = rows[BASELINE]
     print(
         f"Horovod at parity: efficiency {horovod:.3f} = {horovod / ddp:.3f} x DDP's {ddp:.3f} "
-        f"(goals: >= {PARITY_GOAL} x DDP, >= {EFFICIENCY_GOAL} absolute); throughput "
-        f"{rows['horovod'][throughput] / rows['ddp'][throughput]:.3f} x DDP's; this run's "
-        f"ceiling (workers that never communicate) {ceiling:.3f}"
+        f"(goals: >= {PARITY_GOAL} x DDP, >= {EFFICIENCY_GOAL} absolute); "
+        f"{horovod / ceiling:.3f} x this run's ceiling {ceiling:.3f} (workers that never "
+        f"communicate; goal >= {CEILING_GOAL}); throughput "
+        f"{rows['horovod'][throughput] / rows['ddp'][throughput]:.3f} x DDP's (goal >= "
+        f"{THROUGHPUT_GOAL}); {rows['horovod'][throughput] / before[throughput]:.3f} x the "
+        f"engine with the first patch only (efficiency {before['efficiency']:.3f})"
     )
     path = save("scaling", {"workers": args.workers, "steps": args.steps, "results": rows})
     print(f"saved {path.relative_to(path.parents[2])}")

@@ -17,7 +17,7 @@ IMAGE_INPUTS = (
     "scripts/build_gpu_wheel.sh",
     "scripts/build_horovod.sh",
     "scripts/build_jpeg_region.sh",
-    "scripts/horovod-blocking-wait.patch",
+    "scripts/horovod-patches",
     "trainer",
 )
 

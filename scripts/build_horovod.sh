@@ -10,21 +10,29 @@
 #   WHEEL_DIR  where the finished wheel is cached; an existing wheel for this torch is reused
 #   gpu        also build NCCL GPU operations (the Docker image uses this; needs CUDA + NCCL)
 # The local setup (Makefile) and docker/Dockerfile both call this script, so the two builds match.
-# It also applies scripts/horovod-blocking-wait.patch (a waiting caller sleeps instead of
-# spinning; see the patch's header). Build output goes to stderr; stdout is the wheel's path.
+# It also applies our patches, scripts/horovod-patches/*.patch in the order of their names (each
+# file's header says what it changes and why); HOROVOD_PATCHES names a subset instead (file names,
+# space-separated; bench.scaling builds the engine without the later patches to measure them).
+# Build output goes to stderr; stdout is the wheel's path.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 python=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 wheel_dir=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 variant=${3:-cpu}
-wait_patch="$(cd "$(dirname "$0")" && pwd)/horovod-blocking-wait.patch"
+patch_dir="$(cd "$(dirname "$0")" && pwd)/horovod-patches"
+read -r -a patch_names <<<"${HOROVOD_PATCHES-$(cd "$patch_dir" && echo *.patch)}"
+patches=()
+for name in "${patch_names[@]}"; do
+  [ -f "$patch_dir/$name" ] || { echo "horovod: HOROVOD_PATCHES names $name, not in $patch_dir" >&2; exit 2; }
+  patches+=("$patch_dir/$name")
+done
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
 py_tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-patch_id=$(sha256sum "$wait_patch" | cut -c1-12)
+patch_id=$( (echo "${patch_names[@]}"; cat "${patches[@]}" </dev/null) | sha256sum | cut -c1-12)
 # The wheel links against one torch ABI: the cache key names torch, Python, the variant and the
-# patch, so a changed patch never reuses a wheel built without it.
+# patches, so a changed, added or left-out patch never reuses a wheel built otherwise.
 cache_dir="$wheel_dir/horovod-$HOROVOD_VERSION-torch$torch_version-$py_tag-$variant-$patch_id"
 if compgen -G "$cache_dir/horovod-*.whl" >/dev/null; then
   echo "horovod: cached wheel in $cache_dir" >&2
@@ -44,10 +52,12 @@ for cmake_file in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
   }
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$cmake_file"
 done
-patch --forward --batch --quiet -p1 -d "$src" <"$wait_patch" >&2 || {
-  echo "horovod: $wait_patch no longer applies to $HOROVOD_VERSION; review the patch" >&2
-  exit 1
-}
+for patch_file in "${patches[@]}"; do
+  patch --forward --batch --quiet --fuzz=0 -p1 -d "$src" <"$patch_file" >&2 || {
+    echo "horovod: $patch_file no longer applies to $HOROVOD_VERSION; review the patch" >&2
+    exit 1
+  }
+done
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1

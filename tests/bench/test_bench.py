@@ -175,9 +175,14 @@ def test_the_memory_window_opens_at_the_first_step_and_closes_at_the_final_save(
     assert not training_window(metrics)
 
 
-def _write_goal_results(folder, horovod, ddp, scaled, default, node, rank):
+def _write_goal_results(folder, horovod, ddp, scaled, default, node, rank, ceiling=0.9):
+    # Throughput: each engine's 2-worker images/s, here in proportion to its efficiency.
+    scaling_rows = {
+        name: {"efficiency": value, "images_per_sec_2": 100 * value}
+        for name, value in (("horovod", horovod), ("ddp", ddp), ("independent", ceiling))
+    }
     results = {
-        "scaling": {"results": {"horovod": {"efficiency": horovod}, "ddp": {"efficiency": ddp}}},
+        "scaling": {"workers": 2, "results": scaling_rows},
         "data_path": {"speedup_vs_folder": {"shards_256": scaled, "shards": default}},
         "cache_memory": {"copies": {"node": node, "rank": rank}},
     }
@@ -193,6 +198,15 @@ def test_goals_compare_each_saved_result_with_its_target(tmp_path):
     parity = found["Horovod 2-worker efficiency / DDP's"]
     assert parity.measured == pytest.approx(0.84 / 0.86) and parity.met
     assert found["Horovod 2-worker efficiency"].met is False  # 0.84 < 0.85
+    ceiling = found["Horovod 2-worker efficiency / the run's ceiling"]
+    assert ceiling.measured == pytest.approx(0.84 / 0.9) and ceiling.met is False  # < 0.95
+    throughput = found["Horovod 2-worker images/s / DDP's"]
+    assert throughput.measured == pytest.approx(84 / 86) and throughput.met is False
+    _write_goal_results(tmp_path, 0.88, 0.86, 2.78, 1.77, 1.0, 1.004, ceiling=0.92)
+    found_met = {goal.name: goal for goal in goals.goals(results=tmp_path)}
+    assert found_met["Horovod 2-worker efficiency / the run's ceiling"].met  # 0.957
+    assert found_met["Horovod 2-worker images/s / DDP's"].met
+    _write_goal_results(tmp_path, 0.84, 0.86, 2.78, 1.77, 1.0, 1.004)
     assert found["data path per core, 256 px shards / folder before"].met
     assert found["data path per core, default shards / folder before"].met is False
     # One copy per node, give or take tmpfs's whole pages; two copies is no longer one.
@@ -217,8 +231,8 @@ def test_goals_never_report_a_result_from_before_the_run(tmp_path):
     old = tmp_path / "scaling.json"
     os.utime(old, (1_000, 1_000))
     found = goals.goals(since=2_000, results=tmp_path)
-    assert [goal.met for goal in found[:2]] == [None, None]
-    assert all(goal.met for goal in found[2:])
+    assert [goal.met for goal in found[:4]] == [None] * 4
+    assert all(goal.met for goal in found[4:])
     assert "not measured in this run" in goals.report(found)
     (tmp_path / "data_path.json").unlink()
-    assert goals.goals(results=tmp_path)[2].measured is None
+    assert goals.goals(results=tmp_path)[4].measured is None

@@ -61,12 +61,12 @@ def test_horovod_reports_pytorch_nccl_and_gloo_with_the_cuda_torch(built):
     assert cuda.stdout.strip().startswith("13."), cuda.stderr[-2000:]
 
 
-def test_the_blocking_wait_patch_is_in_the_gpu_build(built):
+def test_the_blocking_wait_and_wake_patches_are_in_the_gpu_build(built):
     _, python, target = built
     patched = _run(
         python,
         target,
-        "import torch; from horovod.torch import mpi_lib_v2; "
-        "mpi_lib_v2.horovod_torch_wait_blocks()",
+        "import torch; from horovod.torch import mpi_lib_v2 as m; "
+        "print(m.horovod_torch_wait_blocks(), m.horovod_torch_wait_wakes())",
     )
-    assert patched.returncode == 0, patched.stderr[-2000:]
+    assert patched.stdout.strip() == "1 1", patched.stderr[-2000:]

@@ -1,10 +1,12 @@
-"""The blocking-wait patch of the installed Horovod (scripts/horovod-blocking-wait.patch), by
-what it changes: a rank waiting for a late peer sleeps instead of spinning (its build and
-marker: tests/scripts/test_installed_horovod.py)."""
+"""The patches of the installed Horovod (scripts/horovod-patches/), each by what it changes: a
+rank waiting for a late peer sleeps instead of spinning (01), a waiting caller or a full fusion
+buffer starts the next cycle at once (02), an in-place allreduce copies nothing onto itself (03).
+Their build and markers: tests/scripts/test_installed_horovod.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -29,3 +31,43 @@ def test_a_rank_waiting_for_a_late_peer_does_not_spin(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["sum"] == 2.0 and report["wall"] > 1.5
     assert report["cpu"] < 0.5 * report["wall"], report
+
+
+def test_a_waiting_caller_or_a_full_fusion_buffer_starts_the_cycle_and_nothing_else_does(tmp_path):
+    """With a 5 s cycle (under Gloo's 30 s timeout, which a loop woken early may wait in its
+    negotiation for the others' tick): five allreduces whose caller waits for each, and a polled
+    one over the 1 MB fusion threshold, finish in a fraction of one cycle (unpatched, each waits
+    for the next tick: the five together at least 20 s); a small one that nobody waits for is
+    still left to the cycle."""
+    report_path = tmp_path / "wake.json"
+    env = {**os.environ, "HOROVOD_CYCLE_TIME": "5000", "HOROVOD_FUSION_THRESHOLD": "1048576"}
+    result = subprocess.run(
+        horovodrun("-m", "tests.scripts.wake_probe", str(report_path)),
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    assert report["waited"] < 2.5 and report["full_buffer"] < 2.5, report  # half a cycle
+    assert report["small_done_early"] is False, report
+
+
+def test_an_in_place_allreduce_copies_no_tensor_onto_itself(tmp_path):
+    """Every memcpy of the tensor's size is counted by a preloaded library: an out-of-place
+    allreduce shows Horovod's copy is seen (input into output); an in-place one makes none of a
+    buffer onto itself (unpatched: one per allreduce) and still sums."""
+    counter = tmp_path / "memcpy_count.so"
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O1", "-fno-builtin", "-o", str(counter),
+         str(REPO / "tests/scripts/memcpy_count.c")],
+        check=True, timeout=60,
+    )  # fmt: skip
+    report_path = tmp_path / "inplace.json"
+    env = {**os.environ, "LD_PRELOAD": str(counter), "MEMCPY_COUNT_BYTES": str(4 * 1_000_003)}
+    result = subprocess.run(
+        horovodrun("-m", "tests.scripts.inplace_probe", str(report_path)),
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    assert report["out_of_place"]["copies"] >= 1, report
+    assert report["in_place"]["self_copies"] == 0 and report["sum"] == 2.0, report
