@@ -39,6 +39,7 @@ JOB_OUTPUTS = (
     "progress_error",
     "pool_errors",
     "stragglers",
+    "last_try",
 )
 
 

@@ -33,6 +33,7 @@ from infra.batch import (
 )
 from infra.config import SHORTHAND_JOB
 from infra.dynamic import OneLineError, Provider, changed_inputs
+from infra.task_report import last_try_line
 from trainer.config import one_line
 
 T = TypeVar("T")
@@ -152,6 +153,7 @@ OUTPUT_KEYS = (
     "progress_error",
     "pool_errors",
     "stragglers",
+    "last_try",
 )
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
@@ -321,6 +323,10 @@ class TrainingJobProvider(Provider):
             info = task.execution_info
             live["task_state"] = state_text(task.state)
             live["retries"] = info.retry_count if info is not None else 0
+            if info is not None and (info.retry_count or info.exit_code):
+                # A retry that starts replaces the file the line is read from: the line the
+                # last refresh read stays until another try has ended.
+                live["last_try"] = last_try_line(client, id_) or props.get("last_try")
         # State written before metrics_url was an output has the log URL it derives from.
         if metrics_url := props.get("metrics_url") or _metrics_url(props.get("log_url")):
             live["metrics_url"] = metrics_url
@@ -567,9 +573,12 @@ class TrainingJob(pulumi.dynamic.Resource):
     progress_at: pulumi.Output[str]
     progress_error: pulumi.Output[str]
     pool_errors: pulumi.Output[list[str]]
-    stragglers: pulumi.Output[list[str]]
     """The pool's resize errors and start-task failures as of the last refresh (one line each,
     with the fix); empty when there are none."""
+    stragglers: pulumi.Output[list[str]]
+    last_try: pulumi.Output[str]
+    """How the task's last failed try ended, as of the last refresh that could read it: the node
+    whose rank failed it and how to keep that node out (``infra.task_report``)."""
     portal_url: pulumi.Output[str]
     log_url: pulumi.Output[str]
     metrics_url: pulumi.Output[str]

@@ -319,6 +319,9 @@ def _job_outputs_of(resource: TrainingJob, nodes: int) -> dict[str, Any]:
         "pool_errors": resource.pool_errors,
         # The ranks the run named slower than the others in its latest window.
         "stragglers": resource.stragglers,
+        # How the task's last failed try ended: the node whose rank failed it, and how to keep
+        # that node out (infra.task_report).
+        "last_try": resource.last_try,
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 from dt_commands.jobs.call import Call
 from infra.batch import TASK_ID, state_text
 from infra.pool_health import pool_problems
+from infra.task_report import last_try_line
 
 NAME = "status"
 HELP = "job and task state, retries, exit code, where logs and checkpoints are"
@@ -50,32 +51,6 @@ def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
         return [f"pool {pool_id}: not readable with this credential ({err.status_code})"]
 
 
-# The primary's report ends each try's output with one line (trainer.launch.records, which
-# dt_commands may not import; tests/trainer/launch/test_launch_env.py holds the two together): a
-# failed try's names the node whose worker failed, by address and Batch node id.
-REPORT_MARK = "===== attempt "
-TAIL_BYTES = 16384
-
-
-def last_try_line(client: Any, job_id: str) -> str | None:
-    """The report's line of the task's last finished try, from the primary's stdout.txt (read
-    through the Batch file API, as `dt-jobs logs` reads it); None when there is none to read
-    (no try ended yet, a retry started a new file, or the file is not readable)."""
-    from azure.core.exceptions import AzureError
-
-    try:
-        size = int(client.get_task_file_properties(job_id, TASK_ID, "stdout.txt").content_length)
-        first = max(0, size - TAIL_BYTES)
-        span = f"bytes={first}-{size - 1}" if size else None
-        data = b"".join(client.download_task_file(job_id, TASK_ID, "stdout.txt", ocp_range=span))
-    except (AzureError, OSError, ValueError, TypeError):
-        return None
-    lines = data.decode("utf-8", "replace").splitlines()
-    return next(
-        (line[len("===== ") :] for line in reversed(lines) if line.startswith(REPORT_MARK)), None
-    )
-
-
 def status(
     client: Any, outputs: dict[str, Any], out: TextIO, cancel_hint: str = "cancel the job"
 ) -> int:
@@ -95,7 +70,13 @@ def status(
         if info.failure_info is not None:
             lines.append(f"            failure: {info.failure_info.message}")
         if info.retry_count or info.exit_code:
-            summary = last_try_line(client, job_id)
+            # Read live; a retry that started since replaced the file, so the line the stack's
+            # last refresh read (the job's last_try output) stands in for it.
+            summary = last_try_line(client, job_id) or (
+                f"{outputs['last_try']} (as of the last refresh)"
+                if outputs.get("last_try")
+                else None
+            )
             lines += [f"last try    {summary}"] if summary else []
     if state_text(task.state) != "completed":
         lines += [f"pool        {line}" for line in pool_lines(client, job, cancel_hint)]

@@ -19,6 +19,7 @@ from infra.job import TrainingJobProvider
 from tests.infra.test_job_payloads import _spec
 from tests.support.fake_batch import FakeBatch
 from tests.support.ports import free_port
+from trainer.launch.records import KEEP_OUT_HINT
 
 
 def _train(step, rate):
@@ -203,3 +204,25 @@ def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(clo
     ]
     _upload(logs, job_id, [_train(60, 100.0)])
     assert TrainingJobProvider().read(job_id, state).outs["stragglers"] == []
+
+
+def test_a_refresh_records_how_the_last_failed_try_ended_and_keeps_it_across_the_retry(cloud):
+    """The ``last_try`` output: the primary's report line of the last finished try (the node
+    whose rank failed it, and how to keep it out), read through the Batch file API; a retry
+    that starts replaces the file it was read from, and the line the refresh before read stays."""
+    fake, storage, _ = cloud
+    job_id, state = _state(fake, storage, "failed-try")
+    fake.jobs[job_id]["poolInfo"] = {"poolId": "ib-gpu"}
+    assert TrainingJobProvider().read(job_id, state).outs.get("last_try") is None  # no retry yet
+    fake.task_retries = 1
+    fake.place_task(job_id, TASK_ID, ["tvm-0", "tvm-1"])
+    failed = (
+        "attempt 20261127T081000Z-1a2b3c failed: node 10.0.0.5 (tvm-1) worker 0 exited with -9 "
+        f"(exit 137); {KEEP_OUT_HINT}"
+    )
+    fake.write(job_id, TASK_ID, 0, f"[launch 10.0.0.4] ...\n===== {failed}\n".encode())
+    outs = TrainingJobProvider().read(job_id, state).outs
+    assert outs["last_try"] == failed
+    fake.node_files["tvm-0"] = {}  # the retry started: a new, empty stdout.txt
+    fake.place_task(job_id, TASK_ID, ["tvm-0", "tvm-1"])
+    assert TrainingJobProvider().read(job_id, outs).outs["last_try"] == failed

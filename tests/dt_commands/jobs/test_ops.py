@@ -388,3 +388,8 @@ def test_status_shows_the_node_the_last_failed_try_names(batch, tmp_path, capsys
     batch.place_task(JOB, "train", ["tvm-0", "tvm-1"])
     assert main(argv, lambda endpoint: _real_client(batch)) == 0
     assert not [line for line in capsys.readouterr().out.splitlines() if "last try" in line]
+    # Unless the stack's last refresh read the line before the retry started (last_try output).
+    outputs.write_text(json.dumps({**OUTPUTS, "last_try": failed}))
+    assert main(argv, lambda endpoint: _real_client(batch)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"last try    {failed} (as of the last refresh)" in lines, lines

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dt_commands.jobs.status import REPORT_MARK
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED, check_same_sizes
+from infra.task_report import REPORT_MARK
 from trainer.launch.batch_env import (
     DEFAULT_PORT,
     LaunchError,
