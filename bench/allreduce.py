@@ -1,7 +1,8 @@
 """The allreduce alone: milliseconds per allreduce of ResNet-18's 47 MB of gradients, Horovod
 against torch.distributed, each set up as the trainer sets it up (Horovod in place, under one
 name, the caller waiting, with the trainer's cycle time and fusion buffer for Gloo on CPUs), on
-2 ranks, Gloo on 127.0.0.1. It tells how much of bench.scaling's gap is the collective itself.
+2 ranks, Gloo on 127.0.0.1, and the same Horovod with only the first of our patches
+(bench/baseline_horovod.py). It tells how much of bench.scaling's gap is the collective itself.
 The engines take turns over 3 rounds, each round the median of 20 allreduces (one launch reads
 50-130 ms here, so a single launch says little); printed per round, then the medians. A
 benchmark: prints and saves, asserts nothing.
@@ -16,21 +17,29 @@ import re
 import statistics
 import subprocess
 
+from bench import baseline_horovod
 from bench.common import REPO, horovodrun, save, torchrun
+from bench.scaling import BASELINE
 from trainer.cli import OneLineParser
 
-LAUNCHERS = {"horovod": horovodrun, "ddp": torchrun}
+# Each row: its launcher, the probe's engine, and its environment (the baseline's: set in main()).
+ENGINES = {
+    "horovod": (horovodrun, "horovod", {}),
+    BASELINE: (horovodrun, "horovod", {}),
+    "ddp": (torchrun, "ddp", {}),
+}
 
 
-def allreduce_ms(engine: str, workers: int) -> float:
+def allreduce_ms(row: str, workers: int) -> float:
     """One launch of bench.allreduce_probe: its median milliseconds per allreduce."""
-    command = [*LAUNCHERS[engine](workers), "-m", "bench.allreduce_probe", engine]
+    launcher, engine, env = ENGINES[row]
+    command = [*launcher(workers), "-m", "bench.allreduce_probe", engine]
     result = subprocess.run(
         command,
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         timeout=300,
     )
     if result.returncode != 0:
@@ -53,16 +62,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"allreduce of 47 MB (ResNet-18's gradients), {args.workers} ranks, Gloo on 127.0.0.1")
-    rounds: dict[str, list[float]] = {engine: [] for engine in LAUNCHERS}
+    ENGINES[BASELINE] = (horovodrun, "horovod", baseline_horovod.row_env())
+    rounds: dict[str, list[float]] = {row: [] for row in ENGINES}
     for number in range(1, args.rounds + 1):
-        for engine in LAUNCHERS:
-            rounds[engine].append(allreduce_ms(engine, args.workers))
+        for row in ENGINES:
+            rounds[row].append(allreduce_ms(row, args.workers))
         print(f"round {number}: " + ", ".join(f"{e} {ms[-1]:.1f} ms" for e, ms in rounds.items()))
     medians = {engine: statistics.median(ms) for engine, ms in rounds.items()}
     print(
         "median: "
         + ", ".join(f"{engine} {ms:.1f} ms" for engine, ms in medians.items())
-        + f"; Horovod / torch.distributed {medians['horovod'] / medians['ddp']:.2f}"
+        + f"; Horovod / torch.distributed {medians['horovod'] / medians['ddp']:.2f}, / the "
+        f"engine with the first patch only {medians['horovod'] / medians[BASELINE]:.2f}"
     )
     path = save(
         "allreduce", {"workers": args.workers, "ms_per_round": rounds, "median_ms": medians}
