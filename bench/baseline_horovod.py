@@ -28,7 +28,7 @@ def install() -> Path:
     built = subprocess.run(
         ["bash", "scripts/build_horovod.sh", sys.executable, str(cache_dir() / "wheels")],
         cwd=REPO,
-        env={**os.environ, "HOROVOD_PATCHES": BASELINE_PATCHES},
+        env={**os.environ, "DT_HOROVOD_PATCHES": BASELINE_PATCHES},
         stdout=subprocess.PIPE,
         text=True,
         check=True,

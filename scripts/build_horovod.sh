@@ -11,8 +11,8 @@
 #   gpu        also build NCCL GPU operations (the Docker image uses this; needs CUDA + NCCL)
 # The local setup (Makefile) and docker/Dockerfile both call this script, so the two builds match.
 # It also applies our patches, scripts/horovod-patches/*.patch in the order of their names (each
-# file's header says what it changes and why); HOROVOD_PATCHES names a subset instead (file names,
-# space-separated; bench.scaling builds the engine without the later patches to measure them).
+# file's header says what it changes and why); DT_HOROVOD_PATCHES names a subset instead (file
+# names, space-separated; bench/baseline_horovod.py builds the engine without the later ones).
 # Build output goes to stderr; stdout is the wheel's path.
 set -euo pipefail
 
@@ -21,10 +21,13 @@ python=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 wheel_dir=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR [gpu]}
 variant=${3:-cpu}
 patch_dir="$(cd "$(dirname "$0")" && pwd)/horovod-patches"
-read -r -a patch_names <<<"${HOROVOD_PATCHES-$(cd "$patch_dir" && echo *.patch)}"
+read -r -a patch_names <<<"${DT_HOROVOD_PATCHES-$(cd "$patch_dir" && echo *.patch)}"
 patches=()
 for name in "${patch_names[@]}"; do
-  [ -f "$patch_dir/$name" ] || { echo "horovod: HOROVOD_PATCHES names $name, not in $patch_dir" >&2; exit 2; }
+  [ -f "$patch_dir/$name" ] || {
+    echo "horovod: DT_HOROVOD_PATCHES names $name, which $patch_dir does not hold" >&2
+    exit 2
+  }
   patches+=("$patch_dir/$name")
 done
 

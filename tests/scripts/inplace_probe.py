@@ -1,18 +1,19 @@
-"""Run under horovodrun (two workers) with tests/scripts/memcpy_count.c preloaded and
-MEMCPY_COUNT_BYTES set to TENSOR_BYTES: rank 0 writes to the file named by its first argument
-the memcpy calls of a tensor's size that an out-of-place allreduce and an in-place one made
-(``copies``), and how many of them copied a buffer onto itself (``self_copies``)."""
+"""Run under horovodrun (two workers) with tests/scripts/memcpy_count.c preloaded: a tensor of
+MEMCPY_COUNT_BYTES bytes is reduced out of place, then in place; rank 0 writes to the file named
+by its first argument the memcpy calls of the tensor's size each made (``copies``), and how many
+of them copied a buffer onto itself (``self_copies``)."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 
 import horovod.torch as hvd
 import torch
 
-TENSOR_BYTES = 4 * 1_000_003  # a size nothing else here copies
+TENSOR_BYTES = int(os.environ["MEMCPY_COUNT_BYTES"])
 
 
 def counts() -> tuple[int, int]:

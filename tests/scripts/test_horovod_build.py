@@ -18,17 +18,23 @@ from tests.support.launchers import REPO, horovodrun
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
 
+def _probe(module: str, tmp_path, env: dict[str, str] | None = None, timeout: int = 120) -> dict:
+    """``tests.scripts.MODULE`` run under horovodrun (two workers): rank 0's JSON report."""
+    report_path = tmp_path / f"{module}.json"
+    result = subprocess.run(
+        horovodrun("-m", f"tests.scripts.{module}", str(report_path)),
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(report_path.read_text())
+
+
 def test_a_rank_waiting_for_a_late_peer_does_not_spin(tmp_path):
     """An unpatched build spins in WaitAndClear (a yield() loop): about one core for the whole
     wait. Patched, the waiting process uses a small part of that (Horovod's own background
-    thread still wakes every cycle)."""
-    report_path = tmp_path / "wait.json"
-    result = subprocess.run(
-        horovodrun("-m", "tests.scripts.wait_probe", str(report_path)),
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(report_path.read_text())
+    thread still runs its cycles)."""
+    report = _probe("wait_probe", tmp_path)
     assert report["sum"] == 2.0 and report["wall"] > 1.5
     assert report["cpu"] < 0.5 * report["wall"], report
 
@@ -39,35 +45,24 @@ def test_a_waiting_caller_or_a_full_fusion_buffer_starts_the_cycle_and_nothing_e
     one over the 1 MB fusion threshold, finish in a fraction of one cycle (unpatched, each waits
     for the next tick: the five together at least 20 s); a small one that nobody waits for is
     still left to the cycle."""
-    report_path = tmp_path / "wake.json"
-    env = {**os.environ, "HOROVOD_CYCLE_TIME": "5000", "HOROVOD_FUSION_THRESHOLD": "1048576"}
-    result = subprocess.run(
-        horovodrun("-m", "tests.scripts.wake_probe", str(report_path)),
-        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(report_path.read_text())
+    env = {"HOROVOD_CYCLE_TIME": "5000", "HOROVOD_FUSION_THRESHOLD": "1048576"}
+    report = _probe("wake_probe", tmp_path, env, timeout=300)
     assert report["waited"] < 2.5 and report["full_buffer"] < 2.5, report  # half a cycle
     assert report["small_done_early"] is False, report
 
 
 def test_an_in_place_allreduce_copies_no_tensor_onto_itself(tmp_path):
-    """Every memcpy of the tensor's size is counted by a preloaded library: an out-of-place
-    allreduce shows Horovod's copy is seen (input into output); an in-place one makes none of a
-    buffer onto itself (unpatched: one per allreduce) and still sums."""
+    """Every memcpy of the tensor's size (a size nothing else here copies) is counted by a
+    preloaded library: an out-of-place allreduce shows Horovod's copy is seen (input into
+    output); an in-place one makes none of a buffer onto itself (unpatched: one per allreduce)
+    and still sums."""
     counter = tmp_path / "memcpy_count.so"
     subprocess.run(
         ["cc", "-shared", "-fPIC", "-O1", "-fno-builtin", "-o", str(counter),
          str(REPO / "tests/scripts/memcpy_count.c")],
         check=True, timeout=60,
     )  # fmt: skip
-    report_path = tmp_path / "inplace.json"
-    env = {**os.environ, "LD_PRELOAD": str(counter), "MEMCPY_COUNT_BYTES": str(4 * 1_000_003)}
-    result = subprocess.run(
-        horovodrun("-m", "tests.scripts.inplace_probe", str(report_path)),
-        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(report_path.read_text())
+    env = {"LD_PRELOAD": str(counter), "MEMCPY_COUNT_BYTES": str(4 * 1_000_003)}
+    report = _probe("inplace_probe", tmp_path, env)
     assert report["out_of_place"]["copies"] >= 1, report
     assert report["in_place"]["self_copies"] == 0 and report["sum"] == 2.0, report
