@@ -1,9 +1,9 @@
 """The performance goals, each beside what the saved results measured: Horovod's 2-worker
 efficiency against DDP's, in absolute terms and against the run's ceiling, and its throughput
-against DDP's (``bench.scaling``), the data path's images/s per
-core against the folder path before (``bench.data_path``), and the decoded cache's memory per
-node (``bench.cache_memory``). ``make bench`` prints this last, from the files its run wrote; a
-result file older than the run is named as such, never passed off as this run's.
+against DDP's (``bench.scaling``), the data path's images/s per core against the folder path
+before (``bench.data_path``), and the decoded cache's memory per node (``bench.cache_memory``).
+``make bench`` prints this last, from the files its run wrote; a result file older than the run
+is named as such, never passed off as this run's.
 
     .venv/bin/python -m bench.goals
 """

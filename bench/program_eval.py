@@ -28,11 +28,11 @@ def pools(count: int):
     """Declare the cluster component ``count`` times (bench-only; the program has one)."""
     real = stack_module.GpuCluster
 
-    def many(name, args, opts=None):
-        first = real(name, args, opts)
+    def many(name, cluster, args, opts=None):
+        first = real(name, cluster, args, opts)
         for extra in range(1, count):
             more = dataclasses.replace(args, account_name=f"{args.account_name[:22]}{extra}")
-            real(f"{name}-pool{extra}", more, opts)
+            real(f"{name}-pool{extra}", cluster, more, opts)
         return first
 
     stack_module.GpuCluster = many  # type: ignore[misc, assignment]
