@@ -55,6 +55,10 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
     workers = worker_processes(psutil.Process(launcher.pid))
     assert len(workers) == 2
     last_logged = max(r["step"] for r in read_metrics(tmp_path / "killed"))
+    complete = max(
+        (step for step, _ in checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")),
+        default=0,
+    )
     workers[-1].kill()
     launcher.wait(timeout=60)  # no hang: the surviving worker must not wait forever
     assert launcher.returncode != 0
@@ -62,7 +66,10 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
         assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
 
     saved = checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")[0][0]
-    assert last_logged - saved <= COMMON["checkpoint_every"]  # lost at most one interval
+    # Nothing complete is lost; at most one interval, and the one whose save was still being
+    # written in the background when the worker died (a loaded machine saw step 8's in flight).
+    assert saved >= complete
+    assert last_logged - saved <= 2 * COMMON["checkpoint_every"]
     resumed = run(horovodrun(*trainer_args(config)), repo)
     assert f"at step {saved}" in resumed.stdout
     expected = uninterrupted_signal_run
