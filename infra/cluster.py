@@ -9,141 +9,18 @@ InfiniBand link, so a job never lands on a broken node.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
 import pulumi
 from pulumi_azure_native import authorization, batch
 
 from infra.batch import NFS_RELATIVE_MOUNT
-from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.config import ClusterSettings
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role
 from infra.naming import Placement
-from infra.toolchain import CUDA, MIN_DRIVER
+from infra.node_checks import node_check_command
 
 POOL_ID = "ib-gpu"
-
-
-# What the start task prints on the CPU acceptance size (0 GPUs): the skip is visible in each
-# node's startup/stdout.txt, never silent.
-CPU_SKIP_MESSAGE = "node ok: CPU acceptance profile, GPU and InfiniBand checks skipped"
-
-
-def node_check_command(gpus: int, ib_ports: int) -> str:
-    """The start task: every GPU visible on a new enough driver and the size's InfiniBand ports
-    active, or the node fails and never receives a task; then the shared runs folder exists.
-
-    Only ports whose link layer is InfiniBand count: the accelerated-networking NIC (mlx5_an0)
-    shows up in /sys/class/infiniband too, with an ACTIVE Ethernet port. ``sed -n 1p`` rather
-    than ``head -n 1``: head exits early, and under pipefail the writer's SIGPIPE fails the node.
-
-    A size without GPUs (the CPU acceptance size, ``infra.sizes.CPU_ACCEPTANCE``) has no driver
-    or InfiniBand to check: the task skips those checks, says so, and still makes the runs
-    folder.
-    """
-    if gpus == 0:
-        script = f"""set -euo pipefail
-{_RUNS_FOLDER}
-echo "{CPU_SKIP_MESSAGE}"
-"""
-        return in_bash(script)
-    script = f"""set -euo pipefail
-n=$(nvidia-smi -L | grep -c '^GPU ' || true)
-fail() {{ echo "start task: $*" >&2; exit 1; }}
-[ "$n" -eq {gpus} ] || fail "expected {gpus} GPUs, nvidia-smi lists $n"
-driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed -n 1p)
-oldest=$(printf '%s\\n' {MIN_DRIVER} "$driver" | sort -V | sed -n 1p)
-[ "$oldest" = {MIN_DRIVER} ] ||
-  fail "NVIDIA driver $driver is older than {MIN_DRIVER}, which the image's CUDA {CUDA} needs;" \\
-    "use a newer pool image"
-{_GPU_HEALTH}{_ib_wait(ib_ports)}{_RUNS_FOLDER}
-echo "node ok: $n GPUs, driver $driver, $ib active InfiniBand ports"
-"""
-    return in_bash(script)
-
-
-# GPU Xids that mean the hardware, not the program, failed (an uncorrectable memory error, a
-# row remapping, a GPU fallen off the bus, an NVLink error...): the list Azure's own node health
-# checks fail a node on (Azure/azurehpc-health-checks, customTests/azure_gpu_xid.nhc, XID_EC).
-CRITICAL_XIDS = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
-
-# A GPU that passes the count but is sick: uncorrectable ECC errors since the driver loaded, a
-# row remapping the GPU waits for (a reset) or one that failed, and a critical Xid in the kernel
-# log since boot; azurehpc-health-checks customTests/azure_gpu_ecc.nhc fails a node on the
-# first two. "[N/A]" (ECC off, no row remapping on the GPU) is not a fault. The start task runs
-# as the node's admin, so dmesg can be read.
-_GPU_HEALTH = f"""while IFS=', ' read -r index ecc; do
-  case "$ecc" in ''|*[!0-9]*) continue ;; esac
-  [ "$ecc" -eq 0 ] || fail "GPU $index: $ecc uncorrectable ECC errors since boot;" \\
-    "this node's GPU memory is failing"
-done < <(nvidia-smi --query-gpu=index,ecc.errors.uncorrected.volatile.total \\
-  --format=csv,noheader)
-remap=gpu_bus_id,remapped_rows.pending,remapped_rows.failure
-while IFS=', ' read -r bus pending failed; do
-  case "$pending" in 1|Yes) fail "GPU $bus: a row remapping is pending (it needs a reset)" ;; esac
-  case "$failed" in 1|Yes) fail "GPU $bus: a row remapping failed (it needs replacing)" ;; esac
-done < <(nvidia-smi --query-remapped-rows="$remap" --format=csv,noheader)
-critical='{"|".join(map(str, CRITICAL_XIDS))}'
-xid=$(dmesg 2>/dev/null | grep -E "NVRM: Xid \\([^)]*\\): ($critical)," | sed -n 1p || true)
-[ -z "$xid" ] || fail "GPU Xid error in the kernel log since boot: ${{xid#*NVRM: }}"
-"""
-
-
-# How long the start task waits for InfiniBand ports to turn ACTIVE, polling every
-# IB_POLL_SECONDS. After boot a port sits in INIT (link up, not yet configured by the subnet
-# manager; Documentation/infiniband/sysfs.txt lists DOWN, INIT, ARMED, ACTIVE) and the VF
-# itself is attached asynchronously on Azure's HPC sizes; Azure documents no bound. Slurm
-# sites wait up to 180 s at boot (OleHolmNielsen/Slurm_tools InfiniBand/waitforib.sh); five
-# minutes leaves room above that, and costs a broken node five minutes before it fails.
-IB_WAIT_SECONDS = 300
-IB_POLL_SECONDS = 5
-
-
-def _ib_wait(ib_ports: int) -> str:
-    """Count the ACTIVE InfiniBand ports until there are ``ib_ports``, polling up to
-    IB_WAIT_SECONDS; then fail in one line naming each port that is not ACTIVE and its state.
-    Any state but ACTIVE is waited on (DOWN too: Azure does not say a port is never DOWN while
-    its VF comes up), and the glob is read afresh each time, so a device that appears late
-    counts. ``sleep`` is the node's; the tests' stub advances a fake clock."""
-    return f"""waited=0
-while :; do
-  ib=0 idle=""
-  for port in /sys/class/infiniband/*/ports/*; do
-    [ "$(cat "$port/link_layer" 2>/dev/null)" = InfiniBand ] || continue
-    state=$(cat "$port/state" 2>/dev/null || echo unreadable)
-    case "$state" in
-      *ACTIVE*) ib=$((ib + 1)) ;;
-      *) idle="$idle, ${{port#/sys/class/infiniband/}} is $state" ;;
-    esac
-  done
-  [ "$ib" -lt {ib_ports} ] && [ "$waited" -lt {IB_WAIT_SECONDS} ] || break
-  sleep {IB_POLL_SECONDS}
-  waited=$((waited + {IB_POLL_SECONDS}))
-done
-[ "$ib" -ge {ib_ports} ] || fail "expected {ib_ports} active InfiniBand ports, found $ib" \\
-  "after waiting $waited s${{idle:+:}}${{idle#,}}"
-[ "$waited" -eq 0 ] || echo "InfiniBand ports active after $waited s"
-"""
-
-
-# The jobs' shared runs folder, for the non-admin task user (see infra/cloud_init.py). The pool's
-# file systems are mounted when a node joins the pool, before its start task runs
-# (articles/batch/virtual-file-mount.md). On the NFS VM cloud-init made the folder; an Azure
-# Files share starts empty and root-owned, and this task runs as the node's admin (root; the
-# share does not squash it). Not fatal: the launcher checks the folder is writable before any
-# worker starts and names the fix.
-_RUNS_FOLDER = f"""runs="$AZ_BATCH_NODE_MOUNTS_DIR/{NFS_RELATIVE_MOUNT}/{RUNS_DIR}"
-if [ ! -d "$runs" ] || [ "$(stat -c %a "$runs")" != {RUNS_MODE} ]; then
-  mkdir -p "$runs" && chmod {RUNS_MODE} "$runs" ||
-    echo "start task: cannot make $runs mode {RUNS_MODE}" >&2
-fi"""
-
-
-def in_bash(script: str) -> str:
-    """A Batch command line for ``script``: Batch runs command lines without a shell, so bash
-    gets the script as one argument, quoted so any quote inside survives."""
-    return f"/bin/bash -c {shlex.quote(script)}"
 
 
 def autoscale_formula(dedicated: int, idle_minutes: int) -> str:

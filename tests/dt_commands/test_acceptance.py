@@ -40,7 +40,7 @@ from dt_commands.acceptance.run import JOB_TYPE
 from dt_commands.plan import evaluate
 from infra import cost
 from infra.batch import CPU_CONTAINER_RUN_OPTIONS
-from infra.cluster import CPU_SKIP_MESSAGE
+from infra.node_checks import CPU_SKIP_MESSAGE
 from infra.sizes import size_of
 from tests.support.stacks import (
     CLIENT_IP,

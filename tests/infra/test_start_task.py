@@ -18,9 +18,10 @@ import pytest
 
 from infra.batch import NFS_RELATIVE_MOUNT
 from infra.cloud_init import RUNS_MODE
-from infra.cluster import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS
+from infra.node_checks import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS, STATE_DIR, WATCH_UNIT
 from infra.toolchain import MIN_DRIVER
 from tests.support.stacks import one
+from trainer.launch.node_check import REQUEST, VERDICT
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -86,9 +87,21 @@ def fake_node(
         (port / "link_layer").write_text(link_layer + "\n")
         state = "1: DOWN" if device in down else INIT if device in (coming_up or {}) else ACTIVE
         (port / "state").write_text(state + "\n")
+    # systemd as the task uses it: each call's arguments, one line per call.
+    for tool in ("systemd-run", "systemctl"):
+        (bin_dir / tool).write_text(f'#!/bin/bash\necho "$*" >> {shlex.quote(str(root))}/{tool}\n')
+        (bin_dir / tool).chmod(0o755)
+    (root / "var-lib").mkdir()  # the node's /var/lib (its OS disk)
+    (root / "batch").mkdir()
     mounts = root / "fsmounts"
     (mounts / NFS_RELATIVE_MOUNT).mkdir(parents=True)
-    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "AZ_BATCH_NODE_MOUNTS_DIR": str(mounts)}
+    return {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "AZ_BATCH_NODE_MOUNTS_DIR": str(mounts),
+        "AZ_BATCH_NODE_ROOT_DIR": str(root / "batch"),
+        "AZ_BATCH_POOL_ID": "ib-gpu",
+        "AZ_BATCH_NODE_ID": "tvm-1234567890_1-20261127t000000z",
+    }
 
 
 def _fake_clock(root: Path, bin_dir: Path, coming_up: dict[str, int | None]) -> None:
@@ -121,13 +134,19 @@ def run_start_task(
     command_line: str, root: Path, env: dict[str, str]
 ) -> subprocess.CompletedProcess:
     argv = shlex.split(command_line)  # Batch runs the command line without a shell
-    mount_fake_sysfs = (
+    return on_node(argv, root, env)
+
+
+def on_node(argv: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``argv`` run as on the fake node: its /sys/class/infiniband and its /var/lib."""
+    mount_fake_node = (
         "mount -t tmpfs none /sys/class && mkdir /sys/class/infiniband && "
-        'mount --bind "$0" /sys/class/infiniband && exec "$@"'
+        'mount --bind "$0/infiniband" /sys/class/infiniband && '
+        'mount --bind "$0/var-lib" /var/lib && exec "$@"'
     )
     return subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "/bin/bash", "-c", mount_fake_sysfs,
-         str(root / "infiniband"), *argv],
+        ["unshare", "--mount", "--propagation", "private", "/bin/bash", "-c", mount_fake_node,
+         str(root), *argv],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -240,6 +259,12 @@ FALLEN_OFF_THE_BUS = (
     "[  812.331204] NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, "
     "GPU has fallen off the bus.\n"
 )
+# ext4 after an I/O error on the node's temporary disk (fs/ext4/super.c, ext4_handle_error).
+READ_ONLY_DISK = (
+    "[ 1204.552101] EXT4-fs error (device sdb1): ext4_journal_check_start:83: comm python: "
+    "Detected aborted journal\n"
+    "[ 1204.552190] EXT4-fs (sdb1): Remounting filesystem read-only\n"
+)
 APPLICATION_FAULT = (
     "[  950.102311] NVRM: Xid (PCI:0000:1b:00): 13, pid=4242, name=python, Graphics SM "
     "Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address\n"
@@ -255,6 +280,10 @@ APPLICATION_FAULT = (
         (
             {"kernel_log": APPLICATION_FAULT + FALLEN_OFF_THE_BUS},
             "GPU Xid error in the kernel log since boot: Xid (PCI:0000:9b:00): 79, pid=",
+        ),
+        (
+            {"kernel_log": READ_ONLY_DISK},
+            "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only",
         ),
     ],
 )
@@ -278,3 +307,75 @@ def test_what_is_not_a_hardware_fault_passes(start_task, tmp_path):
     result = run_start_task(start_task, tmp_path, env)
     assert result.returncode == 0, result.stderr
     assert "node ok: 8 GPUs" in result.stdout
+
+
+def test_a_node_leaves_its_watcher_running_outside_the_start_tasks_process_tree(
+    start_task, tmp_path
+):
+    env = fake_node(tmp_path)
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    state = tmp_path / "var-lib" / "distributed-training"
+    assert {p.name for p in state.iterdir()} == {"node-check", "node-watch"}
+    # Stopped first (a start task may run again without a restart), then a transient unit.
+    assert (tmp_path / "systemctl").read_text() == f"stop {WATCH_UNIT}\n"
+    assert (tmp_path / "systemd-run").read_text().split() == [
+        "--quiet", "--collect", f"--unit={WATCH_UNIT}",
+        f"--setenv=AZ_BATCH_NODE_ROOT_DIR={env['AZ_BATCH_NODE_ROOT_DIR']}",
+        "/bin/bash", f"{STATE_DIR}/node-watch",
+    ]  # fmt: skip
+
+
+def test_a_node_that_kept_itself_out_fails_its_start_task_naming_why_and_the_fix(
+    start_task, tmp_path
+):
+    env = fake_node(tmp_path)  # healthy again: the restart cleared the kernel log
+    state = tmp_path / "var-lib" / "distributed-training"
+    state.mkdir()
+    (state / "kept-out").write_text("GPU Xid error ...: 79 since 2026-11-27T10:00:00Z\n")
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "start task: this node kept itself out of the pool: GPU Xid error ...: 79 since "
+        "2026-11-27T10:00:00Z; remove it from the pool (az batch node delete --pool-id ib-gpu "
+        f"--node-list {env['AZ_BATCH_NODE_ID']})"
+    ]
+    assert not (tmp_path / "systemd-run").exists()  # no watcher, no task
+
+
+def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(start_task, tmp_path):
+    """The watcher the start task left, run as systemd runs it (root, the Batch tree in its
+    environment): a request in a task's folder after a failed try gets ``ok`` while the node is
+    healthy; once the kernel has remounted a disk read-only, the answer names it, the node
+    records it where the next start task looks, and restarts."""
+    env = fake_node(tmp_path)
+    assert run_start_task(start_task, tmp_path, env).returncode == 0
+    task = Path(env["AZ_BATCH_NODE_ROOT_DIR"]) / "workitems" / "job" / "job-1" / "task"
+    task.mkdir(parents=True)
+    real = tmp_path / "real-time"  # the watcher's own sleep, fast, not the fake clock
+    real.mkdir()
+    (real / "sleep").write_text("#!/bin/bash\nexec /bin/sleep 0.05\n")
+    (real / "sleep").chmod(0o755)
+    watch_env = {**env, "PATH": f"{real}:{env['PATH']}"}
+    # A link a task user left where the answer goes: replaced, never written through.
+    target = tmp_path / "root-file"
+    target.write_text("root's\n")
+    (task / VERDICT).symlink_to(target)
+    (task / REQUEST).write_text("check\n")
+    watcher = on_node(["timeout", "3", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
+    assert watcher.returncode == 124, watcher.stderr  # still watching when timeout ended it
+    assert (task / VERDICT).read_text() == "ok\n" and not (task / VERDICT).is_symlink()
+    assert target.read_text() == "root's\n"
+    assert not (task / REQUEST).exists()
+
+    (tmp_path / "bin" / "dmesg").write_text(
+        f"#!/bin/bash\nprintf '%s' {shlex.quote(READ_ONLY_DISK)}\n"
+    )
+    (task / REQUEST).write_text("check\n")
+    watcher = on_node(["timeout", "3", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
+    assert watcher.returncode == 0, watcher.stderr  # it restarted the node and ended
+    reason = "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only"
+    assert (task / VERDICT).read_text() == f"sick {reason}\n"
+    kept = (tmp_path / "var-lib" / "distributed-training" / "kept-out").read_text()
+    assert kept.startswith(f"{reason} since 20")
+    assert (tmp_path / "systemctl").read_text().splitlines()[-1] == "reboot"

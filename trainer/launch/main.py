@@ -31,6 +31,7 @@ from trainer.launch.fabric import (
     worker_environment,
     workers_per_node,
 )
+from trainer.launch.node_check import check_node, wait_for_restart
 from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunLog, RunRecords, check_writable
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
 from trainer.launch.stop import STOP
@@ -297,7 +298,21 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
         if watcher.noticed:
             eviction.approve(watcher, log)
     hold = watcher if watcher is not None and watcher.noticed else None
+    if outcome.code != 0 and not outcome.interrupted and hold is None:
+        outcome = _checked(outcome, node, env, log)
     return ending.finish(outcome, args.defer_exit_code, hold=hold)
+
+
+def _checked(outcome: Outcome, node: Node, env: dict[str, str], log: RunLog) -> Outcome:
+    """A failed try's outcome once this node's watcher has checked the node: one that failed
+    keeps itself out of the pool (trainer.launch.node_check), which the outcome says."""
+    task_dir = env.get("AZ_BATCH_TASK_DIR")
+    reason = check_node(Path(task_dir) if task_dir else None, log.say)
+    if reason is None:
+        return outcome
+    kept_out = f"node {node.label} failed its checks and keeps itself out of the pool: {reason}"
+    log.say(kept_out)
+    return Outcome(outcome.code, f"{outcome.reason}; {kept_out}", kept_out=kept_out)
 
 
 def _uploader(args, node: Node, log: RunLog) -> LiveUploader | None:
@@ -345,5 +360,7 @@ class _Ending:
                 return outcome.code or 1
         if hold is not None:
             eviction.hold(hold, self.log)
+        elif outcome.kept_out:
+            wait_for_restart(self.log.say)
         self.log.close()
         return 0 if defer_exit_code else outcome.code

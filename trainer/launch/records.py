@@ -19,6 +19,7 @@ from typing import IO, Any, TypeVar
 
 from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.batch_env import LaunchError, host_list
+from trainer.launch.node_check import RESTART_GRACE_SECONDS
 from trainer.launch.rendezvous import publish_token, read_token
 from trainer.launch.store import POLL_SECONDS
 
@@ -46,6 +47,7 @@ class Outcome:
     code: int
     reason: str
     interrupted: bool = False
+    kept_out: str = ""  # why this node keeps itself out of the pool (trainer.launch.node_check)
 
 
 class RunLog:
@@ -186,6 +188,7 @@ class RunRecords:
                     f"{value}: a stale record; run the task again"
                 )
         failures: list[tuple[int, str]] = []
+        kept_out: list[str] = []
         interrupted = False
         deadline = time.monotonic() + wait
         for index, host in enumerate(hosts):
@@ -200,16 +203,34 @@ class RunRecords:
             elif outcome["code"] != 0:
                 failures.append((int(outcome["code"]), outcome["reason"]))
             interrupted = interrupted or bool(outcome and outcome.get("interrupted"))
-        if failures:
-            code, reason = failures[0]
-            summary = f"attempt {attempt} failed: {reason} (exit {code}); {KEEP_OUT_HINT}"
-        elif interrupted:
-            code, summary = INTERRUPTED_EXIT, f"attempt {attempt} was stopped by a signal"
-        else:
-            code, summary = 0, f"attempt {attempt}: every node finished"
-        out.write(f"===== {summary}\n")
+            if outcome and outcome.get("attempt") == attempt and outcome.get("kept_out"):
+                kept_out.append(outcome["kept_out"])
+        code, summary = _summary(attempt, failures, kept_out, interrupted)
+        restarting = bool(failures and kept_out)
+        if restarting:
+            out.write(
+                f"(ending the try in {RESTART_GRACE_SECONDS} s: a node that keeps itself out "
+                "restarts first, and Batch runs the task again without it)\n"
+            )
+        out.write(f"===== {summary}\n")  # the last line: dt-jobs status finds it by its mark
         out.flush()
+        if restarting:
+            # A restart under a running task is a recovery (trainer.launch.node_check).
+            sleep(RESTART_GRACE_SECONDS)
         return code
+
+
+def _summary(
+    attempt: str, failures: list[tuple[int, str]], kept_out: list[str], interrupted: bool
+) -> tuple[int, str]:
+    """The attempt's exit code and its report's last line."""
+    if failures:
+        code, reason = failures[0]
+        hint = "; ".join(kept_out) if kept_out else KEEP_OUT_HINT
+        return code, f"attempt {attempt} failed: {reason} (exit {code}); {hint}"
+    if interrupted:
+        return INTERRUPTED_EXIT, f"attempt {attempt} was stopped by a signal"
+    return 0, f"attempt {attempt}: every node finished"
 
 
 def _until_seen(

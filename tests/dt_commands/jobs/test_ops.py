@@ -321,7 +321,7 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     assert "request more for the Batch account, not the subscription" in pool[0]
     assert "1 of 1 node(s) failed their start task (tvm-0: The task process exited" in pool[1]
     # The start task's own last line on stderr (read through the Batch file API) says which
-    # check failed (infra.cluster.node_check_command).
+    # check failed (infra.node_checks.node_check_command).
     assert f"tvm-0's start task said: {GPU_FAULT})" in pool[1], pool[1]
     assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]
 

@@ -387,6 +387,7 @@ class Node:
     # SchedulingState: "disabled" after Compute Node - Disable Scheduling ("No new Tasks will be
     # scheduled on the Compute Node"; its running tasks finish with taskcompletion).
     scheduling: str = "enabled"
+    units: list[Proc] = field(default_factory=list)  # what systemd runs for the start task
 
     @property
     def id(self) -> str:
@@ -404,6 +405,11 @@ class Node:
     @property
     def shared_dir(self) -> Path:
         return self.root / "shared"
+
+    @property
+    def kmsg(self) -> Path:
+        """The kernel's log since boot (what dmesg prints on the node)."""
+        return self.hw / "kmsg"
 
     @property
     def startup_dir(self) -> Path:
@@ -534,10 +540,23 @@ class Cluster:
         smi = node.hw / "bin" / "nvidia-smi"
         smi.write_text(_nvidia_smi(self.pool.gpus, self.pool.gpu_name, self.driver))
         smi.chmod(0o755)
-        # The kernel's log, as the start task (the node's admin) reads it with dmesg.
+        # The kernel's log since boot, as the node's admin reads it with dmesg: a file, which a
+        # test may add to while the node runs and a restart empties.
+        node.kmsg.write_text(node.kernel_log)
         dmesg = node.hw / "bin" / "dmesg"
-        dmesg.write_text(f"#!/bin/sh\nprintf '%s' {shlex.quote(node.kernel_log)}\n")
+        dmesg.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(node.kmsg))}\n")
         dmesg.chmod(0o755)
+        # systemd, as far as the start task uses it: `systemd-run` records a transient unit,
+        # which the emulator starts once the start task succeeded (Batch nodes run systemd; a
+        # unit lives outside the start task's processes until the node restarts), and
+        # `systemctl reboot` asks the platform to restart the VM.
+        (node.hw / "units").mkdir(exist_ok=True)
+        for tool in ("systemd-run", "systemctl"):
+            stub = node.hw / "bin" / tool
+            stub.write_text(_SYSTEMD_STUB.format(python=sys.executable, hw=str(node.hw)))
+            stub.chmod(0o755)
+        # The node's /var/lib, on its OS disk: it survives a restart.
+        (node.hw / "var-lib").mkdir(exist_ok=True)
         # Each VM has its own hostname, which the VNet's DNS resolves to its private address.
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         hosts += [f"{n.ip} {n.hostname}" for n in self.nodes]
@@ -642,6 +661,11 @@ class Cluster:
         the pool's VMs it names."""
         seen = 0
         while not self._platform_stop.wait(0.2):
+            for node in self.nodes:
+                restart = node.hw / "reboot-requested"
+                if restart.exists():
+                    restart.unlink()
+                    self._take(node, "a restart from the node itself")
             approvals = self.approved()
             for _, event_id in approvals[seen:]:
                 if event_id in self._due:
@@ -668,6 +692,10 @@ class Cluster:
         self.log(f"node {node.index}: taken by {kind}")
         for run in list(self.runs):
             run.node_lost(node)
+        for unit in node.units:
+            unit.kill()
+        node.units.clear()
+        node.kmsg.write_text("")  # a new boot, a new kernel log
 
         def rejoin() -> None:
             time.sleep(REJOIN_SECONDS)
@@ -816,6 +844,7 @@ class Cluster:
         }
         stage = self.base / "stage" / f"start-n{node.index}"
         stage.mkdir(parents=True, exist_ok=True)
+        mounts = self._admin_mounts(node, stage)
         node.state = "starting"
         try:
             argv = _command_argv(task["commandLine"])
@@ -835,17 +864,36 @@ class Cluster:
                 user=user,
                 stdout=task_dir / "stdout.txt",
                 stderr=task_dir / "stderr.txt",
-                mounts=self._node_mounts(node, stage),
+                mounts=mounts,
             )
             code = proc.wait(120)
             proc.kill()
             node.start_task_exit = code
             self.log(f"node {node.index}: start task try {attempt} exited {code}")
             if code == 0:
+                self._start_units(node, mounts)
                 node.state = "idle"
                 return
         wait = task.get("waitForSuccess")
         node.state = "starttaskfailed" if wait is None or wait else "idle"
+
+    def _admin_mounts(self, node: Node, stage: Path) -> list[dict[str, Any]]:
+        """What the node's own processes (the start task, systemd's units) see: the node's
+        mounts and its /var/lib."""
+        var_lib = {"op": "bind", "src": str(node.hw / "var-lib"), "dst": "/var/lib"}
+        return [*self._node_mounts(node, stage), var_lib]
+
+    def _start_units(self, node: Node, mounts: list[dict[str, Any]]) -> None:
+        """Start the transient units the start task asked systemd for, as root."""
+        for request in sorted((node.hw / "units").glob("*.json")):
+            unit = json.loads(request.read_text())
+            request.unlink()
+            env = {"PATH": f"{node.hw / 'bin'}:{DEFAULT_PATH}", **unit["env"]}
+            log = self.base / "logs" / f"unit-{unit['name']}-n{node.index}.log"
+            name = f"unit-{unit['name']}-n{node.index}-{len(node.units)}"
+            proc = self.spawn(node, name, argv=unit["argv"], env=env, cwd=Path("/"), user=ROOT,
+                              stdout=log, stderr=log, mounts=mounts)  # fmt: skip
+            node.units.append(proc)
 
     # --- containers ------------------------------------------------------------------------------
     def _check_container(self, settings: dict[str, Any]) -> None:
@@ -1661,6 +1709,29 @@ def _readable_runtime(stage: Path) -> list[dict[str, Any]]:
                 ops += _hide_except(ancestor, [(target, True)], stage / ancestor.name)
                 break
     return ops
+
+
+# systemd-run (--unit, --setenv and the command; the other options change nothing here) and
+# systemctl (stop: units end when the node restarts, and the emulator reruns the start task
+# only then; reboot).
+_SYSTEMD_STUB = """#!{python}
+import json, os, sys
+from pathlib import Path
+hw, tool, args = Path({hw!r}), os.path.basename(sys.argv[0]), sys.argv[1:]
+if tool == "systemctl":
+    if args[:1] == ["reboot"]:
+        (hw / "reboot-requested").touch()
+    sys.exit(0)
+name, env = "", {{}}
+while args and args[0].startswith("--"):
+    option = args.pop(0)
+    if option.startswith("--unit="):
+        name = option.split("=", 1)[1]
+    elif option.startswith("--setenv="):
+        key, _, value = option.split("=", 1)[1].partition("=")
+        env[key] = value
+(hw / "units" / (name + ".json")).write_text(json.dumps({{"name": name, "env": env, "argv": args}}))
+"""
 
 
 def _nvidia_smi(gpus: int, name: str, driver: str) -> str:

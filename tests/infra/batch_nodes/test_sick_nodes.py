@@ -1,7 +1,8 @@
 """A node whose rank fails a try, on emulated Batch nodes: every launcher's log names it by its
-address and Batch node id, the try's report says how to keep it out, and once the operator has
-(``dt-jobs keep-out``, Batch's disable scheduling) the job's next run lands on the other nodes
-and resumes from the failed try's checkpoint."""
+address and Batch node id. A node that then fails its own checks keeps itself out: it restarts
+under the running task, its start task refuses it, and Batch's recovery runs the task on the
+other nodes, resuming from the failed try's checkpoint. A node that passes can be kept out by
+the operator (``dt-jobs keep-out``, Batch's disable scheduling)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,52 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
               RUN_SECONDS, "the rerun's resume", cluster, again)  # fmt: skip
     again.terminate("kill")
     assert again.wait(60), describe(cluster, again)
+
+
+# ext4 after an I/O error on the node's disk (fs/ext4/super.c): the node fails whatever it runs.
+READ_ONLY_DISK = (
+    "[ 1204.55] EXT4-fs error (device sdb1): ext4_journal_check_start:83: Detected aborted "
+    "journal\n[ 1204.56] EXT4-fs (sdb1): Remounting filesystem read-only\n"
+)
+
+
+def test_a_node_that_fails_its_checks_after_a_failed_try_keeps_itself_out_of_the_retry(
+    make_cluster, storage, cpu_stack
+):
+    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill")
+    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    sick = next(n for n in run.nodes if n is not run.master)
+    healthy = run.master
+    first = _current_attempt(folder)
+    # The node's disk fails under the run: the kernel remounts it read-only; its worker dies.
+    with sick.kmsg.open("a") as log:
+        log.write(READ_ONLY_DISK)
+    os.kill(_worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
+
+    # Every failed node asked its watcher; the sick one records why, restarts under the running
+    # task (Batch's recovery: no retry used), and its start task refuses it from then on.
+    _wait_for(lambda: run.tries, 120, "the try's end", cluster, run)
+    assert run.tries[0].recovered and run.retry_count == 0, describe(cluster, run)
+    reason = "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only"
+    logs = _folder_logs(folder, first)
+    kept_out = f"node {sick.ip} ({sick.id}) failed its checks and keeps itself out of the pool"
+    assert f"{kept_out}: {reason}" in logs, logs
+    assert "the node passed its checks" in logs, logs  # the healthy node's own check
+    _wait_for(lambda: sick.state == "starttaskfailed", 60, "the start task's refusal", cluster, run)
+    refusal = (sick.startup_dir / "stderr.txt").read_text()
+    assert f"start task: this node kept itself out of the pool: {reason} since 20" in refusal
+    assert f"--node-list {sick.id})" in refusal
+    assert sick.kmsg.read_text() == ""  # the restart emptied the log: the record holds it out
+
+    # The task runs again on the two other nodes and resumes.
+    _wait_for(lambda: run.state == "running" and sick not in run.nodes, RUN_SECONDS,
+              "the task's next try", cluster, run)  # fmt: skip
+    assert healthy in run.nodes and len(run.nodes) == 2, describe(cluster, run)
+    _wait_for(lambda: "resumed from" in _folder_logs(folder, _current_attempt(folder)),
+              RUN_SECONDS, "the resume", cluster, run)  # fmt: skip
+    run.terminate("kill")
+    assert run.wait(60), describe(cluster, run)

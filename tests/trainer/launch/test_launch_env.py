@@ -25,6 +25,7 @@ from trainer.launch.fabric import (
     workers_per_node,
 )
 from trainer.launch.main import build_parser, main
+from trainer.launch.node_check import RESTART_GRACE_SECONDS
 from trainer.launch.records import (
     INTERRUPTED_EXIT,
     KEEP_OUT_HINT,
@@ -250,6 +251,24 @@ def test_report_exits_with_the_recorded_outcome(tmp_path, outcomes, code, summar
     assert out.getvalue().splitlines()[-1].startswith(REPORT_MARK)
     if code not in (0, INTERRUPTED_EXIT):
         assert out.getvalue().rstrip().endswith(KEEP_OUT_HINT)
+
+
+def test_a_node_that_keeps_itself_out_is_the_reports_hint_and_the_try_waits_for_its_restart(
+    tmp_path,
+):
+    kept_out = "node 10.0.0.5 (tvm-2) failed its checks and keeps itself out of the pool: GPU 3"
+    outcomes = [
+        Outcome(1, "node 10.0.0.5 (tvm-2) worker 0 exited with -9"),
+        Outcome(1, f"node 10.0.0.5 (tvm-2) worker 0 exited with -9; {kept_out}", kept_out=kept_out),
+    ]
+    records, _ = _record(tmp_path, outcomes)
+    out = io.StringIO()
+    waits: list[float] = []
+    assert records.report(ENV, out, wait=0, sleep=waits.append) == 1
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith(REPORT_MARK) and last.endswith(f"(exit 1); {kept_out}")
+    assert KEEP_OUT_HINT not in out.getvalue()
+    assert waits == [RESTART_GRACE_SECONDS]
 
 
 def test_report_refuses_a_missing_or_stale_record(tmp_path):
