@@ -67,10 +67,12 @@ fail() {{ echo "start task: $*" >&2; exit 1; }}
   "remove it from the pool (az batch node delete --pool-id $AZ_BATCH_POOL_ID" \\
   "--node-list $AZ_BATCH_NODE_ID)"
 mkdir -p {STATE_DIR} && chmod 755 {STATE_DIR}
-cat > {STATE_DIR}/node-check <<'CHECK'
+cat > {STATE_DIR}/node-check.new <<'CHECK'
 {check}CHECK
-cat > {STATE_DIR}/node-watch <<'WATCH'
+cat > {STATE_DIR}/node-watch.new <<'WATCH'
 {_WATCH}WATCH
+mv -f {STATE_DIR}/node-check.new {STATE_DIR}/node-check
+mv -f {STATE_DIR}/node-watch.new {STATE_DIR}/node-watch
 {{ reason=$(bash {STATE_DIR}/node-check --wait 2>&1 1>&3 3>&-); }} 3>&1 || fail "$reason"
 {_RUNS_FOLDER}
 {_START_WATCH}"""
@@ -165,33 +167,41 @@ if [ ! -d "$runs" ] || [ "$(stat -c %a "$runs")" != {RUNS_MODE} ]; then
 fi"""
 
 # The watcher, a root loop over the requests in the node's task folders (AZ_BATCH_TASK_DIR is
-# workitems/<job>/job-1/<task>: batch-compute-node-environment-variables.md). A request's
-# content is never read and the answer is a new file (mktemp: O_EXCL) renamed over the verdict:
-# root follows no link a task user may have left in the folder. A node that fails is recorded
-# in KEPT_OUT first, then answered, then restarted RECORD_SECONDS later: a restart with a task
-# on the node is a recovery for Batch, which retries the task ("Batch will retry Tasks when a
-# recovery operation is triggered on a Node ... when an unhealthy Node is rebooted", BatchTask's
-# remarks), and the start task then finds the record.
+# workitems/<job>/job-1/<task>: batch-compute-node-environment-variables.md). Root only removes
+# a request (never reads it) and answers as the folder's owner (setpriv), so nothing a task user
+# leaves there makes root write or read anywhere. The check runs under timeout with its stderr in
+# a file: a hung nvidia-smi (a GPU fallen off the bus) holds no pipe open. A node that fails is
+# recorded in KEPT_OUT first (if its disk refuses, the answer says so and it stays up), then
+# answered; once the launcher took the answer (or RECORD_SECONDS passed) the node restarts. A
+# restart with a task on the node is a recovery for Batch, which runs the task again ("Batch
+# will retry Tasks when a recovery operation is triggered on a Node ... when an unhealthy Node
+# is rebooted", BatchTask's remarks), and the start task then finds the record.
 _WATCH = f"""set -uo pipefail
 shopt -s nullglob
 answer() {{
-  local file
-  file=$(mktemp -p "$folder") && printf '%s\\n' "$*" > "$file" && chmod 644 "$file" &&
-    mv -f "$file" "$folder/{VERDICT}"
+  printf '%s\\n' "$*" |
+    setpriv --reuid="$(stat -c %u "$folder")" --regid="$(stat -c %g "$folder")" \\
+      --clear-groups sh -c 'f=$(mktemp -p "$1") && cat > "$f" && mv -f "$f" "$1/{VERDICT}"' \\
+      sh "$folder"
 }}
 while sleep 1; do
   for request in "$AZ_BATCH_NODE_ROOT_DIR"/workitems/*/*/*/{REQUEST}; do
     folder=${{request%/*}}
-    rm -f "$request"
-    if reason=$(timeout {CHECK_TIMEOUT_SECONDS} bash {STATE_DIR}/node-check 2>&1 >/dev/null); then
-      answer ok
+    rm -f "$request" || continue
+    timeout -k 5 {CHECK_TIMEOUT_SECONDS} bash {STATE_DIR}/node-check >/dev/null \\
+      2>{STATE_DIR}/reason
+    case $? in
+      0) answer ok; continue ;;
+      124|137) reason="its checks did not finish in {CHECK_TIMEOUT_SECONDS} s" ;;
+      *) reason=$(cat {STATE_DIR}/reason); reason=${{reason//$'\\n'/; }} ;;
+    esac
+    if ! {{ printf '%s since %s\\n' "$reason" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \\
+        > {KEPT_OUT}.new && mv -f {KEPT_OUT}.new {KEPT_OUT}; }}; then
+      answer unrecorded "$reason"
       continue
     fi
-    reason=${{reason:-its checks did not finish in {CHECK_TIMEOUT_SECONDS} s}}
-    printf '%s since %s\\n' "$reason" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > {KEPT_OUT}.new
-    mv -f {KEPT_OUT}.new {KEPT_OUT}
     answer sick "$reason"
-    sleep {RECORD_SECONDS}
+    for _ in $(seq {RECORD_SECONDS}); do [ -e "$folder/{VERDICT}" ] && sleep 1 || break; done
     systemctl reboot
     exit 0
   done

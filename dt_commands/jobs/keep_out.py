@@ -1,6 +1,7 @@
 """``dt-jobs keep-out NODE...``: the job's next tries never land on these nodes of its pool
 (Batch's disable scheduling: a task running there finishes, no new one starts); ``--undo``
-lets them back. Why an operator does this and not the nodes themselves: docs/jobs.md."""
+lets them back. For a node whose rank failed but whose own checks pass: one they find sick keeps
+itself out (infra/node_checks.py). Why the nodes hold no right to do this: docs/jobs.md."""
 
 from __future__ import annotations
 

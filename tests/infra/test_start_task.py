@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs root and unshare for a private /sys/class/infiniband",
 )
 
+TASK_USER = 65534  # nobody: not root, as Batch's non-admin task users
 INFINIBAND = {f"mlx5_ib{i}": "InfiniBand" for i in range(8)} | {"mlx5_an0": "Ethernet"}
 
 
@@ -343,15 +345,24 @@ def test_a_node_that_kept_itself_out_fails_its_start_task_naming_why_and_the_fix
     assert not (tmp_path / "systemd-run").exists()  # no watcher, no task
 
 
-def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(start_task, tmp_path):
+def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(
+    start_task, tmp_path, request
+):
     """The watcher the start task left, run as systemd runs it (root, the Batch tree in its
     environment): a request in a task's folder after a failed try gets ``ok`` while the node is
     healthy; once the kernel has remounted a disk read-only, the answer names it, the node
     records it where the next start task looks, and restarts."""
     env = fake_node(tmp_path)
     assert run_start_task(start_task, tmp_path, env).returncode == 0
-    task = Path(env["AZ_BATCH_NODE_ROOT_DIR"]) / "workitems" / "job" / "job-1" / "task"
+    # The Batch tree as on a node: every folder down to a task's reachable by its user, who
+    # owns the task's folder (pytest's own folders are root's alone).
+    batch = Path(tempfile.mkdtemp(prefix="batch-root-"))
+    request.addfinalizer(lambda: shutil.rmtree(batch, ignore_errors=True))
+    batch.chmod(0o755)
+    env["AZ_BATCH_NODE_ROOT_DIR"] = str(batch)
+    task = batch / "workitems" / "job" / "job-1" / "task"
     task.mkdir(parents=True)
+    os.chown(task, TASK_USER, TASK_USER)
     real = tmp_path / "real-time"  # the watcher's own sleep, fast, not the fake clock
     real.mkdir()
     (real / "sleep").write_text("#!/bin/bash\nexec /bin/sleep 0.05\n")
@@ -366,13 +377,14 @@ def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(start_
     assert watcher.returncode == 124, watcher.stderr  # still watching when timeout ended it
     assert (task / VERDICT).read_text() == "ok\n" and not (task / VERDICT).is_symlink()
     assert target.read_text() == "root's\n"
+    assert (task / VERDICT).stat().st_uid == TASK_USER  # written as the folder's owner
     assert not (task / REQUEST).exists()
 
     (tmp_path / "bin" / "dmesg").write_text(
         f"#!/bin/bash\nprintf '%s' {shlex.quote(READ_ONLY_DISK)}\n"
     )
     (task / REQUEST).write_text("check\n")
-    watcher = on_node(["timeout", "3", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
+    watcher = on_node(["timeout", "5", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
     assert watcher.returncode == 0, watcher.stderr  # it restarted the node and ended
     reason = "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only"
     assert (task / VERDICT).read_text() == f"sick {reason}\n"

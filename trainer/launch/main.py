@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.defer_exit_code else INTERRUPTED_EXIT
     except OSError as err:
         fail(f"output_dir={args.run_dir}: cannot record the run ({err.strerror or err})", 1)
-    ending = _Ending(plan.node, store, plan.records, attempt, log, stop_server)
+    task_dir = Path(env["AZ_BATCH_TASK_DIR"]) if env.get("AZ_BATCH_TASK_DIR") else None
+    ending = _Ending(plan.node, store, plan.records, attempt, log, stop_server, task_dir)
     return _run(args, plan, env, store, ending)
 
 
@@ -299,15 +300,14 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
             eviction.approve(watcher, log)
     hold = watcher if watcher is not None and watcher.noticed else None
     if outcome.code != 0 and not outcome.interrupted and hold is None:
-        outcome = _checked(outcome, node, env, log)
+        outcome = _checked(outcome, node, ending.task_dir, log)
     return ending.finish(outcome, args.defer_exit_code, hold=hold)
 
 
-def _checked(outcome: Outcome, node: Node, env: dict[str, str], log: RunLog) -> Outcome:
+def _checked(outcome: Outcome, node: Node, task_dir: Path | None, log: RunLog) -> Outcome:
     """A failed try's outcome once this node's watcher has checked the node: one that failed
     keeps itself out of the pool (trainer.launch.node_check), which the outcome says."""
-    task_dir = env.get("AZ_BATCH_TASK_DIR")
-    reason = check_node(Path(task_dir) if task_dir else None, log.say)
+    reason = check_node(task_dir, log.say)
     if reason is None:
         return outcome
     kept_out = f"node {node.label} failed its checks and keeps itself out of the pool: {reason}"
@@ -338,6 +338,7 @@ class _Ending:
     attempt: str
     log: RunLog
     stop_server: Callable[[], None] | None
+    task_dir: Path | None = None  # AZ_BATCH_TASK_DIR: where the node check's files are
 
     def finish(
         self,
@@ -361,6 +362,6 @@ class _Ending:
         if hold is not None:
             eviction.hold(hold, self.log)
         elif outcome.kept_out:
-            wait_for_restart(self.log.say)
+            wait_for_restart(self.task_dir, self.log.say)
         self.log.close()
         return 0 if defer_exit_code else outcome.code

@@ -7,8 +7,8 @@ container always mounts.
 
 from __future__ import annotations
 
+import contextlib
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,25 +62,35 @@ def check_node(
             return None
         if result.startswith("sick"):
             return result.removeprefix("sick").strip() or "its checks failed"
+        if result.startswith("unrecorded"):
+            failed = result.removeprefix("unrecorded").strip()
+            say(f"the node failed its checks ({failed}) but cannot record it, so it cannot keep "
+                "itself out: `dt-jobs keep-out` it")  # fmt: skip
+            return None
         time.sleep(poll)
     say(f"no node check verdict within {timeout:g} s: going on without one")
     return None
 
 
-# A node that keeps itself out restarts RECORD_SECONDS after its verdict (infra/node_checks.py),
-# time for its launcher to record why. Its launcher then holds its part of the try, and the
-# primary's report waits RESTART_GRACE_SECONDS before it ends the try, so that Batch sees the
-# restart take a running task (a recovery: the task runs again, and the node, whose start task
-# now fails, gets none of it). Past RESTART_WAIT_SECONDS the launcher exits (a counted retry).
-RECORD_SECONDS = 5
-RESTART_GRACE_SECONDS = RECORD_SECONDS + 20
+# A node that keeps itself out restarts once its launcher has recorded why and taken the verdict
+# (removed the file), or RECORD_SECONDS after the verdict (infra/node_checks.py). The launcher
+# then holds its part of the try, so that the restart takes a running task: for Batch a
+# recovery, which runs the task again, without the node, whose start task now fails. Past
+# RESTART_WAIT_SECONDS it exits, and the try fails as any other.
+RECORD_SECONDS = 30
 RESTART_WAIT_SECONDS = 120
 
 
-def wait_for_restart(say: Callable[[str], None], seconds: float = RESTART_WAIT_SECONDS) -> None:
-    """Wait (``seconds`` at most; a SIGTERM ends it) for the node to restart."""
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: done.set())
+def wait_for_restart(
+    task_dir: Path | None, say: Callable[[str], None], seconds: float = RESTART_WAIT_SECONDS
+) -> None:
+    """Take the verdict (the node may restart now) and wait ``seconds`` at most for it. A
+    SIGTERM is the restart coming (Docker and systemd stop processes first): ignored, so that
+    the task is still running when the VM goes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if task_dir is not None:
+        with contextlib.suppress(OSError):
+            (task_dir / VERDICT).unlink(missing_ok=True)
     say("waiting for this node to restart")
-    if not done.wait(seconds):
-        say(f"the node did not restart within {seconds:g} s: exiting")
+    time.sleep(seconds)
+    say(f"the node did not restart within {seconds:g} s: exiting")

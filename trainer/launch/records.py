@@ -19,7 +19,6 @@ from typing import IO, Any, TypeVar
 
 from trainer.files import ensure_writable_folder, write_atomic
 from trainer.launch.batch_env import LaunchError, host_list
-from trainer.launch.node_check import RESTART_GRACE_SECONDS
 from trainer.launch.rendezvous import publish_token, read_token
 from trainer.launch.store import POLL_SECONDS
 
@@ -33,8 +32,9 @@ INTERRUPTED_EXIT = 75
 # opens such a file by name again until this passed (the lookup then reaches the server).
 NFS_CACHE_SECONDS = 60
 
-# A failed attempt's summary ends with what an operator can do about the node it names; the
-# nodes themselves hold no right over their pool (docs/jobs.md, A node that fails).
+# A failed attempt's summary ends with what an operator can do about the node it names, unless a
+# node failed its own checks and keeps itself out (trainer.launch.node_check); the nodes hold
+# no right over their pool (docs/jobs.md, A node that fails).
 KEEP_OUT_HINT = "to keep a sick node out of the next tries: dt-jobs keep-out NODE_ID"
 
 _T = TypeVar("_T")
@@ -206,17 +206,8 @@ class RunRecords:
             if outcome and outcome.get("attempt") == attempt and outcome.get("kept_out"):
                 kept_out.append(outcome["kept_out"])
         code, summary = _summary(attempt, failures, kept_out, interrupted)
-        restarting = bool(failures and kept_out)
-        if restarting:
-            out.write(
-                f"(ending the try in {RESTART_GRACE_SECONDS} s: a node that keeps itself out "
-                "restarts first, and Batch runs the task again without it)\n"
-            )
         out.write(f"===== {summary}\n")  # the last line: dt-jobs status finds it by its mark
         out.flush()
-        if restarting:
-            # A restart under a running task is a recovery (trainer.launch.node_check).
-            sleep(RESTART_GRACE_SECONDS)
         return code
 
 
@@ -226,8 +217,11 @@ def _summary(
     """The attempt's exit code and its report's last line."""
     if failures:
         code, reason = failures[0]
-        hint = "; ".join(kept_out) if kept_out else KEEP_OUT_HINT
-        return code, f"attempt {attempt} failed: {reason} (exit {code}); {hint}"
+        # A node that keeps itself out (and did not restart in time: trainer.launch.node_check)
+        # is named once, whether or not its own failure is the first.
+        hint = "; ".join(k for k in kept_out if k not in reason) if kept_out else KEEP_OUT_HINT
+        hint = f"; {hint}" if hint else ""
+        return code, f"attempt {attempt} failed: {reason} (exit {code}){hint}"
     if interrupted:
         return INTERRUPTED_EXIT, f"attempt {attempt} was stopped by a signal"
     return 0, f"attempt {attempt}: every node finished"

@@ -150,8 +150,9 @@ def pool_spec(gpu_stack) -> PoolSpec:
     return gpu_stack.pool
 
 
-# --- the VNet and the storage account ---
-@pytest.fixture(scope="module")
+# --- the VNet and the storage account: one of each for the session, as every test's cluster is
+# a new pool in the same subnet and account (make_cluster empties what a job could resume from).
+@pytest.fixture(scope="session")
 def fabric(gpu_stack) -> Iterator[Fabric]:
     if os.geteuid() != 0:
         pytest.skip("the Batch emulator runs nodes in namespaces and as other users: needs root")
@@ -171,7 +172,7 @@ def fabric(gpu_stack) -> Iterator[Fabric]:
             folder.chmod(folder.stat().st_mode & ~stat.S_IXOTH)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def storage(fabric, gpu_stack) -> Iterator[Storage]:
     """Azurite as the stack's storage account: HTTPS on the VNet, bearer tokens accepted
     (``--oauth basic`` checks issuer, audience and lifetime), the stack's blob containers."""
@@ -240,7 +241,7 @@ def make_cluster(fabric, storage, request):
         ib_down: dict[int, str] = options.pop("ib_down", {})
         kernel_log: dict[int, str] = options.pop("kernel_log", {})
         # Each cluster is a new stack with a new NFS share, but the storage account is shared
-        # by the module's tests: without this, a job with the settings of an earlier test's job
+        # by the session's tests: without this, a job with the settings of an earlier test's job
         # (the same run folder) resumes from that job's mirrored checkpoint, as a stack whose
         # NFS server was replaced rightly does (trainer.checkpoint_mirror), and ends at once.
         blob(fabric, storage, "empty-container", container="checkpoints")

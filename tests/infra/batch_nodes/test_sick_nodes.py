@@ -9,11 +9,12 @@ from __future__ import annotations
 import io
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from dt_commands.jobs.keep_out import keep_out
-from tests.infra.batch_nodes.batch import JobRun, NodeScheduling
+from tests.infra.batch_nodes.batch import Cluster, JobRun, NodeScheduling
 from tests.infra.batch_nodes.test_training_job import (
     RUN_SECONDS,
     TINY,
@@ -34,6 +35,19 @@ from trainer.launch.records import KEEP_OUT_HINT
 pytestmark = pytest.mark.processes
 
 
+# Longer than any test waits: a test ends the job itself.
+LONG_RUN = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+
+
+def _checkpointed_run(cluster: Cluster, stack, storage) -> tuple[JobRun, Path]:
+    """A LONG_RUN job on two of the cluster's nodes, once it wrote a checkpoint; its folder."""
+    spec = make_spec(stack, storage, trainer_args=LONG_RUN)
+    run = submit(cluster, spec)
+    folder = run_folder(cluster, spec)
+    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    return run, folder
+
+
 def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     make_cluster, storage, cpu_stack, monkeypatch
 ):
@@ -49,11 +63,7 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
         return result
 
     monkeypatch.setattr(JobRun, "_try", keep_the_report)
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
-    run = submit(cluster, spec)
-    folder = run_folder(cluster, spec)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    run, folder = _checkpointed_run(cluster, cpu_stack, storage)
     sick = next(n for n in run.nodes if n is not run.master)
     first = _current_attempt(folder)
     os.kill(_worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
@@ -74,7 +84,7 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     out = io.StringIO()
     assert keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out) == 0
     assert f"node {sick.id} takes no new task" in out.getvalue()
-    again = submit(cluster, make_spec(cpu_stack, storage, trainer_args=args))
+    again = submit(cluster, make_spec(cpu_stack, storage, trainer_args=LONG_RUN))
     _wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
     assert sick not in again.nodes and len(again.nodes) == 2, describe(cluster, again)
     _wait_for(lambda: "resumed from" in _folder_logs(folder, _current_attempt(folder)),
@@ -94,11 +104,7 @@ def test_a_node_that_fails_its_checks_after_a_failed_try_keeps_itself_out_of_the
     make_cluster, storage, cpu_stack
 ):
     cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill")
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
-    run = submit(cluster, spec)
-    folder = run_folder(cluster, spec)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    run, folder = _checkpointed_run(cluster, cpu_stack, storage)
     sick = next(n for n in run.nodes if n is not run.master)
     healthy = run.master
     first = _current_attempt(folder)

@@ -25,7 +25,6 @@ from trainer.launch.fabric import (
     workers_per_node,
 )
 from trainer.launch.main import build_parser, main
-from trainer.launch.node_check import RESTART_GRACE_SECONDS
 from trainer.launch.records import (
     INTERRUPTED_EXIT,
     KEEP_OUT_HINT,
@@ -253,9 +252,7 @@ def test_report_exits_with_the_recorded_outcome(tmp_path, outcomes, code, summar
         assert out.getvalue().rstrip().endswith(KEEP_OUT_HINT)
 
 
-def test_a_node_that_keeps_itself_out_is_the_reports_hint_and_the_try_waits_for_its_restart(
-    tmp_path,
-):
+def test_a_node_that_kept_itself_out_but_did_not_restart_is_named_once_in_the_summary(tmp_path):
     kept_out = "node 10.0.0.5 (tvm-2) failed its checks and keeps itself out of the pool: GPU 3"
     outcomes = [
         Outcome(1, "node 10.0.0.5 (tvm-2) worker 0 exited with -9"),
@@ -263,12 +260,16 @@ def test_a_node_that_keeps_itself_out_is_the_reports_hint_and_the_try_waits_for_
     ]
     records, _ = _record(tmp_path, outcomes)
     out = io.StringIO()
-    waits: list[float] = []
-    assert records.report(ENV, out, wait=0, sleep=waits.append) == 1
+    assert records.report(ENV, out, wait=0) == 1
     last = out.getvalue().splitlines()[-1]
     assert last.startswith(REPORT_MARK) and last.endswith(f"(exit 1); {kept_out}")
-    assert KEEP_OUT_HINT not in out.getvalue()
-    assert waits == [RESTART_GRACE_SECONDS]
+    assert KEEP_OUT_HINT not in out.getvalue() and last.count(kept_out) == 1
+    # Its own failure first: the reason names it already.
+    records, _ = _record(tmp_path, outcomes[::-1])
+    out = io.StringIO()
+    assert records.report(ENV, out, wait=0) == 1
+    last = out.getvalue().splitlines()[-1]
+    assert last.endswith(f"{kept_out} (exit 1)") and last.count(kept_out) == 1
 
 
 def test_report_refuses_a_missing_or_stale_record(tmp_path):

@@ -4,11 +4,13 @@ and answers by replacing the verdict file."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 
-from trainer.launch.node_check import REQUEST, VERDICT, check_node
+from trainer.launch.node_check import REQUEST, VERDICT, check_node, wait_for_restart
 
 
 def watcher(task_dir: Path, answer: str | None, stop: threading.Event) -> threading.Thread:
@@ -49,6 +51,31 @@ def test_a_healthy_node_goes_on_and_says_so(tmp_path):
 def test_a_sick_node_returns_the_watchers_reason(tmp_path):
     result, _ = ask(tmp_path, "sick GPU 3: 2 uncorrectable ECC errors since boot")
     assert result == "GPU 3: 2 uncorrectable ECC errors since boot"
+
+
+def test_a_node_that_cannot_record_its_failure_stays_and_says_how_to_keep_it_out(tmp_path):
+    result, said = ask(tmp_path, "unrecorded a file system failed since boot: EXT4-fs (sda1)")
+    assert result is None
+    assert said[-1] == (
+        "the node failed its checks (a file system failed since boot: EXT4-fs (sda1)) but cannot "
+        "record it, so it cannot keep itself out: `dt-jobs keep-out` it"
+    )
+
+
+def test_waiting_for_the_restart_takes_the_verdict_and_outlasts_a_sigterm(tmp_path):
+    """The watcher restarts the node once the verdict is gone; the SIGTERM that comes first
+    (Docker's and systemd's stop) must not end the task before the VM goes."""
+    (tmp_path / VERDICT).write_text("sick GPU 3\n")
+    said: list[str] = []
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        wait_for_restart(tmp_path, said.append, seconds=0.5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not (tmp_path / VERDICT).exists()
+    assert said == ["waiting for this node to restart",
+                    "the node did not restart within 0.5 s: exiting"]  # fmt: skip
 
 
 def test_without_a_watcher_the_request_is_withdrawn_after_a_few_seconds(tmp_path):
