@@ -3,8 +3,8 @@
 The pool: an HPC image with its node agent, containers pulled from the registry by managed
 identity, the NFS share mounted on every node, inter-node communication for multi-instance
 (MPI/NCCL) tasks, simplified node communication with no public IPs, fixed size or an autoscale
-formula that drops to zero when idle, and a start task that fails any node missing a GPU or an
-InfiniBand link, so a job never lands on a broken node.
+formula that drops to zero when idle, and a start task that fails a sick node, so a job never
+lands on it (infra/node_checks.py: the checks, and the watcher that keeps a node out later).
 """
 
 from __future__ import annotations

@@ -75,6 +75,12 @@ STOP_GRACE_SECONDS = 10.0
 # own shared folder (AZ_BATCH_TASK_SHARED_DIR of a multi-instance task; for another task, its
 # own folder), under which AZ_BATCH_NODE_SHARED_DIR is not in the container at all.
 SHARED_READINGS = ("node", "task")
+# What a restart from inside the VM (systemctl reboot) does to the task running there. Batch
+# "will retry Tasks when a recovery operation is triggered on a Node ... when an unhealthy Node
+# is rebooted ... not counted against the maxTaskRetryCount" (BatchTask's remarks), but does not
+# say whether a restart it did not order is one: "recovery", the task requeued without using a
+# retry, or "failure", its processes die and the try fails as any other.
+GUEST_RESTART_READINGS = ("recovery", "failure")
 TENANT = "00000000-0000-0000-0000-0000000000aa"
 # Scheduled Events (articles/virtual-machines/linux/scheduled-events.md): the first request on a
 # VM may be answered "up to two minutes" late; here a few seconds, more than the two seconds the
@@ -444,6 +450,7 @@ class Cluster:
         nfs_view: tuple[int, float] | None = (0, NFS_VIEW_SECONDS),
         shared: str = "node",
         placement: str = "same",
+        guest_restart: str = "recovery",
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
@@ -453,6 +460,9 @@ class Cluster:
         if placement not in PLACEMENTS:
             raise ValueError(f"placement={placement!r}: one of {PLACEMENTS}")
         self.placement = placement  # where a retry runs (tests/infra/batch_nodes/placement.py)
+        if guest_restart not in GUEST_RESTART_READINGS:
+            raise ValueError(f"guest_restart={guest_restart!r}: one of {GUEST_RESTART_READINGS}")
+        self.guest_restart = guest_restart
         self.base, self.fabric, self.pool, self.image = base, fabric, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
@@ -665,7 +675,8 @@ class Cluster:
                 restart = node.hw / "reboot-requested"
                 if restart.exists():
                     restart.unlink()
-                    self._take(node, "a restart from the node itself")
+                    recovery = self.guest_restart == "recovery"
+                    self._take(node, "a restart from the node itself", recovery)
             approvals = self.approved()
             for _, event_id in approvals[seen:]:
                 if event_id in self._due:
@@ -685,13 +696,14 @@ class Cluster:
                     if node.vm_name in event["Resources"] and event["EventType"] != "Freeze":
                         self._take(node, event["EventType"])
 
-    def _take(self, node: Node, kind: str) -> None:
+    def _take(self, node: Node, kind: str, recovery: bool = True) -> None:
         """The VM goes away (preempted, rebooted, redeployed, deleted): every process on it
-        dies with it; the node comes back after REJOIN_SECONDS and runs the start task."""
+        dies with it; the node comes back after REJOIN_SECONDS and runs the start task. Unless
+        ``recovery``, its tasks' processes just die: the tries fail as any other."""
         node.state = "preempted" if kind == "Preempt" else "rebooting"
         self.log(f"node {node.index}: taken by {kind}")
         for run in list(self.runs):
-            run.node_lost(node)
+            run.node_lost(node, recovery)
         for unit in node.units:
             unit.kill()
         node.units.clear()
@@ -1325,17 +1337,17 @@ class JobRun(threading.Thread):
             if all(n.index in prepared for n in self.nodes) or prep.get("waitForSuccess") is False:
                 return True
 
-    def node_lost(self, node: Node) -> None:
+    def node_lost(self, node: Node, recovery: bool = True) -> None:
         """The platform took ``node``. If a process of the current try still ran there, it dies
-        with the VM and the try is recovered (see ``_run``); a node whose part of the try had
-        already returned loses nothing."""
+        with the VM and (under ``recovery``) the try is recovered (see ``_run``); a node whose
+        part of the try had already returned loses nothing."""
         if self.state != "running" or node not in self.nodes:
             return
         procs = [self.running.get(node.index)]
         if node is self.master:
             procs.append(self.application)
         live = [p for p in procs if p is not None and not p.done.is_set()]
-        if live:
+        if live and recovery:
             self._lost.add(node.index)
         for proc in live:
             proc.kill()
