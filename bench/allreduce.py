@@ -22,17 +22,21 @@ from bench.common import REPO, horovodrun, save, torchrun
 from bench.scaling import BASELINE
 from trainer.cli import OneLineParser
 
-# Each row: its launcher, the probe's engine, and its environment (the baseline's: set in main()).
-ENGINES = {
-    "horovod": (horovodrun, "horovod", {}),
-    BASELINE: (horovodrun, "horovod", {}),
-    "ddp": (torchrun, "ddp", {}),
-}
+
+def engines(baseline_env: dict[str, str]) -> dict:
+    """Each row: its launcher, the probe's engine, and its environment (the baseline's puts its
+    engine first on PYTHONPATH: ``bench.baseline_horovod.row_env``)."""
+    return {
+        "horovod": (horovodrun, "horovod", {}),
+        BASELINE: (horovodrun, "horovod", baseline_env),
+        "ddp": (torchrun, "ddp", {}),
+    }
 
 
-def allreduce_ms(row: str, workers: int) -> float:
-    """One launch of bench.allreduce_probe: its median milliseconds per allreduce."""
-    launcher, engine, env = ENGINES[row]
+def allreduce_ms(row: tuple, workers: int) -> float:
+    """One launch of bench.allreduce_probe for ``row`` (of ``engines()``): its median
+    milliseconds per allreduce."""
+    launcher, engine, env = row
     command = [*launcher(workers), "-m", "bench.allreduce_probe", engine]
     result = subprocess.run(
         command,
@@ -62,11 +66,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"allreduce of 47 MB (ResNet-18's gradients), {args.workers} ranks, Gloo on 127.0.0.1")
-    ENGINES[BASELINE] = (horovodrun, "horovod", baseline_horovod.row_env())
-    rounds: dict[str, list[float]] = {row: [] for row in ENGINES}
+    rows = engines(baseline_horovod.row_env())
+    rounds: dict[str, list[float]] = {name: [] for name in rows}
     for number in range(1, args.rounds + 1):
-        for row in ENGINES:
-            rounds[row].append(allreduce_ms(row, args.workers))
+        for name, row in rows.items():
+            rounds[name].append(allreduce_ms(row, args.workers))
         print(f"round {number}: " + ", ".join(f"{e} {ms[-1]:.1f} ms" for e, ms in rounds.items()))
     medians = {engine: statistics.median(ms) for engine, ms in rounds.items()}
     print(

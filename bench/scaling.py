@@ -78,12 +78,19 @@ BASELINE = "horovod, first patch only"
 # their medians, so that a slow spell of this shared machine falls on both alike; the variants
 # run once each.
 ROUNDS = 5
-ENGINES = {
-    "horovod": (horovodrun, ["--backend", "horovod"], {}),
-    BASELINE: (horovodrun, ["--backend", "horovod"], {}),  # its PYTHONPATH: set in main()
-    "ddp": (torchrun, ["--backend", "ddp"], {}),
-    "independent": (None, ["--backend", "local"], {}),
-}
+
+
+def engines(baseline_env: dict[str, str]) -> dict:
+    """The rows that take turns; the baseline's environment puts its engine first on
+    PYTHONPATH (``bench.baseline_horovod.row_env``)."""
+    return {
+        "horovod": (horovodrun, ["--backend", "horovod"], {}),
+        BASELINE: (horovodrun, ["--backend", "horovod"], baseline_env),
+        "ddp": (torchrun, ["--backend", "ddp"], {}),
+        "independent": (None, ["--backend", "local"], {}),
+    }
+
+
 VARIANTS = {
     # Horovod's own default cycle (1 ms) against the trainer's choice for Gloo on CPUs.
     "horovod 1 ms cycle": (horovodrun, ["--backend", "horovod", *CYCLE_1MS], {}),
@@ -119,14 +126,17 @@ def run(launcher: list[str], flags: list[str], env: dict[str, str]) -> Run:
     )
 
 
-def measure(workers: int, steps: int, rounds: int = ROUNDS, variants: bool = True) -> dict:
+def measure(
+    workers: int, steps: int, rows: dict, rounds: int = ROUNDS, variants: bool = True
+) -> dict:
+    """``rows`` (``engines()``) in turns for ``rounds`` rounds, then the variants once each."""
     flags = [*MODEL, "--max-steps", str(steps), "--synthetic-size", str(BATCH * steps * workers)]
     single_flags = [*flags[:-1], str(BATCH * steps)]
     one_thread = {"OMP_NUM_THREADS": "1"}
     samples: dict[str, tuple[list[Run], list[Run]]] = {}
-    plan = [name for _ in range(rounds) for name in ENGINES] + (list(VARIANTS) if variants else [])
+    plan = [name for _ in range(rounds) for name in rows] + (list(VARIANTS) if variants else [])
     for name in plan:
-        launcher, extra, env = {**ENGINES, **VARIANTS}[name]
+        launcher, extra, env = {**rows, **VARIANTS}[name]
         base = {**one_thread, **env}
         single, multi = samples.setdefault(name, ([], []))
         if launcher is None:
@@ -220,8 +230,8 @@ def main() -> None:
         f"{'engine':<24}{'1 worker':>10}{f'{args.workers} workers':>12}{'efficiency':>12}"
         f"{'vs plain worker':>16}"
     )
-    ENGINES[BASELINE] = (horovodrun, ["--backend", "horovod"], baseline_horovod.row_env())
-    rows = measure(args.workers, args.steps, args.rounds, not args.no_variants)
+    table = engines(baseline_horovod.row_env())
+    rows = measure(args.workers, args.steps, table, args.rounds, not args.no_variants)
     horovod, ddp = rows["horovod"]["efficiency"], rows["ddp"]["efficiency"]
     throughput = f"images_per_sec_{args.workers}"
     ceiling = rows["independent"]["efficiency"]
