@@ -12,7 +12,10 @@ python=${PYTHON:-python3}
 }
 cache_dir=${1:?usage: setup_env.sh CACHE_DIR (the Makefile gives it)}
 venv=.venv
+# --no-compile: pip would byte-compile every installed module (about a minute here, most of it
+# the thousands of Azure modules no test imports); Python compiles what is imported, once.
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+install=("${pip[@]}" install --quiet --no-compile)
 
 # apt_install PACKAGE WHAT: Debian's PACKAGE, for WHAT was missing; exits naming both if it fails.
 apt_install() {
@@ -28,14 +31,14 @@ apt_install() {
 
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 # torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
-"${pip[@]}" install --quiet "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
-"${pip[@]}" install --quiet --no-build-isolation --editable ".[infra,dev]"
+"${install[@]}" "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
+"${install[@]}" --no-build-isolation --editable ".[infra,dev]"
 
 wheel=$(scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels")
 # Installed unless this very wheel is (a changed patch or torch builds another one).
 if [ "$(cat "$venv/.horovod-wheel" 2>/dev/null)" != "$wheel" ] \
   || ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
-  "${pip[@]}" install --quiet --no-deps --force-reinstall "$wheel"
+  "${install[@]}" --no-deps --force-reinstall "$wheel"
   echo "$wheel" >"$venv/.horovod-wheel"
 fi
 # Capture first: `grep -q` exits at the first match and would break horovodrun's pipe.
@@ -51,14 +54,19 @@ scripts/build_jpeg_region.sh "$venv/bin/python" >/dev/null 2>&1 || {
   apt_install libjpeg-dev "libjpeg-turbo's headers"
   scripts/build_jpeg_region.sh "$venv/bin/python" >/dev/null
 }
-# Azurite, the Blob storage emulator the data-path tests run against on 127.0.0.1 (npm).
+# Azurite, the Blob storage emulator the data-path tests run against on 127.0.0.1 (npm), installed
+# once per version into the cache (half a minute of npm) and linked into the venv.
 azurite_version=3.37.0
-if [ "$("$venv/azurite/node_modules/.bin/azurite-blob" --version 2>/dev/null)" != "$azurite_version" ]; then
-  npm install --silent --no-audit --no-fund --prefix "$venv/azurite" "azurite@$azurite_version" || {
+azurite="$cache_dir/azurite-$azurite_version"
+if [ "$("$azurite/node_modules/.bin/azurite-blob" --version 2>/dev/null)" != "$azurite_version" ]; then
+  rm -rf "$azurite.tmp" && mkdir -p "$cache_dir"
+  npm install --silent --no-audit --no-fund --prefix "$azurite.tmp" "azurite@$azurite_version" || {
     echo "error: npm could not install azurite@$azurite_version (needs Node.js and npm)" >&2
     exit 1
   }
+  rm -rf "$azurite" && mv "$azurite.tmp" "$azurite"
 fi
+rm -rf "$venv/azurite" && ln -s "$azurite" "$venv/azurite"
 # `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
 command -v cloud-init >/dev/null 2>&1 || apt_install cloud-init cloud-init
 echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _pytest.mark.expression import Expression  # what -m compiles its expression with
 
 from dt_commands.stacks import all_stacks, changed_stacks, job_stacks
 
@@ -65,15 +66,31 @@ def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
     assert ("1 seam test(s) skipped for want of root" in result.stdout) == bool(ci)
 
 
-def _collected(*args: str) -> list[str]:
-    """The test ids ``pytest args`` would run, collected as that command line collects them."""
+# Prints each collected test's id and marker names: one collection, which the passes' -m
+# expressions are then evaluated against, instead of a collection per pass.
+MARKER_PLUGIN = """
+def pytest_collection_finish(session):
+    for item in session.items:
+        print("collected", item.nodeid, ",".join(sorted({m.name for m in item.iter_markers()})))
+"""
+
+
+def _collected_markers(plugin_dir: Path) -> dict[str, set[str]]:
+    """Every test id a plain ``pytest tests`` collects, with its markers' names."""
+    (plugin_dir / "marker_dump.py").write_text(MARKER_PLUGIN)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "marker_dump", "tests"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(plugin_dir)))},
     )  # fmt: skip
-    assert result.returncode in (0, 5), result.stdout[-3000:] + result.stderr[-3000:]
-    return [line for line in result.stdout.splitlines() if "::" in line]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("collected "):
+            _, nodeid, *marks = line.split(" ")
+            found[nodeid] = set(marks[0].split(",")) if marks and marks[0] else set()
+    return found
 
 
 def _make_test_passes() -> list[list[str]]:
@@ -93,16 +110,27 @@ def _make_test_passes() -> list[list[str]]:
     return passes
 
 
-def test_make_test_runs_every_test_exactly_once():
+def test_make_test_runs_every_test_exactly_once(tmp_path):
     """make test's two passes (the tests that start no multi-process run on both cores, those
     marked ``processes`` one at a time) run between them every test a plain run collects, each
-    in one pass only."""
+    in one pass only: each pass's ``-m`` evaluated as pytest evaluates it on every test."""
     passes = _make_test_passes()
-    assert len(passes) == 2 and all("-m" in argv for argv in passes), passes
-    runs = [_collected(*argv) for argv in passes]
+    assert len(passes) == 2, passes
+    for argv in passes:
+        assert len(argv) == 3 and argv[0] == "-m" and argv[2] == "tests", argv
+    collected = _collected_markers(tmp_path)
+    assert collected
+    runs = [
+        [
+            nodeid
+            for nodeid, marks in collected.items()
+            if Expression.compile(expr).evaluate(lambda name, /, marks=marks, **_: name in marks)
+        ]
+        for _, expr, _ in passes
+    ]
     assert all(runs), "a pass of make test runs no test"
     assert not set(runs[0]) & set(runs[1]), "tests run in both passes"
-    assert sorted(runs[0] + runs[1]) == sorted(_collected("tests"))
+    assert sorted(runs[0] + runs[1]) == sorted(collected)
 
 
 # What starts a real multi-process run in a test: the two-worker launchers, the simulated

@@ -9,13 +9,15 @@
                Scheduled Events (the emulator's file; approvals appended to another).
 ``hold PORT``  Batch's own listener on the port in AZ_BATCH_MASTER_NODE (master node only).
 ``upload SPEC`` a task's output files to Blob storage with the node's managed identity.
+``blob-serve`` the tests' own storage operations with the account key, one JSON line each.
 
-Standard library only (except ``upload``): it starts in a few milliseconds.
+Standard library only (except ``upload`` and ``blob-serve``): it starts in a few milliseconds.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import json
 import os
@@ -392,11 +394,10 @@ def upload(spec_path: str) -> int:
     return 0
 
 
-def blob(request_json: str) -> int:
-    """Storage operations with the account key, from the storage side of the VNet."""
+def _blob_action(request: dict) -> object:
+    """One storage operation with the account key, from the storage side of the VNet."""
     from azure.storage.blob import BlobServiceClient
 
-    request = json.loads(request_json)
     service = BlobServiceClient.from_connection_string(request["connection_string"])
     action = request["action"]
     result: object = None
@@ -439,11 +440,24 @@ def blob(request_json: str) -> int:
         result = container.download_blob(request["blob"]).readall().decode("utf-8", "replace")
     else:
         raise ValueError(action)
-    print(json.dumps(result))
+    return result
+
+
+def blob_serve() -> int:
+    """Storage operations, one JSON request per line on stdin, each answered by one line,
+    ``{"result": ...}`` or ``{"error": ...}``: one process for a session's many operations
+    (starting Python and the Blob SDK for each costs about a second)."""
+    for line in sys.stdin:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout carries the answers only
+                answer = {"result": _blob_action(json.loads(line))}
+        except Exception as err:  # answered to the caller, which raises it
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps(answer), flush=True)
     return 0
 
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    handlers = {"run": run, "imds": imds, "hold": hold, "upload": upload, "blob": blob}
+    handlers = {"run": run, "imds": imds, "hold": hold, "upload": upload, "blob-serve": blob_serve}
     sys.exit(handlers[command](*arguments))

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -204,30 +205,62 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
                 time.sleep(0.3)
         yield account
     finally:
+        agent = _blob_agents.pop(account.blob_endpoint, None)
+        if agent:
+            agent.close()
         process.kill()
         process.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
 
 
+class _BlobAgent:
+    """The agent's ``blob-serve`` on the storage side of the VNet, kept up for the session."""
+
+    def __init__(self, fabric: Fabric, account: Storage) -> None:
+        self.lock = threading.Lock()
+        self.process = subprocess.Popen(
+            [*fabric.exec_prefix(fabric.switch if fabric.isolated else None), sys.executable,
+             str(AGENT), "blob-serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "REQUESTS_CA_BUNDLE": str(account.ca_file), "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+
+    def ask(self, request: dict) -> dict:
+        assert self.process.stdin and self.process.stdout
+        with self.lock:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the blob agent exited ({self.process.poll()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_blob_agents: dict[str, _BlobAgent] = {}
+
+
 def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any:
     """A Blob operation from the storage side of the VNet, with the account key (what a user
     or CI does with the portal or the CLI)."""
+    agent = _blob_agents.get(account.blob_endpoint)
+    if agent is None:
+        agent = _blob_agents[account.blob_endpoint] = _BlobAgent(fabric, account)
     request = {"connection_string": account.connection_string(), "action": action, **arguments}
-    result = subprocess.run(
-        [*fabric.exec_prefix(fabric.switch if fabric.isolated else None), sys.executable,
-         str(AGENT), "blob", json.dumps(request)],
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "REQUESTS_CA_BUNDLE": str(account.ca_file),
-            "PYTHONPATH": str(REPO),
-        },
-        timeout=120,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise RuntimeError(f"blob {action}: {result.stderr[-2000:]}")
-    return json.loads(result.stdout or "null")
+    answer = agent.ask(request)
+    if "error" in answer:
+        raise RuntimeError(f"blob {action}: {answer['error']}")
+    return answer["result"]
 
 
 # --- pools ---

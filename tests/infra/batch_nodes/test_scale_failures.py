@@ -46,7 +46,7 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
     args = (
         "--backend", "ddp", "--model", "tests.trainer.stuck_rank:build", "--image-size", "16",
         "--synthetic-size", "256", *SMALL, "--max-steps", "8", "--checkpoint-every", "2",
-        "--log-every", "1", "--step-timeout-minutes", "0.25",
+        "--log-every", "1", "--step-timeout-minutes", "0.15",
     )  # fmt: skip
     spec = make_spec(cpu_stack, storage, trainer_args=args)
     # Rank 1 (torch ranks the master's workers first: rank 1 is the other node's) blocks in a

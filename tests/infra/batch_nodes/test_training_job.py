@@ -24,7 +24,12 @@ import pytest
 
 from infra.batch import JobSpec, job_options, task_options
 from tests.conftest import write_image_folder
-from tests.infra.batch_nodes.batch import Cluster, JobRun
+from tests.infra.batch_nodes.batch import (
+    NFS_VIEW_LONG_SECONDS,
+    NFS_VIEW_SECONDS,
+    Cluster,
+    JobRun,
+)
 from tests.infra.batch_nodes.conftest import REPO, blob
 from trainer.checkpoint import list_checkpoints, load_latest
 
@@ -160,7 +165,11 @@ def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
 ):
-    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared)
+    # The stricter lifecycle's run also takes the long NFS delays: a report that read the other
+    # node's outcome before it could be in its view fails there first.
+    bound = NFS_VIEW_LONG_SECONDS if lifecycle == "kill" else NFS_VIEW_SECONDS
+    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared,
+                     nfs_view=(0, bound))  # fmt: skip
     if data == "synthetic":
         args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
     else:
@@ -371,8 +380,9 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
     events = []
     plan = [
         ("Preempt", [], 60),
-        # Also another job's VM: not to be approved; the platform acts at NotBefore.
-        ("Reboot", ["vm-of-another-job"], 25),
+        # Also another job's VM: not to be approved; the platform acts at NotBefore, 12 s on:
+        # the launchers see it within their 2 s poll and checkpoint well before.
+        ("Reboot", ["vm-of-another-job"], 12),
         ("Redeploy", [], 60),
         ("Terminate", [], 60),
     ]
