@@ -23,7 +23,7 @@ from tests.infra.batch_nodes.test_training_job import (
 from trainer.watchdog import WATCHDOG_EXIT
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.emulator]
 
 SMALL = (
     "--num-classes", "3", "--batch-size", "8", "--warmup-epochs", "1", "--loader-workers", "0",
