@@ -94,6 +94,17 @@ if os.environ.get("FAKE_ARM"):
 """
 
 
+# The provider polls a job it terminates or deletes every infra.job.POLL_SECONDS (5 s) and reads
+# a job Batch does not show yet again after NOT_FOUND_PAUSE_SECONDS (2 s): the fake moves a job
+# on after a number of reads, not of seconds (terminating_reads, deleting_reads, hide), so this
+# host reads again at once and a test waits for no clock.
+FAST_POLLS = """
+import infra.job
+
+infra.job.POLL_SECONDS = infra.job.NOT_FOUND_PAUSE_SECONDS = 0.05
+"""
+
+
 class Host:
     def __init__(
         self,
@@ -118,7 +129,7 @@ class Host:
             cas.append(arm[1])
         ca_path = folder / "ca-bundle.pem"
         ca_path.write_text("".join(ca.read_text() for ca in cas))
-        (site / "sitecustomize.py").write_text(NO_TORCH + ARM_HERE)
+        (site / "sitecustomize.py").write_text(NO_TORCH + ARM_HERE + FAST_POLLS)
         self.az_calls = folder / "az-calls"
         self.no_torch_marker = folder / "no-torch-active"
         self.stderr_path = folder / "host-stderr.txt"
