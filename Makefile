@@ -38,11 +38,14 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
-# Three passes (scripts/run_tests.sh says which and why): the tests that start no multi-process
-# run on both cores, the Batch node emulator's jobs one at a time beside them, then the other
-# multi-process runs one at a time.
+# Two passes. The tests that start no multi-process run (settings, the program under mocks, the
+# policy pack, CI and Dockerfile checks, the data pipeline, single-process trainer runs) run on
+# both cores at once. Those marked `processes` start real multi-process runs (workers, launchers,
+# emulated nodes) and go one at a time: each already uses both cores, and many time signals,
+# exits and stalls. tests/ci/test_workflows.py checks that the two run every test once.
 test: lint $(GPU_WHEEL_STAMP)
-	bash scripts/run_tests.sh
+	$(VENV)/bin/pytest -n 2 -m "not processes" tests
+	$(VENV)/bin/pytest -m processes tests
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).
 bench: $(SETUP_STAMP)

@@ -93,49 +93,44 @@ def _collected_markers(plugin_dir: Path) -> dict[str, set[str]]:
     return found
 
 
-def _make_test_passes() -> dict[str, list[str]]:
-    """The pytest arguments of make test's passes: the arrays scripts/run_tests.sh declares
-    (``name=(...)``), split as the shell splits them, each without its ``-n`` (workers change
-    what runs where, not what runs). make test's recipe runs that script."""
+def _make_test_passes() -> list[list[str]]:
+    """The pytest command lines of make test's recipe, split as the shell splits them, each
+    without its ``$(VENV)/bin/pytest`` and its ``-n`` (workers change what runs where, not what
+    runs)."""
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
-    assert recipe.strip() == "bash scripts/run_tests.sh", recipe
-    script = (REPO / "scripts" / "run_tests.sh").read_text()
-    passes = {}
-    for name, inside in re.findall(r"^(\w+)=\((.*)\)$", script, re.M):
-        argv = shlex.split(inside)
+    passes = []
+    for line in recipe.splitlines():
+        argv = shlex.split(line.strip())
+        if argv[0] != "$(VENV)/bin/pytest":
+            continue
         if "-n" in argv:
             del argv[argv.index("-n") : argv.index("-n") + 2]
-        passes[name] = argv
-    for name in passes:  # each declared pass is run
-        assert f'"${{{name}[@]}}"' in script, name
+        passes.append(argv[1:])
     return passes
 
 
 def test_make_test_runs_every_test_exactly_once(tmp_path):
-    """make test's passes (the tests that start no multi-process run on both cores, the Batch
-    node emulator's jobs beside them, the other multi-process runs one at a time) run between
-    them every test a plain run collects, each in one pass only: each pass's ``-m`` evaluated as
-    pytest evaluates it on every test."""
+    """make test's two passes (the tests that start no multi-process run on both cores, those
+    marked ``processes`` one at a time) run between them every test a plain run collects, each
+    in one pass only: each pass's ``-m`` evaluated as pytest evaluates it on every test."""
     passes = _make_test_passes()
-    assert sorted(passes) == ["emulator", "multi_process", "one_process"], passes
-    for argv in passes.values():
+    assert len(passes) == 2, passes
+    for argv in passes:
         assert len(argv) == 3 and argv[0] == "-m" and argv[2] == "tests", argv
     collected = _collected_markers(tmp_path)
     assert collected
-    runs = {
-        name: {
+    runs = [
+        {
             nodeid
             for nodeid, marks in collected.items()
             if Expression.compile(expr).evaluate(lambda mark, /, marks=marks, **_: mark in marks)
         }
-        for name, (_, expr, _) in passes.items()
-    }
-    assert all(runs.values()), f"a pass of make test runs no test: {runs}"
-    for name, tests in runs.items():
-        for other, more in runs.items():
-            assert name == other or not tests & more, f"tests run in both {name} and {other}"
-    assert sorted(nodeid for tests in runs.values() for nodeid in tests) == sorted(collected)
+        for _, expr, _ in passes
+    ]
+    assert all(runs), "a pass of make test runs no test"
+    assert not runs[0] & runs[1], "tests run in both passes"
+    assert sorted(runs[0] | runs[1]) == sorted(collected)
 
 
 # What starts a real multi-process run in a test: the two-worker launchers, the simulated

@@ -24,7 +24,7 @@ from tests.infra.batch_nodes.image import (
 from tests.infra.batch_nodes.placement import place
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = [pytest.mark.processes, pytest.mark.emulator]
+pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[3]
 COMMAND = "/bin/bash -c 'exec python -m trainer.launch --report -- python -m trainer'"

@@ -34,7 +34,7 @@ from tests.infra.batch_nodes.test_training_job import (
 from tests.support.wheels import write_wheel
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = [pytest.mark.processes, pytest.mark.emulator]
+pytestmark = pytest.mark.processes
 
 REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
 

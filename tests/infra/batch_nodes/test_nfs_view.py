@@ -19,7 +19,7 @@ from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
 from trainer.launch.store import join_store
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = [pytest.mark.processes, pytest.mark.emulator]
+pytestmark = pytest.mark.processes
 
 BOUND = 10.0
 

@@ -22,9 +22,7 @@ from tests.infra.batch_nodes.test_training_job import (
 )
 from trainer.watchdog import WATCHDOG_EXIT
 
-# Real processes on emulated nodes: make test runs these one at a time. Not all beside the
-# one-process tests (the emulator mark): the straggler test compares the ranks' step times,
-# which other work on the two cores skews (seen: a compute_sec straggler named as well).
+# Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
 
 SMALL = (
@@ -41,7 +39,6 @@ def _submit(cluster, spec, env: dict[str, str]):
     return cluster.submit(job_options(spec).as_dict(), task)
 
 
-@pytest.mark.emulator
 def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
     make_cluster, storage, cpu_stack
 ):

@@ -32,7 +32,7 @@ from tests.infra.batch_nodes.test_training_job import (
 from trainer.launch.records import KEEP_OUT_HINT
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = [pytest.mark.processes, pytest.mark.emulator]
+pytestmark = pytest.mark.processes
 
 
 # Longer than any test waits: a test ends the job itself.

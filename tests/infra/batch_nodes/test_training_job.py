@@ -34,7 +34,7 @@ from tests.infra.batch_nodes.conftest import REPO, blob
 from trainer.checkpoint import list_checkpoints, load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
-pytestmark = [pytest.mark.processes, pytest.mark.emulator]
+pytestmark = pytest.mark.processes
 
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
 TINY = (
