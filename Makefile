@@ -38,14 +38,12 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
-# Two passes. The tests that start no multi-process run (settings, the program under mocks, the
-# policy pack, CI and Dockerfile checks, the data pipeline, single-process trainer runs) run on
-# both cores at once. Those marked `processes` start real multi-process runs (workers, launchers,
-# emulated nodes) and go one at a time: each already uses both cores, and many time signals,
-# exits and stalls. tests/ci/test_workflows.py checks that the two run every test once.
+# Two passes at once (scripts/run_tests.sh says how and why): the tests marked `processes` (real
+# multi-process runs) one at a time at normal priority, and beside them, at the lowest CPU
+# priority, the tests that start no multi-process run, on the cores the runs leave idle.
+# tests/ci/test_workflows.py checks that the two run every test once.
 test: lint $(GPU_WHEEL_STAMP)
-	$(VENV)/bin/pytest -n 2 -m "not processes" tests
-	$(VENV)/bin/pytest -m processes tests
+	bash scripts/run_tests.sh
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).
 bench: $(SETUP_STAMP)

@@ -1,14 +1,18 @@
 """The GitHub workflows: actionlint clean, no long-lived secrets, and the changed-stack logic."""
 
 import ast
+import contextlib
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from _pytest.mark.expression import Expression  # what -m compiles its expression with
@@ -93,44 +97,150 @@ def _collected_markers(plugin_dir: Path) -> dict[str, set[str]]:
     return found
 
 
-def _make_test_passes() -> list[list[str]]:
-    """The pytest command lines of make test's recipe, split as the shell splits them, each
-    without its ``$(VENV)/bin/pytest`` and its ``-n`` (workers change what runs where, not what
-    runs)."""
+RUN_TESTS = REPO / "scripts" / "run_tests.sh"
+
+
+def _run_tests_arrays() -> dict[str, list[str]]:
+    """The pytest arguments of make test's passes as scripts/run_tests.sh declares them
+    (``name=(...)``), split as the shell splits them. make test's recipe runs that script, and
+    the script runs every pass it declares."""
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.M).group(1)  # type: ignore[union-attr]
-    passes = []
-    for line in recipe.splitlines():
-        argv = shlex.split(line.strip())
-        if argv[0] != "$(VENV)/bin/pytest":
-            continue
+    assert recipe.strip() == "bash scripts/run_tests.sh", recipe
+    script = RUN_TESTS.read_text()
+    arrays = {
+        name: shlex.split(inside) for name, inside in re.findall(r"^(\w+)=\((.*)\)$", script, re.M)
+    }
+    for name in arrays:
+        assert f'"${{{name}[@]}}"' in script, f"scripts/run_tests.sh never runs {name}"
+    return arrays
+
+
+def _make_test_passes() -> dict[str, list[str]]:
+    """make test's passes, each without its ``-n`` (workers change what runs where, not what
+    runs)."""
+    passes = _run_tests_arrays()
+    for argv in passes.values():
         if "-n" in argv:
             del argv[argv.index("-n") : argv.index("-n") + 2]
-        passes.append(argv[1:])
     return passes
 
 
 def test_make_test_runs_every_test_exactly_once(tmp_path):
-    """make test's two passes (the tests that start no multi-process run on both cores, those
-    marked ``processes`` one at a time) run between them every test a plain run collects, each
-    in one pass only: each pass's ``-m`` evaluated as pytest evaluates it on every test."""
+    """make test's two passes (those marked ``processes`` one at a time, the tests that start no
+    multi-process run on both cores beside them) run between them every test a plain run
+    collects, each in one pass only: each pass's ``-m`` evaluated as pytest evaluates it on every
+    test."""
     passes = _make_test_passes()
-    assert len(passes) == 2, passes
-    for argv in passes:
+    assert sorted(passes) == ["one_process", "processes"], passes
+    for argv in passes.values():
         assert len(argv) == 3 and argv[0] == "-m" and argv[2] == "tests", argv
     collected = _collected_markers(tmp_path)
     assert collected
-    runs = [
-        {
+    runs = {
+        name: {
             nodeid
             for nodeid, marks in collected.items()
             if Expression.compile(expr).evaluate(lambda mark, /, marks=marks, **_: mark in marks)
         }
-        for _, expr, _ in passes
-    ]
-    assert all(runs), "a pass of make test runs no test"
-    assert not runs[0] & runs[1], "tests run in both passes"
-    assert sorted(runs[0] | runs[1]) == sorted(collected)
+        for name, (_, expr, _) in passes.items()
+    }
+    assert all(runs.values()), f"a pass of make test runs no test: {runs}"
+    assert not runs["processes"] & runs["one_process"], "tests run in both passes"
+    assert sorted(runs["processes"] | runs["one_process"]) == sorted(collected)
+
+
+# A stand-in for .venv/bin/pytest: records how it was started, then exits with the status (or
+# sleeps for the seconds) its pass is given in the environment.
+STUB_PYTEST = """#!{python}
+import json, os, signal, subprocess, sys, time
+name = "processes" if sys.argv[1:3] == ["-m", "processes"] else "one_process"
+try:
+    autogroup = open("/proc/self/autogroup").read().split()[-1]
+except OSError:
+    autogroup = None
+record = {{"argv": sys.argv[1:], "nice": os.nice(0), "autogroup": autogroup,
+          "own_session": os.getsid(0) == os.getpid(), "pid": os.getpid()}}
+if "STUB_SLEEP_" + name in os.environ:  # and a process of its own, as a test's Azurite
+    record["child"] = subprocess.Popen(["sleep", os.environ["STUB_SLEEP_" + name]]).pid
+with open(os.path.join(os.environ["STUB_DIR"], name + ".json"), "w") as f:
+    json.dump(record, f)
+print(name, "says hello")
+if "STUB_SLEEP_" + name in os.environ:
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(2))
+    time.sleep(float(os.environ["STUB_SLEEP_" + name]))
+sys.exit(int(os.environ.get("STUB_EXIT_" + name, "0")))
+"""
+
+
+def _stub_checkout(tmp_path: Path) -> Path:
+    """scripts/run_tests.sh in a checkout of its own whose .venv/bin/pytest is STUB_PYTEST."""
+    root = tmp_path / "checkout"
+    (root / "scripts").mkdir(parents=True)
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / "scripts" / "run_tests.sh").write_text(RUN_TESTS.read_text())
+    stub = root / ".venv" / "bin" / "pytest"
+    stub.write_text(STUB_PYTEST.format(python=sys.executable))
+    stub.chmod(0o755)
+    return root
+
+
+@pytest.mark.parametrize("failing", [None, "processes", "one_process"])
+def test_make_test_runs_the_processes_at_normal_priority_and_the_rest_beside_at_the_lowest(
+    tmp_path, failing
+):
+    """The multi-process runs time signals, exits and stalls: their pass has no workers and this
+    shell's priority. The pass beside runs in a session of its own at nice 19 with its autogroup
+    at nice 19 (else its nice would only weigh against its own session's processes), so it only
+    gets the cores the runs leave idle. Its output follows theirs; either failing fails it."""
+    root = _stub_checkout(tmp_path)
+    env = {**os.environ, "STUB_DIR": str(tmp_path)}
+    if failing:
+        env[f"STUB_EXIT_{failing}"] = "1"
+    done = subprocess.run(["bash", str(root / "scripts" / "run_tests.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode != 0) == bool(failing), done.stdout + done.stderr
+    out = done.stdout
+    assert out.index("processes says hello") < out.index("one_process says hello"), out
+    runs = {
+        name: json.loads((tmp_path / f"{name}.json").read_text()) for name in _make_test_passes()
+    }
+    assert runs["processes"]["argv"] == ["-m", "processes", "tests"]
+    assert runs["one_process"]["argv"] == ["-n", "2", "-m", "not processes", "tests"]
+    assert (runs["processes"]["nice"], runs["one_process"]["nice"]) == (os.nice(0), 19)
+    assert runs["one_process"]["own_session"] and not runs["processes"]["own_session"]
+    if runs["one_process"]["autogroup"] is not None:  # a kernel with autogroups
+        assert runs["one_process"]["autogroup"] == "19"
+
+
+def _processes(*pids: int) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found.append(psutil.Process(pid))
+    return found
+
+
+def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the script's process group) stops the runs in the
+    foreground and reaches the pass beside, in a session of its own, as SIGINT too: it ends, and
+    no process or log of it is left."""
+    root = _stub_checkout(tmp_path)
+    env = {**os.environ, "STUB_DIR": str(tmp_path), "STUB_SLEEP_processes": "60",
+           "STUB_SLEEP_one_process": "60", "TMPDIR": str(tmp_path)}  # fmt: skip
+    script = subprocess.Popen(["bash", str(root / "scripts" / "run_tests.sh")], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"{name}.json").exists() for name in ("processes", "one_process")):
+        assert time.monotonic() < deadline and script.poll() is None, "the passes never started"
+        time.sleep(0.05)
+    beside = json.loads((tmp_path / "one_process.json").read_text())
+    os.killpg(script.pid, signal.SIGINT)
+    assert script.wait(timeout=30) != 0
+    _, alive = psutil.wait_procs(_processes(beside["pid"], beside["child"]), timeout=10)
+    assert not alive, alive
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp.")], "the log was left"
 
 
 # What starts a real multi-process run in a test: the two-worker launchers, the simulated

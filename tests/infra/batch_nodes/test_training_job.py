@@ -347,7 +347,7 @@ def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
     logs = _folder_logs(folder, _current_attempt(folder))
     assert "resumed from" in logs, logs
-    run.terminate()
+    run.terminate("kill")  # only ends the run: no grace to wait out
     assert run.wait(60), describe(cluster, run)
 
 
@@ -411,7 +411,7 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
     _wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
     assert not run.tries[4].recovered and run.tries[4].exit_code != 0, describe(cluster, run)
     assert run.retry_count == 1 and not run.finished.is_set(), describe(cluster, run)
-    run.terminate()
+    run.terminate("kill")  # only ends the run: no grace to wait out
     assert run.wait(60), describe(cluster, run)
 
 
@@ -561,5 +561,5 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
 
     _wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, run)
     assert retry_steps()[0] == resumed + 1, retry_steps()
-    run.terminate()
+    run.terminate("kill")  # only ends the run: no grace to wait out
     assert run.wait(60), describe(cluster, run)
