@@ -398,7 +398,10 @@ def _blob_action(request: dict) -> object:
     """One storage operation with the account key, from the storage side of the VNet."""
     from azure.storage.blob import BlobServiceClient
 
-    service = BlobServiceClient.from_connection_string(request["connection_string"])
+    # "retry_total": 0 for a caller that polls itself: the SDK's own retry waits 15 s before its
+    # first one (ExponentialRetry's initial_backoff in azure.storage.blob._shared.policies).
+    options = {"retry_total": request["retry_total"]} if "retry_total" in request else {}
+    service = BlobServiceClient.from_connection_string(request["connection_string"], **options)
     action = request["action"]
     result: object = None
     if action == "create-containers":

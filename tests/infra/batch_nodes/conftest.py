@@ -196,8 +196,8 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
         containers = list(gpu_stack.containers)
         deadline = time.monotonic() + 60
         while True:
-            try:
-                blob(fabric, account, "create-containers", containers=containers)
+            try:  # until Azurite listens; no SDK retries, which would wait 15 s
+                blob(fabric, account, "create-containers", containers=containers, retry_total=0)
                 break
             except RuntimeError:
                 if process.poll() is not None or time.monotonic() > deadline:
