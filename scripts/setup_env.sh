@@ -13,8 +13,7 @@ python=${PYTHON:-python3}
 cache_dir=${1:?usage: setup_env.sh CACHE_DIR (the Makefile gives it)}
 venv=.venv
 # --no-compile: pip byte-compiles on one core; compile_venv below does it on all of them.
-pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-install=("${pip[@]}" install --quiet --no-compile)
+install=("$venv/bin/python" -m pip --disable-pip-version-check install --quiet --no-compile)
 
 # Every installed module byte-compiled, as pip would, on every core (half the time of pip's):
 # where PYTHONDONTWRITEBYTECODE is set nothing imported is ever cached, and torch alone takes

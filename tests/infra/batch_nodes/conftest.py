@@ -8,6 +8,7 @@ import base64
 import ipaddress
 import json
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -213,6 +214,10 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# The most one Blob operation of the tests may take (the largest uploads a few MB).
+BLOB_CALL_SECONDS = 120
+
+
 class _BlobAgent:
     """The agent's ``blob-serve`` on the storage side of the VNet, kept up for the session."""
 
@@ -232,6 +237,11 @@ class _BlobAgent:
         with self.lock:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
+            # Each request is answered by one whole line, so nothing is left buffered between
+            # calls and the pipe itself says whether the answer came.
+            if not select.select([self.process.stdout], [], [], BLOB_CALL_SECONDS)[0]:
+                self.process.kill()
+                raise RuntimeError(f"the blob agent gave no answer in {BLOB_CALL_SECONDS} s")
             line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the blob agent exited ({self.process.poll()})")
