@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import torch
 from PIL import Image
@@ -31,6 +32,12 @@ from tests.support.seam_skips import (  # noqa: F401  # hooks
 # launcher (subprocesses inherit this) at a closed loopback port, where the watcher gives up at
 # once. Tests of the watcher give their own fake metadata service.
 os.environ["AZURE_IMDS_URL"] = "http://127.0.0.1:9"
+
+# No wall-clock limit per Hypothesis example (its default is 200 ms): make test runs these tests
+# beside the multi-process runs on the cores those leave idle (scripts/run_tests.sh), where a
+# pure function's example may wait longer than that for a core.
+hypothesis.settings.register_profile("make-test", deadline=None)
+hypothesis.settings.load_profile("make-test")
 
 
 def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: int = 40) -> Path:

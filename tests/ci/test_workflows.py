@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import hypothesis
 import psutil
 import pytest
 import yaml
@@ -211,6 +212,12 @@ def test_make_test_runs_the_processes_at_normal_priority_and_the_rest_beside_at_
     assert runs["one_process"]["own_session"] and not runs["processes"]["own_session"]
     if runs["one_process"]["autogroup"] is not None:  # a kernel with autogroups
         assert runs["one_process"]["autogroup"] == "19"
+
+
+def test_hypothesis_examples_have_no_wall_clock_deadline():
+    """The tests beside the multi-process runs wait for idle cores: tests/conftest.py's profile
+    lifts Hypothesis's 200 ms per example, for the tests that do not set their own."""
+    assert hypothesis.settings.default.deadline is None
 
 
 def _processes(*pids: int) -> list[psutil.Process]:
