@@ -164,8 +164,10 @@ record = {{"argv": sys.argv[1:], "nice": os.nice(0), "autogroup": autogroup,
           "own_session": os.getsid(0) == os.getpid(), "pid": os.getpid()}}
 if "STUB_SLEEP_" + name in os.environ:  # and a process of its own, as a test's Azurite
     record["child"] = subprocess.Popen(["sleep", os.environ["STUB_SLEEP_" + name]]).pid
-with open(os.path.join(os.environ["STUB_DIR"], name + ".json"), "w") as f:
+path = os.path.join(os.environ["STUB_DIR"], name + ".json")
+with open(path + ".tmp", "w") as f:  # whole once it exists: the test polls for it
     json.dump(record, f)
+os.replace(path + ".tmp", path)
 print(name, "says hello")
 if "STUB_SLEEP_" + name in os.environ:
     signal.signal(signal.SIGINT, lambda *_: sys.exit(2))
