@@ -221,16 +221,21 @@ BLOB_CALL_SECONDS = 120
 class _BlobAgent:
     """The agent's ``blob-serve`` on the storage side of the VNet, kept up for the session."""
 
-    def __init__(self, fabric: Fabric, account: Storage) -> None:
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        """``process``: text pipes on its stdin and stdout."""
         self.lock = threading.Lock()
-        self.process = subprocess.Popen(
+        self.process = process
+
+    @classmethod
+    def start(cls, fabric: Fabric, account: Storage) -> _BlobAgent:
+        return cls(subprocess.Popen(
             [*fabric.exec_prefix(fabric.switch if fabric.isolated else None), sys.executable,
              str(AGENT), "blob-serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "REQUESTS_CA_BUNDLE": str(account.ca_file), "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def ask(self, request: dict) -> dict:
         assert self.process.stdin and self.process.stdout
@@ -265,7 +270,7 @@ def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any
     or CI does with the portal or the CLI)."""
     agent = _blob_agents.get(account.blob_endpoint)
     if agent is None:
-        agent = _blob_agents[account.blob_endpoint] = _BlobAgent(fabric, account)
+        agent = _blob_agents[account.blob_endpoint] = _BlobAgent.start(fabric, account)
     request = {"connection_string": account.connection_string(), "action": action, **arguments}
     answer = agent.ask(request)
     if "error" in answer:

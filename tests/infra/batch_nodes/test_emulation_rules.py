@@ -264,15 +264,12 @@ def test_a_blob_agent_that_never_answers_fails_the_call_and_is_stopped(monkeypat
     """The session's blob agent is one long-lived process: a call it never answers fails after
     BLOB_CALL_SECONDS, naming the wait, instead of hanging the test, and the agent is killed."""
     import subprocess
-    import threading
 
     from tests.infra.batch_nodes import conftest as emulator
 
     monkeypatch.setattr(emulator, "BLOB_CALL_SECONDS", 0.5)
-    agent = object.__new__(emulator._BlobAgent)
-    agent.lock = threading.Lock()
-    agent.process = subprocess.Popen(
-        ["sleep", "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    agent = emulator._BlobAgent(
+        subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     )
     with pytest.raises(RuntimeError, match=r"no answer in 0\.5 s"):
         agent.ask({"action": "list"})
