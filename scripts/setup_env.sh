@@ -41,10 +41,28 @@ apt_install() {
   }
 }
 
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-# torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
-"${install[@]}" "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
-"${install[@]}" --no-build-isolation --editable ".[infra,dev]"
+# A fresh clone takes the installed environment from the cache when one was saved for the same
+# inputs (scripts/venv_template.py): its own checkout is then installed into it, nothing else.
+template_key=$("$python" scripts/venv_template.py key "$python" pyproject.toml \
+  scripts/setup_env.sh scripts/build_horovod.sh scripts/horovod-patches/*.patch)
+restored=false
+created=false
+if [ ! -e "$venv" ]; then
+  status=0
+  "$python" scripts/venv_template.py restore "$cache_dir" "$template_key" "$venv" || status=$?
+  case $status in
+    0) restored=true ;;
+    3) "$python" -m venv "$venv" && created=true ;;  # no template for these inputs
+    *) exit 1 ;;  # it said why
+  esac
+fi
+if $restored; then
+  "${install[@]}" --no-deps --no-build-isolation --editable .
+else
+  # torch first and alone, pinned: any other order lets a dependency pull the CUDA build.
+  "${install[@]}" "torch==2.13.0" "setuptools==84.2.1" "wheel==0.48.0"
+  "${install[@]}" --no-build-isolation --editable ".[infra,dev]"
+fi
 
 wheel=$(scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels")
 # Installed unless this very wheel is (a changed patch or torch builds another one).
@@ -53,7 +71,7 @@ if [ "$(cat "$venv/.horovod-wheel" 2>/dev/null)" != "$wheel" ] \
   "${install[@]}" --no-deps --force-reinstall "$wheel"
   echo "$wheel" >"$venv/.horovod-wheel"
 fi
-compile_venv
+$restored || compile_venv
 # horovod.torch refuses to import where the wheel was built without PyTorch ("Extension
 # horovod.torch has not been built"); a second or two, where `horovodrun --check-build` takes
 # seven probing every framework (tests/scripts/test_installed_horovod.py runs that).
@@ -83,4 +101,7 @@ fi
 rm -rf "$venv/azurite" && ln -s "$azurite" "$venv/azurite"
 # `cloud-init schema` validates the NFS server's user data in the tests (Debian's package).
 command -v cloud-init >/dev/null 2>&1 || apt_install cloud-init cloud-init
+# Only an environment made whole by this run is saved: an updated one may hold packages that
+# pyproject.toml no longer names.
+! $created || "$python" scripts/venv_template.py save "$cache_dir" "$template_key" "$venv"
 echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"
