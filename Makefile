@@ -38,11 +38,11 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
-# Two passes at once (scripts/run_tests.sh says how and why): the tests marked `processes` (real
+# All at once (scripts/run_tests.sh says how and why): the tests marked `processes` (real
 # multi-process runs) one at a time at normal priority, and beside them, at the lowest CPU
-# priority, the tests that start no multi-process run, on the cores the runs leave idle.
-# tests/ci/test_workflows.py checks that the two run every test once.
-test: lint $(GPU_WHEEL_STAMP)
+# priority, lint and then the tests that start no multi-process run, on the cores the runs leave
+# idle. tests/ci/test_workflows.py checks that the two passes run every test once.
+test: $(SETUP_STAMP) $(GPU_WHEEL_STAMP)
 	bash scripts/run_tests.sh
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).

@@ -155,13 +155,13 @@ def test_make_test_runs_every_test_exactly_once(tmp_path):
 # sleeps for the seconds) its pass is given in the environment.
 STUB_PYTEST = """#!{python}
 import json, os, signal, subprocess, sys, time
-name = "processes" if sys.argv[1:3] == ["-m", "processes"] else "one_process"
+name = {{"-m": "processes", "-n": "one_process", "lint": "lint"}}[sys.argv[1]]
 try:
     autogroup = open("/proc/self/autogroup").read().split()[-1]
 except OSError:
     autogroup = None
 record = {{"argv": sys.argv[1:], "nice": os.nice(0), "autogroup": autogroup,
-          "own_session": os.getsid(0) == os.getpid(), "pid": os.getpid()}}
+          "session": os.getsid(0), "pid": os.getpid(), "at": time.monotonic()}}
 if "STUB_SLEEP_" + name in os.environ:  # and a process of its own, as a test's Azurite
     record["child"] = subprocess.Popen(["sleep", os.environ["STUB_SLEEP_" + name]]).pid
 path = os.path.join(os.environ["STUB_DIR"], name + ".json")
@@ -177,25 +177,28 @@ sys.exit(int(os.environ.get("STUB_EXIT_" + name, "0")))
 
 
 def _stub_checkout(tmp_path: Path) -> Path:
-    """scripts/run_tests.sh in a checkout of its own whose .venv/bin/pytest is STUB_PYTEST."""
+    """scripts/run_tests.sh in a checkout of its own whose .venv/bin/pytest is STUB_PYTEST, and
+    whose Makefile's lint runs it too (as ``pytest lint``: recorded as the lint)."""
     root = tmp_path / "checkout"
     (root / "scripts").mkdir(parents=True)
     (root / ".venv" / "bin").mkdir(parents=True)
     (root / "scripts" / "run_tests.sh").write_text(RUN_TESTS.read_text())
+    (root / "Makefile").write_text("lint:\n\t.venv/bin/pytest lint\n")
     stub = root / ".venv" / "bin" / "pytest"
     stub.write_text(STUB_PYTEST.format(python=sys.executable))
     stub.chmod(0o755)
     return root
 
 
-@pytest.mark.parametrize("failing", [None, "processes", "one_process"])
+@pytest.mark.parametrize("failing", [None, "processes", "lint", "one_process"])
 def test_make_test_runs_the_processes_at_normal_priority_and_the_rest_beside_at_the_lowest(
     tmp_path, failing
 ):
     """The multi-process runs time signals, exits and stalls: their pass has no workers and this
-    shell's priority. The pass beside runs in a session of its own at nice 19 with its autogroup
-    at nice 19 (else its nice would only weigh against its own session's processes), so it only
-    gets the cores the runs leave idle. Its output follows theirs; either failing fails it."""
+    shell's priority. Beside them, lint and then the other tests run in a session of their own
+    at nice 19 with its autogroup at nice 19 (else their nice would only weigh against their own
+    session's processes), so they only get the cores the runs leave idle. Their output follows
+    the runs'; any of the three failing fails it, and a failed lint still lets the tests run."""
     root = _stub_checkout(tmp_path)
     env = {**os.environ, "STUB_DIR": str(tmp_path)}
     if failing:
@@ -204,16 +207,23 @@ def test_make_test_runs_the_processes_at_normal_priority_and_the_rest_beside_at_
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert (done.returncode != 0) == bool(failing), done.stdout + done.stderr
     out = done.stdout
-    assert out.index("processes says hello") < out.index("one_process says hello"), out
+    assert out.index("processes says hello") < out.index("lint says hello"), out
+    assert out.index("lint says hello") < out.index("one_process says hello"), out
     runs = {
-        name: json.loads((tmp_path / f"{name}.json").read_text()) for name in _make_test_passes()
+        name: json.loads((tmp_path / f"{name}.json").read_text())
+        for name in (*_make_test_passes(), "lint")
     }
     assert runs["processes"]["argv"] == ["-m", "processes", "tests"]
     assert runs["one_process"]["argv"] == ["-n", "2", "-m", "not processes", "tests"]
-    assert (runs["processes"]["nice"], runs["one_process"]["nice"]) == (os.nice(0), 19)
-    assert runs["one_process"]["own_session"] and not runs["processes"]["own_session"]
-    if runs["one_process"]["autogroup"] is not None:  # a kernel with autogroups
-        assert runs["one_process"]["autogroup"] == "19"
+    assert runs["lint"]["at"] < runs["one_process"]["at"]
+    assert runs["processes"]["nice"] == os.nice(0)
+    assert runs["processes"]["session"] == os.getsid(0)
+    for beside in ("lint", "one_process"):
+        assert runs[beside]["nice"] == 19
+        assert runs[beside]["session"] not in (os.getsid(0), runs["processes"]["pid"])
+        assert runs[beside]["session"] == runs["one_process"]["session"]
+        if runs[beside]["autogroup"] is not None:  # a kernel with autogroups
+            assert runs[beside]["autogroup"] == "19"
 
 
 def test_hypothesis_examples_have_no_wall_clock_deadline():
@@ -230,26 +240,30 @@ def _processes(*pids: int) -> list[psutil.Process]:
     return found
 
 
-def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("interrupted", ["lint", "one_process"])
+def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_path, interrupted):
     """Ctrl-C in a terminal (SIGINT to the script's process group) stops the runs in the
-    foreground and reaches the pass beside, in a session of its own, as SIGINT too: it ends, and
-    no process or log of it is left."""
+    foreground and reaches the pass beside, in a session of its own, as SIGINT too, in its lint
+    or in its tests: it ends (an interrupted lint starts no tests), and no process or log of it
+    is left."""
     root = _stub_checkout(tmp_path)
     env = {**os.environ, "STUB_DIR": str(tmp_path), "STUB_SLEEP_processes": "60",
-           "STUB_SLEEP_one_process": "60", "TMPDIR": str(tmp_path)}  # fmt: skip
+           f"STUB_SLEEP_{interrupted}": "60", "TMPDIR": str(tmp_path)}  # fmt: skip
     script = subprocess.Popen(["bash", str(root / "scripts" / "run_tests.sh")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 30
-    while not all((tmp_path / f"{name}.json").exists() for name in ("processes", "one_process")):
+    while not all((tmp_path / f"{name}.json").exists() for name in ("processes", interrupted)):
         assert time.monotonic() < deadline and script.poll() is None, "the passes never started"
         time.sleep(0.05)
-    beside = json.loads((tmp_path / "one_process.json").read_text())
+    beside = json.loads((tmp_path / f"{interrupted}.json").read_text())
     os.killpg(script.pid, signal.SIGINT)
     assert script.wait(timeout=30) != 0
     _, alive = psutil.wait_procs(_processes(beside["pid"], beside["child"]), timeout=10)
     assert not alive, alive
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp.")], "the log was left"
+    if interrupted == "lint":
+        assert not (tmp_path / "one_process.json").exists()
 
 
 # What starts a real multi-process run in a test: the two-worker launchers, the simulated
