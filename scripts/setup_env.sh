@@ -65,17 +65,20 @@ else
 fi
 
 wheel=$(scripts/build_horovod.sh "$venv/bin/python" "$cache_dir/wheels")
-# Installed unless this very wheel is (a changed patch or torch builds another one).
-if [ "$(cat "$venv/.horovod-wheel" 2>/dev/null)" != "$wheel" ] \
-  || ! "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; then
+# horovod.torch refuses to import where the wheel was built without PyTorch ("Extension
+# horovod.torch has not been built"); a second or two, where `horovodrun --check-build` takes
+# seven probing every framework (tests/scripts/test_installed_horovod.py runs that).
+horovod_works() { "$venv/bin/python" -c 'import horovod.torch' 2>/dev/null; }
+# Installed unless this very wheel is, and works (a changed patch or torch builds another one).
+horovod_ready=false
+if [ "$(cat "$venv/.horovod-wheel" 2>/dev/null)" = "$wheel" ] && horovod_works; then
+  horovod_ready=true
+else
   "${install[@]}" --no-deps --force-reinstall "$wheel"
   echo "$wheel" >"$venv/.horovod-wheel"
 fi
 $restored || compile_venv
-# horovod.torch refuses to import where the wheel was built without PyTorch ("Extension
-# horovod.torch has not been built"); a second or two, where `horovodrun --check-build` takes
-# seven probing every framework (tests/scripts/test_installed_horovod.py runs that).
-"$venv/bin/python" -c 'import horovod.torch' 2>/dev/null || {
+$horovod_ready || horovod_works || {
   echo "error: Horovod was built without PyTorch support; remove $cache_dir/wheels and rerun" >&2
   exit 1
 }
@@ -104,4 +107,5 @@ command -v cloud-init >/dev/null 2>&1 || apt_install cloud-init cloud-init
 # Only an environment made whole by this run is saved: an updated one may hold packages that
 # pyproject.toml no longer names.
 ! $created || "$python" scripts/venv_template.py save "$cache_dir" "$template_key" "$venv"
-echo "environment ready: $venv (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'), horovod 0.28.1)"
+torch_version=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
+echo "environment ready: $venv (torch $torch_version, horovod 0.28.1)"
