@@ -55,6 +55,8 @@ if [ ! -e "$venv" ]; then
     3) "$python" -m venv "$venv" && created=true ;;  # no template for these inputs
     *) exit 1 ;;  # it said why
   esac
+elif [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"  # a broken one: made whole again by the installs below
 fi
 if $restored; then
   "${install[@]}" --no-deps --no-build-isolation --editable .

@@ -4,7 +4,9 @@ two instead of a minute of pip and byte-compiling (scripts/setup_env.sh calls th
 A template is a finished .venv stored under CACHE_DIR/venv/KEY, where KEY hashes everything that
 decides what pip installs; a clone's .venv is made of hard links to it (a copy across file
 systems), with the scripts that name the template's origin rewritten as new files, so the
-template is never changed through a clone. Standard library only: it runs before .venv exists.
+template is never changed through a clone by pip or Python, which replace files; an editor that
+writes a file of .venv in place changes the template's (as with uv's default hard links):
+remove CACHE_DIR/venv to start afresh. Standard library only: it runs before .venv exists.
 
     venv_template.py key PYTHON FILE...          print the key
     venv_template.py restore CACHE_DIR KEY VENV  exit 0 when VENV was made, 3 when no template
