@@ -40,6 +40,18 @@ hypothesis.settings.register_profile("make-test", deadline=None)
 hypothesis.settings.load_profile("make-test")
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under `-m processes` (make test's runs, scripts/run_tests.sh) only the test modules that
+    mark tests so are imported: no other can hold one, and importing the others (pytest rewrites
+    each one's asserts, uncached where PYTHONDONTWRITEBYTECODE is set) is most of a collection's
+    11 s before the first run. tests/ci/test_workflows.py checks it collects the same tests."""
+    if config.option.markexpr != "processes" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py" or "mark.processes" in collection_path.read_text():
+        return None
+    return True
+
+
 def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: int = 40) -> Path:
     generator = torch.Generator().manual_seed(0)
     for split in ("train", "val"):

@@ -76,25 +76,26 @@ def test_in_ci_a_seam_test_skipped_for_want_of_root_fails_the_run(tmp_path, ci):
 MARKER_PLUGIN = """
 def pytest_collection_finish(session):
     for item in session.items:
-        print("collected", item.nodeid, ",".join(sorted({m.name for m in item.iter_markers()})))
+        marks = ",".join(sorted({m.name for m in item.iter_markers()}))
+        print("collected", marks, item.nodeid, sep="\t")  # ids may hold spaces, not tabs
 """
 
 
-def _collected_markers(plugin_dir: Path) -> dict[str, set[str]]:
-    """Every test id a plain ``pytest tests`` collects, with its markers' names."""
+def _collected_markers(plugin_dir: Path, *options: str) -> dict[str, set[str]]:
+    """Every test id ``pytest *options tests`` collects (and keeps), with its markers' names."""
     (plugin_dir / "marker_dump.py").write_text(MARKER_PLUGIN)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-p", "marker_dump", "tests"],
+         "-p", "marker_dump", *options, "tests"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(plugin_dir)))},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = {}
     for line in result.stdout.splitlines():
-        if line.startswith("collected "):
-            _, nodeid, *marks = line.split(" ")
-            found[nodeid] = set(marks[0].split(",")) if marks and marks[0] else set()
+        if line.startswith("collected\t"):
+            _, marks, nodeid = line.split("\t", 2)
+            found[nodeid] = set(marks.split(",")) if marks else set()
     return found
 
 
@@ -149,6 +150,11 @@ def test_make_test_runs_every_test_exactly_once(tmp_path):
     assert all(runs.values()), f"a pass of make test runs no test: {runs}"
     assert not runs["processes"] & runs["one_process"], "tests run in both passes"
     assert sorted(runs["processes"] | runs["one_process"]) == sorted(collected)
+    # The runs' pass as pytest collects it, importing only the modules that mark tests so
+    # (tests/conftest.py), keeps every test marked so.
+    assert sorted(_collected_markers(tmp_path, *passes["processes"][:2])) == sorted(
+        runs["processes"]
+    )
 
 
 # A stand-in for .venv/bin/pytest: records how it was started, then exits with the status (or
