@@ -78,10 +78,8 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     assert f"failed: {named}" in report and KEEP_OUT_HINT in report, report
 
     # The operator keeps it out and runs the job again (pulumi up --replace): the job's nodes
-    # are the two others, and it resumes from the newest checkpoint. The terminate only ends the
-    # run: it lands as the retry's launchers start (under the stop reading their SIGTERM finds
-    # no process and Docker's grace is waited out), and no checkpoint is written either way.
-    run.terminate("kill")
+    # are the two others, and it resumes from the newest checkpoint.
+    run.terminate()
     assert run.wait(60), describe(cluster, run)
     out = io.StringIO()
     assert keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out) == 0
