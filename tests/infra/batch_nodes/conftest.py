@@ -269,7 +269,7 @@ def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any
     """A Blob operation from the storage side of the VNet, with the account key (what a user
     or CI does with the portal or the CLI)."""
     agent = _blob_agents.get(account.blob_endpoint)
-    if agent is None:
+    if agent is None or agent.process.poll() is not None:  # one killed for not answering: anew
         agent = _blob_agents[account.blob_endpoint] = _BlobAgent.start(fabric, account)
     request = {"connection_string": account.connection_string(), "action": action, **arguments}
     answer = agent.ask(request)

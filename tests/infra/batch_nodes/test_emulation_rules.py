@@ -274,3 +274,40 @@ def test_a_blob_agent_that_never_answers_fails_the_call_and_is_stopped(monkeypat
     with pytest.raises(RuntimeError, match=r"no answer in 0\.5 s"):
         agent.ask({"action": "list"})
     assert agent.process.wait(timeout=10) != 0
+
+
+def test_a_blob_agent_killed_for_not_answering_is_replaced_for_the_next_call(monkeypatch):
+    """After a call the agent never answered (it was killed), the session's next Blob call
+    starts a new agent instead of failing on the dead one's pipe."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from tests.infra.batch_nodes import conftest as emulator
+
+    def process(script: str) -> subprocess.Popen[str]:
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+        return subprocess.Popen([sys.executable, "-c", script], **pipes)
+
+    dead = emulator._BlobAgent(process("import time; time.sleep(60)"))
+    monkeypatch.setattr(emulator, "BLOB_CALL_SECONDS", 0.5)
+    with pytest.raises(RuntimeError, match="no answer"):
+        dead.ask({"action": "list"})
+    dead.process.wait(timeout=10)
+    echo = (
+        "import json, sys\n"
+        "for line in sys.stdin:\n"
+        "    print(json.dumps({'result': json.loads(line)['action']}), flush=True)\n"
+    )
+    started = []
+
+    def start(cls, fabric, account):
+        started.append(cls(process(echo)))
+        return started[-1]
+
+    monkeypatch.setattr(emulator._BlobAgent, "start", classmethod(start))
+    account = SimpleNamespace(blob_endpoint="https://emulated/", connection_string=lambda: "")
+    monkeypatch.setitem(emulator._blob_agents, account.blob_endpoint, dead)
+    assert emulator.blob(None, account, "list") == "list"
+    assert len(started) == 1 and emulator._blob_agents[account.blob_endpoint] is started[0]
+    started[0].close()
