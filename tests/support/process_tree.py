@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -63,10 +64,15 @@ def describe(process: psutil.Process) -> str:
 
 
 def check_none_left(tag: str, grace: float = GRACE_SECONDS) -> None:
-    """Fail naming every process tagged ``tag`` still alive after ``grace`` seconds; they are
+    """Fail naming every process tagged ``tag`` still alive after ``grace`` seconds."""
+    fail_if_any_left(lambda: tagged(tag), grace, "of the run outlived it")
+
+
+def fail_if_any_left(find: Callable[[], list[psutil.Process]], grace: float, what: str) -> None:
+    """Fail naming every process ``find`` still returns after ``grace`` seconds; they are
     killed first, so one leaking test does not slow or confuse the tests after it."""
     deadline = time.monotonic() + grace
-    while (left := tagged(tag)) and time.monotonic() < deadline:
+    while (left := find()) and time.monotonic() < deadline:
         time.sleep(0.2)
     if not left:
         return
@@ -76,7 +82,6 @@ def check_none_left(tag: str, grace: float = GRACE_SECONDS) -> None:
             process.send_signal(signal.SIGKILL)
     psutil.wait_procs(left, timeout=5)  # gone (or a zombie) before the next test starts
     pytest.fail(
-        f"{len(left)} process(es) of the run outlived it by {grace:g} s (killed now):\n"
-        + "\n".join(descriptions),
+        f"{len(left)} process(es) {what} by {grace:g} s (killed now):\n" + "\n".join(descriptions),
         pytrace=False,
     )

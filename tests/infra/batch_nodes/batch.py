@@ -282,6 +282,10 @@ class Storage:
 
 
 # --- processes on nodes -------------------------------------------------------------------------
+class ClusterClosed(RuntimeError):
+    """A process asked for after the cluster closed (see ``Cluster._register``)."""
+
+
 class Proc:
     """A task's process tree in its own PID namespace (PID 1 is the agent)."""
 
@@ -483,6 +487,7 @@ class Cluster:
         self._scheduled: list[dict[str, Any]] = []
         self._due: dict[str, float] = {}  # event id -> when the platform starts it
         self._platform_stop = threading.Event()
+        self._closed = False  # set by close(): from then on nothing more is started
         count = len(fabric.node_ips) if nodes is None else nodes
         (base / "specs").mkdir(parents=True, exist_ok=True)
         (base / "logs").mkdir(parents=True, exist_ok=True)
@@ -714,8 +719,10 @@ class Cluster:
         node.kmsg.write_text("")  # a new boot, a new kernel log
 
         def rejoin() -> None:
-            time.sleep(REJOIN_SECONDS)
-            self._run_start_task(node)
+            if self._platform_stop.wait(REJOIN_SECONDS):  # a closed cluster boots nothing
+                return
+            with contextlib.suppress(ClusterClosed):  # closed while it booted
+                self._run_start_task(node)
 
         threading.Thread(target=rejoin, daemon=True).start()
 
@@ -748,9 +755,25 @@ class Cluster:
         )
         assert popen.stdout is not None
         if popen.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"agent {args} on node {node.index} did not start")
-        self.helpers.append(popen)
+            popen.kill()
+            popen.wait()
+            log = (self.base / "logs" / f"{args[0]}-n{node.index}.err").read_text()
+            raise RuntimeError(f"agent {args} on node {node.index} did not start: {log[-500:]}")
+        self._register(popen, self.helpers, f"agent {args[0]} on node {node.index}")
         return popen
+
+    def _register(self, started: Any, kept: list[Any], name: str) -> None:
+        """Keeps ``started`` in ``kept`` for close(); one started after close() (by a thread
+        of a run or a rejoining node still going) is killed at once instead, so nothing
+        outlives the cluster in the session's node namespaces."""
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                kept.append(started)
+        if closed:
+            started.kill()
+            started.wait()
+            raise ClusterClosed(f"{name}: not started, the cluster is closed")
 
     # --- running processes -----------------------------------------------------------------------
     def spawn(
@@ -806,8 +829,7 @@ class Cluster:
         )
         os.close(write_fd)
         proc = Proc(popen, read_fd, name)
-        with self._lock:
-            self.processes.append(proc)
+        self._register(proc, self.processes, f"{name} on node {node.index}")
         self.log(f"node {node.index}: started {name}: {shlex.join(argv)[:300]}")
         return proc
 
@@ -1133,11 +1155,18 @@ class Cluster:
         return run
 
     def close(self) -> None:
+        """Ends every run (a test that failed half-way leaves one going), then kills what the
+        cluster started; its node namespaces belong to the session and must be left empty."""
         self._platform_stop.set()
+        for run in self.runs:
+            run.terminate("kill")
         with self._lock:
+            self._closed = True
             processes = list(self.processes)
         for proc in processes:
             proc.kill()
+        for run in self.runs:
+            run.join(timeout=30)
         for helper in self.helpers:
             with contextlib.suppress(ProcessLookupError):
                 helper.kill()

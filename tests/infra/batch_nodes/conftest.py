@@ -27,6 +27,7 @@ from tests.infra.batch_nodes.batch import Cluster, NfsExport, PoolSpec, Storage
 from tests.infra.batch_nodes.fabric import Fabric
 from tests.infra.batch_nodes.image import ImageConfig, read_dockerfile
 from tests.support.ports import free_port
+from tests.support.process_tree import fail_if_any_left
 from tests.support.tls import self_signed
 
 REPO = Path(__file__).resolve().parents[3]
@@ -216,6 +217,9 @@ def storage(fabric, gpu_stack) -> Iterator[Storage]:
 
 # The most one Blob operation of the tests may take (the largest uploads a few MB).
 BLOB_CALL_SECONDS = 120
+# How long after a cluster's close() its killed processes may take to be gone (SIGKILL: well
+# under a second).
+NODES_EMPTY_SECONDS = 5.0
 
 
 class _BlobAgent:
@@ -321,6 +325,10 @@ def make_cluster(fabric, storage, request):
             shutil.rmtree(base, ignore_errors=True)
         else:
             print(f"emulated nodes kept for inspection: {base}")
+    # The node namespaces are the session's: what a cluster leaves running there (a port held,
+    # a unit looping) would break every later test, so the test that left it fails instead.
+    fail_if_any_left(fabric.node_processes, NODES_EMPTY_SECONDS,
+                     "on emulated nodes outlived their cluster")  # fmt: skip
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

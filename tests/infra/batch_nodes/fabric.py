@@ -23,6 +23,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+import psutil
+
 IMDS_IP = "169.254.169.254"
 
 
@@ -122,6 +124,20 @@ class Fabric:
         if not self.isolated or ns is None:
             return []
         return ["ip", "netns", "exec", ns]
+
+    def node_processes(self) -> list[psutil.Process]:
+        """What runs in the nodes' network namespaces (a container with a network namespace
+        of its own is not counted); nothing once a cluster closed."""
+        if not self.isolated:
+            return []
+        found = []
+        for index in range(self.nodes):
+            for pid in _ip("netns", "pids", self.node_ns(index), check=False).stdout.split():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process = psutil.Process(int(pid))
+                    if process.status() != psutil.STATUS_ZOMBIE:
+                        found.append(process)
+        return found
 
     def close(self) -> None:
         """Kill what still runs in our namespaces, then delete them (veths go with them)."""

@@ -18,18 +18,18 @@ import pytest
 from infra.code_snapshot import CodeSnapshot, snapshot
 from tests.infra.batch_nodes.batch import Cluster, JobRun
 from tests.infra.batch_nodes.conftest import REPO, blob
-from tests.infra.batch_nodes.test_training_job import (
+from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
-    _current_attempt,
-    _folder_logs,
-    _wait_for,
-    _worker_pids,
     booted,
+    current_attempt,
     describe,
+    folder_logs,
     make_spec,
     metrics,
     run_folder,
     submit,
+    wait_for,
+    worker_pids,
 )
 from tests.support.wheels import write_wheel
 
@@ -98,33 +98,33 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
     )  # fmt: skip
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
-    _wait_for(lambda: _script_checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    wait_for(lambda: _script_checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
     _prepared_on_every_node(cluster, run, snap)
-    first = _current_attempt(folder)
-    assert "training steps 1..100000 on 2 workers" in _folder_logs(folder, first)
+    first = current_attempt(folder)
+    assert "training steps 1..100000 on 2 workers" in folder_logs(folder, first)
 
     # A worker on the non-primary node dies: the try fails and Batch retries it, which resumes
     # from the script's own newest checkpoint in $DT_RUN_DIR/checkpoints.
     subtask = next(n for n in run.nodes if n is not run.master)
-    workers = _worker_pids(cluster, run, subtask.index, script="train.py")
+    workers = worker_pids(cluster, run, subtask.index, script="train.py")
     assert workers, describe(cluster, run)
     os.kill(workers[0], signal.SIGKILL)
-    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
     assert run.tries[0].exit_code != 0, describe(cluster, run)
-    _wait_for(lambda: _current_attempt(folder) != first, RUN_SECONDS, "the retry", cluster, run)
-    retry = _current_attempt(folder)
-    _wait_for(lambda: "training steps" in _folder_logs(folder, retry), RUN_SECONDS,
+    wait_for(lambda: current_attempt(folder) != first, RUN_SECONDS, "the retry", cluster, run)
+    retry = current_attempt(folder)
+    wait_for(lambda: "training steps" in folder_logs(folder, retry), RUN_SECONDS,
               "the retry's start", cluster, run)  # fmt: skip
-    started = _folder_logs(folder, retry).split("training steps ", 1)[1]
+    started = folder_logs(folder, retry).split("training steps ", 1)[1]
     assert int(started.split("..", 1)[0]) > 1, started  # resumed, not from the first step
 
     # A terminate (as an eviction or `pulumi destroy` does): SIGTERM reaches every rank, which
     # stop at one step; rank 0 checkpoints and the script exits 0.
     rows = len(metrics(folder))
-    _wait_for(lambda: len(metrics(folder)) > rows, RUN_SECONDS, "the retry's steps", cluster, run)
+    wait_for(lambda: len(metrics(folder)) > rows, RUN_SECONDS, "the retry's steps", cluster, run)
     run.terminate()
     assert run.wait(60), describe(cluster, run)
-    logs = _folder_logs(folder, retry)
+    logs = folder_logs(folder, retry)
     assert "stopped by a signal at step" in logs, logs
     stopped = int(logs.split("stopped by a signal at step ", 1)[1].split(":", 1)[0])
     assert _script_checkpoints(folder)[-1] == f"step-{stopped:08d}.pt"

@@ -10,12 +10,12 @@ import json
 import pytest
 
 from infra.batch import job_options, task_options
-from tests.infra.batch_nodes.test_training_job import (
+from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
-    _current_attempt,
-    _folder_logs,
     booted,
+    current_attempt,
     describe,
+    folder_logs,
     make_spec,
     metrics,
     run_folder,
@@ -57,14 +57,14 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
     assert run.tries[0].exit_code == WATCHDOG_EXIT, describe(cluster, run)
     folder = run_folder(cluster, spec)
     stuck = next(n for n in run.nodes if n is not run.master)
-    logs = _folder_logs(folder)
+    logs = folder_logs(folder)
     # Every rank's watchdog names the stuck rank and its host; the launchers name the node.
     assert f"rank 1 on host {stuck.hostname}" in logs, logs
     assert f"node {stuck.ip} ({stuck.id}): the step watchdog fired on worker 0" in logs, logs
     (stacks,) = (folder / "watchdog").glob("rank-1-*.stacks.txt")
     assert "in maybe_block_in_a_collective" in stacks.read_text()
     # The retry resumed from the step-2 checkpoint and trained to the end.
-    retry = _folder_logs(folder, _current_attempt(folder))
+    retry = folder_logs(folder, current_attempt(folder))
     assert "at step 2 (epoch 0)" in retry and "error: watchdog" not in retry, retry
     assert [r for r in metrics(folder) if r.get("kind") == "train"][-1]["step"] == 8
 
@@ -87,6 +87,6 @@ def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
     named = [r for r in metrics(folder) if r.get("kind") == "straggler"]
     assert named and {r["host"] for r in named} == {slow.hostname}, named
     assert {r["metric"] for r in named} == {"data_wait_sec"}, named
-    assert f"on {slow.hostname}: data_wait_sec" in _folder_logs(folder), describe(cluster, run)
+    assert f"on {slow.hostname}: data_wait_sec" in folder_logs(folder), describe(cluster, run)
     summary = json.loads((folder / "results" / "metrics.json").read_text())
     assert [entry["host"] for entry in summary["stragglers"]] == [slow.hostname]

@@ -15,19 +15,19 @@ import pytest
 
 from dt_commands.jobs.keep_out import keep_out
 from tests.infra.batch_nodes.batch import GUEST_RESTART_READINGS, Cluster, JobRun, NodeScheduling
-from tests.infra.batch_nodes.test_training_job import (
+from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
     TINY,
-    _checkpoints,
-    _current_attempt,
-    _folder_logs,
-    _wait_for,
-    _worker_pids,
     booted,
+    checkpoint_steps,
+    current_attempt,
     describe,
+    folder_logs,
     make_spec,
     run_folder,
     submit,
+    wait_for,
+    worker_pids,
 )
 from trainer.launch.records import KEEP_OUT_HINT
 
@@ -44,7 +44,7 @@ def _checkpointed_run(cluster: Cluster, stack, storage) -> tuple[JobRun, Path]:
     spec = make_spec(stack, storage, trainer_args=LONG_RUN)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
     return run, folder
 
 
@@ -65,14 +65,14 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     monkeypatch.setattr(JobRun, "_try", keep_the_report)
     run, folder = _checkpointed_run(cluster, cpu_stack, storage)
     sick = next(n for n in run.nodes if n is not run.master)
-    first = _current_attempt(folder)
-    os.kill(_worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
-    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    first = current_attempt(folder)
+    os.kill(worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
+    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
 
     # Every node's log names the node whose worker died, by address and Batch node id; the
     # try's report (the primary's output) ends with what the operator can do about it.
     named = f"node {sick.ip} ({sick.id}) worker 0 exited with -9"
-    logs = _folder_logs(folder, first)
+    logs = folder_logs(folder, first)
     assert logs.count(named) >= 2, logs  # its own launcher's line and the master's
     report = reports[0]
     assert f"failed: {named}" in report and KEEP_OUT_HINT in report, report
@@ -85,9 +85,9 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     assert keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out) == 0
     assert f"node {sick.id} takes no new task" in out.getvalue()
     again = submit(cluster, make_spec(cpu_stack, storage, trainer_args=LONG_RUN))
-    _wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
+    wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
     assert sick not in again.nodes and len(again.nodes) == 2, describe(cluster, again)
-    _wait_for(lambda: "resumed from" in _folder_logs(folder, _current_attempt(folder)),
+    wait_for(lambda: "resumed from" in folder_logs(folder, current_attempt(folder)),
               RUN_SECONDS, "the rerun's resume", cluster, again)  # fmt: skip
     again.terminate("kill")
     assert again.wait(60), describe(cluster, again)
@@ -109,35 +109,35 @@ def test_a_node_that_fails_its_checks_after_a_failed_try_keeps_itself_out_of_the
     run, folder = _checkpointed_run(cluster, cpu_stack, storage)
     sick = next(n for n in run.nodes if n is not run.master)
     healthy = run.master
-    first = _current_attempt(folder)
+    first = current_attempt(folder)
     # The node's disk fails under the run: the kernel remounts it read-only; its worker dies.
     with sick.kmsg.open("a") as log:
         log.write(READ_ONLY_DISK)
-    os.kill(_worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
+    os.kill(worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
 
     # Every failed node asked its watcher; the sick one records why, restarts under the running
     # task (Batch's recovery: no retry used; or, under the other reading, a failed try), and its
     # start task refuses it from then on.
-    _wait_for(lambda: run.tries, 120, "the try's end", cluster, run)
+    wait_for(lambda: run.tries, 120, "the try's end", cluster, run)
     recovered = guest_restart == "recovery"
     assert run.tries[0].recovered == recovered, describe(cluster, run)
     assert run.retry_count == (0 if recovered else 1), describe(cluster, run)
     reason = "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only"
-    logs = _folder_logs(folder, first)
+    logs = folder_logs(folder, first)
     kept_out = f"node {sick.ip} ({sick.id}) failed its checks and keeps itself out of the pool"
     assert f"{kept_out}: {reason}" in logs, logs
     assert "the node passed its checks" in logs, logs  # the healthy node's own check
-    _wait_for(lambda: sick.state == "starttaskfailed", 60, "the start task's refusal", cluster, run)
+    wait_for(lambda: sick.state == "starttaskfailed", 60, "the start task's refusal", cluster, run)
     refusal = (sick.startup_dir / "stderr.txt").read_text()
     assert f"start task: this node kept itself out of the pool: {reason} since 20" in refusal
     assert f"--node-list {sick.id})" in refusal
     assert sick.kmsg.read_text() == ""  # the restart emptied the log: the record holds it out
 
     # The task runs again on the two other nodes and resumes.
-    _wait_for(lambda: run.state == "running" and sick not in run.nodes, RUN_SECONDS,
+    wait_for(lambda: run.state == "running" and sick not in run.nodes, RUN_SECONDS,
               "the task's next try", cluster, run)  # fmt: skip
     assert healthy in run.nodes and len(run.nodes) == 2, describe(cluster, run)
-    _wait_for(lambda: "resumed from" in _folder_logs(folder, _current_attempt(folder)),
+    wait_for(lambda: "resumed from" in folder_logs(folder, current_attempt(folder)),
               RUN_SECONDS, "the resume", cluster, run)  # fmt: skip
     run.terminate("kill")
     assert run.wait(60), describe(cluster, run)

@@ -17,92 +17,42 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import JobSpec
 from tests.conftest import write_image_folder
 from tests.infra.batch_nodes.batch import (
     NFS_VIEW_LONG_SECONDS,
     NFS_VIEW_SECONDS,
-    Cluster,
     JobRun,
 )
 from tests.infra.batch_nodes.conftest import REPO, blob
-from trainer.checkpoint import list_checkpoints, load_latest
+from tests.infra.batch_nodes.jobs import (
+    RUN_SECONDS,
+    TINY,
+    booted,
+    checkpoint_steps,
+    current_attempt,
+    describe,
+    folder_logs,
+    make_spec,
+    metrics,
+    run_folder,
+    submit,
+    wait_for,
+    worker_pids,
+)
+from trainer.checkpoint import load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
 
-# The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
-TINY = (
-    "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",
-    "--synthetic-size", "64", "--synthetic-pool", "16", "--warmup-epochs", "1",
-    "--loader-workers", "0", "--log-every", "1",
-)  # fmt: skip
 SHARDS = (
     "--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "2",
     "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
 )  # fmt: skip
-RUN_SECONDS = 180
-
-
-def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
-    """``nodes`` (two: the task's) of the CPU acceptance stack (one worker per node); every node
-    must have passed the pool's start task."""
-    cluster = make_cluster(stack, nodes=nodes, **options)
-    failed = {
-        node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
-        for node in cluster.nodes
-        if node.state != "idle"
-    }
-    assert not failed, f"start task failed: {failed}"
-    return cluster
-
-
-def make_spec(stack, storage, **changes) -> JobSpec:
-    """The stack's TrainingJob inputs, with the emulated storage account and the changes."""
-    values = {f.name: stack.job_props[f.name] for f in fields(JobSpec)}
-    values.update(blob_endpoint=storage.blob_endpoint, dataset_prefix="")
-    values.update(changes)
-    values["trainer_args"] = list(values["trainer_args"])
-    return JobSpec.from_props(values)
-
-
-def submit(cluster: Cluster, spec: JobSpec) -> JobRun:
-    return cluster.submit(job_options(spec).as_dict(), task_options(spec).as_dict())
-
-
-def run_folder(cluster: Cluster, spec: JobSpec) -> Path:
-    """The run's folder on the NFS server (the share is mounted as ``shared``)."""
-    relative = spec.checkpoint_path.split("/", 1)[1]
-    cluster.sync_nfs()
-    return cluster.nfs_export / relative
-
-
-def describe(cluster: Cluster, run: JobRun) -> str:
-    lines = [f"state={run.state} exit={run.exit_code} reason={run.reason} error={run.error}"]
-    lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
-    lines += cluster.events[-40:]
-    for node in run.nodes or cluster.nodes:
-        for folder in (run._prep_dir(node), run.task_dir(node)):
-            for path in sorted(folder.glob("*.txt")) if folder else ():
-                lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
-                             f"{path.read_text()[-3000:]}")  # fmt: skip
-    for path in sorted((cluster.base / "logs").glob("*.agent")):
-        text = path.read_text().strip()
-        if text:
-            lines.append(f"--- {path.name}: {text[-1500:]}")
-    return "\n".join(lines)
-
-
-def metrics(folder: Path) -> list[dict]:
-    path = folder / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
@@ -111,21 +61,6 @@ def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
         name.rsplit("/", 1)[1]: blob(fabric, storage, "download", container="logs", blob=name)
         for name in names
     }
-
-
-def _folder_logs(folder: Path, attempt: str | None = None) -> str:
-    """The launchers' logs in the run folder (every attempt's, or one attempt's)."""
-    root = folder / "logs" / attempt if attempt else folder / "logs"
-    return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
-
-
-def _current_attempt(folder: Path) -> str:
-    return json.loads((folder / "logs" / "current.json").read_text())["attempt"]
-
-
-def _checkpoints(folder: Path) -> list[int]:
-    """The steps of the run's complete checkpoints, newest first."""
-    return [step for step, _ in list_checkpoints(folder / "checkpoints")]
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +114,13 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     run = submit(cluster, spec)
     # A node whose preparation failed never gets the task: with two nodes the job would wait
     # forever, so that is a failure now.
-    _wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
+    wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
               cluster, run)  # fmt: skip
     assert not run.prep_failed(), describe(cluster, run)
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
     folder = run_folder(cluster, spec)
-    assert _checkpoints(folder), describe(cluster, run)
+    assert checkpoint_steps(folder), describe(cluster, run)
     assert metrics(folder)[-1]["step"] == 6
     logs = uploaded(fabric, storage, spec)
     # The task's output files, and rank 0's live metrics (the job's --metrics-upload-url, as
@@ -205,8 +140,8 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     # Every node's launcher log reaches the user: the non-primary's too (in the uploaded
     # stdout, or at least in the run folder on the share).
     for node in run.nodes:
-        assert f"[launch {node.ip}]" in output + _folder_logs(folder), output
-    assert "done: step 6" in output + _folder_logs(folder), output
+        assert f"[launch {node.ip}]" in output + folder_logs(folder), output
+    assert "done: step 6" in output + folder_logs(folder), output
     if data == "shards":
         for node in run.nodes:
             assert run.prep_exit[node.index] == 0
@@ -251,31 +186,6 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(
     assert run.wait(10) and not run.tries
 
 
-def _worker_pids(cluster: Cluster, run: JobRun, node_index: int, script: str = "") -> list[int]:
-    """The worker processes on a node: the trainer's (``python -m trainer``, not the launcher),
-    or a job's own ``script`` (``python train.py``)."""
-    found = []
-    for pid in run.processes(cluster.nodes[node_index]):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if script:
-            if script.encode() in argv:
-                found.append(pid)
-        elif b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
-            found.append(pid)
-    return found
-
-
-def _wait_for(condition, seconds: float, what: str, cluster: Cluster, run: JobRun) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if run.finished.is_set() or time.monotonic() > deadline:
-            pytest.fail(f"{what} never happened\n{describe(cluster, run)}")
-        time.sleep(0.2)
-
-
 def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks(
     make_cluster, storage, cpu_stack
 ):
@@ -284,34 +194,34 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     spec = make_spec(cpu_stack, storage, trainer_args=args)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
 
     # A worker on the non-primary node dies: the try fails within a minute, every node's part
     # of it stops (batch-mpi.md: a subtask failure fails the task) and Batch retries.
     subtask = next(n for n in run.nodes if n is not run.master)
-    workers = _worker_pids(cluster, run, subtask.index)
+    workers = worker_pids(cluster, run, subtask.index)
     assert workers, describe(cluster, run)
     killed_at = time.monotonic()
     os.kill(workers[0], signal.SIGKILL)
-    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
     assert run.tries[0].exit_code != 0, describe(cluster, run)
     assert time.monotonic() - killed_at < 60
 
     # The retry resumes from the newest checkpoint on the share.
     resumed = len(metrics(folder))
-    _wait_for(lambda: len(metrics(folder)) > resumed + 1, RUN_SECONDS, "retry steps", cluster, run)
-    attempt = _current_attempt(folder)
-    assert "resumed from" in _folder_logs(folder, attempt), _folder_logs(folder, attempt)
+    wait_for(lambda: len(metrics(folder)) > resumed + 1, RUN_SECONDS, "retry steps", cluster, run)
+    attempt = current_attempt(folder)
+    assert "resumed from" in folder_logs(folder, attempt), folder_logs(folder, attempt)
 
     # A terminate reaches every rank, which checkpoint and stop.
-    before = _checkpoints(folder)[0]
+    before = checkpoint_steps(folder)[0]
     run.terminate()
     assert run.wait(60), describe(cluster, run)
     assert run.terminated and len(run.tries) == 2, describe(cluster, run)
-    logs = _folder_logs(folder, attempt)
+    logs = folder_logs(folder, attempt)
     assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
     assert "stopped by signal" in logs, logs
-    assert _checkpoints(folder)[0] > before, logs
+    assert checkpoint_steps(folder)[0] > before, logs
 
 
 def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
@@ -326,26 +236,26 @@ def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=dataset_prefix)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "a checkpoint", cluster, run)
+    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
     first, old_master = list(run.nodes), run.master
     assert old_master is not None
     (spare,) = [n for n in cluster.nodes if n not in first]
     assert run.prep_exit.get(spare.index) is None  # not prepared: the task never ran there
     subtask = next(n for n in first if n is not old_master)
     run.leave_out = subtask
-    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
-    _wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    os.kill(worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
     assert run.tries[0].exit_code != 0 and not run.tries[0].recovered, describe(cluster, run)
 
-    attempt = _current_attempt(folder)
-    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
+    attempt = current_attempt(folder)
+    wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
               cluster, run)  # fmt: skip
     placed = ({n.index for n in run.nodes}, run.master and run.master.index)
     assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
     assert run.prep_exit[spare.index] == 0, describe(cluster, run)
     prep_dir = run._prep_dir(spare)
     assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
-    logs = _folder_logs(folder, _current_attempt(folder))
+    logs = folder_logs(folder, current_attempt(folder))
     assert "resumed from" in logs, logs
     run.terminate("kill")  # only ends the run: no grace to wait out
     assert run.wait(60), describe(cluster, run)
@@ -356,7 +266,7 @@ def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
 
     def condition() -> bool:
         try:
-            attempt = _current_attempt(folder)
+            attempt = current_attempt(folder)
         except (OSError, ValueError):
             return False
         return attempt != after_attempt and len(metrics(folder)) > metrics_before
@@ -388,28 +298,28 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
         ("Terminate", [], 60),
     ]
     for index, (kind, others, notice) in enumerate(plan):
-        _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
+        wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
                   cluster, run)  # fmt: skip
-        attempt = _current_attempt(folder)
+        attempt = current_attempt(folder)
         victim = next(n for n in run.nodes if n is not run.master)
         events.append(cluster.schedule_event(kind, [victim.vm_name, *others], notice))
-        _wait_for(lambda i=index: len(run.tries) > i, RUN_SECONDS, f"{kind} ends the try",
+        wait_for(lambda i=index: len(run.tries) > i, RUN_SECONDS, f"{kind} ends the try",
                   cluster, run)  # fmt: skip
         assert run.tries[index].recovered, describe(cluster, run)
-        logs = _folder_logs(folder, attempt)
+        logs = folder_logs(folder, attempt)
         assert f"scheduled event {kind} {events[-1]}" in logs, logs
         assert "waiting for the platform to take this VM" in logs, logs
     assert (run.retry_count, run.requeue_count, run.finished.is_set()) == (0, 4, False), describe(
         cluster, run
     )
     assert sorted(event for _, event in cluster.approved()) == sorted(events[:1] + events[2:])
-    assert "not approving Reboot" in _folder_logs(folder)
+    assert "not approving Reboot" in folder_logs(folder)
 
     # A real failure still counts: a worker dies, the try fails, Batch retries it.
-    _wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
+    wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
     subtask = next(n for n in run.nodes if n is not run.master)
-    os.kill(_worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
-    _wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
+    os.kill(worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
+    wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
     assert not run.tries[4].recovered and run.tries[4].exit_code != 0, describe(cluster, run)
     assert run.retry_count == 1 and not run.finished.is_set(), describe(cluster, run)
     run.terminate("kill")  # only ends the run: no grace to wait out
@@ -455,7 +365,7 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
 
     # Kill: SIGKILL to every process of the task, at once, mid-run.
     run = submit(cluster, spec)
-    _wait_for(lambda: len(_checkpoints(folder)) >= 2, RUN_SECONDS, "checkpoints", cluster, run)
+    wait_for(lambda: len(checkpoint_steps(folder)) >= 2, RUN_SECONDS, "checkpoints", cluster, run)
     run.terminate("kill")
     assert run.wait(60) and run.terminated, describe(cluster, run)
     newest = load_latest(folder / "checkpoints")
@@ -465,25 +375,25 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     # Stop while the non-primary launcher waits for the primary's rendezvous.
     seen = len(cluster.events)  # the kill's events before
     run = submit(cluster, spec)
-    _wait_for(lambda: run.master is not None and len(run.running) == 2, RUN_SECONDS,
+    wait_for(lambda: run.master is not None and len(run.running) == 2, RUN_SECONDS,
               "the coordination commands", cluster, run)  # fmt: skip
     assert run.master is not None
     master = run.master.index
     subtask = next(n.index for n in run.nodes if n is not run.master)
-    _wait_for(lambda: _launcher(run, master) is not None, 60, "the launcher", cluster, run)
+    wait_for(lambda: _launcher(run, master) is not None, 60, "the launcher", cluster, run)
     master_pid = _launcher(run, master)
     assert master_pid is not None
     os.kill(master_pid, signal.SIGSTOP)
     try:
-        _wait_for(lambda: _launcher(run, subtask) is not None, RUN_SECONDS, "the launcher",
+        wait_for(lambda: _launcher(run, subtask) is not None, RUN_SECONDS, "the launcher",
                   cluster, run)  # fmt: skip
         waiting = _launcher(run, subtask)
         assert waiting is not None
         what = "a SIGTERM handler in the launcher waiting for the master"
-        _wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, run)
+        wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, run)
         run.terminate("stop")
         stopping = f"terminate: SIGTERM to coord-n{subtask}"
-        _wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
+        wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
                   cluster, run)  # fmt: skip
     finally:
         os.kill(master_pid, signal.SIGCONT)
@@ -495,13 +405,13 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     assert "before the workers started" in output, describe(cluster, run)
     killed = f"terminate: SIGKILL to coord-n{subtask}"
     assert killed not in "\n".join(cluster.events[seen:]), describe(cluster, run)
-    assert not _worker_pids(cluster, run, subtask)
+    assert not worker_pids(cluster, run, subtask)
     assert load_latest(folder / "checkpoints")[0] == newest[0], describe(cluster, run)
 
     # The next run resumes from the checkpoint the kill left.
     run = submit(cluster, spec)
     resumed = f"{newest[0].name} at step {kept} "  # the path as the node sees it ends so
-    _wait_for(lambda: resumed in _folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
+    wait_for(lambda: resumed in folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
               cluster, run)  # fmt: skip
     run.terminate("kill")
     assert run.wait(60), describe(cluster, run)
@@ -527,7 +437,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     def wipe_before_the_retry(self, attempt, instances):
         if attempt == 1:  # every process of the failed try has stopped: the share is replaced
             cluster.sync_nfs()
-            wiped.extend(_checkpoints(folder))
+            wiped.extend(checkpoint_steps(folder))
             first_try_rows.append(len(metrics(folder)))
             shutil.rmtree(folder / "checkpoints")
         return original(self, attempt, instances)
@@ -539,15 +449,15 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
         names = blob(fabric, storage, "list", container="checkpoints", prefix=mirror)
         return [n for n in names if n.endswith(".mirror.json")]
 
-    _wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, run)
+    wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, run)
     subtask = next(n for n in run.nodes if n is not run.master)
-    workers = _worker_pids(cluster, run, subtask.index)
+    workers = worker_pids(cluster, run, subtask.index)
     assert workers, describe(cluster, run)
     os.kill(workers[0], signal.SIGKILL)
-    _wait_for(lambda: len(run.tries) >= 1, 60, "the try's failure", cluster, run)
-    _wait_for(lambda: _checkpoints(folder), RUN_SECONDS, "the retry's checkpoint", cluster, run)
-    attempt = _current_attempt(folder)
-    logs = _folder_logs(folder, attempt)
+    wait_for(lambda: len(run.tries) >= 1, 60, "the try's failure", cluster, run)
+    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "the retry's checkpoint", cluster, run)
+    attempt = current_attempt(folder)
+    logs = folder_logs(folder, attempt)
     assert wiped, describe(cluster, run)
     assert "resuming from the mirror's step-" in logs, logs
     resumed = int(logs.split("resuming from the mirror's step-", 1)[1][:9])
@@ -560,7 +470,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
         rows = metrics(folder)[first_try_rows[0] :]
         return [r["step"] for r in rows if r.get("kind") == "train"]
 
-    _wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, run)
+    wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, run)
     assert retry_steps()[0] == resumed + 1, retry_steps()
     run.terminate("kill")  # only ends the run: no grace to wait out
     assert run.wait(60), describe(cluster, run)

@@ -1,0 +1,121 @@
+"""The training job on emulated nodes as the tests drive it: booted nodes, the job submitted
+exactly as ``infra.job`` submits it, waits with the emulator's story on failure, the workers'
+processes and the run folder on the NFS server."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from infra.batch import JobSpec, job_options, task_options
+from tests.infra.batch_nodes.batch import Cluster, JobRun
+from trainer.checkpoint import list_checkpoints
+
+# The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
+TINY = (
+    "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",
+    "--synthetic-size", "64", "--synthetic-pool", "16", "--warmup-epochs", "1",
+    "--loader-workers", "0", "--log-every", "1",
+)  # fmt: skip
+# The longest a test waits for one stage of a run (a start, a checkpoint, a retry).
+RUN_SECONDS = 180
+
+
+def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
+    """``nodes`` (two: the task's) of the CPU acceptance stack (one worker per node); every node
+    must have passed the pool's start task."""
+    cluster = make_cluster(stack, nodes=nodes, **options)
+    failed = {
+        node.index: (node.startup_dir / "stderr.txt").read_text()[-2000:]
+        for node in cluster.nodes
+        if node.state != "idle"
+    }
+    assert not failed, f"start task failed: {failed}"
+    return cluster
+
+
+def make_spec(stack, storage, **changes) -> JobSpec:
+    """The stack's TrainingJob inputs, with the emulated storage account and the changes."""
+    values = {f.name: stack.job_props[f.name] for f in fields(JobSpec)}
+    values.update(blob_endpoint=storage.blob_endpoint, dataset_prefix="")
+    values.update(changes)
+    values["trainer_args"] = list(values["trainer_args"])
+    return JobSpec.from_props(values)
+
+
+def submit(cluster: Cluster, spec: JobSpec) -> JobRun:
+    return cluster.submit(job_options(spec).as_dict(), task_options(spec).as_dict())
+
+
+def run_folder(cluster: Cluster, spec: JobSpec) -> Path:
+    """The run's folder on the NFS server (the share is mounted as ``shared``)."""
+    relative = spec.checkpoint_path.split("/", 1)[1]
+    cluster.sync_nfs()
+    return cluster.nfs_export / relative
+
+
+def describe(cluster: Cluster, run: JobRun) -> str:
+    lines = [f"state={run.state} exit={run.exit_code} reason={run.reason} error={run.error}"]
+    lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
+    lines += cluster.events[-40:]
+    for node in run.nodes or cluster.nodes:
+        for folder in (run._prep_dir(node), run.task_dir(node)):
+            for path in sorted(folder.glob("*.txt")) if folder else ():
+                lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
+                             f"{path.read_text()[-3000:]}")  # fmt: skip
+    for path in sorted((cluster.base / "logs").glob("*.agent")):
+        text = path.read_text().strip()
+        if text:
+            lines.append(f"--- {path.name}: {text[-1500:]}")
+    return "\n".join(lines)
+
+
+def metrics(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def folder_logs(folder: Path, attempt: str | None = None) -> str:
+    """The launchers' logs in the run folder (every attempt's, or one attempt's)."""
+    root = folder / "logs" / attempt if attempt else folder / "logs"
+    return "".join(p.read_text() for p in sorted(root.rglob("*.log"))) if root.is_dir() else ""
+
+
+def current_attempt(folder: Path) -> str:
+    return json.loads((folder / "logs" / "current.json").read_text())["attempt"]
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    """The steps of the run's complete checkpoints, newest first."""
+    return [step for step, _ in list_checkpoints(folder / "checkpoints")]
+
+
+def worker_pids(cluster: Cluster, run: JobRun, node_index: int, script: str = "") -> list[int]:
+    """The worker processes on a node: the trainer's (``python -m trainer``, not the launcher),
+    or a job's own ``script`` (``python train.py``)."""
+    found = []
+    for pid in run.processes(cluster.nodes[node_index]):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if script:
+            if script.encode() in argv:
+                found.append(pid)
+        elif b"-m" in argv and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"trainer"]:
+            found.append(pid)
+    return found
+
+
+def wait_for(condition, seconds: float, what: str, cluster: Cluster, run: JobRun) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if run.finished.is_set() or time.monotonic() > deadline:
+            pytest.fail(f"{what} never happened\n{describe(cluster, run)}")
+        time.sleep(0.2)
