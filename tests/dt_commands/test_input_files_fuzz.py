@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 # Each example runs in milliseconds (no program evaluation: nothing here is a valid stack); these
 # counts keep every test under 5 s on a busy 2-core machine.
-FAST = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(max_examples=100, suppress_health_check=list(HealthCheck))
 
 ENCODINGS = ("latin-1", "cp1252", "utf-16", "utf-16-le", "utf-32")
 # Characters every encoding above can write, at least one of them outside ASCII (so the bytes

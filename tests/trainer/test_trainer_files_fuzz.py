@@ -18,7 +18,7 @@ NUMERIC_EXTREMES = st.sampled_from(
 )
 # tmp_path is shared by a test's examples: each example overwrites the one file it uses.
 FILE_EXAMPLES = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 ENCODINGS = st.sampled_from(["latin-1", "cp1252", "utf-16", "utf-16-le", "utf-32", "utf-8-sig"])
 
@@ -30,9 +30,7 @@ def parses_or_one_line(path, tmp_argv=()) -> None:
         assert "\n" not in str(err) and len(str(err)) < 1000
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(FIELD_NAMES), value=NUMERIC_EXTREMES)
 def test_numeric_extremes_in_yaml_for_every_setting(tmp_path, key, value):
     path = tmp_path / "train.yaml"
@@ -40,7 +38,7 @@ def test_numeric_extremes_in_yaml_for_every_setting(tmp_path, key, value):
     parses_or_one_line(path)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(key=st.sampled_from(FIELD_NAMES), value=NUMERIC_EXTREMES)
 def test_numeric_extremes_as_flags_for_every_setting(key, value):
     try:
@@ -53,9 +51,7 @@ def test_numeric_extremes_as_flags_for_every_setting(key, value):
         assert exit_.code == 2
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     encoding=ENCODINGS,
     comment=st.text(alphabet=st.characters(min_codepoint=0xA0, max_codepoint=0x24F), min_size=1),
@@ -66,9 +62,7 @@ def test_yaml_in_other_encodings(tmp_path, encoding, comment):
     parses_or_one_line(path)
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=300))
 def test_binary_garbage_as_the_config_file(tmp_path, data):
     path = tmp_path / "train.yaml"

@@ -20,9 +20,7 @@ STEMS = tuple(f"val_{i:02d}" for i in range(6))
 NAME = st.text(alphabet=string.ascii_letters + string.digits + "_-.", min_size=1, max_size=12)
 SEPARATOR = st.sampled_from([" ", "  ", "\t", ",", ", "])
 # tmp_path is shared by a test's examples: each example rewrites the one labels file.
-EXAMPLES = settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+EXAMPLES = settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _source(root: Path) -> Path:

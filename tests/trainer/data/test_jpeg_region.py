@@ -58,7 +58,7 @@ def test_a_library_built_from_other_source_is_not_used(monkeypatch):
     assert jpeg_region._load() is None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     width=st.integers(1, 300),
     height=st.integers(1, 200),

@@ -298,7 +298,6 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, setup, message):
 
 @settings(
     max_examples=60,
-    deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
@@ -329,7 +328,7 @@ def test_random_bytes_either_round_trip_or_raise_data_error(contents, val_fracti
 # --- a source read in pieces ---------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     # Multi-byte characters, line ends and long lines, read in pieces of a few bytes.
     st.text(alphabet=st.sampled_from("ab\néü✓𝄞 "), max_size=80),
@@ -348,7 +347,7 @@ def test_pieces_join_to_the_whole_text_and_end_at_line_ends(text, bom, piece_byt
         assert piece.endswith("\n") or "\n" not in piece
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     st.text(alphabet=st.sampled_from("ab\né✓"), min_size=1, max_size=60),
     st.data(),

@@ -76,7 +76,7 @@ def test_an_undecodable_sample_is_one_error_naming_it(data):
         decode.decode_pixels(data, "shard-3.tar:000000007")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(
     size=st.sampled_from([112, 224, 288]),
     aspect=st.floats(1.0, 3.0),
