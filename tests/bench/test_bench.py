@@ -2,6 +2,7 @@
 are drawn from results files."""
 
 import json
+import re
 
 import pytest
 
@@ -236,3 +237,25 @@ def test_goals_never_report_a_result_from_before_the_run(tmp_path):
     assert "not measured in this run" in goals.report(found)
     (tmp_path / "data_path.json").unlink()
     assert goals.goals(results=tmp_path)[4].measured is None
+
+
+def test_the_pool_series_declares_the_cluster_component_that_many_times_and_then_once_again():
+    """bench.program_eval's ``pools(n)``: n Batch accounts and pools, each account with a name
+    of its own (Batch account names are global), and the program as it was once it ends."""
+    from bench.program_eval import pools
+    from dt_commands.plan import REPO, evaluate, read_stack_file
+
+    values = read_stack_file(REPO / "Pulumi.dev.yaml")
+
+    def declared(plan, kind):
+        return [r for r in plan.resources if r.typ == f"azure-native:batch:{kind}"]
+
+    with pools(3):
+        grown = evaluate("dev", values)
+    plain = evaluate("dev", values)
+    assert len(declared(grown, "Pool")) == 3 and len(declared(plain, "Pool")) == 1
+    names = [r.inputs["accountName"] for r in declared(grown, "BatchAccount")]
+    assert len(names) == len(set(names)) == 3
+    # "Batch account names must be between 3 and 24 characters in length and must use only
+    # numbers and lowercase letters" (BatchAccount_Create's accountName, Azure SDK reference).
+    assert all(re.fullmatch(r"[a-z0-9]{3,24}", name) for name in names), names
