@@ -24,7 +24,8 @@ from trainer.launch.fabric import (
     worker_environment,
     workers_per_node,
 )
-from trainer.launch.main import build_parser, main
+from trainer.launch.main import main
+from trainer.launch.options import build_parser
 from trainer.launch.records import (
     INTERRUPTED_EXIT,
     KEEP_OUT_HINT,
