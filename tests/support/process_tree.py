@@ -15,7 +15,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psutil
 import pytest
@@ -31,10 +31,21 @@ def new_tag() -> str:
     return uuid.uuid4().hex
 
 
-def tagged(tag: str) -> list[psutil.Process]:
-    """Every live process (zombies excluded: they have exited) carrying ``RUN_TAG=tag``."""
-    entry = f"\0{RUN_TAG}={tag}\0".encode()
+def running(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` still alive (zombies excluded: they have exited)."""
     found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+    return found
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Every live process carrying ``RUN_TAG=tag``."""
+    entry = f"\0{RUN_TAG}={tag}\0".encode()
+    pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
@@ -44,15 +55,9 @@ def tagged(tag: str) -> list[psutil.Process]:
                 environ = b"\0" + file.read()
         except OSError:  # gone, or not ours to read
             continue
-        if entry not in environ:
-            continue
-        try:
-            process = psutil.Process(int(name))
-            if process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return found
+        if entry in environ:
+            pids.append(int(name))
+    return running(pids)
 
 
 def describe(process: psutil.Process) -> str:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from tests.support.process_tree import running
+
 IMDS_IP = "169.254.169.254"
 
 
@@ -37,6 +39,11 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise FabricUnavailable(f"ip {' '.join(args)}: {result.stderr.strip()}")
     return result
+
+
+def _pids_in(ns: str) -> list[int]:
+    """The processes whose network namespace is ``ns`` (none once it is gone)."""
+    return [int(pid) for pid in _ip("netns", "pids", ns, check=False).stdout.split()]
 
 
 @dataclass
@@ -130,22 +137,14 @@ class Fabric:
         of its own is not counted); nothing once a cluster closed."""
         if not self.isolated:
             return []
-        found = []
-        for index in range(self.nodes):
-            for pid in _ip("netns", "pids", self.node_ns(index), check=False).stdout.split():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process = psutil.Process(int(pid))
-                    if process.status() != psutil.STATUS_ZOMBIE:
-                        found.append(process)
-        return found
+        return running(pid for index in range(self.nodes) for pid in _pids_in(self.node_ns(index)))
 
     def close(self) -> None:
         """Kill what still runs in our namespaces, then delete them (veths go with them)."""
         for ns in reversed(self.namespaces):
-            pids = _ip("netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
+            for pid in _pids_in(ns):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for ns in reversed(self.namespaces):
             _ip("netns", "del", ns, check=False)
         self.namespaces = []
