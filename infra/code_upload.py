@@ -1,12 +1,15 @@
 """A job's code snapshot in the stack's storage: ``CodeUpload``, a dynamic resource that puts
 ``<sha256>.tar.gz`` (infra.code_snapshot) into the ``code`` container once per hash, with the
-deployer's credential (infra.credentials). Its inputs are the folder, the hash and the blob
+deployer's credential (infra.credentials), which the stack grants ``DEPLOYER_ROLE`` on that
+container alone; the grant's propagation is waited out, and the account's firewall must admit
+the deployer's address (storageAllowedIps). Its inputs are the folder, the hash and the blob
 endpoint, never the bytes: the provider builds the snapshot again from the folder and uploads
 it only if the hash is the one the preview showed. Azure SDK imports stay inside functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +17,31 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult
 
 from infra.dynamic import OneLineError, Provider, changed_inputs
+from trainer.grant_wait import CONTRIBUTOR, PENDING, GrantMissing, GrantWait
 
 CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.code_folder.CONTAINER reads it
 INPUT_KEYS = ("folder", "sha256", "blob_endpoint")
+# The deployer's one data role, on the code container (infra.stack): it writes the snapshots.
+DEPLOYER_ROLE = CONTRIBUTOR
+# Storage's refusal of an address its firewall does not admit, whatever the credential (403;
+# SupportArticles-docs storage-troubleshoot-403-errors.md, read 2026-11-28).
+FIREWALL_REFUSAL = "AuthorizationFailure"
 
 
 class CodeUploadError(OneLineError):
     """The snapshot could not be uploaded; one line naming the folder and the fix."""
 
 
+def grant_wait() -> GrantWait:
+    """Waits out the deployer's new role on the code container (up to 30 minutes to reach
+    Storage), one warning per wait in the `pulumi up` output."""
+    return GrantWait(DEPLOYER_ROLE, log=pulumi.log.warn)
+
+
 def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
     """The blob's URL once it holds the snapshot of ``folder`` whose hash is ``sha256``. An
     existing blob of that name is the same bytes (the name is their hash): left as it is."""
-    from azure.core.exceptions import AzureError, ResourceExistsError
+    from azure.core.exceptions import AzureError, HttpResponseError
     from azure.storage.blob import BlobClient
 
     from infra import credentials
@@ -43,17 +58,39 @@ def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
             f"(sha256 {snap.sha256[:12]}..., planned {sha256[:12]}...); run pulumi up again"
         )
     blob = BlobClient(blob_endpoint, CONTAINER, snap.blob_name, credential=credentials.credential())
+    where = f"uploading jobs.<name>.code={folder!r} to {blob.url}"
     try:
-        blob.upload_blob(snap.data, overwrite=False)
-    except ResourceExistsError:
-        pass
-    except AzureError as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        grant_wait().call(lambda: _put(blob, snap.data), where)
+    except GrantMissing:
         raise CodeUploadError(
-            f"uploading jobs.<name>.code={folder!r} to {blob.url} failed: {first}; the "
-            "deployer needs Storage Blob Data Contributor on the code container"
+            f"{where}: Storage still refuses the deployer ({PENDING}) after 30 min: it "
+            f"lacks {DEPLOYER_ROLE} on the code container, which the stack assigns; check "
+            "that the assignment exists, then run `pulumi up` again"
         ) from None
+    except HttpResponseError as err:
+        if err.status_code == 403 and getattr(err, "error_code", None) == FIREWALL_REFUSAL:
+            raise CodeUploadError(
+                f"{where}: the storage account's firewall refused this machine's address "
+                f"(403 {FIREWALL_REFUSAL}); add it to storageAllowedIps (pulumi config set "
+                "--path 'storageAllowedIps[0]' <address>), run `pulumi up` from a machine "
+                "whose address is there, or drop the job's code"
+            ) from None
+        raise CodeUploadError(f"{where} failed: {_first_line(err)}") from None
+    except AzureError as err:
+        raise CodeUploadError(f"{where} failed: {_first_line(err)}") from None
     return blob.url
+
+
+def _put(blob: Any, data: bytes) -> None:
+    """Writes ``data`` unless the blob exists (the same bytes: its name is their hash)."""
+    from azure.core.exceptions import ResourceExistsError
+
+    with contextlib.suppress(ResourceExistsError):
+        blob.upload_blob(data, overwrite=False)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 class CodeUploadProvider(Provider):

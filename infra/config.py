@@ -608,6 +608,15 @@ class StackSettings:
                     f"jobs.{job.name}.nodes={job.nodes}: the pool has {pool_nodes} nodes "
                     "(nodeCount); use at most that many"
                 )
+            # `pulumi up` uploads the code into the data account, whose firewall admits only
+            # these addresses and the VNet (infra/code_upload.py).
+            if job.code is not None and not self.network.storage_allowed_ips:
+                raise ConfigError(
+                    f"jobs.{job.name}.code={job.code.folder!r}: `pulumi up` uploads it to the "
+                    "data storage account, whose firewall admits no deployer's address "
+                    "(storageAllowedIps is empty); add the public address of the machine "
+                    "that runs `pulumi up` to storageAllowedIps"
+                )
         unknown = sorted(set(self.replace_jobs) - set(names))
         if unknown:
             raise ConfigError(

@@ -14,9 +14,17 @@ from pulumi_azure_native import authorization, resources
 from infra import naming
 from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
+from infra.code_upload import CONTAINER as CODE_CONTAINER
 from infra.code_upload import CodeUpload, CodeUploadArgs
 from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
-from infra.identity import Identities, IdentitiesArgs, deployer_principal_type
+from infra.identity import (
+    STORAGE_BLOB_DATA_CONTRIBUTOR,
+    Identities,
+    IdentitiesArgs,
+    assign_role,
+    container_scope,
+    deployer_principal_type,
+)
 from infra.image import (
     PullSource,
     ReusedImage,
@@ -75,7 +83,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             nfs_vm_id=nfs.vm_id,
         ),
     )
-    uploads = _code_uploads(stem, s, store)
+    uploads = _code_uploads(stem, s, store, client, deployer_type)
     jobs = {
         job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads) for job in s.jobs
     }
@@ -238,17 +246,37 @@ def _cluster(
     )
 
 
-def _code_uploads(stem: str, s: StackSettings, store: Storage) -> dict[str, CodeUpload]:
-    """One upload per snapshot hash the stack's jobs name (equal code is one blob)."""
-    uploads: dict[str, CodeUpload] = {}
+def _code_uploads(
+    stem: str, s: StackSettings, store: Storage, client: pulumi.Output[Any], deployer_type: str
+) -> dict[str, CodeUpload]:
+    """One upload per snapshot hash the stack's jobs name (equal code is one blob), written
+    with the deployer's own data role on the code container, granted only to a stack with
+    code jobs (Owner or Contributor reach no blob data: azure-docs articles/storage/blobs/
+    authorize-access-azure-active-directory.md, read 2026-11-28)."""
+    folders: dict[str, str] = {}
     for job in s.jobs:
-        if job.code is not None and job.code.sha256 not in uploads:
-            uploads[job.code.sha256] = CodeUpload(
-                f"{stem}-code-{job.code.sha256[:12]}",
-                CodeUploadArgs(job.code.folder, job.code.sha256, store.blob_endpoint),
-                opts=pulumi.ResourceOptions(depends_on=[store]),
-            )
-    return uploads
+        if job.code is not None:
+            folders.setdefault(job.code.sha256, job.code.folder)
+    if not folders:
+        return {}
+    writer = assign_role(
+        f"{stem}-deployer-code",
+        role=STORAGE_BLOB_DATA_CONTRIBUTOR,
+        principal_id=client.object_id,
+        scope=container_scope(store.account_id, CODE_CONTAINER),
+        subscription_id=client.subscription_id,
+        principal_type=authorization.PrincipalType(deployer_type),
+        parent=store,
+        depends_on=[store.containers[CODE_CONTAINER]],
+    )
+    return {
+        sha256: CodeUpload(
+            f"{stem}-code-{sha256[:12]}",
+            CodeUploadArgs(folder, sha256, store.blob_endpoint),
+            opts=pulumi.ResourceOptions(depends_on=[store, writer]),
+        )
+        for sha256, folder in folders.items()
+    }
 
 
 def _job(

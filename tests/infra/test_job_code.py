@@ -18,7 +18,7 @@ from infra.code_snapshot import snapshot
 from infra.config import ConfigError, job_settings
 from tests.dt_commands.test_preview_jobs import _digest
 from tests.infra.test_job_payloads import SPEC
-from tests.support.stacks import REPO, of_type, stack_values
+from tests.support.stacks import CLIENT_IP, REPO, of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 IMAGE = "pulumi-python:dynamic/acr:ImageBuild"  # the dev stack's builder
@@ -30,7 +30,13 @@ def _jobs(entry: dict) -> tuple:
 
 
 def _stack(jobs: dict) -> dict:
-    return {**stack_values("dev"), "gpu-cluster:jobs": json.dumps(jobs)}
+    # The deployer's address: a code job's upload must get through the account's firewall.
+    allowed = json.dumps([CLIENT_IP])
+    return {
+        **stack_values("dev"),
+        "gpu-cluster:jobs": json.dumps(jobs),
+        "gpu-cluster:storageAllowedIps": allowed,
+    }
 
 
 def _inputs(plan) -> dict[str, dict]:

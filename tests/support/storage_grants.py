@@ -27,6 +27,17 @@ built-in-roles: Reader's data actions are ``containers/blobs/read`` alone). A re
 every grant of its identity gets the same 403 as one before its grant. A container grant covers
 nothing at the account's own level (listing containers), the unfavourable reading.
 
+Control-plane roles give no data access: Owner, Contributor and Storage Account Contributor
+"don't grant access to blob data through Microsoft Entra ID" (azure-docs articles/storage/blobs/
+authorize-access-azure-active-directory.md, read 2026-11-28): a grant of one covers nothing here.
+
+The account's network rules come first (``NetworkRules``): with ``defaultAction: Deny`` a
+request from an address outside its IP rules and not from an allowed subnet gets 403
+``AuthorizationFailure``, "This request is not authorized to perform this operation.", whatever
+its credential (SupportArticles-docs storage-troubleshoot-403-errors.md, "IP address
+restrictions"; the wire message quoted in microsoft/AzureStorageExplorer #9150; read
+2026-11-28), not the missing role's ``AuthorizationPermissionMismatch``.
+
 Requests signed with the account key (the tests' own setup and checks) pass: Shared Key is not
 subject to Azure RBAC. The proxy forwards everything else to Azurite unchanged."""
 
@@ -50,6 +61,8 @@ from urllib.parse import urlsplit
 
 MISMATCH = "AuthorizationPermissionMismatch"
 MISMATCH_MESSAGE = "This request is not authorized to perform this operation using this permission."
+FIREWALL = "AuthorizationFailure"
+FIREWALL_MESSAGE = "This request is not authorized to perform this operation."
 # Hop-by-hop headers (RFC 9110 section 7.6.1): never forwarded by a proxy.
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 
@@ -72,9 +85,42 @@ class FakeClock:
 READER = "Storage Blob Data Reader"
 CONTRIBUTOR = "Storage Blob Data Contributor"
 # What each role may do: Reader's only data action reads (GET, HEAD: download, properties,
-# list); Contributor's also write and delete (PUT, POST, PATCH, DELETE).
+# list); Contributor's also write and delete (PUT, POST, PATCH, DELETE). The control-plane
+# roles hold no data action at all.
 _READS = frozenset({"GET", "HEAD"})
-ROLE_METHODS = {READER: _READS, CONTRIBUTOR: _READS | {"PUT", "POST", "PATCH", "DELETE"}}
+ROLE_METHODS = {
+    READER: _READS,
+    CONTRIBUTOR: _READS | {"PUT", "POST", "PATCH", "DELETE"},
+    "Owner": frozenset(),
+    "Contributor": frozenset(),
+    "Storage Account Contributor": frozenset(),
+}
+
+
+@dataclass
+class NetworkRules:
+    """The account's firewall as the proxy's callers meet it: ``caller`` is where Azure sees
+    this machine's requests come from, a public address (a laptop, a CI runner) or
+    ``SUBNET`` (a node in an allowed subnet, through its service endpoint); a test moves it."""
+
+    default_action: str = "Deny"
+    ip_rules: tuple[str, ...] = ()
+    caller: str = "198.51.100.7"
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (caller, path)
+
+    def admits(self, path: str) -> bool:
+        import ipaddress
+
+        if self.default_action == "Allow" or self.caller == SUBNET:
+            return True
+        address = ipaddress.ip_address(self.caller)
+        if any(address in ipaddress.ip_network(rule, strict=False) for rule in self.ip_rules):
+            return True
+        self.refused.append((self.caller, path))
+        return False
+
+
+SUBNET = "subnet"  # NetworkRules.caller for a request through an allowed subnet
 
 
 @dataclass
@@ -101,6 +147,8 @@ class Grants:
     """The role assignments of each identity (the token's ``oid``): none until ``grant``."""
 
     clock: Callable[[], float] = time.monotonic
+    # None: every caller stands where the account's network admits it (a node in its subnet).
+    network: NetworkRules | None = None
     _grants: dict[str, list[Grant]] = field(default_factory=dict)
     denied: list[tuple[str, str, str]] = field(default_factory=list)  # (identity, method, path)
     allowed: int = 0
@@ -160,13 +208,13 @@ def token_identity(authorization: str) -> str | None:
     return claims.get("oid") if isinstance(claims, dict) else None
 
 
-def mismatch_body(request_id: str) -> bytes:
-    """The Storage error document Storage sends with 403 AuthorizationPermissionMismatch."""
+def error_body(code: str, message: str, request_id: str) -> bytes:
+    """The Storage error document Storage sends with a 403."""
     time_text = time.strftime("%Y-%m-%dT%H:%M:%S.0000000Z", time.gmtime())
     return (
         '<?xml version="1.0" encoding="utf-8"?><Error>'
-        f"<Code>{MISMATCH}</Code>"
-        f"<Message>{MISMATCH_MESSAGE}\nRequestId:{request_id}\nTime:{time_text}</Message>"
+        f"<Code>{code}</Code>"
+        f"<Message>{message}\nRequestId:{request_id}\nTime:{time_text}</Message>"
         "</Error>"
     ).encode()
 
@@ -193,20 +241,24 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         identity = token_identity(self.headers.get("Authorization", ""))
+        network = self.server.grants.network
+        if identity is not None and network is not None and not network.admits(self.path):
+            self._deny(FIREWALL, FIREWALL_MESSAGE)
+            return
         if identity is not None and not self.server.grants.permits(
             identity, self.command, self.path
         ):
-            self._deny()
+            self._deny(MISMATCH, MISMATCH_MESSAGE)
             return
         self._forward(body)
 
-    def _deny(self) -> None:
+    def _deny(self, code: str, message: str) -> None:
         request_id = str(uuid.uuid4())
-        body = b"" if self.command == "HEAD" else mismatch_body(request_id)
-        self.send_response(403, MISMATCH_MESSAGE)
+        body = b"" if self.command == "HEAD" else error_body(code, message, request_id)
+        self.send_response(403, message)
         self.send_header("Content-Type", "application/xml")
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("x-ms-error-code", MISMATCH)
+        self.send_header("x-ms-error-code", code)
         self.send_header("x-ms-request-id", request_id)
         self.send_header("x-ms-version", self.headers.get("x-ms-version", "2021-12-02"))
         self.send_header("Date", formatdate(usegmt=True))

@@ -1,0 +1,145 @@
+"""A ``code:`` job deployed against Storage that authorizes like Azure (tests/support/
+stack_rights.py): the deployer holds only what the stack declares and docs/deploy.md lists as
+prerequisites, the account's firewall admits only its IP rules and subnets, and a new role
+assignment arrives late. The documented example (``jobs.mine.code: examples/torchrun_ddp``):
+planned, uploaded from a laptop whose address the stack admits, fetched by the nodes; a CI
+runner outside the rules and a stack that admits no address are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from dt_commands.mocks import DEPLOYER_OBJECT_ID
+from dt_commands.plan import evaluate
+from infra.code_snapshot import snapshot
+from infra.config import ConfigError, StackSettings, load_schema
+from tests.support.fake_imds import IDENTITY
+from tests.support.stack_rights import blob_front, laptop_az
+from tests.support.stacks import CLIENT_IP, REPO, stack_values
+from tests.support.storage_grants import FIREWALL, SUBNET, FakeClock
+
+MINE = {"command": "python train.py --steps 40", "code": "examples/torchrun_ddp", "nodes": 1}
+NODES = "principal-platform-dev-nodes"  # the mocks' principal id of the nodes' identity
+PROPAGATION_S = 600.0  # a seeded delay inside Azure's documented "up to 30 minutes"
+
+
+def _values(allowed_ips: list[str]) -> dict:
+    return {
+        **stack_values("dev"),
+        "gpu-cluster:jobs": json.dumps({"mine": MINE}),
+        "gpu-cluster:storageAllowedIps": json.dumps(allowed_ips),
+    }
+
+
+@pytest.fixture
+def laptop(tmp_path, monkeypatch):
+    """This process deploys as a laptop's `az login` does: DefaultAzureCredential falls through
+    to the Azure CLI, whose tokens carry the deployer's object id."""
+    from infra import credentials
+
+    for name in [n for n in os.environ if n.startswith(("AZURE_", "ARM_"))]:
+        if name != "AZURE_IMDS_URL":
+            monkeypatch.delenv(name)
+    laptop_az(tmp_path / "bin", sys.executable)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    credentials.credential.cache_clear()
+    yield
+    credentials.credential.cache_clear()
+
+
+@pytest.fixture
+def stack_storage(late_grants_on, laptop, monkeypatch):
+    """The planned stack's Storage: its declared rights, late, behind its firewall; the
+    upload's wait on a fake clock."""
+    from infra import code_upload
+    from trainer.grant_wait import GrantWait
+
+    clock = FakeClock()
+    late = late_grants_on(clock)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(late.storage.ca_file))
+    waits: list[str] = []
+
+    def grant_wait() -> GrantWait:
+        return GrantWait(
+            code_upload.DEPLOYER_ROLE, log=waits.append, sleep=clock.advance, clock=clock
+        )
+
+    monkeypatch.setattr(code_upload, "grant_wait", grant_wait)
+
+    def deploy(allowed_ips: list[str], caller: str):
+        plan = evaluate("dev", _values(allowed_ips))
+        network = blob_front(
+            plan,
+            late.grants,
+            propagation_s=PROPAGATION_S,
+            aliases={NODES: IDENTITY},
+            caller=caller,
+        )
+        code = late.storage.container("code")
+        if not code.exists():
+            code.create_container()
+        return late, network, waits
+
+    return deploy
+
+
+def _upload(late):
+    from infra.code_upload import CodeUploadProvider
+
+    snap = snapshot("examples/torchrun_ddp", REPO)
+    endpoint = late.storage.blob_endpoint
+    props = {"folder": snap.folder, "sha256": snap.sha256, "blob_endpoint": endpoint}
+    return snap, CodeUploadProvider().create(props)
+
+
+def test_a_code_job_deploys_from_a_laptop_the_stack_admits_and_the_nodes_fetch_it(
+    stack_storage, tmp_path, monkeypatch
+):
+    late, network, waits = stack_storage([CLIENT_IP], CLIENT_IP)
+    snap, made = _upload(late)
+    assert made.outs["url"].endswith(f"/code/{snap.blob_name}")
+    assert late.storage.container("code").download_blob(snap.blob_name).readall() == snap.data
+    # The deployer's grant was waited out, one line per wait, each naming the role.
+    assert waits and all("Storage Blob Data Contributor" in line for line in waits)
+    assert (DEPLOYER_OBJECT_ID, "PUT") in {(who, method) for who, method, _ in late.grants.denied}
+    assert network.refused == []
+    # The nodes, through their subnet, with their own identity's Reader on `code`.
+    from tests.conftest import act_as_identity_of
+    from trainer.code_folder import ready
+    from trainer.grant_wait import GrantWait
+
+    network.caller = SUBNET
+    act_as_identity_of(late.storage, monkeypatch)
+    folder = ready(
+        late.storage.blob_endpoint,
+        snap.sha256,
+        tmp_path / "cache",
+        GrantWait("Storage Blob Data Reader", 0, log=lambda _: None),
+        log=lambda _: None,
+    )
+    source = (REPO / "examples/torchrun_ddp/train.py").read_bytes()
+    assert (folder / "src/train.py").read_bytes() == source
+
+
+def test_a_runner_outside_the_storage_firewall_is_one_line_naming_the_setting(stack_storage):
+    from infra.code_upload import CodeUploadError
+
+    late, network, waits = stack_storage([CLIENT_IP], "203.0.113.200")
+    with pytest.raises(CodeUploadError) as refused:
+        _upload(late)
+    message = str(refused.value)
+    assert "\n" not in message and FIREWALL in message
+    assert "storageAllowedIps" in message and "jobs.<name>.code='examples/torchrun_ddp'" in message
+    assert network.refused and not waits  # refused by the network, not waited on as a grant
+
+
+def test_a_code_job_in_a_stack_that_admits_no_address_is_refused_when_planned():
+    with pytest.raises(ConfigError) as refused:
+        StackSettings.from_mapping("dev", _values([]), load_schema())
+    message = str(refused.value)
+    assert message.startswith("jobs.mine.code='examples/torchrun_ddp': ")
+    assert "storageAllowedIps" in message and "\n" not in message
