@@ -143,3 +143,16 @@ def test_a_code_job_in_a_stack_that_admits_no_address_is_refused_when_planned():
     message = str(refused.value)
     assert message.startswith("jobs.mine.code='examples/torchrun_ddp': ")
     assert "storageAllowedIps" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("preview", [True, False])
+def test_the_code_stack_grants_the_deployer_the_code_container_before_the_upload(preview):
+    plan = evaluate("dev", _values([CLIENT_IP]), preview=preview)
+    (grant,) = [r for r in plan.resources if r.name == "platform-dev-deployer-code"]
+    assert grant.inputs["principalId"] == DEPLOYER_OBJECT_ID
+    assert grant.inputs["principalType"] == "User"
+    assert grant.inputs["roleDefinitionId"].endswith("/ba92f5b4-2d11-453d-a403-e96b0029c9fe")
+    if not preview:  # the account's id is known only once it exists
+        assert grant.inputs["scope"].endswith("/blobServices/default/containers/code")
+    sha = snapshot("examples/torchrun_ddp", REPO).sha256
+    assert "platform-dev-deployer-code" in plan.dependencies[f"platform-dev-code-{sha[:12]}"]
