@@ -65,7 +65,8 @@ fail() {{ echo "$*" >&2; exit 1; }}
 fail() {{ echo "start task: $*" >&2; exit 1; }}
 [ ! -s {KEPT_OUT} ] || fail "this node kept itself out of the pool: $(cat {KEPT_OUT});" \\
   "remove it from the pool (az batch node delete --pool-id $AZ_BATCH_POOL_ID" \\
-  "--node-list $AZ_BATCH_NODE_ID)"
+  "--node-list $AZ_BATCH_NODE_ID, as Owner or Contributor of the stack: it needs" \\
+  "pools/write, which the team's Azure Batch Job Submitter role does not hold)"
 mkdir -p {STATE_DIR} && chmod 755 {STATE_DIR}
 cat > {STATE_DIR}/node-check.new <<'CHECK'
 {check}CHECK

@@ -1,7 +1,9 @@
 """``dt-jobs keep-out NODE...``: the job's next tries never land on these nodes of its pool
 (Batch's disable scheduling: a task running there finishes, no new one starts); ``--undo``
 lets them back. For a node whose rank failed but whose own checks pass: one they find sick keeps
-itself out (infra/node_checks.py). Why the nodes hold no right to do this: docs/jobs.md."""
+itself out (infra/node_checks.py). Why the nodes hold no right to do this: docs/jobs.md. It
+writes to the pool (``pools/write``), which the team's Job Submitter role does not hold:
+docs/deploy.md, Who may do what."""
 
 from __future__ import annotations
 
@@ -9,10 +11,21 @@ import argparse
 from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
+from dt_commands.stack_outputs import JobsError
 from infra.batch import state_text
 
 NAME = "keep-out"
 HELP = "keep nodes out of the job's next tries (disable scheduling); --undo lets them back"
+# The Batch action a node's scheduling state needs; Azure Batch Job Submitter, the role the
+# stack gives the deployer and the team, holds `pools/read` alone of the pool's actions.
+POOL_WRITE = "Microsoft.Batch/batchAccounts/pools/write"
+
+
+class RightMissing(JobsError):
+    """Batch refused the caller the pool write this command needs (exit 1: a right, not the
+    command, is what is missing)."""
+
+    code = 1
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
@@ -30,7 +43,20 @@ def run(call: Call) -> int:
     if not pool_id:
         call.err.write(f"error: job {job.job_id} names no pool; nothing to keep out of\n")
         return 2
-    return keep_out(client, pool_id, call.args.nodes, call.args.undo, call.out)
+    from azure.core.exceptions import HttpResponseError
+
+    try:
+        return keep_out(client, pool_id, call.args.nodes, call.args.undo, call.out)
+    except HttpResponseError as err:
+        if err.status_code != 403:
+            raise
+        raise RightMissing(
+            f"job {job.job_id}: Batch refused to change node scheduling on pool {pool_id} "
+            f"(403 {getattr(err, 'error_code', None) or 'AuthorizationFailure'}): it needs "
+            f"{POOL_WRITE}, which your role (Azure Batch Job Submitter, the team's) does not "
+            "hold; ask someone with Owner or Contributor on the stack's resource group (its "
+            "deployer) to run it, or to grant you Azure Batch Data Contributor on the account"
+        ) from None
 
 
 def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextIO) -> int:

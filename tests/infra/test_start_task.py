@@ -340,7 +340,8 @@ def test_a_node_that_kept_itself_out_fails_its_start_task_naming_why_and_the_fix
     assert result.stderr.splitlines() == [
         "start task: this node kept itself out of the pool: GPU Xid error ...: 79 since "
         "2026-11-27T10:00:00Z; remove it from the pool (az batch node delete --pool-id ib-gpu "
-        f"--node-list {env['AZ_BATCH_NODE_ID']})"
+        f"--node-list {env['AZ_BATCH_NODE_ID']}, as Owner or Contributor of the stack: it "
+        "needs pools/write, which the team's Azure Batch Job Submitter role does not hold)"
     ]
     assert not (tmp_path / "systemd-run").exists()  # no watcher, no task
 

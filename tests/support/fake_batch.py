@@ -51,6 +51,33 @@ ERROR_MESSAGES = {
 }
 # The scope azure-batch asks tokens for (azure/batch/_configuration.py).
 BATCH_SCOPE = "https://batch.core.windows.net//.default"
+# What each role lets a caller do on the account's data plane (articles/batch/batch-role-based-
+# access-control.md, read 2026-11-28): Job Submitter holds the actions `pools/read` and the
+# data actions `jobs/*`, `jobSchedules/*`; Data Contributor also `pools/*`; Owner and
+# Contributor hold every action (`*`), so `pools/*`, but no data action, so no job. Which
+# action a node operation needs is not documented: the reading taken (docs/fake-readings.md)
+# is that a write to a pool or its nodes (disable scheduling, remove nodes, resize, reboot) is
+# `pools/write`, as the built-in roles' own table says of "create, update or delete pools".
+BATCH_ROLE_ACTIONS = {
+    "Azure Batch Job Submitter": frozenset({"pools/read", "jobs/*", "jobSchedules/*"}),
+    "Azure Batch Data Contributor": frozenset(
+        {"pools/read", "pools/write", "pools/delete", "jobs/*", "jobSchedules/*"}
+    ),
+    "Owner": frozenset({"pools/read", "pools/write", "pools/delete"}),
+    "Contributor": frozenset({"pools/read", "pools/write", "pools/delete"}),
+}
+
+
+def required_action(method: str, path: str) -> str:
+    """The Batch action a request needs."""
+    top = path.split("?", 1)[0].strip("/").split("/", 1)[0].lower()
+    if top == "jobschedules":
+        return "jobSchedules/*"
+    if top == "pools":
+        if method in ("GET", "HEAD"):
+            return "pools/read"
+        return "pools/delete" if method == "DELETE" and path.count("/") == 2 else "pools/write"
+    return "jobs/*"
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,10 @@ class FakeBatch:
     # caller (a colleague, where the role went to whoever deployed last) gets 403
     # AuthorizationFailure on every call, as Batch answers a caller without a role.
     granted: set[str] | None = None
+    # When set, each caller's bearer token -> the roles it holds on the account: a call needing
+    # an action none of them holds (``BATCH_ROLE_ACTIONS``) gets the same 403
+    # AuthorizationFailure (a permission failure reads so on Batch: Azure/BatchExplorer #2203).
+    roles: dict[str, tuple[str, ...]] | None = None
     # Node id -> path under the node's root -> content: what each node's tasks wrote so far.
     node_files: dict[str, dict[str, bytearray]] = field(default_factory=dict)
     # (job id, task id) -> the nodes the multi-instance task runs on, the primary first; unset
@@ -370,6 +401,11 @@ class FakeBatch:
                 return 401, _error("AuthenticationFailed")
             if self.granted is not None and token not in self.granted:
                 return 403, _error("AuthorizationFailure")
+            if self.roles is not None:
+                action = required_action(request.method, request.path)
+                held = self.roles.get(token, ())
+                if not any(action in BATCH_ROLE_ACTIONS[role] for role in held):
+                    return 403, _error("AuthorizationFailure")
             for fault in self.faults:
                 failure = fault(request, self)
                 if failure is not None:

@@ -64,9 +64,25 @@ class StaticToken:
         return AccessToken("fake-token", int(time.time()) + 3600)
 
 
+OPERATOR_TOKEN = "fake-token"  # StaticToken's
+OWNER_TOKEN = "owner-token"
+
+
+class OwnerToken:
+    """The stack's deployer: Owner on the subscription, and the stack's Job Submitter grant
+    (docs/deploy.md, Who may do what)."""
+
+    def get_token(self, *scopes, **kwargs):
+        return AccessToken(OWNER_TOKEN, int(time.time()) + 3600)
+
+
 @pytest.fixture
 def batch(tmp_path):
-    fake = FakeBatch(tmp_path / "tls")
+    # The operator running dt-jobs is one of the team: the team's group holds Job Submitter.
+    # The deployer holds Owner and the Job Submitter the stack grants it.
+    submitter = "Azure Batch Job Submitter"
+    roles = {OPERATOR_TOKEN: (submitter,), OWNER_TOKEN: ("Owner", submitter)}
+    fake = FakeBatch(tmp_path / "tls", roles=roles)
     yield fake
     fake.close()
 
@@ -326,11 +342,7 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]
 
 
-def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
-    batch, tmp_path, capsys
-):
-    """The nodes a failed try names are kept out of the next tries with the operator's
-    credential (docs/jobs.md: the nodes get no right over their pool); running tasks finish."""
+def _keep_out_setup(batch, tmp_path) -> list[str]:
     batch.add_job(JOB, "active")
     batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
     batch.pools["ib-gpu"] = {"id": "ib-gpu", "allocationState": "steady"}
@@ -339,8 +351,19 @@ def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
     ]
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
-    base = ["keep-out", "--stack", "dev", "--outputs-file", str(outputs)]
-    client = lambda endpoint: _real_client(batch)  # noqa: E731
+    return ["keep-out", "--stack", "dev", "--outputs-file", str(outputs)]
+
+
+def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
+    batch, tmp_path, capsys
+):
+    """The nodes a failed try names are kept out of the next tries with the credential of one
+    who may write to the pool, the deployer (docs/jobs.md: the nodes get no right over their
+    pool); running tasks finish."""
+    base = _keep_out_setup(batch, tmp_path)
+    client = lambda endpoint: BatchClient(  # noqa: E731
+        batch.url, OwnerToken(), connection_verify=str(batch.ca_path)
+    )
     assert main([*base, "tvm-1"], client) == 0
     nodes = {n["id"]: n for n in batch.pool_nodes["ib-gpu"]}
     assert nodes["tvm-1"]["schedulingState"] == "disabled"
@@ -361,6 +384,24 @@ def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
     err = capsys.readouterr().err
     assert err.startswith(f"error: job {JOB}: ") and err.count("\n") == 1, err
     assert "(NodeNotFound)" in err, err
+
+
+def test_keep_out_by_a_team_member_names_the_missing_right_and_who_holds_it(
+    batch, tmp_path, capsys
+):
+    """The team's Job Submitter role reads the pool but cannot write to it (docs/deploy.md):
+    one line naming the right, the role and the fix, exit 1, and nothing changed."""
+    base = _keep_out_setup(batch, tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main([*base, "tvm-1"], lambda endpoint: _real_client(batch))
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"error: job {JOB}: Batch refused to change node scheduling on pool ")
+    assert "(403 AuthorizationFailure)" in err
+    assert "Microsoft.Batch/batchAccounts/pools/write" in err
+    assert "Azure Batch Job Submitter" in err and "Owner or Contributor" in err
+    assert {n["schedulingState"] for n in batch.pool_nodes["ib-gpu"]} == {"enabled"}
 
 
 def test_status_shows_the_node_the_last_failed_try_names(batch, tmp_path, capsys):
