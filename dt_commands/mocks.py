@@ -114,6 +114,11 @@ class AzureMocks(pulumi.runtime.Mocks):
             return {"identity": {**identity, "tenantId": TENANT_ID}}
         if typ == "pulumi-python:dynamic/acr:TaskBypass":
             return {"allowed_for_tasks": True}  # what the provider reads back after its PATCH
+        if typ == "pulumi-python:dynamic/acr:RegistryPullRole":
+            # A registry's default mode; `pulumi up` reads the real one (infra.registry_mode).
+            from infra.registry_mode import LEGACY, PULL_ROLES
+
+            return {"mode": LEGACY, "role": PULL_ROLES[LEGACY]}
         if typ == "pulumi-python:dynamic/acr:ImageBuild":
             # What infra.image.run_build returns once the run pushed the image.
             return {"run_id": "ca1", "status": "Succeeded", "digest": _fake_digest(inputs["image"])}

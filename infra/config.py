@@ -259,15 +259,16 @@ class ImageSettings:
         "An existing trainer image to run instead of building one - "
         "<name>.azurecr.io/<repository>@sha256:<digest> (a tag instead of the digest is "
         "accepted with a warning; it can move). Set, the stack builds nothing and creates no "
-        "registry; the nodes pull it with their identity, granted AcrPull on imageRegistryId "
-        "alone. Empty builds the image.",
+        "registry; the nodes pull it with their identity, granted on imageRegistryId alone the "
+        "pull role its mode honours (AcrPull, or Container Registry Repository Reader in the "
+        "ABAC repository-permissions mode, read at pulumi up). Empty builds the image.",
     )
     registry_id: str = setting(
         "imageRegistryId",
         "",
         "ARM resource id of the registry holding imageRef (az acr show -n <name> --query id -o "
-        "tsv), where the deployer may assign roles; its network rules must admit the pool's NAT "
-        "address. Required with imageRef, empty otherwise.",
+        "tsv), where the deployer may read it and assign roles; its network rules must admit "
+        "the pool's NAT address. Required with imageRef, empty otherwise.",
     )
 
     @property

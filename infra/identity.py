@@ -16,6 +16,8 @@ from infra.naming import Placement, role_assignment_name
 # Built-in role definition GUIDs (the same in every tenant).
 ACR_PULL = "7f951dda-4ed3-4680-a7ca-43fe172d538d"
 ACR_PUSH = "8311e382-0749-4cb8-b61a-304f252e45ec"
+# What an ABAC-mode registry honours instead of AcrPull (infra.registry_mode).
+REPOSITORY_READER = "b93aa761-3e63-49ed-ac28-beffa264f7ac"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
@@ -64,7 +66,7 @@ def deployer_principal_type(env: Mapping[str, str] | None = None) -> str:
 def assign_role(
     name: str,
     *,
-    role: str,
+    role: pulumi.Input[str],
     principal_id: pulumi.Input[str],
     scope: pulumi.Input[str],
     subscription_id: pulumi.Input[str],
@@ -88,8 +90,8 @@ def assign_role(
             "/providers/Microsoft.Authorization/roleDefinitions/",
             role,
         ),
-        role_assignment_name=pulumi.Output.all(scope, principal_id).apply(
-            lambda values: role_assignment_name(values[0], values[1], role)
+        role_assignment_name=pulumi.Output.all(scope, principal_id, role).apply(
+            lambda values: role_assignment_name(values[0], values[1], values[2])
         ),
         opts=pulumi.ResourceOptions(
             parent=parent, retain_on_delete=retain_on_delete, depends_on=list(depends_on)
@@ -106,6 +108,9 @@ class IdentitiesArgs:
     # The account's containers by name (infra.storage.Storage.containers): each grant waits for
     # its container, which ARM needs to exist as the assignment's scope.
     blob_containers: Mapping[str, pulumi.Resource]
+    # The role the registry honours for pulls: AcrPull, or what an imageRef's registry's mode
+    # asks (infra.registry_mode).
+    registry_pull_role: pulumi.Input[str] = ACR_PULL
 
 
 def container_scope(account_id: pulumi.Input[str], container: str) -> pulumi.Output[str]:
@@ -137,7 +142,10 @@ class Identities(pulumi.ComponentResource):
             **args.placement.kwargs(),
             opts=child,
         )
-        self.assignments = [self._grant(name, "nodes-acrpull", ACR_PULL, args.registry_id, args)]
+        # "acrpull" names the pull grant whatever its role: its URN stays that of existing stacks.
+        self.assignments = [
+            self._grant(name, "nodes-acrpull", args.registry_pull_role, args.registry_id, args)
+        ]
         # Replaces the former account-wide Contributor (nodes-blob): `pulumi up` creates these
         # first and deletes a removed resource at the end of the update (docs/deploy.md).
         self.assignments += [
@@ -157,7 +165,7 @@ class Identities(pulumi.ComponentResource):
         self,
         name: str,
         label: str,
-        role: str,
+        role: pulumi.Input[str],
         scope: pulumi.Input[str],
         args: IdentitiesArgs,
         depends_on: Sequence[pulumi.Resource] = (),

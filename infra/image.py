@@ -25,10 +25,11 @@ from pulumi_azure_native import authorization, containerregistry
 from infra import credentials
 from infra.config import ConfigError, ImageSettings
 from infra.dynamic import OneLineError, Provider, changed_inputs
-from infra.identity import ACR_PUSH, assign_role
+from infra.identity import ACR_PULL, ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
 from infra.registry import Registry, ensure_task_bypass
+from infra.registry_mode import RegistryPullRole, RegistryPullRoleArgs
 from infra.toolchain import base_reference
 
 IMAGE_REPOSITORY = "trainer"
@@ -615,11 +616,12 @@ class TrainerImage(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class PullSource:
-    """Where the nodes pull the trainer image: the registry's login server, and its ARM id,
-    the one scope where their identity gets AcrPull."""
+    """Where the nodes pull the trainer image: the registry's login server, its ARM id (the
+    one scope where their identity may pull) and the role that registry honours for pulls."""
 
     login_server: pulumi.Input[str]
     registry_id: pulumi.Input[str]
+    pull_role: pulumi.Input[str] = ACR_PULL
 
     @classmethod
     def of(cls, registry: Registry) -> PullSource:
@@ -630,7 +632,7 @@ class ReusedImage:
     """``imageRef``: an image built before, run as it is; no build, no registry of the stack's.
     ``ref`` is the reference as given and ``digest`` its digest ("" for a tag alone)."""
 
-    def __init__(self, image: ImageSettings) -> None:
+    def __init__(self, name: str, image: ImageSettings) -> None:
         parts = image.ref_parts
         if parts is None:  # StackSettings refuses it first; here for the type checker
             raise ConfigError(f"imageRef={image.ref}: not an image in an Azure container registry")
@@ -643,7 +645,9 @@ class ReusedImage:
             )
         self.ref: pulumi.Output[str] = pulumi.Output.from_input(image.ref)
         self.digest: pulumi.Output[str] = pulumi.Output.from_input(parts["digest"] or "")
-        self.source = PullSource(parts["server"], image.registry_id)
+        # Another team's registry may be in the ABAC mode, where AcrPull is not honoured.
+        pull = RegistryPullRole(f"{name}-pull-role", RegistryPullRoleArgs(image.registry_id))
+        self.source = PullSource(parts["server"], image.registry_id, pull.role)
 
 
 def _task_credentials(server: str) -> containerregistry.CredentialsArgs:

@@ -125,7 +125,8 @@ def _fix_hint(registry_id: str) -> str:
     )
 
 
-def _arm_client() -> Any:
+def arm_client() -> Any:
+    """An ARM pipeline with the process's one credential (infra.credentials)."""
     # Any: ARMPipelineClient is generic over its transport's request and response types.
     from azure.core.pipeline import policies
     from azure.mgmt.core import ARMPipelineClient
@@ -137,7 +138,7 @@ def _arm_client() -> Any:
         policies=[
             policies.RequestIdPolicy(),
             policies.HeadersPolicy(),
-            policies.UserAgentPolicy(sdk_moniker="gpucluster-task-bypass"),
+            policies.UserAgentPolicy(sdk_moniker="gpucluster"),
             policies.ContentDecodePolicy(),
             policies.RedirectPolicy(),
             policies.RetryPolicy(),
@@ -175,7 +176,7 @@ def enable_task_bypass(registry_id: str) -> bool:
     name = _registry_name(registry_id)
     url = f"{ARM_ENDPOINT.rstrip('/')}{registry_id}"
     params = {"api-version": TASK_BYPASS_API_VERSION}
-    client = _arm_client()
+    client = arm_client()
     patch = HttpRequest(
         "PATCH", url, params=params, json={"properties": {TASK_BYPASS_PROPERTY: True}}
     )
@@ -221,7 +222,7 @@ def ensure_task_bypass(registry_id: str) -> None:
 
     name = _registry_name(registry_id)
     try:
-        allowed = _read_allowed(_arm_client(), registry_id)
+        allowed = _read_allowed(arm_client(), registry_id)
     except HttpResponseError as err:
         raise TaskBypassError(
             f"could not read {TASK_BYPASS_PROPERTY} of registry {name}: {err.message}; "

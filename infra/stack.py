@@ -65,6 +65,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
             placement=at,
             subscription_id=client.subscription_id,
             registry_id=pull.registry_id,
+            registry_pull_role=pull.pull_role,
             storage_account_id=store.account_id,
             blob_containers=store.containers,
         ),
@@ -147,7 +148,7 @@ def _image(
     """The trainer image and where the nodes pull it: ``imageRef`` as given (no build, no
     registry of the stack's), or a build pushed to the stack's own registry."""
     if s.image.ref:
-        reused = ReusedImage(s.image)
+        reused = ReusedImage(stem, s.image)
         return reused, reused.source
     registry = Registry(
         stem,

@@ -122,7 +122,16 @@ class FakeRegistry:
     owner can turn it off in the portal or with `az resource update` after the stack set it, and
     from then on ACR refuses its tasks' system-assigned identity past the registry's network
     rules with 403 Forbidden (articles/container-registry/
-    manage-network-bypass-policy-for-tasks.md); a run's push then fails (``refuses_tasks``)."""
+    manage-network-bypass-policy-for-tasks.md); a run's push then fails (``refuses_tasks``).
+
+    ``role_assignment_mode`` is the registry's ``properties.roleAssignmentMode``
+    (``LegacyRegistryPermissions``, the default, or ``AbacRepositoryPermissions``; Azure/azure-
+    rest-api-specs Registry.models.tsp, in the API from 2025-03-01-preview; None: ARM leaves it
+    out, as for a registry that never set it). In the ABAC mode "the AcrPull, AcrPush, and
+    AcrDelete roles aren't honored"; the Container Registry Repository roles are (azure-
+    management-docs articles/container-registry/container-registry-rbac-abac-repository-
+    permissions.md, read 2026-11-28): ``lets_pull`` says whether the registry lets a role pull.
+    ``refuse_read`` answers the GET (a deployer without read access to the registry)."""
 
     def __init__(self, registry_path: str = REGISTRY_ID) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -132,6 +141,8 @@ class FakeRegistry:
         self.honours = True
         self.refuse: tuple[int, Any] | None = None  # (status, ARM error) for the PATCH
         self.allowed = False
+        self.role_assignment_mode: str | None = None
+        self.refuse_read: tuple[int, Any] | None = None
         self.pending = False
         self.polls = 0
         self.base = ""
@@ -139,6 +150,12 @@ class FakeRegistry:
     @property
     def refuses_tasks(self) -> bool:
         return not self.allowed
+
+    def lets_pull(self, role: str) -> bool:
+        """Whether a pull by a principal holding ``role`` (by name) gets through."""
+        if self.role_assignment_mode == "AbacRepositoryPermissions":
+            return role.startswith("Container Registry Repository ")
+        return role in ("AcrPull", "AcrPush", "Owner", "Contributor")
 
     def _registry(self) -> tuple[int, dict[str, str], Any]:
         return (
@@ -153,6 +170,11 @@ class FakeRegistry:
                     "publicNetworkAccess": "Enabled",
                     "networkRuleBypassOptions": "AzureServices",
                     BYPASS_PROPERTY: self.allowed,
+                    **(
+                        {"roleAssignmentMode": self.role_assignment_mode}
+                        if self.role_assignment_mode
+                        else {}
+                    ),
                 },
             },
         )
@@ -186,6 +208,8 @@ class FakeRegistry:
             header = "Azure-AsyncOperation" if self.mode == "azure-async-operation" else "Location"
             return 202, {header: monitor}, None
         if path == self.registry_path and method == "GET":
+            if self.refuse_read:
+                return self.refuse_read[0], {}, self.refuse_read[1]
             return self._registry()
         if path == OPERATION and method == "GET" and self.pending:
             return self._poll()

@@ -45,7 +45,26 @@ def _stacks() -> dict[str, Plan]:
         "code": evaluate("dev", code),
         "acceptance": evaluate(acceptance_options("cpu").stack_name, acceptance_values("cpu")),
         "imageRef": evaluate("dev", reuse()),
+        "imageRef, ABAC": _abac_image_ref(),
     }
+
+
+def _abac_image_ref() -> Plan:
+    """An imageRef stack whose registry ARM reports in the ABAC mode (what the program's
+    RegistryPullRole reads at `pulumi up`, answered here by the mocks)."""
+    from dt_commands.mocks import AzureMocks
+    from infra.registry_mode import ABAC, PULL_ROLES
+
+    computed = AzureMocks._computed
+
+    def answering(typ: str, name: str, inputs: dict) -> dict:
+        if typ == "pulumi-python:dynamic/acr:RegistryPullRole":
+            return {"mode": ABAC, "role": PULL_ROLES[ABAC]}
+        return computed(typ, name, inputs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(AzureMocks, "_computed", staticmethod(answering))
+        return evaluate("dev", reuse())
 
 
 @pytest.fixture(scope="module")

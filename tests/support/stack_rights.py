@@ -28,6 +28,7 @@ ROLE_NAMES = {
     "ba92f5b4-2d11-453d-a403-e96b0029c9fe": CONTRIBUTOR,
     "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1": READER,
     "7f951dda-4ed3-4680-a7ca-43fe172d538d": "AcrPull",
+    "b93aa761-3e63-49ed-ac28-beffa264f7ac": "Container Registry Repository Reader",
     "8311e382-0749-4cb8-b61a-304f252e45ec": "AcrPush",
     "48e5e92e-a480-4e71-aa9c-2778f4c13781": "Azure Batch Job Submitter",
     "6aaa78f1-f7de-44ca-8722-c64a23943cae": "Azure Batch Data Contributor",
