@@ -194,7 +194,10 @@ def _github_deploy(folder: Path, bin_dir: Path, entra: FakeEntra) -> dict[str, s
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
-    batch = FakeBatch(tmp_path_factory.mktemp("batch"))
+    # The deployer (AZ_STUB's token) holds its documented prerequisite and the Job Submitter
+    # the stack grants it, nothing more (docs/deploy.md, Who may do what).
+    deployer = ("Owner", "Azure Batch Job Submitter")
+    batch = FakeBatch(tmp_path_factory.mktemp("batch"), roles={"fake-token": deployer})
     yield batch
     batch.close()
 
