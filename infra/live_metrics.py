@@ -75,15 +75,28 @@ def storage_errors(url: str) -> Iterator[None]:
             f"{url}: cannot authenticate ({first_line(err)}); log in with `az login`"
         ) from None
     except HttpResponseError as err:
-        hint = ""
-        if err.status_code == 403:
-            hint = (
-                "; reading needs Storage Blob Data Reader on the account and, from outside "
-                "the VNet, this machine's public IP in the stack's storageAllowedIps"
-            )
-        raise StorageError(f"{url}: {first_line(err)}{hint}") from None
+        raise StorageError(f"{url}: {first_line(err)}{_refusal_hint(err)}") from None
     except AzureError as err:
         raise StorageError(f"{url}: cannot reach it ({first_line(err)})") from None
+
+
+def _refusal_hint(err: Any) -> str:
+    """What to do about a 403: Storage's firewall (AuthorizationFailure) and a missing data
+    role (AuthorizationPermissionMismatch) need different fixes (SupportArticles-docs
+    storage-troubleshoot-403-errors.md, read 2026-11-28)."""
+    if err.status_code != 403:
+        return ""
+    code = getattr(err, "error_code", None)
+    if code == "AuthorizationFailure":
+        return (
+            " (403 AuthorizationFailure: the account's firewall refused this machine's "
+            "address); add it to the stack's storageAllowedIps"
+        )
+    return (
+        f" (403 {code or 'Forbidden'}); reading needs Storage Blob Data Reader on this "
+        "container, which the stack grants on logs and outputs to its deployer and its team's "
+        "group (jobSubmitterObjectId); a new assignment takes up to 30 min to arrive"
+    )
 
 
 def first_line(err: BaseException) -> str:

@@ -39,7 +39,7 @@ from infra.naming import Placement
 from infra.network import Network
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
-from infra.storage import CONTAINERS, BlobReader, Storage, StorageArgs
+from infra.storage import CONTAINERS, OPERATOR_CONTAINERS, BlobReader, Storage, StorageArgs
 from infra.trainer_settings import trainer_flags
 
 
@@ -190,15 +190,32 @@ def _storage(
             subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
             allowed_ips=s.network.storage_allowed_ips,
             protect_data=s.protect_data,
-            # An acceptance stack's check reads the job's logs as the deployer.
-            readers=(
-                [BlobReader("deployer", client.object_id, deployer_type)]
-                if s.acceptance_profile
-                else []
-            ),
+            readers=_blob_readers(s, client, deployer_type),
             subscription_id=client.subscription_id,
         ),
     )
+
+
+def _blob_readers(
+    s: StackSettings, client: pulumi.Output[Any], deployer_type: str
+) -> list[BlobReader]:
+    """The operators read what their commands show (``OPERATOR_CONTAINERS``): the deployer
+    and the team's group, the same principals as Job Submitter. An acceptance stack's check
+    reads the job's logs as the deployer, from the whole account."""
+    if s.acceptance_profile:
+        return [BlobReader("deployer", client.object_id, deployer_type)]
+    readers = [BlobReader("deployer", client.object_id, deployer_type, OPERATOR_CONTAINERS)]
+    cluster = s.cluster
+    if cluster.job_submitter_object_id:
+        readers.append(
+            BlobReader(
+                "team",
+                cluster.job_submitter_object_id,
+                cluster.job_submitter_type,
+                OPERATOR_CONTAINERS,
+            )
+        )
+    return readers
 
 
 def _refuse_jobs_only_the_deployer_can_operate(s: StackSettings, deployer_type: str) -> None:

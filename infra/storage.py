@@ -14,22 +14,28 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import authorization, storage
 
-from infra.identity import STORAGE_BLOB_DATA_READER, assign_role
+from infra.identity import STORAGE_BLOB_DATA_READER, assign_role, container_scope
 from infra.naming import Placement
 
 # code: the jobs' code snapshots (infra.code_upload), written by the deployer, read by nodes.
 CONTAINERS = ("datasets", "checkpoints", "logs", "outputs", "code")
+# What the operators' commands read: `logs` (dt-jobs metrics, tensorboard, list; the job's
+# refresh of its progress; job_log_url) and `outputs` (dt-jobs fetch).
+OPERATOR_CONTAINERS = ("logs", "outputs")
 FILE_SHARE = "results"
 
 
 @dataclass(frozen=True)
 class BlobReader:
-    """A principal granted Storage Blob Data Reader on the account: on acceptance stacks the
-    deployer, whose check reads the job's logs (python -m dt_commands.acceptance)."""
+    """A principal granted Storage Blob Data Reader on ``containers`` (none: the account):
+    the operators (the deployer, the team's group) on ``OPERATOR_CONTAINERS``; on acceptance
+    stacks the deployer on the account, whose check reads the job's logs (python -m
+    dt_commands.acceptance)."""
 
     label: str
     principal_id: pulumi.Input[str]
     principal_type: str  # User, Group or ServicePrincipal
+    containers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,15 +139,28 @@ class Storage(pulumi.ComponentResource):
 
     def _readers(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
         for reader in args.readers:
-            assign_role(
-                f"{name}-{reader.label}-blob-reader",
-                role=STORAGE_BLOB_DATA_READER,
-                principal_id=reader.principal_id,
-                scope=account.id,
-                subscription_id=args.subscription_id,
-                principal_type=authorization.PrincipalType(reader.principal_type),
-                parent=self,
+            scopes: dict[str, tuple[pulumi.Input[str], list[pulumi.Resource]]] = (
+                {
+                    f"-{container}": (
+                        container_scope(account.id, container),
+                        [self.containers[container]],
+                    )
+                    for container in reader.containers
+                }
+                if reader.containers
+                else {"": (account.id, [])}
             )
+            for suffix, (scope, depends_on) in scopes.items():
+                assign_role(
+                    f"{name}-{reader.label}-blob-reader{suffix}",
+                    role=STORAGE_BLOB_DATA_READER,
+                    principal_id=reader.principal_id,
+                    scope=scope,
+                    subscription_id=args.subscription_id,
+                    principal_type=authorization.PrincipalType(reader.principal_type),
+                    parent=self,
+                    depends_on=depends_on,
+                )
 
 
 def _network_rules(args: StorageArgs) -> storage.NetworkRuleSetArgs:

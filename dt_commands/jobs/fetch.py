@@ -7,7 +7,8 @@ SHA-256). Here the manifest is read first: without one the run has not finished 
 its results), and nothing is downloaded. Every file is checked against the manifest in a hidden
 folder beside ``DIR``, which is renamed into place only once all of them match: ``DIR`` holds a
 complete, verified set or is left as it was. The reads use the process's one
-credential (``infra.credentials``: ``az login``; Storage Blob Data Reader), as ``metrics`` does.
+credential (``infra.credentials``: ``az login``; Storage Blob Data Reader on ``outputs``, which
+the stack grants its deployer and its team), as ``metrics`` does.
 """
 
 from __future__ import annotations

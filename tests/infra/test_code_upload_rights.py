@@ -8,8 +8,6 @@ runner outside the rules and a stack that admits no address are refused in one l
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
@@ -18,7 +16,7 @@ from dt_commands.plan import evaluate
 from infra.code_snapshot import snapshot
 from infra.config import ConfigError, StackSettings, load_schema
 from tests.support.fake_imds import IDENTITY
-from tests.support.stack_rights import blob_front, laptop_az
+from tests.support.stack_rights import blob_front, sign_in
 from tests.support.stacks import CLIENT_IP, REPO, stack_values
 from tests.support.storage_grants import FIREWALL, SUBNET, FakeClock
 
@@ -37,15 +35,10 @@ def _values(allowed_ips: list[str]) -> dict:
 
 @pytest.fixture
 def laptop(tmp_path, monkeypatch):
-    """This process deploys as a laptop's `az login` does: DefaultAzureCredential falls through
-    to the Azure CLI, whose tokens carry the deployer's object id."""
+    """This process deploys from a laptop signed in with `az login` as the deployer."""
     from infra import credentials
 
-    for name in [n for n in os.environ if n.startswith(("AZURE_", "ARM_"))]:
-        if name != "AZURE_IMDS_URL":
-            monkeypatch.delenv(name)
-    laptop_az(tmp_path / "bin", sys.executable)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    sign_in(monkeypatch, tmp_path / "bin")
     credentials.credential.cache_clear()
     yield
     credentials.credential.cache_clear()

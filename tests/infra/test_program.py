@@ -17,7 +17,7 @@ from infra.identity import (
     STORAGE_BLOB_DATA_READER,
 )
 from infra.naming import REQUIRED_TAGS, TAGGABLE
-from infra.storage import CONTAINERS
+from infra.storage import CONTAINERS, OPERATOR_CONTAINERS
 from tests.support.stacks import of_type, one, stack_values
 
 
@@ -278,8 +278,9 @@ def test_role_assignment_names_are_stable_across_runs(dev_plan):
 
     assert names(again) == names(dev_plan)
     # AcrPull and one Blob role per container for the nodes, AcrPush for the build task, Job
-    # Submitter for the deployer and for the team's group.
-    assert len(set(names(dev_plan))) == 4 + len(CONTAINERS)
+    # Submitter and a Reader on each operator container for the deployer and the team's group.
+    operators = 2 * (1 + len(OPERATOR_CONTAINERS))
+    assert len(set(names(dev_plan))) == 2 + len(CONTAINERS) + operators
 
 
 def test_no_node_blob_grant_reaches_beyond_its_container(plan):

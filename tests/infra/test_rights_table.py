@@ -120,15 +120,21 @@ def test_every_right_a_stack_grants_is_a_row_and_every_row_is_granted(stacks):
 def test_the_team_row_is_what_jobsubmitterobjectid_grants():
     values = {**stack_values("dev"), "gpu-cluster:jobSubmitterObjectId": TEAM_GROUP}
     team = {_row(r) for r in rights(evaluate("dev", values)) if r.principal == TEAM_GROUP}
-    assert team == {("team", "Azure Batch Job Submitter", "Batch account")}
+    assert team == {
+        ("team", "Azure Batch Job Submitter", "Batch account"),
+        ("team", "Storage Blob Data Reader", "`logs` container"),
+        ("team", "Storage Blob Data Reader", "`outputs` container"),
+    }
     assert team <= documented()
 
 
-def test_the_deployer_holds_no_data_role_on_a_stack_without_code_or_acceptance(stacks):
+def test_the_deployer_writes_blob_data_only_for_code_and_reads_only_what_operators_see(stacks):
     deployer = {_row(r) for r in rights(stacks["dev"]) if r.principal == DEPLOYER_OBJECT_ID}
     assert deployer == {
         ("deployer", "Owner", "subscription"),
         ("deployer", "Azure Batch Job Submitter", "Batch account"),
+        ("deployer", "Storage Blob Data Reader", "`logs` container"),
+        ("deployer", "Storage Blob Data Reader", "`outputs` container"),
     }
     code = {_row(r) for r in rights(stacks["code"]) if r.principal == DEPLOYER_OBJECT_ID}
     assert code - deployer == {("deployer", "Storage Blob Data Contributor", "`code` container")}

@@ -11,9 +11,13 @@ action and no data action."""
 
 from __future__ import annotations
 
+import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from dt_commands.mocks import DEPLOYER_OBJECT_ID, SUBSCRIPTION_ID
 from dt_commands.plan import Plan
@@ -136,6 +140,18 @@ print(json.dumps({{"accessToken": token, "expires_on": now + 3600,
     "expiresOn": time.strftime("%Y-%m-%d %H:%M:%S.000000", time.localtime(now + 3600)),
     "tokenType": "Bearer", "subscription": "{subscription}", "tenant": "{tenant}"}}))
 """
+
+
+def sign_in(monkeypatch: pytest.MonkeyPatch, bin_dir: Path, oid: str = DEPLOYER_OBJECT_ID) -> None:
+    """This process authenticates as a laptop's `az login` as ``oid`` does: no AZURE_*/ARM_*
+    variables (the metadata service stays closed), so DefaultAzureCredential falls through to
+    the Azure CLI, whose tokens carry ``oid``. Clear ``infra.credentials.credential``'s cache
+    before and after."""
+    for name in [n for n in os.environ if n.startswith(("AZURE_", "ARM_"))]:
+        if name != "AZURE_IMDS_URL":
+            monkeypatch.delenv(name)
+    laptop_az(bin_dir, sys.executable, oid)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
 
 
 def laptop_az(bin_dir: Path, python: str, oid: str = DEPLOYER_OBJECT_ID) -> Path:

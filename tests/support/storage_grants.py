@@ -149,6 +149,8 @@ class Grants:
     clock: Callable[[], float] = time.monotonic
     # None: every caller stands where the account's network admits it (a node in its subnet).
     network: NetworkRules | None = None
+    # Group -> its members: a role assigned to a group is held by each member.
+    members: dict[str, set[str]] = field(default_factory=dict)
     _grants: dict[str, list[Grant]] = field(default_factory=dict)
     denied: list[tuple[str, str, str]] = field(default_factory=list)  # (identity, method, path)
     allowed: int = 0
@@ -178,9 +180,11 @@ class Grants:
         container = request_container(path)
         with self._lock:
             now = self.clock()
+            holders = [identity, *(g for g, m in self.members.items() if identity in m)]
             covering = [
                 g
-                for g in self._grants.get(identity, [])
+                for holder in holders
+                for g in self._grants.get(holder, [])
                 if g.covers(method, container) and now >= g.at
             ]
             ok = any(now >= g.at + g.unsettled_s for g in covering)

@@ -314,6 +314,7 @@ class RefusingBlob:
                 "RequestId:5f1c\nTime:2026-11-22T11:00:30Z\nErrorCode:AuthorizationFailure"
             )
             error.status_code = 403
+            error.error_code = "AuthorizationFailure"  # azure-storage-blob's, from the header
             raise error
 
         return refuse
@@ -326,9 +327,8 @@ def test_a_refused_read_names_the_roles_and_storage_allowed_ips():
         metrics(container, job.metrics, job, io.StringIO())
     assert str(caught.value) == (
         "https://acct.blob.core.windows.net/logs/resnet/live/metrics.jsonl: This request is not "
-        "authorized to perform this operation; reading needs Storage Blob Data Reader on the "
-        "account and, from outside the VNet, this machine's public IP in the stack's "
-        "storageAllowedIps"
+        "authorized to perform this operation (403 AuthorizationFailure: the account's firewall "
+        "refused this machine's address); add it to the stack's storageAllowedIps"
     )
     assert caught.value.code == 1
 
