@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -32,7 +32,7 @@ from infra.batch import (
     terminate_options,
 )
 from infra.config import SHORTHAND_JOB
-from infra.dynamic import OneLineError, Provider, changed_inputs
+from infra.dynamic import OneLineError, Provider
 from infra.task_report import last_try_line
 from trainer.config import one_line
 
@@ -158,7 +158,6 @@ OUTPUT_KEYS = (
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
 PROGRESS_TIMEOUT_SECONDS = 10.0
-NOT_THE_JOB = ("protect_running",)
 UNITS = ("images", "tokens")  # what a run's rate counts (infra.live_metrics.rate_key)
 
 
@@ -254,10 +253,13 @@ class TrainingJobProvider(Provider):
         )
 
     def diff(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # ``protect_running`` is this deployment's permission, not part of the job. A job
-        # field added later is absent from older state, which means its default.
-        defaults = {f.name: f.default for f in fields(JobSpec) if f.default is not MISSING}
-        changed = changed_inputs(olds, news, (*OUTPUT_KEYS, *NOT_THE_JOB), defaults)
+        # Both sides are read into a JobSpec, the one place inputs are normalised: the engine
+        # keeps numbers as floats and sequences as lists, and a field added later is absent
+        # from older state, which means its default (tests/infra/test_job_upgrade.py holds
+        # every released shape). ``protect_running`` is this deployment's permission and the
+        # outputs are Batch's: neither is the job.
+        old, new = JobSpec.from_props(olds), JobSpec.from_props(news)
+        changed = [f.name for f in fields(JobSpec) if getattr(old, f.name) != getattr(new, f.name)]
         if changed and news.get("protect_running"):
             state = self._running_state(id_, olds)
             if state and changed == ["image_ref"]:
