@@ -437,9 +437,18 @@ def _keeps_image_message(id_: str, olds: dict[str, Any], news: dict[str, Any], s
     name = news.get("name") or SHORTHAND_JOB
     return (
         f"job {name} ({id_}) is {state} and {KEEPS_IMAGE} ({olds.get('image_ref')}); "
-        f"{news.get('image_ref')} replaces it with the first `pulumi up` after it ends, or now "
-        f"with {name} in replaceJobs (it resumes from its newest checkpoint)"
+        f"{_known(news.get('image_ref'), 'a new image (known after the build)')} replaces it "
+        f"with the first `pulumi up` after it ends, or now with {name} in replaceJobs (it "
+        "resumes from its newest checkpoint)"
     )
+
+
+def _known(value: Any, instead: str) -> str:
+    """``value`` where a preview knows it; ``instead`` where the engine sent it unknown (a
+    ``pulumi.output.Unknown``, or the wire's unknown sentinel)."""
+    from pulumi.runtime.rpc import UNKNOWN
+
+    return value if isinstance(value, str) and value != UNKNOWN else instead
 
 
 def _refusal(id_: str, news: dict[str, Any], state: str, changed: list[str]) -> str:

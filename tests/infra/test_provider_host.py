@@ -467,6 +467,16 @@ def test_a_new_image_waits_for_a_protected_running_job_and_replaces_it_once_it_e
         f"({news['image_ref']}); {rebuilt['image_ref']} replaces it with the first `pulumi up` "
         "after it ends, or now with resnet in replaceJobs"
     ) in host.stderr()
+    # A preview of a rebuild knows the new image only after the build: it says so in words.
+    previewed = {**news, "image_ref": rpc.UNKNOWN}
+    request = provider_pb2.DiffRequest(
+        id=job_id, urn=URN, olds=_struct(olds), news=_struct(previewed)
+    )
+    assert host.stub.Diff(request, timeout=TIMEOUT).changes == provider_pb2.DiffResponse.DIFF_NONE
+    assert f"({news['image_ref']}); a new image (known after the build) replaces it" in (
+        host.stderr()
+    )
+    assert "pulumi.output.Unknown" not in host.stderr()
     # Settings besides the image still stop the update while the job runs.
     both = {**rebuilt, "trainer_args": ["--model", "resnet50", "--epochs", "120"]}
     request = provider_pb2.DiffRequest(id=job_id, urn=URN, olds=_struct(olds), news=_struct(both))
