@@ -57,15 +57,19 @@ SAID_BYTES = 4096
 
 
 def start_task_said(client: Any, pool_id: str, node_id: str) -> str:
-    """The last line the node's start task wrote on stderr ("" when it cannot be read): read
-    through the Batch file API, as `dt-jobs logs` reads a running task's files."""
+    """The last line the node's start task wrote on stderr ("" when it cannot be read)."""
+    return stderr_said(client, pool_id, node_id, START_TASK_STDERR)
+
+
+def stderr_said(client: Any, pool_id: str, node_id: str, path: str) -> str:
+    """The last line of the node's file ``path`` within its first ``SAID_BYTES`` ("" when it
+    cannot be read): read through the Batch file API, as `dt-jobs logs` reads a running task's
+    files."""
     from azure.core.exceptions import AzureError
 
     try:
         data = b"".join(
-            client.download_node_file(
-                pool_id, node_id, START_TASK_STDERR, ocp_range=f"bytes=0-{SAID_BYTES - 1}"
-            )
+            client.download_node_file(pool_id, node_id, path, ocp_range=f"bytes=0-{SAID_BYTES - 1}")
         )
     except (AzureError, OSError):  # a file we cannot read only leaves the reason out
         return ""
@@ -107,8 +111,10 @@ def start_task_line(
 
 
 def preparation_line(client: Any, job_id: str, cancel_hint: str) -> str | None:
-    """One line for the nodes where the job's preparation task (its dataset staging) failed;
-    None when there are none."""
+    """One line for the nodes where the job's preparation task (the job's code, then its
+    dataset staging) failed, with what the first one's said last on stderr (the step that
+    failed: trainer.code_folder's fetch, hash or pip install, or the staging); None when
+    there are none."""
     # A task whose preparation fails on a node goes back to active, "eligible to be assigned to
     # a different Compute Node" (BatchTaskState.Preparing); with every node failed it waits for
     # as long as the job lives, and only Job - List Preparation And Release Task Status says why.
@@ -116,24 +122,31 @@ def preparation_line(client: Any, job_id: str, cancel_hint: str) -> str | None:
 
     statuses = client.list_job_preparation_and_release_task_status(job_id)
     failed = [
-        (s.node_id, s.job_preparation_task_execution_info)
+        s
         for s in statuses
         if s.job_preparation_task_execution_info is not None
         and state_text(s.job_preparation_task_execution_info.result) == "failure"
     ]
     if not failed:
         return None
-    info = failed[0][1]
+    first, info = failed[0], failed[0].job_preparation_task_execution_info
     why = f"exit code {info.exit_code}" if info.exit_code is not None else "no exit code"
-    failure = _first_line(getattr(info.failure_info, "message", ""))
-    shown = ", ".join(str(node) for node, _ in failed[:SHOWN_NODES])
+    if info.task_root_directory and (
+        words := stderr_said(
+            client, first.pool_id, first.node_id, f"{info.task_root_directory}/stderr.txt"
+        )
+    ):
+        why += f"; {first.node_id}'s preparation said: {words}"
+    elif failure := _first_line(getattr(info.failure_info, "message", "")):
+        why += f"; {failure}"
+    shown = ", ".join(str(s.node_id) for s in failed[:SHOWN_NODES])
     more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
     return (
-        f"job {job_id}: the dataset staging (job preparation task) failed on {len(failed)} "
-        f"node(s) ({shown}{more}: {why}{'; ' + failure if failure else ''}), so the training "
-        "task never runs there and waits: read jobpreparation/stderr.txt on a node (portal: the "
-        "node's files; it names the blob or folder), fix the dataset or its grant, then "
-        f"{cancel_hint} and run `pulumi up` to submit it again"
+        f"job {job_id}: the job preparation task (the job's code, then its dataset staging) "
+        f"failed on {len(failed)} node(s) ({shown}{more}: {why}), so the training task never "
+        "runs there and waits: read jobpreparation/stderr.txt on a node (portal: the node's "
+        "files), fix what it names (the job's code or its requirements.txt, the dataset or "
+        f"its grant), then {cancel_hint} and run `pulumi up` to submit it again"
     )
 
 

@@ -171,14 +171,34 @@ def test_a_refresh_names_the_nodes_whose_dataset_staging_failed(cloud, warnings)
     and says so only in the preparation listing; the refresh names the nodes and the fix."""
     fake, storage, _ = cloud
     job_id, state = _state(fake, storage, "staging")
-    fake.prepare_fails(job_id, ["tvmps_0", "tvmps_1"], "exit 1")
+    said = "dt-data stage: datasets/imagenet/manifest.json: no such blob"
+    fake.prepare_fails(job_id, ["tvmps_0", "tvmps_1"], said)
     errors = TrainingJobProvider().read(job_id, state).outs["pool_errors"]
     (line,) = errors
-    assert line.startswith(f"job {job_id}: the dataset staging (job preparation task) failed")
+    assert line.startswith(f"job {job_id}: the job preparation task (the job's code, then its ")
     assert "2 node(s)" in line and "tvmps_0" in line and "exit code 1" in line
+    assert f"tvmps_0's preparation said: {said}" in line
     assert "jobpreparation/stderr.txt" in line and "--stack staging --job default" in line
     assert "\n" not in line
     assert f"job {job_id}: {line}" in warnings
+
+
+def test_a_code_job_whose_requirements_do_not_install_is_named_with_pips_first_error(
+    cloud, warnings
+):
+    """A code job's preparation fails at its pip install (trainer.code_folder writes pip's
+    first ERROR line last on stderr): the refresh names that step and pip's line, not the
+    dataset."""
+    fake, storage, _ = cloud
+    job_id, state = _state(fake, storage, "code")
+    said = (
+        "requirements.txt of the job's code does not install: ERROR: No matching "
+        "distribution found for torchh==2.13.0"
+    )
+    fake.prepare_fails(job_id, ["tvmps_0"], said)
+    (line,) = TrainingJobProvider().read(job_id, state).outs["pool_errors"]
+    assert f"(tvmps_0: exit code 1; tvmps_0's preparation said: {said})" in line
+    assert "the job's code or its requirements.txt" in line and "\n" not in line
 
 
 def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(cloud, warnings):

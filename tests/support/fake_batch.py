@@ -49,6 +49,9 @@ ERROR_MESSAGES = {
     "NodeNotFound": "The specified node does not exist.",
     "TaskNotFound": "The specified task does not exist.",
 }
+# Where a job's preparation task runs on a node, as Batch reports it (the job's folder under
+# workitems; the exact layout is Batch's own, read back from the listing, never built here).
+PREPARATION_ROOT = "workitems/job/job-1/jobpreparation"
 # The scope azure-batch asks tokens for (azure/batch/_configuration.py).
 BATCH_SCOPE = "https://batch.core.windows.net//.default"
 # What each role lets a caller do on the account's data plane (articles/batch/batch-role-based-
@@ -338,7 +341,18 @@ class FakeBatch:
 
     def prepare_fails(self, job_id: str, nodes: list[str], message: str, exit_code: int = 1):
         """The job's preparation task ran and failed on ``nodes`` (its retries used up): the
-        task stays active, and only this listing names the nodes and the failure."""
+        task stays active, and only this listing names the nodes and the failure; each node's
+        preparation wrote ``message`` last on its stderr.txt, in its ``taskRootDirectory``
+        (BatchJobPreparationTaskExecutionInfo: "use this path to retrieve files created by
+        the Task, such as log files")."""
+        pool = self.pool_nodes.setdefault("ib-gpu", [])
+        for node in nodes:
+            if not any(n.get("id") == node for n in pool):
+                pool.append({"id": node, "state": "idle", "schedulingState": "enabled"})
+            stderr = f"{PREPARATION_ROOT}/stderr.txt"
+            self.node_files.setdefault(node, {})[stderr] = bytearray(
+                b"staging: starting\n" + message.encode() + b"\n"
+            )
         self.task_state = "active"
         self.preparations[job_id] = [
             {
@@ -348,7 +362,7 @@ class FakeBatch:
                     "startTime": "2026-11-23T10:01:00Z",
                     "endTime": "2026-11-23T10:02:00Z",
                     "state": "completed",
-                    "taskRootDirectory": "workitems/job/job-1/jobpreparation",
+                    "taskRootDirectory": PREPARATION_ROOT,
                     "exitCode": exit_code,
                     "retryCount": 0,
                     "result": "failure",
