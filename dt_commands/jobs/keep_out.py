@@ -8,6 +8,7 @@ docs/deploy.md, Who may do what."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
@@ -16,6 +17,7 @@ from infra.batch import state_text
 
 NAME = "keep-out"
 HELP = "keep nodes out of the job's next tries (disable scheduling); --undo lets them back"
+NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # The Batch action a node's scheduling state needs; Azure Batch Job Submitter, the role the
 # stack gives the deployer and the team, holds `pools/read` alone of the pool's actions.
 POOL_WRITE = "Microsoft.Batch/batchAccounts/pools/write"
@@ -36,6 +38,13 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def run(call: Call) -> int:
+    for node_id in call.args.nodes:
+        # Batch's node ids are words (tvmps_<hex>_d); anything else would address another
+        # path of the pool's API ("..": the pool itself) and be misread as a node's state.
+        if not NODE_ID.fullmatch(node_id):
+            raise JobsError(
+                f"NODE={node_id!r}: not a Batch node id; give the ids `dt-jobs status` names"
+            )
     job = call.job()
     client = call.client()
     pool_info = client.get_job(job.job_id).pool_info
@@ -65,13 +74,14 @@ def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextI
     # taskcompletion: a task still running there (another job's, or this job's own try) ends
     # as it would; requeue would kill it and count nothing against its retries.
     options = BatchNodeDisableSchedulingOptions(node_disable_scheduling_option="taskcompletion")
-    for node_id in nodes:
-        # Disabling works only while scheduling is enabled: read the state first.
-        enabled = state_text(client.get_node(pool_id, node_id).scheduling_state) == "enabled"
-        if undo and not enabled:
+    # Every node read first (disabling works only while scheduling is enabled), so a node the
+    # pool does not have stops the command before any node is changed.
+    enabled = {node_id: _enabled(client, pool_id, node_id) for node_id in nodes}
+    for node_id, is_enabled in enabled.items():
+        if undo and not is_enabled:
             client.enable_node_scheduling(pool_id, node_id)
             out.write(f"pool {pool_id}: node {node_id} takes tasks again\n")
-        elif not undo and enabled:
+        elif not undo and is_enabled:
             client.disable_node_scheduling(pool_id, node_id, options)
             out.write(
                 f"pool {pool_id}: node {node_id} takes no new task (the job's next tries go "
@@ -79,6 +89,18 @@ def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextI
                 "it from the pool\n"
             )
         else:
-            state = "takes tasks" if enabled else "is kept out"
+            state = "takes tasks" if is_enabled else "is kept out"
             out.write(f"pool {pool_id}: node {node_id} already {state}\n")
     return 0
+
+
+def _enabled(client: Any, pool_id: str, node_id: str) -> bool:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    try:
+        return state_text(client.get_node(pool_id, node_id).scheduling_state) == "enabled"
+    except ResourceNotFoundError:
+        raise JobsError(
+            f"NODE={node_id!r}: pool {pool_id} has no such node; give the ids `dt-jobs "
+            "status` names"
+        ) from None

@@ -377,13 +377,29 @@ def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
     assert main([*base, "--undo", "tvm-1"], client) == 0
     assert nodes["tvm-1"]["schedulingState"] == "enabled"
     assert "node tvm-1 takes tasks again" in capsys.readouterr().out
-    # A node the pool does not have: one line, exit 1 (Azure said no).
+    # A node the pool does not have, beside one it has: one line naming the node, exit 2,
+    # and neither is changed.
     with pytest.raises(SystemExit) as stopped:
-        main([*base, "tvm-9"], client)
-    assert stopped.value.code == 1
+        main([*base, "tvm-0", "tvm-9"], client)
+    assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: job {JOB}: ") and err.count("\n") == 1, err
-    assert "(NodeNotFound)" in err, err
+    assert err == (
+        "error: NODE='tvm-9': pool ib-gpu has no such node; give the ids `dt-jobs status` names\n"
+    )
+    assert nodes["tvm-0"]["schedulingState"] == "enabled"
+
+
+@pytest.mark.parametrize("node", ["", "..", "tvm-0/../..", "a b"])
+def test_keep_out_refuses_what_is_not_a_node_id_before_asking_batch(batch, tmp_path, capsys, node):
+    base = _keep_out_setup(batch, tmp_path)
+    before = len(batch.requests)
+    with pytest.raises(SystemExit) as stopped:
+        main([*base, node], lambda endpoint: _real_client(batch))
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: NODE={node!r}: not a Batch node id; give the ids `dt-jobs status` names\n"
+    )
+    assert len(batch.requests) == before
 
 
 def test_keep_out_by_a_team_member_names_the_missing_right_and_who_holds_it(
