@@ -4,8 +4,12 @@ what was expected. The interface: docs/trainer.md, "Run your own model"."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import math
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +30,10 @@ class PluginError(ConfigError):
 def resolve(setting: str, ref: str) -> Callable[..., Any]:
     """The callable ``ref`` (``pkg.module:name``, ``name`` may be dotted) names."""
     module_name, _, attribute = ref.partition(":")
+    _working_directory_first()
     try:
         target: Any = importlib.import_module(module_name)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a module that exits while it is imported too
         # ImportError, or whatever the module raises while it is imported.
         raise PluginError(
             f"{setting}={ref}: cannot import {module_name} ({type(err).__name__}: "
@@ -46,13 +51,36 @@ def resolve(setting: str, ref: str) -> Callable[..., Any]:
     return target
 
 
+def _working_directory_first() -> None:
+    """``python -m trainer`` imports from the working directory (``sys.path[0]``); the
+    ``dt-train`` console script starts with its own bin folder there instead. Both import a
+    team's package from the folder they run in, as the error below tells them to."""
+    here = os.getcwd()
+    if not any(entry in ("", here) for entry in sys.path):
+        sys.path.insert(0, here)
+
+
 def _call(setting: str, ref: str, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # What the factory writes on stderr is held back until it returned: a failure is one line
+    # (argparse prints its usage there before it exits).
+    said = io.StringIO()
     try:
-        return factory(*args, **kwargs)
+        with contextlib.redirect_stderr(said):
+            made = factory(*args, **kwargs)
+    except SystemExit as err:  # not an Exception: sys.exit, or argparse reading sys.argv
+        last = next((line for line in reversed(said.getvalue().splitlines()) if line), "")
+        why = first_line(err) if not isinstance(err.code, int) else f"{err.code}"
+        raise PluginError(
+            f"{setting}={ref}: the factory exited (SystemExit: {why}{'; ' + last if last else ''}"
+            "); a factory returns its object and reads no command line: take settings as "
+            "keyword arguments (--model-args/--data-args)"
+        ) from None
     except Exception as err:
         raise PluginError(
             f"{setting}={ref}: the factory raised {type(err).__name__}: {first_line(err)}"
         ) from None
+    sys.stderr.write(said.getvalue())
+    return made
 
 
 @dataclass(frozen=True)

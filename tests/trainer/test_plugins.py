@@ -67,6 +67,17 @@ def model_raises(cfg):
     raise ValueError("width must be even")
 
 
+def model_exits(cfg):
+    import sys
+    sys.exit("usage: model --width N")
+
+
+def model_parses_argv(cfg):
+    import argparse
+    argparse.ArgumentParser().add_argument("--width", required=True)
+    argparse.ArgumentParser(prog="model").parse_args(["--nonsense"])
+
+
 def model_not_a_module(cfg):
     return {"weights": 1}
 
@@ -101,6 +112,7 @@ def team(tmp_path: Path) -> Path:
     (root / "teamcode" / "__init__.py").write_text("")
     (root / "teamcode" / "plugins.py").write_text(textwrap.dedent(TEAM_PACKAGE))
     (root / "teamcode" / "broken.py").write_text("import torch\nraise RuntimeError('boom')\n")
+    (root / "teamcode" / "exits.py").write_text("import sys\nsys.exit(3)\n")
     return root
 
 
@@ -157,6 +169,22 @@ BAD = [
         ("--model", "teamcode.plugins:model_raises", "--data", "teamcode.plugins:data"),
         "model=teamcode.plugins:model_raises: the factory raised ValueError: width must be even",
         "",
+    ),
+    (
+        ("--model", "teamcode.plugins:model_exits", "--data", "teamcode.plugins:data"),
+        "model=teamcode.plugins:model_exits: the factory exited (SystemExit: usage: model",
+        "a factory returns its object",
+    ),
+    (
+        ("--model", "teamcode.plugins:model_parses_argv", "--data", "teamcode.plugins:data"),
+        "model=teamcode.plugins:model_parses_argv: the factory exited (SystemExit: 2; model: "
+        "error: unrecognized arguments: --nonsense)",
+        "reads no command line",
+    ),
+    (
+        ("--model", "teamcode.exits:build", "--data", "teamcode.plugins:data"),
+        "model=teamcode.exits:build: cannot import teamcode.exits (SystemExit: 3)",
+        "PYTHONPATH",
     ),
     (
         ("--model", "teamcode.plugins:model_not_a_module", "--data", "teamcode.plugins:data"),
@@ -227,6 +255,26 @@ def test_a_bad_plugin_is_one_line_exit_2_and_nothing_written(team, tmp_path, fla
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert names in lines[0] and fix in lines[0], lines[0]
     assert not output.exists()
+
+
+@pytest.mark.parametrize("how", ["dt-train", "python -m trainer"])
+def test_a_plugin_in_the_current_folder_imports_from_the_console_script_too(team, tmp_path, how):
+    """The error says "run from the folder holding the package": both entry points do so."""
+    command = [str(Path(sys.executable).parent / "dt-train")]
+    if how != "dt-train":
+        command = [sys.executable, "-m", "trainer"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    flags = ["--backend", "local", "--num-classes", "3", "--batch-size", "8", *GOOD]
+    done = subprocess.run(
+        [*command, *flags, "--output-dir", str(tmp_path / "run"), "--dry-run"],
+        cwd=team,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "config ok: teamcode.plugins:model has 67 parameters" in done.stdout
 
 
 def test_dry_run_builds_the_plugin_model_and_counts_its_parameters(team, tmp_path):
