@@ -29,10 +29,8 @@ class Fabric:
 
 _COMMON = {
     "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-    "UCX_IB_PCI_RELAXED_ORDERING": "on",
     "NCCL_SOCKET_IFNAME": "eth0",  # bootstrap over the VNet NIC; data over the IB HCAs
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # the topology file lists GPUs in PCI order
-    "UCX_TLS": "rc",
     "NCCL_NET_GDR_LEVEL": "PHB",
 }
 # The Azure HPC images' own NCCL settings for NDv5 and NDv4 (Azure/azhpc-images
