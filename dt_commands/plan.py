@@ -158,7 +158,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
     """Each job and the run folder it trains in: the same training settings resume the same
     folder after a replace; other settings start a fresh run in another one. With
     ``deployed`` (job name -> its deployed run folder), each job says which it does."""
-    from infra.batch import JobSpec
+    from infra.batch import JobSpec, wall_clock_text
 
     specs = [
         JobSpec.from_props(r.inputs)
@@ -185,6 +185,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
         lines += [line, f"    runs: {runs_line(spec)}"]
         if spec.code_sha256:
             lines.append(f"    code: snapshot sha256 {spec.code_sha256}")
+        lines.append(f"    limit: {wall_clock_text(spec.max_wall_clock_hours)}")  # infra.batch
     planned = {spec.name or SHORTHAND_JOB for spec in specs}
     for name, folder in sorted((deployed or {}).items()):
         if name not in planned:

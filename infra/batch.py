@@ -198,6 +198,37 @@ class JobFields(Generic[S]):
     # node fetches, verifies and works in. A changed folder is a changed input, so the preview
     # shows exactly that and the job is replaced; left out of the hashes at its default.
     code_sha256: str = ""
+    # How long the job may run, in hours from its creation (Batch's constraints.maxWallClockTime;
+    # 0: no limit). Not part of the job's identity: a new limit is applied to the job in place.
+    max_wall_clock_hours: int = 0
+
+
+# Fields a job changes in place (Job - Update) rather than by a new job: neither its id nor
+# its run folder depends on them.
+NOT_THE_IDENTITY = ("max_wall_clock_hours",)
+
+
+def wall_clock_limit(hours: int) -> Any:
+    """Batch's job constraints for a limit of ``hours`` (None: no limit). "If the Job does not
+    complete within the time limit, the Batch service terminates it and any Tasks that are
+    still running", termination reason MaxWallClockTimeExpiry, counted from the job's creation
+    (Batch REST reference, JobConstraints.maxWallClockTime)."""
+    from datetime import timedelta
+
+    from azure.batch import models as m
+
+    return m.BatchJobConstraints(max_wall_clock_time=timedelta(hours=hours)) if hours else None
+
+
+def wall_clock_text(hours: float) -> str:
+    """A job's wall-clock limit in words (jobs.<name>.maxWallClockHours)."""
+    if not hours:
+        return "none (maxWallClockHours 0): the job runs until it ends or is cancelled"
+    return f"Batch stops the job {hours:g} h after its creation (maxWallClockHours)"
+
+
+# Job - Get's executionInfo.terminateReason when the limit stopped the job.
+WALL_CLOCK_EXPIRY = "MaxWallClockTimeExpiry"
 
 
 def job_priority(value: Any) -> int:
@@ -226,7 +257,8 @@ class JobSpec(JobFields[str]):
     def _identity(self) -> dict[str, Any]:
         values = asdict(self)
         for field_ in fields(self):
-            if field_.default is not MISSING and values[field_.name] == field_.default:
+            at_default = field_.default is not MISSING and values[field_.name] == field_.default
+            if at_default or field_.name in NOT_THE_IDENTITY:
                 del values[field_.name]
         return values
 
@@ -279,6 +311,7 @@ class JobSpec(JobFields[str]):
         values["trainer_args"] = tuple(values["trainer_args"])
         values["command"] = tuple(values["command"] or ())
         values["node_count"] = int(values["node_count"])
+        values["max_wall_clock_hours"] = int(values["max_wall_clock_hours"] or 0)
         return cls(**values)
 
 
@@ -474,6 +507,7 @@ def job_options(spec: JobSpec):
         display_name=f"{spec.stack} {spec.name or 'training'}",
         pool_info=m.BatchPoolInfo(pool_id=spec.pool_id),
         priority=spec.priority,
+        constraints=wall_clock_limit(spec.max_wall_clock_hours),
         all_tasks_complete_mode="noaction",
         job_preparation_task=preparation,
         metadata=[

@@ -68,7 +68,20 @@ _GUID = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
 _S = TypeVar("_S")
 _SCHEMA_TYPES = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
-JOB_KEYS = ("trainerConfig", "command", "engine", "code", "nodes", "datasetPrefix", "priority")
+JOB_KEYS = (
+    "trainerConfig",
+    "command",
+    "engine",
+    "code",
+    "nodes",
+    "datasetPrefix",
+    "priority",
+    "maxWallClockHours",
+)
+# A job that has not ended a week after its creation (waiting for nodes, or wedged below what
+# the watchdog sees) is stopped by Batch; a job may set its own (0: no limit).
+DEFAULT_WALL_CLOCK_HOURS = 168
+MAX_WALL_CLOCK_HOURS = 8760  # a year
 SHORTHAND_JOB = "default"  # the one job of submitJob/trainerConfig/datasetPrefix
 
 
@@ -346,7 +359,9 @@ class JobInputs:
         "would, never run by a shell) with engine (torch, the default: torchrun's variables; "
         "or horovod), code (a folder of the repository whose tracked files, with an optional "
         "requirements.txt, each node gets as its working directory without an image rebuild), "
-        "nodes (default the pool size), datasetPrefix, priority (-1000..1000)}; "
+        "nodes (default the pool size), datasetPrefix, priority (-1000..1000), "
+        "maxWallClockHours (Batch stops the job this long after its creation; default 168, "
+        "0 for none)}; "
         "set one with pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or "
         "removing a job touches no other. Empty means the one job of submitJob/trainerConfig/"
         "datasetPrefix; giving both forms is an error.",
@@ -781,6 +796,8 @@ class JobSettings:
     engine: str = ""  # how its workers meet (SCRIPT_ENGINES); "" for the trainer
     # The job's code folder as one snapshot (docs/jobs.md, Your code without an image rebuild)
     code: CodeSnapshot | None = None
+    # Hours from the job's creation until Batch stops it (0: none): docs/jobs.md, Limits.
+    max_wall_clock_hours: int = DEFAULT_WALL_CLOCK_HOURS
 
 
 def _read_trainer_settings(key: str, path: str) -> TrainerSettings:
@@ -833,9 +850,17 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         # Batch job priorities run from -1000 (lowest) to 1000 (highest).
         _range(f"jobs.{name}.priority", priority, -1000, 1000)
         _check_prefix(f"jobs.{name}.datasetPrefix", prefix)
+        hours = _typed(
+            f"jobs.{name}.maxWallClockHours",
+            entry.get("maxWallClockHours", DEFAULT_WALL_CLOCK_HOURS),
+            {"type": "integer"},
+        )
+        _range(f"jobs.{name}.maxWallClockHours", hours, 0, MAX_WALL_CLOCK_HOURS)
         trainer, command, engine = _what_runs(name, entry)
         code = _code(name, entry)
-        parsed.append(JobSettings(name, trainer, nodes, prefix, priority, command, engine, code))
+        parsed.append(
+            JobSettings(name, trainer, nodes, prefix, priority, command, engine, code, hours)
+        )
     return tuple(parsed)
 
 

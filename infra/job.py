@@ -15,10 +15,11 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pulumi
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
 
 from infra import batch
 from infra.batch import (
+    NOT_THE_IDENTITY,
     RUNNING_STATES,
     TASK_ID,
     JobFields,
@@ -30,6 +31,7 @@ from infra.batch import (
     state_text,
     task_options,
     terminate_options,
+    wall_clock_limit,
 )
 from infra.config import SHORTHAND_JOB
 from infra.dynamic import OneLineError, Provider
@@ -260,6 +262,12 @@ class TrainingJobProvider(Provider):
         # outputs are Batch's: neither is the job.
         old, new = JobSpec.from_props(olds), JobSpec.from_props(news)
         changed = [f.name for f in fields(JobSpec) if getattr(old, f.name) != getattr(new, f.name)]
+        # A new wall-clock limit is set on the job in place (``update``); only a removed one
+        # needs a new job (Job - Update documents no way to clear it).
+        in_place = [key for key in changed if key in NOT_THE_IDENTITY and getattr(new, key)]
+        changed = [key for key in changed if key not in in_place]
+        if in_place and not changed:
+            return DiffResult(changes=True, replaces=[], delete_before_replace=False)
         if changed and news.get("protect_running"):
             state = self._running_state(id_, olds)
             if state and changed == ["image_ref"]:
@@ -273,6 +281,22 @@ class TrainingJobProvider(Provider):
         return DiffResult(
             changes=bool(changed), replaces=changed, delete_before_replace=bool(changed)
         )
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        """Sets the job's new wall-clock limit (the one change ``diff`` makes in place); a job
+        that has ended keeps what it had."""
+        from azure.batch import models as m
+
+        spec = JobSpec.from_props(news)
+        client = batch.client(spec.endpoint)
+        state = state_text(
+            _seen(spec.endpoint, f"read job {id_}", lambda: client.get_job(id_)).state
+        )
+        if state in RUNNING_STATES:
+            limit = m.BatchJobUpdateOptions(constraints=wall_clock_limit(spec.max_wall_clock_hours))
+            _seen(spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, limit))
+        kept = {key: olds.get(key) for key in OUTPUT_KEYS if key in olds}
+        return UpdateResult({**news, **kept, "state": state})
 
     @staticmethod
     def _running_state(id_: str, olds: dict[str, Any]) -> str | None:

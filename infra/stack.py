@@ -332,6 +332,7 @@ def _job(
             command=job.command,
             engine=job.engine,
             code_sha256=job.code.sha256 if job.code else "",
+            max_wall_clock_hours=job.max_wall_clock_hours,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
         # Data-plane calls need the deployer's Batch roles to exist first; the nodes fetch

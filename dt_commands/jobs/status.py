@@ -5,10 +5,11 @@ its run named slower than the others, and where its logs, checkpoints and result
 from __future__ import annotations
 
 import argparse
+from datetime import timedelta
 from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
-from infra.batch import TASK_ID, state_text
+from infra.batch import TASK_ID, WALL_CLOCK_EXPIRY, state_text, wall_clock_text
 from infra.pool_health import pool_problems
 from infra.task_report import last_try_line
 
@@ -51,6 +52,18 @@ def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
         return [f"pool {pool_id}: not readable with this credential ({err.status_code})"]
 
 
+def _ended_by_limit(job: Any) -> str:
+    """Why a job Batch stopped at its wall-clock limit ended, and how to go on."""
+    info = job.execution_info
+    if info is None or getattr(info, "termination_reason", None) != WALL_CLOCK_EXPIRY:
+        return ""
+    return (
+        f" (stopped by its wall-clock limit, {WALL_CLOCK_EXPIRY}: its checkpoints stay; to go "
+        "on, raise jobs.<name>.maxWallClockHours and run `pulumi up --replace` on its job "
+        "resource, which resumes from the newest checkpoint)"
+    )
+
+
 def status(
     client: Any, outputs: dict[str, Any], out: TextIO, cancel_hint: str = "cancel the job"
 ) -> int:
@@ -59,7 +72,7 @@ def status(
     task = client.get_task(job_id, TASK_ID)
     info = task.execution_info
     lines = [
-        f"job         {job_id}: {state_text(job.state)}",
+        f"job         {job_id}: {state_text(job.state)}{_ended_by_limit(job)}",
         f"task        {TASK_ID}: {state_text(task.state)}",
     ]
     if info is not None:
@@ -83,6 +96,9 @@ def status(
     # The stack's last refresh read them from the run's uploaded metrics (infra.job).
     when = f" (as of {outputs['progress_at']})" if outputs.get("progress_at") else ""
     lines += [f"straggler   {line}{when}" for line in outputs.get("stragglers") or []]
+    limit = getattr(getattr(job, "constraints", None), "max_wall_clock_time", None)
+    hours = limit.total_seconds() / 3600 if isinstance(limit, timedelta) else 0
+    lines.append(f"limit       {wall_clock_text(hours)}")
     lines += [f"{label:<12}{outputs[key]}" for label, key in WHERE if outputs.get(key)]
     out.write("\n".join(lines) + "\n")
     return 0

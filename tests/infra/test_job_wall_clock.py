@@ -1,0 +1,122 @@
+"""A job's wall-clock limit (jobs.<name>.maxWallClockHours, Batch's constraints.maxWallClockTime):
+a week by default, in every job's payload; shown by dt-plan and dt-jobs status; not part of the
+job's identity, so an upgrade (state without a limit) sets it on the running job in place
+through Job - Update instead of replacing it; a job the limit stopped says so."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from dt_commands.jobs.status import status
+from dt_commands.plan import evaluate, render
+from infra.batch import TASK_ID, job_options
+from infra.config import ConfigError, job_settings
+from infra.job import TrainingJobProvider
+from tests.infra.test_job_payloads import SPEC, StaticToken, _spec, batch  # noqa: F401
+from tests.infra.test_job_upgrade import STATES, todays_inputs
+from tests.support.stacks import stack_values
+
+WEEK = 168
+
+
+def _jobs(entry: dict) -> tuple:
+    return job_settings({"jobs": {"mine": entry}, "node_count": 2}, {"jobs"})
+
+
+def test_every_job_gets_a_week_unless_it_sets_its_own():
+    (job,) = _jobs({"command": "python train.py"})
+    assert job.max_wall_clock_hours == WEEK
+    (own,) = _jobs({"command": "python train.py", "maxWallClockHours": 12})
+    assert own.max_wall_clock_hours == 12
+    (unlimited,) = _jobs({"command": "python train.py", "maxWallClockHours": 0})
+    assert unlimited.max_wall_clock_hours == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-1, "jobs.mine.maxWallClockHours=-1: must be in 0..8760"),
+        (9000, "jobs.mine.maxWallClockHours=9000: must be in 0..8760"),
+        ("a day", "jobs.mine.maxWallClockHours"),
+    ],
+)
+def test_a_bad_limit_is_one_line_naming_the_setting(value, message):
+    with pytest.raises(ConfigError) as refused:
+        _jobs({"command": "python train.py", "maxWallClockHours": value})
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_the_limit_is_in_the_payload_and_not_in_the_jobs_identity():
+    limited = _spec(max_wall_clock_hours=WEEK)
+    assert dict(job_options(limited))["constraints"] == {"maxWallClockTime": "P7D"}
+    assert "constraints" not in dict(job_options(_spec(max_wall_clock_hours=0)))
+    assert (limited.job_id, limited.run_name) == (SPEC.job_id, SPEC.run_name)
+
+
+def test_dt_plan_shows_each_jobs_limit():
+    values = {**stack_values("dev"), "gpu-cluster:jobs": json.dumps({"a": {"command": "x"}})}
+    lines = render(evaluate("dev", values), 160).splitlines()
+    assert "    limit: Batch stops the job 168 h after its creation (maxWallClockHours)" in lines
+
+
+@pytest.mark.parametrize("state_file", STATES, ids=[p.stem for p in STATES])
+def test_an_upgrade_sets_the_limit_on_each_earlier_job_in_place(state_file):
+    state = json.loads(state_file.read_text())
+    olds = {**state["inputs"], **state["outputs"]}
+    news = {**todays_inputs(state["inputs"]), "max_wall_clock_hours": float(WEEK)}
+    diff = TrainingJobProvider().diff(state["outputs"]["job_id"], olds, news)
+    assert diff.changes is True and not diff.replaces  # an update: the job stays
+
+
+def test_removing_a_limit_replaces_the_job():
+    state = json.loads(STATES[-1].read_text())
+    limited = {**todays_inputs(state["inputs"]), "max_wall_clock_hours": float(WEEK)}
+    olds = {**limited, **state["outputs"], "state": "completed"}
+    news = {**limited, "max_wall_clock_hours": 0.0, "protect_running": False}
+    diff = TrainingJobProvider().diff(state["outputs"]["job_id"], olds, news)
+    assert diff.replaces == ["max_wall_clock_hours"]
+
+
+def _patches(fake, job_id):
+    return [r.body for r in fake.requests if r.method == "PATCH" and r.path == f"/jobs/{job_id}"]
+
+
+@pytest.mark.parametrize(("state", "patched"), [("active", True), ("completed", False)])
+def test_the_update_sets_the_limit_on_a_job_that_still_runs(batch, state, patched):  # noqa: F811
+    spec = _spec(endpoint=batch.url)
+    batch.add_job(spec.job_id, state)
+    olds = {**spec.__dict__, "trainer_args": list(spec.trainer_args), "job_id": spec.job_id}
+    news = {**olds, "max_wall_clock_hours": float(WEEK), "job_id": None}
+    updated = TrainingJobProvider().update(spec.job_id, olds, news)
+    expected = [{"constraints": {"maxWallClockTime": "P7D"}}] if patched else []
+    assert _patches(batch, spec.job_id) == expected
+    assert updated.outs["job_id"] == spec.job_id and updated.outs["state"] == state
+    if patched:
+        assert batch.jobs[spec.job_id]["constraints"] == {"maxWallClockTime": "P7D"}
+
+
+def test_status_shows_the_limit_and_a_job_it_stopped(batch):  # noqa: F811
+    from azure.batch import BatchClient
+
+    spec = _spec(endpoint=batch.url)
+    batch.add_job(spec.job_id, "completed")
+    batch.jobs[spec.job_id]["constraints"] = {"maxWallClockTime": "P7D"}
+    batch.jobs[spec.job_id]["executionInfo"] = {
+        "startTime": "2026-11-20T10:00:00Z",
+        "endTime": "2026-11-27T10:00:00Z",
+        "terminateReason": "MaxWallClockTimeExpiry",
+    }
+    batch.tasks[spec.job_id] = [{"id": TASK_ID, "commandLine": "true"}]
+    batch.task_state = "completed"
+    client = BatchClient(batch.url, StaticToken(), connection_verify=str(batch.ca_path))
+    out = io.StringIO()
+    status(client, {"job_id": spec.job_id}, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(
+        f"job         {spec.job_id}: completed (stopped by its wall-clock limit, "
+        "MaxWallClockTimeExpiry: its checkpoints stay;"
+    )
+    assert "limit       Batch stops the job 168 h after its creation (maxWallClockHours)" in lines
