@@ -38,8 +38,13 @@ class CodeSnapshot:
 
     @property
     def has_requirements(self) -> bool:
+        return REQUIREMENTS in self.file_names
+
+    @property
+    def file_names(self) -> frozenset[str]:
+        """The snapshot's files, relative to its folder."""
         with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
-            return REQUIREMENTS in tar.getnames()
+            return frozenset(tar.getnames())
 
 
 def tracked_files(folder: Path, repo: Path) -> list[str]:

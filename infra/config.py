@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,12 +24,13 @@ from infra.cost import CostInputs
 from infra.image_inputs import origin_clone_url
 from infra.ip_rules import ip_rule_problem
 from infra.naming import PROJECT, default_tags, tag_problem
+from infra.runnable import missing, what_runs
 from infra.schema import declared, notes_of, render_block, schema_of, setting, with_block
 from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
-from trainer.config import one_line
+from trainer.config import is_plugin_ref, one_line
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
@@ -818,7 +820,9 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         if not values["submit_job"]:
             return ()
         trainer = _read_trainer_settings("trainerConfig", values["trainer_config"])
-        return (JobSettings(SHORTHAND_JOB, trainer, node_count, prefix),)
+        shorthand = JobSettings(SHORTHAND_JOB, trainer, node_count, prefix)
+        _check_runnable(shorthand)
+        return (shorthand,)
     both = sorted(given & {"submitJob", "trainerConfig", "datasetPrefix"})
     if both:
         raise ConfigError(
@@ -858,9 +862,9 @@ def job_settings(values: Mapping[str, Any], given: set[str]) -> tuple[JobSetting
         _range(f"jobs.{name}.maxWallClockHours", hours, 0, MAX_WALL_CLOCK_HOURS)
         trainer, command, engine = _what_runs(name, entry)
         code = _code(name, entry)
-        parsed.append(
-            JobSettings(name, trainer, nodes, prefix, priority, command, engine, code, hours)
-        )
+        job = JobSettings(name, trainer, nodes, prefix, priority, command, engine, code, hours)
+        _check_runnable(job)
+        parsed.append(job)
     return tuple(parsed)
 
 
@@ -919,6 +923,35 @@ def _script(name: str, entry: Mapping[str, Any]) -> tuple[None, tuple[str, ...],
 
 
 SECRET_SETTINGS = tuple(d.key for _, d in declared(SecretSettings))
+
+
+def _check_runnable(job: JobSettings) -> None:
+    """What the job runs (its command's script or module, its trainer's plug-ins) is in the
+    image or in its code folder (infra.runnable)."""
+    code_files = job.code.file_names if job.code is not None else None
+    where = (
+        f"its code folder {job.code.folder}"
+        if job.code is not None
+        else "a code folder (the job has none)"
+    )
+    if job.command and (started := what_runs(job.command)) is not None:
+        kind, name = started
+        if missing(kind, name, code_files):
+            raise ConfigError(
+                f"jobs.{job.name}.command={shlex.join(job.command)!r}: its {kind} {name} is "
+                f"neither in the image (which holds trainer/ alone) nor in {where}; set "
+                f"jobs.{job.name}.code to the folder holding it and name the {kind} relative "
+                "to that folder (code: examples/torchrun_ddp, command: python train.py)"
+            )
+    config = job.trainer.config if job.trainer is not None else None
+    for plugin in ("model", "data", "loss", "metric") if config is not None else ():
+        ref = getattr(config, plugin)
+        if is_plugin_ref(ref) and missing("module", ref.partition(":")[0], code_files):
+            raise ConfigError(
+                f"jobs.{job.name}: trainerConfig's {plugin}={ref}: the module is neither in "
+                f"the image (which holds trainer/ alone) nor in {where}; set "
+                f"jobs.{job.name}.code to the folder that holds its package"
+            )
 
 
 def _check_prefix(key: str, prefix: str) -> None:

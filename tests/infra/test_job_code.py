@@ -23,6 +23,8 @@ from tests.support.stacks import CLIENT_IP, REPO, of_type, stack_values
 JOB = "pulumi-python:dynamic:Resource"
 IMAGE = "pulumi-python:dynamic/acr:ImageBuild"  # the dev stack's builder
 MINE = {"command": "python train.py --steps 40", "code": "examples/torchrun_ddp", "nodes": 1}
+# A job whose code is another folder, and the command a file of that folder.
+CUSTOM = {**MINE, "command": "python model.py --steps 40"}
 
 
 def _jobs(entry: dict) -> tuple:
@@ -50,7 +52,7 @@ def test_a_code_folder_is_read_into_its_snapshot_when_the_settings_load():
     assert job.code.folder == "examples/torchrun_ddp" and job.code.files >= 1
     (trainer_job,) = _jobs({"trainerConfig": "trainer/presets/demo.yaml", "code": "examples"})
     assert trainer_job.code is not None  # plug-ins (--model pkg.module:factory) use it too
-    (plain,) = _jobs({"command": "python train.py"})
+    (plain,) = _jobs({"command": "python -m trainer --help"})
     assert plain.code is None
 
 
@@ -70,7 +72,9 @@ def test_bad_code_folders_are_one_line_naming_the_setting_and_the_fix(code, expe
 
 
 def test_the_plan_shows_the_code_hash_of_each_job_that_has_one():
-    plan = evaluate("dev", _stack({"mine": MINE, "other": {"command": "python x.py"}}))
+    # A job without code runs what the image holds (the trainer's own modules).
+    other = {"command": "python -m trainer.data --help"}
+    plan = evaluate("dev", _stack({"mine": MINE, "other": other}))
     inputs = _inputs(plan)
     sha = snapshot("examples/torchrun_ddp", REPO).sha256
     assert inputs["platform-dev-job-mine"]["code_sha256"] == sha
@@ -81,8 +85,12 @@ def test_the_plan_shows_the_code_hash_of_each_job_that_has_one():
 
 
 def test_changed_code_replaces_the_job_named_as_a_code_change_and_not_the_image():
-    before_plan = evaluate("dev", _stack({"mine": MINE}))
-    after_plan = evaluate("dev", _stack({"mine": {**MINE, "code": "examples/custom_model"}}))
+    # A command of the image's own (infra.runnable), so that only the folder changes.
+    runs_trainer = {**MINE, "command": "python -m trainer.data --help"}
+    before_plan = evaluate("dev", _stack({"mine": runs_trainer}))
+    after_plan = evaluate(
+        "dev", _stack({"mine": {**runs_trainer, "code": "examples/custom_model"}})
+    )
     before, after = _inputs(before_plan), _inputs(after_plan)
     (change,) = preview_jobs.job_changes(_digest(before, after))
     assert (change.name, change.change) == ("mine", "replaced")
@@ -90,7 +98,7 @@ def test_changed_code_replaces_the_job_named_as_a_code_change_and_not_the_image(
     assert "code changed" in change.reasons[0]
     # The pull request's comment shows what the job now runs and from which snapshot.
     sha = snapshot("examples/custom_model", REPO).sha256
-    command = "python train.py --steps 40 (engine torch, its own command)"
+    command = "python -m trainer.data --help (engine torch, its own command)"
     assert change.runs == f"{command}; code sha256 {sha}"
     assert f"| `{change.runs}` |" in preview_jobs.render("dev", [change])
     old = JobSpec.from_props(before["platform-dev-job-mine"])
@@ -135,7 +143,7 @@ UPLOAD = "pulumi-python:dynamic:Resource"
 def test_each_code_hash_is_one_upload_the_job_waits_for():
     plan = evaluate(
         "dev",
-        _stack({"mine": MINE, "again": MINE, "other": {**MINE, "code": "examples/custom_model"}}),
+        _stack({"mine": MINE, "again": MINE, "other": {**CUSTOM, "code": "examples/custom_model"}}),
     )
     uploads = {r.name: r.inputs for r in of_type(plan, UPLOAD) if "folder" in r.inputs}
     sha = snapshot("examples/torchrun_ddp", REPO).sha256

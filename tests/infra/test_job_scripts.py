@@ -17,14 +17,16 @@ from infra.config import ConfigError, job_settings
 from infra.job import JobError, TrainingJobProvider
 from tests.infra.test_job_payloads import SPEC
 from tests.support.container import one_node_pool, run_in_container
-from tests.support.stacks import REPO, of_type, stack_values
+from tests.support.stacks import CLIENT_IP, REPO, of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 MINE = {"command": "python train.py --steps 40 --note 'two words'", "nodes": 1}
 
 
 def _jobs(entry: dict) -> tuple:
-    return job_settings({"jobs": {"mine": entry}, "node_count": 2}, {"jobs"})
+    """The job ``entry`` describes; a command's train.py comes in the example's code folder."""
+    with_code = {"code": "examples/torchrun_ddp", **entry} if "command" in entry else entry
+    return job_settings({"jobs": {"mine": with_code}, "node_count": 2}, {"jobs"})
 
 
 def test_a_command_string_is_split_into_words_as_a_shell_would_and_never_run_by_one():
@@ -72,7 +74,15 @@ def test_bad_command_settings_are_one_line_naming_the_setting_and_the_fix(entry,
 
 
 def _stack(jobs: dict) -> dict:
-    return {**stack_values("dev"), "gpu-cluster:jobs": json.dumps(jobs)}
+    """The dev stack with ``jobs``; a command job's script comes in its code folder
+    (infra.runnable), whose upload needs the deployer's address admitted."""
+    code = {name: {"code": "examples/torchrun_ddp", **job} for name, job in jobs.items()}
+    with_code = {name: job if "trainerConfig" in job else code[name] for name, job in jobs.items()}
+    return {
+        **stack_values("dev"),
+        "gpu-cluster:jobs": json.dumps(with_code),
+        "gpu-cluster:storageAllowedIps": json.dumps([CLIENT_IP]),
+    }
 
 
 def _inputs(plan) -> dict[str, dict]:

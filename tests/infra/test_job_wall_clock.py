@@ -27,11 +27,11 @@ def _jobs(entry: dict) -> tuple:
 
 
 def test_every_job_gets_a_week_unless_it_sets_its_own():
-    (job,) = _jobs({"command": "python train.py"})
+    (job,) = _jobs({"command": "python -m trainer --help"})
     assert job.max_wall_clock_hours == WEEK
-    (own,) = _jobs({"command": "python train.py", "maxWallClockHours": 12})
+    (own,) = _jobs({"command": "python -m trainer --help", "maxWallClockHours": 12})
     assert own.max_wall_clock_hours == 12
-    (unlimited,) = _jobs({"command": "python train.py", "maxWallClockHours": 0})
+    (unlimited,) = _jobs({"command": "python -m trainer --help", "maxWallClockHours": 0})
     assert unlimited.max_wall_clock_hours == 0
 
 
@@ -45,7 +45,7 @@ def test_every_job_gets_a_week_unless_it_sets_its_own():
 )
 def test_a_bad_limit_is_one_line_naming_the_setting(value, message):
     with pytest.raises(ConfigError) as refused:
-        _jobs({"command": "python train.py", "maxWallClockHours": value})
+        _jobs({"command": "python -m trainer --help", "maxWallClockHours": value})
     assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
 
 
