@@ -6,8 +6,6 @@ changed folder replaces (the job, named as a code change in the preview; never t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -18,7 +16,7 @@ from infra.code_snapshot import snapshot
 from infra.config import ConfigError, job_settings
 from tests.dt_commands.test_preview_jobs import _digest
 from tests.infra.test_job_payloads import SPEC
-from tests.support.stacks import CLIENT_IP, REPO, of_type, stack_values
+from tests.support.stacks import CLIENT_IP, REPO, dt_plan_of_jobs, of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 IMAGE = "pulumi-python:dynamic/acr:ImageBuild"  # the dev stack's builder
@@ -118,18 +116,7 @@ def test_jobs_without_code_keep_their_ids():
 
 
 def test_a_missing_code_folder_stops_dt_plan_in_one_line_exit_2(tmp_path):
-    stack_file = tmp_path / "Pulumi.mine.yaml"
-    stack_file.write_text(
-        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
-        "      command: python train.py\n      code: team/nowhere\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "dt_commands.plan", "--stack", "mine", "--stack-file", stack_file],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    result = dt_plan_of_jobs(tmp_path, "      command: python train.py\n      code: team/nowhere\n")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (
         "error: jobs.mine.code='team/nowhere': no such folder; give a folder of the repository"

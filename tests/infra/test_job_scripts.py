@@ -6,8 +6,6 @@ variables, the launcher for real, a stub ``python`` recording what each worker g
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -17,7 +15,7 @@ from infra.config import ConfigError, job_settings
 from infra.job import JobError, TrainingJobProvider
 from tests.infra.test_job_payloads import SPEC
 from tests.support.container import one_node_pool, run_in_container
-from tests.support.stacks import CLIENT_IP, REPO, of_type, stack_values
+from tests.support.stacks import CLIENT_IP, dt_plan_of_jobs, of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"
 MINE = {"command": "python train.py --steps 40 --note 'two words'", "nodes": 1}
@@ -134,17 +132,8 @@ def test_a_jobs_without_a_command_keep_their_ids_and_run_folders():
 
 
 def test_command_and_trainer_config_together_stop_dt_plan_in_one_line_exit_2(tmp_path):
-    stack_file = tmp_path / "Pulumi.mine.yaml"
-    stack_file.write_text(
-        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
-        "      command: python train.py\n      trainerConfig: trainer/presets/demo.yaml\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "dt_commands.plan", "--stack", "mine", "--stack-file", stack_file],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
+    result = dt_plan_of_jobs(
+        tmp_path, "      command: python train.py\n      trainerConfig: trainer/presets/demo.yaml\n"
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (

@@ -40,24 +40,26 @@ def _folder(late, container: str) -> BlobFolder:
     return BlobFolder(late.storage.blob_endpoint, container, "runs/dev/job-1/live/")
 
 
-@pytest.mark.parametrize("container", ["logs", "outputs"])
-def test_a_team_member_reads_what_the_operators_commands_show(team_member, container):
-    folder = _folder(team_member, container)
-    setup = team_member.storage.container(container)
+def _uploaded(late, container: str) -> BlobFolder:
+    """A job's live folder in ``container``, holding its metrics (written with the key)."""
+    folder = _folder(late, container)
+    setup = late.storage.container(container)
     if not setup.exists():
         setup.create_container()
     setup.upload_blob(folder.blob("metrics.jsonl"), RECORD, overwrite=True)
+    return folder
+
+
+@pytest.mark.parametrize("container", ["logs", "outputs"])
+def test_a_team_member_reads_what_the_operators_commands_show(team_member, container):
+    folder = _uploaded(team_member, container)
     records, _ = read_metrics(blob_container(folder), folder)
     assert records == [{"step": 40, "images_per_sec": 812.5}]
 
 
 @pytest.mark.parametrize("container", ["datasets", "checkpoints", "code"])
 def test_a_team_member_reads_nothing_else(team_member, container):
-    folder = _folder(team_member, container)
-    setup = team_member.storage.container(container)
-    if not setup.exists():
-        setup.create_container()
-    setup.upload_blob(folder.blob("metrics.jsonl"), RECORD, overwrite=True)
+    folder = _uploaded(team_member, container)
     with pytest.raises(StorageError) as refused:
         read_metrics(blob_container(folder), folder)
     message = str(refused.value)

@@ -10,10 +10,10 @@ import pytest
 
 from dt_commands.mocks import AzureMocks
 from dt_commands.plan import evaluate
-from infra import registry as registry_module
-from tests.infra.fake_arm import REGISTRY_ID, FakeRegistry, serving_arm
+from tests.infra.fake_arm import REGISTRY_ID, FakeRegistry
 from tests.infra.test_image_ref import REGISTRY_ID as REUSED_REGISTRY_ID
 from tests.infra.test_image_ref import reuse
+from tests.infra.test_registry_bypass import arm  # noqa: F401  (the fake registry's ARM)
 from tests.support.stack_rights import ROLE_NAMES, declared
 
 ABAC = "AbacRepositoryPermissions"
@@ -21,20 +21,11 @@ LEGACY = "LegacyRegistryPermissions"
 PULL_ROLE = "pulumi-python:dynamic/acr:RegistryPullRole"
 
 
-@pytest.fixture
-def arm(tmp_path, monkeypatch):
-    fake = FakeRegistry()
-    with serving_arm(tmp_path, monkeypatch, fake.handle) as base:
-        fake.base = base
-        monkeypatch.setattr(registry_module, "ARM_ENDPOINT", base)
-        yield fake
-
-
 @pytest.mark.parametrize(
     ("mode", "role"),
     [(ABAC, "Container Registry Repository Reader"), (LEGACY, "AcrPull"), (None, "AcrPull")],
 )
-def test_the_pull_role_is_the_one_the_registrys_mode_honours(arm, mode, role):
+def test_the_pull_role_is_the_one_the_registrys_mode_honours(arm, mode, role):  # noqa: F811
     from infra.registry_mode import RegistryPullRoleProvider
 
     arm.role_assignment_mode = mode
@@ -45,7 +36,7 @@ def test_the_pull_role_is_the_one_the_registrys_mode_honours(arm, mode, role):
     assert read["path"] == REGISTRY_ID and read["query"] == {"api-version": ["2025-11-01"]}
 
 
-def test_a_refresh_reads_the_mode_again(arm):
+def test_a_refresh_reads_the_mode_again(arm):  # noqa: F811
     from infra.registry_mode import RegistryPullRoleProvider
 
     arm.role_assignment_mode = LEGACY
@@ -67,7 +58,7 @@ def test_a_refresh_reads_the_mode_again(arm):
         ((404, {"error": {"code": "ResourceNotFound", "message": "gone"}}), "imageRegistryId="),
     ],
 )
-def test_a_registry_the_deployer_cannot_read_is_one_line(arm, refusal, expected):
+def test_a_registry_the_deployer_cannot_read_is_one_line(arm, refusal, expected):  # noqa: F811
     from infra.registry_mode import RegistryModeError, RegistryPullRoleProvider
 
     arm.refuse_read = refusal
@@ -78,7 +69,7 @@ def test_a_registry_the_deployer_cannot_read_is_one_line(arm, refusal, expected)
     assert "roleAssignmentMode" in message and "Reader" in message
 
 
-def test_a_mode_this_program_does_not_know_is_refused_naming_it(arm):
+def test_a_mode_this_program_does_not_know_is_refused_naming_it(arm):  # noqa: F811
     from infra.registry_mode import RegistryModeError, RegistryPullRoleProvider
 
     arm.role_assignment_mode = "SomethingNew"

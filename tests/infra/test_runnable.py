@@ -5,14 +5,11 @@ now dt-plan refuses it in one line, exit 2, before anything exists."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from infra.config import ConfigError, job_settings
 from infra.runnable import missing, what_runs
-from tests.support.stacks import REPO
+from tests.support.stacks import dt_plan_of_jobs
 
 TORCHRUN = "examples/torchrun_ddp"
 
@@ -88,18 +85,7 @@ def test_a_job_whose_nodes_hold_what_it_runs_is_accepted(entry):
 
 
 def test_docs_first_example_stops_dt_plan_in_one_line_exit_2(tmp_path):
-    stack_file = tmp_path / "Pulumi.mine.yaml"
-    stack_file.write_text(
-        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
-        f"      command: python {TORCHRUN}/train.py --steps 40\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "dt_commands.plan", "--stack", "mine", "--stack-file", stack_file],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    result = dt_plan_of_jobs(tmp_path, f"      command: python {TORCHRUN}/train.py --steps 40\n")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: jobs.mine.command='python {TORCHRUN}/train.py")
     assert result.stderr.count("\n") == 1 and result.stdout == ""

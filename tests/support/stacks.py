@@ -4,6 +4,8 @@ tests/dt_commands/conftest.py; ``one`` and ``of_type`` look resources up in a pl
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,22 @@ REPO = Path(__file__).resolve().parents[2]
 STACKS = ("dev", "vision-prod")
 # A public address outside the documentation ranges: storage IP rules refuse non-global ones.
 CLIENT_IP = "20.30.40.50"
+
+
+def dt_plan_of_jobs(folder: Path, jobs_yaml: str) -> subprocess.CompletedProcess[str]:
+    """`dt-plan` (``python -m dt_commands.plan``) run as a user runs it, on a stack file of
+    ``folder`` whose ``jobs`` map is ``jobs_yaml`` (its entries, indented under ``mine:``)."""
+    stack_file = folder / "Pulumi.mine.yaml"
+    stack_file.write_text(
+        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n" + jobs_yaml
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "dt_commands.plan", "--stack", "mine", "--stack-file", stack_file],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
 
 
 def stack_values(stack: str) -> dict:
