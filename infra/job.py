@@ -273,9 +273,10 @@ class TrainingJobProvider(Provider):
             if state and changed == ["image_ref"]:
                 # A new image (any change to the trainer) waits for the run: the job keeps
                 # the image it started with, in its state too, so the replacement comes with
-                # the first `pulumi up` after it ends. Nothing else of the stack waits for it.
+                # the first `pulumi up` after it ends. Nothing else of the stack waits for it;
+                # a new limit still reaches the running job (``update`` keeps the image).
                 pulumi.log.warn(_keeps_image_message(id_, olds, news, state))
-                return DiffResult(changes=False)
+                return DiffResult(changes=bool(in_place), replaces=[])
             if state:
                 raise JobError(_refusal(id_, news, state, changed))
         return DiffResult(
@@ -283,8 +284,8 @@ class TrainingJobProvider(Provider):
         )
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        """Sets the job's new wall-clock limit (the one change ``diff`` makes in place); a job
-        that has ended keeps what it had."""
+        """Sets the job's new wall-clock limit (the one change ``diff`` makes in place, also
+        while a running job keeps its image); a job that has ended keeps what it had."""
         from azure.batch import models as m
 
         spec = JobSpec.from_props(news)
@@ -295,7 +296,9 @@ class TrainingJobProvider(Provider):
         if state in RUNNING_STATES:
             limit = m.BatchJobUpdateOptions(constraints=wall_clock_limit(spec.max_wall_clock_hours))
             _seen(spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, limit))
-        kept = {key: olds.get(key) for key in OUTPUT_KEYS if key in olds}
+        # The job as it was (its outputs, and the image it runs, which a protected running job
+        # keeps: ``diff``) with its new limit.
+        kept = {key: olds[key] for key in (*OUTPUT_KEYS, "image_ref") if key in olds}
         return UpdateResult({**news, **kept, "state": state})
 
     @staticmethod

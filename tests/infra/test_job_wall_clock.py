@@ -120,3 +120,23 @@ def test_status_shows_the_limit_and_a_job_it_stopped(batch):  # noqa: F811
         "MaxWallClockTimeExpiry: its checkpoints stay;"
     )
     assert "limit       Batch stops the job 168 h after its creation (maxWallClockHours)" in lines
+
+
+def test_a_running_job_that_keeps_its_image_still_gets_its_new_limit(batch, monkeypatch):  # noqa: F811
+    """An upgrade usually brings a new image too: the protected running job keeps its image
+    and gets the limit in place; its state keeps the image it runs."""
+    spec = _spec(endpoint=batch.url)
+    batch.add_job(spec.job_id, "active")
+    olds = {**spec.__dict__, "trainer_args": list(spec.trainer_args), "job_id": spec.job_id}
+    news = {
+        **olds,
+        "image_ref": "acr.azurecr.io/trainer:new@sha256:" + "c" * 64,
+        "max_wall_clock_hours": float(WEEK),
+        "protect_running": True,
+    }
+    provider = TrainingJobProvider()
+    diff = provider.diff(spec.job_id, olds, news)
+    assert diff.changes is True and not diff.replaces
+    updated = provider.update(spec.job_id, olds, news)
+    assert updated.outs["image_ref"] == spec.image_ref
+    assert _patches(batch, spec.job_id) == [{"constraints": {"maxWallClockTime": "P7D"}}]
