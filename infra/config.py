@@ -194,8 +194,9 @@ class ClusterSettings:
     job_submitter_object_id: str = setting(
         "jobSubmitterObjectId",
         "",
-        "Entra object id of the team (a group is best) granted Batch Job Submitter besides "
-        "whoever runs pulumi up, who always gets it; empty grants the deployer only, which a "
+        "Entra object id of the team (a group is best) granted, besides whoever runs pulumi "
+        "up, who always gets them, Batch Job Submitter and Storage Blob Data Reader on the logs "
+        "and outputs containers (what dt-jobs reads); empty grants the deployer only, which a "
         "stack that CI (a service principal) deploys jobs from refuses.",
     )
     job_submitter_type: str = setting(
@@ -363,7 +364,7 @@ class JobInputs:
         "requirements.txt, each node gets as its working directory without an image rebuild), "
         "nodes (default the pool size), datasetPrefix, priority (-1000..1000), "
         "maxWallClockHours (Batch stops the job this long after its creation; default 168, "
-        "0 for none)}; "
+        "0 for none; the submitJob shorthand's job gets the default)}; "
         "set one with pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or "
         "removing a job touches no other. Empty means the one job of submitJob/trainerConfig/"
         "datasetPrefix; giving both forms is an error.",
@@ -936,7 +937,7 @@ def _check_runnable(job: JobSettings) -> None:
     )
     if job.command and (started := what_runs(job.command)) is not None:
         kind, name = started
-        if missing(kind, name, code_files):
+        if missing(kind, name, code_files, _repo_packages()):
             raise ConfigError(
                 f"jobs.{job.name}.command={shlex.join(job.command)!r}: its {kind} {name} is "
                 f"neither in the image (which holds trainer/ alone) nor in {where}; set "
@@ -946,12 +947,18 @@ def _check_runnable(job: JobSettings) -> None:
     config = job.trainer.config if job.trainer is not None else None
     for plugin in ("model", "data", "loss", "metric") if config is not None else ():
         ref = getattr(config, plugin)
-        if is_plugin_ref(ref) and missing("module", ref.partition(":")[0], code_files):
+        module = ref.partition(":")[0] if is_plugin_ref(ref) else ""
+        if module and missing("module", module, code_files, _repo_packages()):
             raise ConfigError(
                 f"jobs.{job.name}: trainerConfig's {plugin}={ref}: the module is neither in "
                 f"the image (which holds trainer/ alone) nor in {where}; set "
                 f"jobs.{job.name}.code to the folder that holds its package"
             )
+
+
+def _repo_packages() -> frozenset[str]:
+    """The repository's top-level Python packages (infra.runnable)."""
+    return frozenset(p.name for p in REPO.iterdir() if (p / "__init__.py").is_file())
 
 
 def _check_prefix(key: str, prefix: str) -> None:

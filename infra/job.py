@@ -285,17 +285,32 @@ class TrainingJobProvider(Provider):
 
     def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         """Sets the job's new wall-clock limit (the one change ``diff`` makes in place, also
-        while a running job keeps its image); a job that has ended keeps what it had."""
+        while a running job keeps its image); a job that has ended, or is gone, keeps what it
+        had. Batch counts the limit from the job's creation, so a running job that has run
+        longer than the new limit (an upgrade's default on a job older than that) keeps its
+        own: the limit would stop it at once."""
         from azure.batch import models as m
+        from azure.core.exceptions import ResourceNotFoundError
 
         spec = JobSpec.from_props(news)
         client = batch.client(spec.endpoint)
-        state = state_text(
-            _seen(spec.endpoint, f"read job {id_}", lambda: client.get_job(id_)).state
-        )
-        if state in RUNNING_STATES:
-            limit = m.BatchJobUpdateOptions(constraints=wall_clock_limit(spec.max_wall_clock_hours))
-            _seen(spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, limit))
+        try:
+            job = _seen(spec.endpoint, f"read job {id_}", lambda: client.get_job(id_))
+        except ResourceNotFoundError:
+            job = None
+        state = state_text(job.state) if job is not None else str(olds.get("state") or "")
+        if job is not None and state in RUNNING_STATES:
+            ran = _hours_since(getattr(job, "creation_time", None))
+            if ran is not None and ran >= spec.max_wall_clock_hours:
+                pulumi.log.warn(
+                    f"job {id_} has run {ran:.0f} h, past its new wall-clock limit of "
+                    f"{spec.max_wall_clock_hours} h (counted from its creation): it keeps its "
+                    "own limit, and the next job gets the new one"
+                )
+            else:
+                limit = wall_clock_limit(spec.max_wall_clock_hours)
+                update = m.BatchJobUpdateOptions(constraints=limit)
+                _seen(spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, update))
         # The job as it was (its outputs, and the image it runs, which a protected running job
         # keeps: ``diff``) with its new limit.
         kept = {key: olds[key] for key in (*OUTPUT_KEYS, "image_ref") if key in olds}
@@ -533,6 +548,13 @@ def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
 
 def _metrics_url(log_url: Any) -> str | None:
     return live_folder_url(log_url) if isinstance(log_url, str) and log_url else None
+
+
+def _hours_since(moment: Any) -> float | None:
+    """Hours from ``moment`` (a datetime Batch reported) to now; None when Batch gave none."""
+    if not isinstance(moment, datetime):
+        return None
+    return (_now() - moment).total_seconds() / 3600
 
 
 def _now() -> datetime:

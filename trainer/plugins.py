@@ -32,8 +32,10 @@ def resolve(setting: str, ref: str) -> Callable[..., Any]:
     module_name, _, attribute = ref.partition(":")
     _working_directory_first()
     try:
-        target: Any = importlib.import_module(module_name)
-    except (Exception, SystemExit) as err:  # a module that exits while it is imported too
+        target: Any = _held_stderr(setting, ref, "module", importlib.import_module, module_name)
+    except PluginError:
+        raise
+    except Exception as err:
         # ImportError, or whatever the module raises while it is imported.
         raise PluginError(
             f"{setting}={ref}: cannot import {module_name} ({type(err).__name__}: "
@@ -60,27 +62,37 @@ def _working_directory_first() -> None:
         sys.path.insert(0, here)
 
 
-def _call(setting: str, ref: str, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # What the factory writes on stderr is held back until it returned: a failure is one line
-    # (argparse prints its usage there before it exits).
+def _held_stderr(
+    setting: str, ref: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)`` with what it writes on stderr held back until it returned, so a
+    failure is one line: a ``SystemExit`` (not an ``Exception``: sys.exit, or argparse reading
+    sys.argv, which prints its usage there first) becomes a PluginError naming ``what``."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
-            made = factory(*args, **kwargs)
-    except SystemExit as err:  # not an Exception: sys.exit, or argparse reading sys.argv
+            made = fn(*args, **kwargs)
+    except SystemExit as err:
         last = next((line for line in reversed(said.getvalue().splitlines()) if line), "")
         why = first_line(err) if not isinstance(err.code, int) else f"{err.code}"
         raise PluginError(
-            f"{setting}={ref}: the factory exited (SystemExit: {why}{'; ' + last if last else ''}"
-            "); a factory returns its object and reads no command line: take settings as "
+            f"{setting}={ref}: the {what} exited (SystemExit: {why}{'; ' + last if last else ''}"
+            f"); a plug-in's {what} returns and reads no command line: take settings as "
             "keyword arguments (--model-args/--data-args)"
         ) from None
+    sys.stderr.write(said.getvalue())
+    return made
+
+
+def _call(setting: str, ref: str, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return _held_stderr(setting, ref, "factory", factory, *args, **kwargs)
+    except PluginError:
+        raise
     except Exception as err:
         raise PluginError(
             f"{setting}={ref}: the factory raised {type(err).__name__}: {first_line(err)}"
         ) from None
-    sys.stderr.write(said.getvalue())
-    return made
 
 
 @dataclass(frozen=True)

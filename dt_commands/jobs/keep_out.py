@@ -17,7 +17,7 @@ from infra.batch import state_text
 
 NAME = "keep-out"
 HELP = "keep nodes out of the job's next tries (disable scheduling); --undo lets them back"
-NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")  # tvmps_<64 hex digits>_d and the like
 # The Batch action a node's scheduling state needs; Azure Batch Job Submitter, the role the
 # stack gives the deployer and the team, holds `pools/read` alone of the pool's actions.
 POOL_WRITE = "Microsoft.Batch/batchAccounts/pools/write"

@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
 from infra.batch import TASK_ID, WALL_CLOCK_EXPIRY, state_text, wall_clock_text
+from infra.config import MAX_WALL_CLOCK_HOURS
 from infra.pool_health import pool_problems
 from infra.task_report import last_try_line
 
@@ -98,6 +99,8 @@ def status(
     lines += [f"straggler   {line}{when}" for line in outputs.get("stragglers") or []]
     limit = getattr(getattr(job, "constraints", None), "max_wall_clock_time", None)
     hours = limit.total_seconds() / 3600 if isinstance(limit, timedelta) else 0
+    # Batch may report "no limit" as the largest duration it holds: past any we set, none.
+    hours = hours if hours <= MAX_WALL_CLOCK_HOURS else 0
     lines.append(f"limit       {wall_clock_text(hours)}")
     lines += [f"{label:<12}{outputs[key]}" for label, key in WHERE if outputs.get(key)]
     out.write("\n".join(lines) + "\n")

@@ -1,7 +1,10 @@
 """Upgrading the program replaces no job: the state each earlier released shape of the job
 provider wrote (tests/infra/job_states/<commit>.json: its inputs and outputs as the engine
-keeps them, numbers as floats and sequences as lists) diffs as no change against the inputs
-today's program sends for the same job, and a real change to one still replaces it."""
+keeps them, numbers as floats and sequences as lists) diffs as no change against the same job's
+settings sent with today's fields (every field JobSpec has, lists and floats as the engine
+sends them, the wall-clock limit as those jobs had it: none; the default limit an upgrade
+brings is set in place, tests/infra/test_job_wall_clock.py), and a real change still
+replaces it."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -140,3 +141,33 @@ def test_a_running_job_that_keeps_its_image_still_gets_its_new_limit(batch, monk
     updated = provider.update(spec.job_id, olds, news)
     assert updated.outs["image_ref"] == spec.image_ref
     assert _patches(batch, spec.job_id) == [{"constraints": {"maxWallClockTime": "P7D"}}]
+
+
+def test_a_job_older_than_its_new_limit_keeps_its_own(batch, monkeypatch):  # noqa: F811
+    """Batch counts the limit from the job's creation: set on a job that ran longer, it would
+    stop the job at once. Such a job keeps its own; the warning says why."""
+    from infra import job as job_module
+
+    told: list[str] = []
+    monkeypatch.setattr(
+        job_module.pulumi.log, "warn", lambda message, *a, **k: told.append(message)
+    )
+    spec = _spec(endpoint=batch.url)
+    batch.add_job(spec.job_id, "active")
+    batch.jobs[spec.job_id]["creationTime"] = "2026-11-01T00:00:00Z"
+    monkeypatch.setattr(job_module, "_now", lambda: datetime(2026, 11, 10, tzinfo=UTC))
+    olds = {**spec.__dict__, "trainer_args": list(spec.trainer_args), "job_id": spec.job_id}
+    news = {**olds, "max_wall_clock_hours": float(WEEK)}
+    updated = TrainingJobProvider().update(spec.job_id, olds, news)
+    assert _patches(batch, spec.job_id) == [] and updated.outs["state"] == "active"
+    (warning,) = told
+    assert f"job {spec.job_id} has run 216 h, past its new wall-clock limit of 168 h" in warning
+
+
+def test_the_update_of_a_job_deleted_outside_pulumi_keeps_its_state(batch):  # noqa: F811
+    spec = _spec(endpoint=batch.url)
+    olds = {**spec.__dict__, "trainer_args": list(spec.trainer_args), "job_id": spec.job_id}
+    olds["state"] = "active"
+    news = {**olds, "max_wall_clock_hours": float(WEEK)}
+    updated = TrainingJobProvider().update(spec.job_id, olds, news)
+    assert updated.outs["state"] == "active" and _patches(batch, spec.job_id) == []

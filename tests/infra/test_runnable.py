@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import ConfigError, job_settings
 from infra.runnable import missing, what_runs
-from tests.support.stacks import dt_plan_of_jobs
+from tests.support.stacks import REPO, dt_plan_of_jobs
 
 TORCHRUN = "examples/torchrun_ddp"
 
@@ -25,6 +25,9 @@ def _jobs(entry: dict) -> tuple:
         (["python3", "-u", "-X", "dev", "train.py"], ("script", "train.py")),
         (["/usr/bin/python3.11", "-m", "team.train", "--x"], ("module", "team.train")),
         (["bash", "-e", "run.sh"], ("script", "run.sh")),
+        (["bash", "-o", "pipefail", "run.sh"], ("script", "run.sh")),
+        (["bash", "-c", "python train.py"], None),
+        (["sh", "-ec", "make all"], None),
         (["python", "-c", "print(1)"], None),
         (["nvidia-smi"], None),
     ],
@@ -35,13 +38,20 @@ def test_what_a_command_starts(command, started):
 
 def test_the_image_holds_the_trainer_and_the_code_folder_the_rest():
     files = frozenset({"train.py", "team/__init__.py", "team/model.py", "lib/run.sh"})
-    assert not missing("module", "trainer.data", None)
-    assert missing("module", "team.model", None) and not missing("module", "team.model", files)
-    assert not missing("module", "team", files) and missing("module", "other", files)
-    assert missing("script", "train.py", None) and not missing("script", "./train.py", files)
-    assert not missing("script", "lib/run.sh", files)
-    assert not missing("script", "/opt/trainer/trainer/__main__.py", None)
-    assert not missing("script", "${AZ_BATCH_NODE_SHARED_DIR}/x.py", None)
+    repo = frozenset({"trainer", "examples", "team"})
+    assert not missing("module", "trainer.data", None, repo)
+    assert missing("module", "team.model", None, repo)
+    assert not missing("module", "team.model", files, repo)
+    assert not missing("module", "team", files, repo) and missing(
+        "module", "examples.x", files, repo
+    )
+    # Another package's module (torch's, or one requirements.txt installs) is taken as there.
+    assert not missing("module", "torch.distributed.run", None, repo)
+    assert missing("script", "train.py", None, repo)
+    assert not missing("script", "./train.py", files, repo)
+    assert not missing("script", "lib/run.sh", files, repo)
+    assert not missing("script", "/opt/trainer/trainer/__main__.py", None, repo)
+    assert not missing("script", "${AZ_BATCH_NODE_SHARED_DIR}/x.py", None, repo)
 
 
 @pytest.mark.parametrize(
@@ -59,8 +69,8 @@ def test_the_image_holds_the_trainer_and_the_code_folder_the_rest():
             f"alone) nor in its code folder {TORCHRUN}",
         ),
         (
-            {"command": "python -m custom_model.model", "code": TORCHRUN},
-            "its module custom_model.model is neither in the image",
+            {"command": "python -m examples.custom_model.model", "code": TORCHRUN},
+            "its module examples.custom_model.model is neither in the image",
         ),
     ],
 )
@@ -76,6 +86,7 @@ def test_a_job_that_names_what_its_nodes_lack_is_one_line(entry, message):
         {"command": "python train.py --steps 40", "code": TORCHRUN},
         {"command": "python -m custom_model.model", "code": "examples"},
         {"command": "python -m trainer --help"},
+        {"command": "python -m torch.distributed.run --nproc-per-node 8 -m trainer"},
         {"trainerConfig": "trainer/presets/demo.yaml"},
     ],
 )
@@ -89,3 +100,28 @@ def test_docs_first_example_stops_dt_plan_in_one_line_exit_2(tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: jobs.mine.command='python {TORCHRUN}/train.py")
     assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_a_trainer_jobs_plugin_from_the_repository_needs_the_code_folder_holding_it():
+    from types import SimpleNamespace
+
+    from infra.code_snapshot import snapshot
+    from infra.config import JobSettings, _check_runnable
+
+    settings = {"model": "examples.custom_model.model:build", "data": "synthetic"}
+    trainer = SimpleNamespace(config=SimpleNamespace(loss="", metric="", **settings))
+    job = JobSettings("mine", trainer, 1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as refused:
+        _check_runnable(job)
+    assert str(refused.value).startswith(
+        "jobs.mine: trainerConfig's model=examples.custom_model.model:build: the module is "
+        "neither in the image (which holds trainer/ alone) nor in a code folder"
+    )
+    # With examples/ as the code folder, its files are top-level on the node: the plug-in is
+    # custom_model.model there, and examples.custom_model.model is still refused...
+    with_examples = JobSettings("mine", trainer, 1, code=snapshot("examples", REPO))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        _check_runnable(with_examples)
+    # ...while the name it has on the node is taken.
+    trainer.config.model = "custom_model.model:build"
+    _check_runnable(with_examples)

@@ -173,7 +173,7 @@ BAD = [
     (
         ("--model", "teamcode.plugins:model_exits", "--data", "teamcode.plugins:data"),
         "model=teamcode.plugins:model_exits: the factory exited (SystemExit: usage: model",
-        "a factory returns its object",
+        "a plug-in's factory returns and reads no command line",
     ),
     (
         ("--model", "teamcode.plugins:model_parses_argv", "--data", "teamcode.plugins:data"),
@@ -183,8 +183,8 @@ BAD = [
     ),
     (
         ("--model", "teamcode.exits:build", "--data", "teamcode.plugins:data"),
-        "model=teamcode.exits:build: cannot import teamcode.exits (SystemExit: 3)",
-        "PYTHONPATH",
+        "model=teamcode.exits:build: the module exited (SystemExit: 3)",
+        "a plug-in's module returns and reads no command line",
     ),
     (
         ("--model", "teamcode.plugins:model_not_a_module", "--data", "teamcode.plugins:data"),

@@ -347,11 +347,16 @@ def _keep_out_setup(batch, tmp_path) -> list[str]:
     batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
     batch.pools["ib-gpu"] = {"id": "ib-gpu", "allocationState": "steady"}
     batch.pool_nodes["ib-gpu"] = [
-        {"id": node, "state": "idle", "schedulingState": "enabled"} for node in ("tvm-0", "tvm-1")
+        {"id": node, "state": "idle", "schedulingState": "enabled"}
+        for node in ("tvm-0", "tvm-1", REAL_NODE_ID)
     ]
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
     return ["keep-out", "--stack", "dev", "--outputs-file", str(outputs)]
+
+
+# A node id as Batch names them (72 characters).
+REAL_NODE_ID = "tvmps_" + "3f" * 32 + "_d"
 
 
 def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
@@ -368,6 +373,8 @@ def test_keep_out_disables_scheduling_on_the_named_nodes_and_undo_enables_it(
     nodes = {n["id"]: n for n in batch.pool_nodes["ib-gpu"]}
     assert nodes["tvm-1"]["schedulingState"] == "disabled"
     assert nodes["tvm-1"]["disabledWith"] == "taskcompletion"
+    assert main([*base, REAL_NODE_ID], client) == 0
+    assert nodes[REAL_NODE_ID]["schedulingState"] == "disabled"
     assert nodes["tvm-0"]["schedulingState"] == "enabled"
     out = capsys.readouterr().out
     assert "node tvm-1 takes no new task (the job's next tries go elsewhere)" in out

@@ -130,7 +130,7 @@ def test_a_node_that_fails_its_checks_after_a_failed_try_keeps_itself_out_of_the
     wait_for(lambda: sick.state == "starttaskfailed", 60, "the start task's refusal", cluster, run)
     refusal = (sick.startup_dir / "stderr.txt").read_text()
     assert f"start task: this node kept itself out of the pool: {reason} since 20" in refusal
-    assert f"--node-list {sick.id})" in refusal
+    assert f"--node-list {sick.id}, as Owner or Contributor of the stack" in refusal
     assert sick.kmsg.read_text() == ""  # the restart emptied the log: the record holds it out
 
     # The task runs again on the two other nodes and resumes.
