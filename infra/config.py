@@ -557,6 +557,14 @@ class StackSettings:
         if image.ref or image.registry_id:
             self._check_image_ref()
             return  # nothing is built: the build settings do not matter
+        if image.builder == "docker" and not self.network.registry_allowed_ips:
+            # The push and its token exchange come from this machine, which the registry's
+            # network rules admit only through registryAllowedIps (infra/registry.py).
+            raise ConfigError(
+                "imageBuilder=docker: the image is pushed from the machine running pulumi up, "
+                "and the registry's firewall admits no such address (registryAllowedIps is "
+                "empty); add its public address to registryAllowedIps, or use imageBuilder acr"
+            )
         if image.builder == "acr" and not _GIT_URL.match(image.source_repo):
             raise ConfigError(
                 f"imageSourceRepo={image.source_repo!r}: the acr builder clones this "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -142,14 +143,36 @@ def commit_to_build(root: Path | None = None, strict: bool | None = None) -> str
 
 
 def exchange_acr_token(login_server: str) -> str:
-    """An ACR refresh token for the caller's Entra identity (as ``az acr login --expose-token``)."""
+    """An ACR refresh token for the caller's Entra identity (as ``az acr login --expose-token``).
+    The registry's network rules apply first: a machine outside registryAllowedIps gets 403
+    DENIED, which stops the program in one line (``pulumi.RunError``: no traceback)."""
     access = credentials.credential().get_token("https://management.azure.com/.default").token
     form = urllib.parse.urlencode(
         {"grant_type": "access_token", "service": login_server, "access_token": access}
     ).encode()
     request = urllib.request.Request(f"https://{login_server}/oauth2/exchange", form)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())["refresh_token"]
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())["refresh_token"]
+    except urllib.error.HTTPError as err:
+        raise pulumi.RunError(_exchange_refusal(login_server, err)) from None
+
+
+def _exchange_refusal(login_server: str, err: Any) -> str:
+    """One line for a refused token exchange: the registry's own error and the fix."""
+    try:
+        (first, *_) = json.loads(err.read())["errors"]
+        code, message = str(first.get("code")), str(first.get("message"))
+    except (ValueError, KeyError, TypeError):
+        code, message = str(err.code), str(err.reason)
+    where = f"imageBuilder=docker: registry {login_server} refused the push login"
+    if code == "DENIED" and "not allowed access" in message:
+        return (
+            f"{where} ({err.code} {code}: {message.splitlines()[0]}); add this machine's public "
+            "address to registryAllowedIps (pulumi config set --path 'registryAllowedIps[0]' "
+            "<address>), or build with imageBuilder acr"
+        )
+    return f"{where} ({err.code} {code}: {message.splitlines()[0] if message else ''})"
 
 
 # ---- the acr builder's run: a dynamic resource over azure-mgmt-containerregistry ------------

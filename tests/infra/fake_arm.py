@@ -229,3 +229,54 @@ class FakeRegistry:
             return 200, {}, None
         error = {"code": "UpdateFailed", "message": "registry update failed"}
         return 200, {}, {"status": outcome, **({} if outcome == "Succeeded" else {"error": error})}
+
+
+class FakeLoginServer:
+    """A registry's login server as the docker builder's token exchange meets it
+    (``POST /oauth2/exchange``), behind the registry's network rules: with ``defaultAction:
+    Deny`` a caller whose address (``caller``, where ACR sees this machine) is outside
+    ``ip_rules`` gets 403 ``DENIED`` "client with IP '<ip>' is not allowed access. Refer
+    https://aka.ms/acr/firewall to grant access." (SupportArticles-docs, Troubleshoot Azure
+    Container Registry authentication issues, read 2026-11-28), before any credential is
+    looked at; an admitted one gets a refresh token."""
+
+    def __init__(self, folder: Path, ip_rules: tuple[str, ...], caller: str) -> None:
+        self.ip_rules, self.caller = ip_rules, caller
+        self.exchanges: list[dict[str, list[str]]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                form = urllib.parse.parse_qs(self.rfile.read(length).decode())
+                status, body = fake.answer(self.path, form)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server, self.cert = serve_https(Handler, folder, "fake-acr")
+        self.login_server = f"127.0.0.1:{self.server.server_port}"
+
+    def answer(self, path: str, form: dict[str, list[str]]) -> tuple[int, Any]:
+        import ipaddress
+
+        if path != "/oauth2/exchange":
+            return 404, {"errors": [{"code": "NOT_FOUND", "message": path}]}
+        address = ipaddress.ip_address(self.caller)
+        if not any(address in ipaddress.ip_network(r, strict=False) for r in self.ip_rules):
+            message = (
+                f"client with IP '{self.caller}' is not allowed access. Refer "
+                "https://aka.ms/acr/firewall to grant access."
+            )
+            return 403, {"errors": [{"code": "DENIED", "message": message}]}
+        self.exchanges.append(form)
+        return 200, {"refresh_token": "acr-refresh-token"}
+
+    def close(self) -> None:
+        self.server.shutdown()

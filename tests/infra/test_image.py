@@ -12,7 +12,7 @@ from infra.config import PROJECT, ConfigError, secret_setting
 from infra.identity import ACR_PUSH
 from infra.image import ACR_TOKEN_USER
 from infra.image_inputs import REPO, content_tag
-from tests.support.stacks import of_type, one, stack_values
+from tests.support.stacks import CLIENT_IP, of_type, one, stack_values
 
 SECRET_ENVELOPE = "4dabf18193072939515e22adb298388d"
 BUILD = "pulumi-python:dynamic/acr:ImageBuild"
@@ -153,6 +153,8 @@ def test_docker_builder_pushes_with_an_entra_token_never_the_admin_user(monkeypa
         **stack_values("dev"),
         "gpu-cluster:imageBuilder": "docker",
         "gpu-cluster:imageBaseDigest": "sha256:" + "ab" * 32,
+        # The push comes from this machine: the registry's firewall must admit it.
+        "gpu-cluster:registryAllowedIps": json.dumps([CLIENT_IP]),
     }
     plan = evaluate("dev", values)
     built = one(plan, "docker-build:index:Image")
