@@ -17,6 +17,7 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult
 
 from infra.dynamic import OneLineError, Provider, changed_inputs
+from trainer.config import first_line
 from trainer.grant_wait import CONTRIBUTOR, PENDING, GrantMissing, GrantWait
 
 CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.code_folder.CONTAINER reads it
@@ -75,9 +76,9 @@ def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
                 "--path 'storageAllowedIps[0]' <address>), run `pulumi up` from a machine "
                 "whose address is there, or drop the job's code"
             ) from None
-        raise CodeUploadError(f"{where} failed: {_first_line(err)}") from None
+        raise CodeUploadError(f"{where} failed: {first_line(err)}") from None
     except AzureError as err:
-        raise CodeUploadError(f"{where} failed: {_first_line(err)}") from None
+        raise CodeUploadError(f"{where} failed: {first_line(err)}") from None
     return blob.url
 
 
@@ -87,10 +88,6 @@ def _put(blob: Any, data: bytes) -> None:
 
     with contextlib.suppress(ResourceExistsError):
         blob.upload_blob(data, overwrite=False)
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 class CodeUploadProvider(Provider):
