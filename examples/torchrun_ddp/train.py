@@ -8,13 +8,17 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and DT_RUN_DIR, the run folder on the shar
 checkpoints in $DT_RUN_DIR/checkpoints (resumed on a rerun or a retried task), TensorBoard in
 $DT_RUN_DIR/tensorboard and training records in $DT_RUN_DIR/metrics.jsonl (the launcher uploads
 both for dt-jobs metrics|tensorboard). SIGTERM (an eviction, a terminate): every rank stops at
-the same step, rank 0 checkpoints, and the script exits 0.
+the same step, rank 0 checkpoints, and the script exits 0. A checkpoint folder that holds
+anything but this script's own checkpoints (the trainer's, after `make demo` in the same run
+folder) is refused in one line, exit 2, before any rank trains.
 """
 
 import argparse
 import json
 import os
+import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +29,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 
 stop_requested = False
+# What this script writes, and only that: the trainer's checkpoints (step-<9 digits>.pt,
+# step-<9 digits>.dcp) hold another model and must never be loaded into this one.
+OWN_NAME = re.compile(r"step-\d{8}\.pt")
+WRITER = "examples/torchrun_ddp"
 
 
 def request_stop(signum, frame):
@@ -35,15 +43,31 @@ def request_stop(signum, frame):
 def save(model, optimizer, step, folder):
     """Atomically: a half-written file never looks like a checkpoint."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    state = {"writer": WRITER, "step": step, "model": model.state_dict()}
+    state["optimizer"] = optimizer.state_dict()
     partial = folder / f".step-{step:08d}.pt.partial"
     torch.save(state, partial)
     os.replace(partial, folder / f"step-{step:08d}.pt")
 
 
 def newest(folder):
-    saved = sorted(folder.glob("step-*.pt")) if folder.is_dir() else []
-    return torch.load(saved[-1], weights_only=True) if saved else None
+    """The newest of this script's checkpoints in ``folder``, or None; exits 2, in one line
+    from rank 0, when the folder holds a checkpoint this script did not write."""
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    foreign = [e for e in entries if e.name.startswith("step-") and not OWN_NAME.fullmatch(e.name)]
+    saved = [e for e in entries if OWN_NAME.fullmatch(e.name)]
+    state = torch.load(saved[-1], weights_only=True) if saved else None
+    if state is not None and state.get("writer") != WRITER:
+        foreign.append(saved[-1])
+    if foreign:
+        if os.environ.get("RANK", "0") == "0":
+            print(
+                f"{foreign[0]} is not a checkpoint of {WRITER} (the trainer's, or another "
+                f"script's): set DT_RUN_DIR to a run folder of this script's own",
+                file=sys.stderr,
+            )
+        sys.exit(2)
+    return state
 
 
 def batch(step, rank, size):
@@ -61,18 +85,19 @@ def main():
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (demos)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, request_stop)
+    run_dir = Path(os.environ.get("DT_RUN_DIR", "runs/torchrun_ddp"))
+    checkpoints = run_dir / "checkpoints"
+    state = newest(checkpoints)  # every rank reads the same file, before any of them trains
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    run_dir = Path(os.environ.get("DT_RUN_DIR", "runs/torchrun_ddp"))
-    checkpoints = run_dir / "checkpoints"
 
     torch.manual_seed(0)  # every rank starts from the same weights
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     start = 0
-    if (state := newest(checkpoints)) is not None:  # every rank reads the same file
+    if state is not None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]

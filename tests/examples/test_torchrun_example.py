@@ -14,8 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from tests.support.launchers import BIN, REPO
+from trainer import checkpoint
 
 # The documented command (docs/jobs.md, Your own script), as a user types it.
 DOCUMENTED = "torchrun --standalone --nproc_per_node 2 examples/torchrun_ddp/train.py"
@@ -82,3 +84,31 @@ def test_a_sigterm_to_one_worker_stops_every_rank_at_one_step_with_a_checkpoint(
     assert (run_dir / "checkpoints" / f"step-{stopped:08d}.pt").is_file()
     out = _run(run_dir, "--steps", str(stopped + 1))
     assert f"training steps {stopped + 1}..{stopped + 1}" in out
+
+
+def test_a_run_folder_holding_the_trainers_checkpoint_is_refused_in_one_line(tmp_path):
+    """docs/jobs.md's laptop command once used `make demo`'s run folder: the example then loaded
+    the demo's ResNet checkpoint into its own model and every rank died in load_state_dict."""
+    run_dir = tmp_path / "run"
+    trainers = checkpoint.save(
+        run_dir / "checkpoints", 40, {"model": {"fc.weight": torch.zeros(10, 512)}}, keep=2
+    )
+    before = trainers.read_bytes()
+    process = _start(run_dir, "--steps", "4")
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode != 0, out
+    said = [line for line in out.splitlines() if "is not a checkpoint of" in line]
+    assert said == [
+        f"{trainers} is not a checkpoint of examples/torchrun_ddp (the trainer's, or another "
+        "script's): set DT_RUN_DIR to a run folder of this script's own"
+    ], out
+    assert "load_state_dict" not in out and 'train.py", line' not in out, out
+    assert "exitcode  : 2" in out  # torchrun's own summary of each worker's exit
+    assert not (run_dir / "metrics.jsonl").exists()  # no rank trained
+    assert trainers.read_bytes() == before
+
+
+def test_the_documented_laptop_command_uses_a_run_folder_of_its_own():
+    guide = (REPO / "docs" / "jobs.md").read_text()
+    line = next(line for line in guide.splitlines() if DOCUMENTED in line)
+    assert line.startswith("DT_RUN_DIR=runs/torchrun_ddp "), line
