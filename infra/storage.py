@@ -1,4 +1,4 @@
-"""Storage: a Blob account for datasets, checkpoints, logs and outputs, and an Azure Files share.
+"""Storage: a Blob account for datasets, checkpoints, logs, outputs and code snapshots.
 
 Identity-only access: shared keys are off, so every reader and writer uses Entra ID (managed
 identities on the nodes, `az login` for people); HTTPS and TLS 1.2 only; no anonymous blobs;
@@ -22,7 +22,9 @@ CONTAINERS = ("datasets", "checkpoints", "logs", "outputs", "code")
 # What the operators' commands read: `logs` (dt-jobs metrics, tensorboard, list; the job's
 # refresh of its progress; job_log_url) and `outputs` (dt-jobs fetch).
 OPERATOR_CONTAINERS = ("logs", "outputs")
-FILE_SHARE = "results"
+# No SMB share: with shared keys off, SMB mounts only with a directory service's Kerberos
+# identity (storage-files-active-directory-overview, read 2026-11-28), which Batch nodes lack;
+# the shared file system is infra.nfs's.
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,6 @@ class Storage(pulumi.ComponentResource):
         super().__init__("gpucluster:infra:Storage", name, None, opts)
         account = self._account(name, args)
         self.containers = self._blob_containers(name, args, account)
-        self._file_share(name, args, account)
         self._readers(name, args, account)
         self.account_name = account.name
         self.account_id = account.id
@@ -116,26 +117,6 @@ class Storage(pulumi.ComponentResource):
             )
             for container in CONTAINERS
         }
-
-    def _file_share(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
-        """The file service (7 days of share soft delete) and the SMB results share."""
-        file_service = storage.FileServiceProperties(
-            f"{name}-file-service",
-            account_name=account.name,
-            resource_group_name=args.placement.resource_group_name,
-            file_services_name="default",
-            share_delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=7),
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        storage.FileShare(
-            f"{name}-{FILE_SHARE}",
-            account_name=account.name,
-            resource_group_name=args.placement.resource_group_name,
-            share_name=FILE_SHARE,
-            share_quota=1024,
-            enabled_protocols=storage.EnabledProtocols.SMB,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[file_service]),
-        )
 
     def _readers(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
         for reader in args.readers:

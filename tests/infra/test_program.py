@@ -157,6 +157,19 @@ def test_data_storage_is_identity_only_encrypted_and_private(plan):
     assert all(c.inputs["publicAccess"] == "None" for c in containers)
 
 
+def test_the_data_account_holds_no_file_share_nodes_could_not_mount(plan):
+    """An SMB share on an account with shared keys off mounts only with a directory service's
+    Kerberos identity (storage-files-active-directory-overview, read 2026-11-28), which Batch
+    nodes do not have; the `results` share was declared, never mounted and never written."""
+    data_shares = [
+        share
+        for share in of_type(plan, "azure-native:storage:FileShare")
+        if share.inputs.get("enabledProtocols") != "NFS"
+    ]
+    assert data_shares == []
+    assert of_type(plan, "azure-native:storage:FileServiceProperties") == []
+
+
 def test_registry_has_admin_and_anonymous_pull_off_and_denies_by_default(plan):
     registry = one(plan, "azure-native:containerregistry:Registry").inputs
     assert registry["adminUserEnabled"] is False
