@@ -18,7 +18,14 @@ from pulumi.dynamic import CreateResult, DiffResult
 
 from infra.dynamic import OneLineError, Provider, changed_inputs
 from trainer.config import first_line
-from trainer.grant_wait import CONTRIBUTOR, PENDING, GrantMissing, GrantWait
+from trainer.grant_wait import (
+    CONTRIBUTOR,
+    FIREWALL_REFUSAL,
+    PENDING,
+    GrantMissing,
+    GrantWait,
+    is_firewall_refusal,
+)
 
 CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.code_folder.CONTAINER reads it
 INPUT_KEYS = ("folder", "sha256", "blob_endpoint")
@@ -26,7 +33,6 @@ INPUT_KEYS = ("folder", "sha256", "blob_endpoint")
 DEPLOYER_ROLE = CONTRIBUTOR
 # Storage's refusal of an address its firewall does not admit, whatever the credential (403;
 # SupportArticles-docs storage-troubleshoot-403-errors.md, read 2026-11-28).
-FIREWALL_REFUSAL = "AuthorizationFailure"
 
 
 class CodeUploadError(OneLineError):
@@ -69,7 +75,7 @@ def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
             "that the assignment exists, then run `pulumi up` again"
         ) from None
     except HttpResponseError as err:
-        if err.status_code == 403 and getattr(err, "error_code", None) == FIREWALL_REFUSAL:
+        if is_firewall_refusal(err):
             raise CodeUploadError(
                 f"{where}: the storage account's firewall refused this machine's address "
                 f"(403 {FIREWALL_REFUSAL}); add it to storageAllowedIps (pulumi config set "

@@ -17,6 +17,7 @@ from typing import Any
 
 from infra import credentials
 from trainer.blob_folder import BlobFolder
+from trainer.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
 from trainer.noise_scale import advice
 
 METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
@@ -87,9 +88,9 @@ def _refusal_hint(err: Any) -> str:
     if err.status_code != 403:
         return ""
     code = getattr(err, "error_code", None)
-    if code == "AuthorizationFailure":
+    if is_firewall_refusal(err):
         return (
-            " (403 AuthorizationFailure: the account's firewall refused this machine's "
+            f" (403 {FIREWALL_REFUSAL}: the account's firewall refused this machine's "
             "address); add it to the stack's storageAllowedIps"
         )
     return (

@@ -27,6 +27,9 @@ GRANT_WAIT_MINUTES = 30.0
 WAITS_PER_BOUND = 30
 MAX_PAUSE_S = 60.0
 PENDING = "AuthorizationPermissionMismatch"
+# Storage's firewall refusing the caller's address: a different fix (the account's IP rules),
+# never waited out (SupportArticles-docs storage-troubleshoot-403-errors.md, read 2026-11-28).
+FIREWALL_REFUSAL = "AuthorizationFailure"
 READER = "Storage Blob Data Reader"
 CONTRIBUTOR = "Storage Blob Data Contributor"
 
@@ -43,6 +46,13 @@ def is_pending(err: BaseException) -> bool:
         isinstance(err, HttpResponseError)
         and err.status_code == 403
         and getattr(err, "error_code", None) == PENDING
+    )
+
+
+def is_firewall_refusal(err: BaseException) -> bool:
+    """Whether ``err`` is Storage's firewall refusing this machine's address."""
+    return getattr(err, "status_code", None) == 403 and (
+        getattr(err, "error_code", None) == FIREWALL_REFUSAL
     )
 
 
