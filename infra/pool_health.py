@@ -62,18 +62,25 @@ def start_task_said(client: Any, pool_id: str, node_id: str) -> str:
 
 
 def stderr_said(client: Any, pool_id: str, node_id: str, path: str) -> str:
-    """The last line of the node's file ``path`` within its first ``SAID_BYTES`` ("" when it
-    cannot be read): read through the Batch file API, as `dt-jobs logs` reads a running task's
-    files."""
+    """The last line of the node's file ``path`` ("" when it cannot be read), from its last
+    ``SAID_BYTES`` (pip or a failed check may write many KiB before the line that says why):
+    read through the Batch file API, its size first (File - Get Properties), as `dt-jobs logs`
+    reads a running task's files."""
     from azure.core.exceptions import AzureError
 
     try:
+        size = int(client.get_node_file_properties(pool_id, node_id, path).content_length)
+        if size <= 0:
+            return ""
+        first = max(0, size - SAID_BYTES)
         data = b"".join(
-            client.download_node_file(pool_id, node_id, path, ocp_range=f"bytes=0-{SAID_BYTES - 1}")
+            client.download_node_file(pool_id, node_id, path, ocp_range=f"bytes={first}-{size - 1}")
         )
-    except (AzureError, OSError):  # a file we cannot read only leaves the reason out
+    except (AzureError, OSError, TypeError, ValueError):  # unreadable: the reason is left out
         return ""
     lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines()]
+    if first > 0:
+        lines = lines[1:]  # the range may start inside a line
     return next((line for line in reversed(lines) if line), "")
 
 

@@ -201,6 +201,22 @@ def test_a_code_job_whose_requirements_do_not_install_is_named_with_pips_first_e
     assert "the job's code or its requirements.txt" in line and "\n" not in line
 
 
+def test_the_preparations_last_line_is_read_past_a_long_stderr(cloud, warnings):
+    """pip writes far more than a few KiB to stderr before it fails (a deprecation warning per
+    package, resolver back-tracking); the line quoted is the file's last, wherever it lies."""
+    fake, storage, _ = cloud
+    job_id, state = _state(fake, storage, "long")
+    said = "requirements.txt of the job's code does not install: ERROR: ResolutionImpossible"
+    fake.prepare_fails(job_id, ["tvmps_0"], said)
+    (stderr,) = [p for p in fake.node_files["tvmps_0"] if p.endswith("/stderr.txt")]
+    noise = b"".join(
+        b"DEPRECATION: package %d uses a legacy setup.py install\n" % i for i in range(400)
+    )
+    fake.node_files["tvmps_0"][stderr] = bytearray(noise + said.encode() + b"\n")
+    (line,) = TrainingJobProvider().read(job_id, state).outs["pool_errors"]
+    assert f"tvmps_0's preparation said: {said})" in line, line
+
+
 def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(cloud, warnings):
     """``kind: straggler`` records (trainer.stragglers) reach the job's ``stragglers`` output:
     the latest window's only, one line each naming rank, host and how much slower."""
