@@ -39,8 +39,8 @@ def resolve(setting: str, ref: str) -> Callable[..., Any]:
         # ImportError, or whatever the module raises while it is imported.
         raise PluginError(
             f"{setting}={ref}: cannot import {module_name} ({type(err).__name__}: "
-            f"{first_line(err)}); run from the folder holding the package or put it on "
-            "PYTHONPATH"
+            f"{first_line(err)}{_wrote(err)}); run from the folder holding the package or put "
+            "it on PYTHONPATH"
         ) from None
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -67,21 +67,39 @@ def _held_stderr(
 ) -> Any:
     """``fn(*args, **kwargs)`` with what it writes on stderr held back until it returned, so a
     failure is one line: a ``SystemExit`` (not an ``Exception``: sys.exit, or argparse reading
-    sys.argv, which prints its usage there first) becomes a PluginError naming ``what``."""
+    sys.argv, which prints its usage there first) becomes a PluginError naming ``what``; an
+    exception carries the last line it wrote (``_wrote``) to the caller's one line."""
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             made = fn(*args, **kwargs)
     except SystemExit as err:
-        last = next((line for line in reversed(said.getvalue().splitlines()) if line), "")
+        last = _last_line(said)
         why = first_line(err) if not isinstance(err.code, int) else f"{err.code}"
         raise PluginError(
             f"{setting}={ref}: the {what} exited (SystemExit: {why}{'; ' + last if last else ''}"
             f"); a plug-in's {what} returns and reads no command line: take settings as "
             "keyword arguments (--model-args/--data-args)"
         ) from None
+    except Exception as err:
+        if last := _last_line(said):
+            err.add_note(WROTE + last)
+        raise
     sys.stderr.write(said.getvalue())
     return made
+
+
+WROTE = "it wrote: "
+
+
+def _last_line(said: io.StringIO) -> str:
+    return next((line for line in reversed(said.getvalue().splitlines()) if line.strip()), "")
+
+
+def _wrote(err: BaseException) -> str:
+    """ "; it wrote: <its last stderr line>" when ``_held_stderr`` kept one, else ""."""
+    notes = [n for n in getattr(err, "__notes__", ()) if n.startswith(WROTE)]
+    return f"; {notes[-1].strip()}" if notes else ""
 
 
 def _call(setting: str, ref: str, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -92,6 +110,7 @@ def _call(setting: str, ref: str, factory: Callable[..., Any], *args: Any, **kwa
     except Exception as err:
         raise PluginError(
             f"{setting}={ref}: the factory raised {type(err).__name__}: {first_line(err)}"
+            f"{_wrote(err)}"
         ) from None
 
 

@@ -67,6 +67,12 @@ def model_raises(cfg):
     raise ValueError("width must be even")
 
 
+def model_warns_then_raises(cfg):
+    import sys
+    print("loading weights from /team/weights.pt", file=sys.stderr)
+    raise FileNotFoundError("weights.pt")
+
+
 def model_exits(cfg):
     import sys
     sys.exit("usage: model --width N")
@@ -169,6 +175,11 @@ BAD = [
         ("--model", "teamcode.plugins:model_raises", "--data", "teamcode.plugins:data"),
         "model=teamcode.plugins:model_raises: the factory raised ValueError: width must be even",
         "",
+    ),
+    (  # what the factory wrote before it raised is its last word, kept in the one line
+        ("--model", "teamcode.plugins:model_warns_then_raises", "--data", "teamcode.plugins:data"),
+        "the factory raised FileNotFoundError: weights.pt",
+        "; it wrote: loading weights from /team/weights.pt",
     ),
     (
         ("--model", "teamcode.plugins:model_exits", "--data", "teamcode.plugins:data"),
