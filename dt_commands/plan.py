@@ -20,6 +20,7 @@ import yaml
 from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from infra import cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
+from infra.storage import SOFT_DELETE_DAYS
 from trainer.cli import OneLineParser, int_in
 
 PROGRAM = REPO / "__main__.py"
@@ -260,6 +261,25 @@ def disk_lines(s: StackSettings) -> list[str]:
     ]
 
 
+def version_lines(s: StackSettings) -> list[str]:
+    """What the data account's lifecycle policy (infra.storage) means for the bill: how long an
+    overwritten or deleted blob is still stored, soft delete included."""
+    longest = s.checkpoint_version_days + 1 + SOFT_DELETE_DAYS  # +1: the policy's daily run
+    return [
+        "Blob versions (blobVersionDays, checkpointVersionDays): a blob overwritten or deleted "
+        f"stays billed as a previous version {_days(s.blob_version_days)} (checkpoints "
+        f"{_days(s.checkpoint_version_days)})",
+        f"  then {SOFT_DELETE_DAYS} days soft-deleted: a checkpoint the mirror prunes is billed "
+        f"up to {longest} days longer (the policy runs once a day)",
+        "  checkpoint storage at steady state: the kept checkpoints, plus those the mirror "
+        f"pruned in the last {longest} days",
+    ]
+
+
+def _days(days: int) -> str:
+    return "1 day" if days == 1 else f"{days} days"
+
+
 def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None = None) -> str:
     s = plan.settings
     lines = [
@@ -280,6 +300,8 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
         *quota_lines(s, account, resource_group),
         "",
         *disk_lines(s),
+        "",
+        *version_lines(s),
         "",
         *job_lines(plan, deployed),
         "Outputs:",

@@ -390,6 +390,18 @@ class StackSettings:
         "location", "eastus", "Azure region; must offer the GPU size (see infra/sizes.py)."
     )
     log_retention_days: int = setting("logRetentionDays", 30, "Days Log Analytics keeps logs.")
+    blob_version_days: int = setting(
+        "blobVersionDays",
+        7,
+        "Days the data account keeps a blob's previous versions (what an overwrite or a delete "
+        "leaves, versioning being on) before its lifecycle policy deletes them; 0 to 3650.",
+    )
+    checkpoint_version_days: int = setting(
+        "checkpointVersionDays",
+        1,
+        "Days previous versions in the checkpoints container are kept (each checkpoint the "
+        "mirror prunes becomes one, as large as the model and its optimizer); 0 to 3650.",
+    )
     protect_data: bool = setting(
         "protectData",
         True,
@@ -490,6 +502,9 @@ class StackSettings:
         _range("nfsDiskSizeGb", nfs.disk_size_gb, 32, 32767)
         _range("nfsShareQuotaGb", nfs.share_quota_gb, 100, 102400)
         _range("logRetentionDays", self.log_retention_days, 30, 730)
+        # Our bound, not Azure's: a longer history belongs in a copy, not in previous versions.
+        _range("blobVersionDays", self.blob_version_days, 0, 3650)
+        _range("checkpointVersionDays", self.checkpoint_version_days, 0, 3650)
         if nfs.mode == "vm" and not _SSH_KEY.match(nfs.ssh_public_key):
             raise ConfigError(
                 f"sshPublicKey={nfs.ssh_public_key[:20]!r}: nfsMode vm needs an OpenSSH public "

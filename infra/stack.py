@@ -190,6 +190,8 @@ def _storage(
             subnet_ids=[net.compute_subnet_id, net.storage_subnet_id],
             allowed_ips=s.network.storage_allowed_ips,
             protect_data=s.protect_data,
+            blob_version_days=s.blob_version_days,
+            checkpoint_version_days=s.checkpoint_version_days,
             readers=_blob_readers(s, client, deployer_type),
             subscription_id=client.subscription_id,
         ),

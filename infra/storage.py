@@ -19,6 +19,8 @@ from infra.naming import Placement
 
 # code: the jobs' code snapshots (infra.code_upload), written by the deployer, read by nodes.
 CONTAINERS = ("datasets", "checkpoints", "logs", "outputs", "code")
+CHECKPOINTS = "checkpoints"  # its previous versions are the large ones (checkpointVersionDays)
+SOFT_DELETE_DAYS = 7  # deleted blobs, versions and containers stay recoverable this long
 # What the operators' commands read: `logs` (dt-jobs metrics, tensorboard, list; the job's
 # refresh of its progress; job_log_url) and `outputs` (dt-jobs fetch).
 OPERATOR_CONTAINERS = ("logs", "outputs")
@@ -47,6 +49,8 @@ class StorageArgs:
     subnet_ids: Sequence[pulumi.Input[str]]
     allowed_ips: Sequence[str] = ()
     protect_data: bool = True
+    blob_version_days: int = 7
+    checkpoint_version_days: int = 1
     readers: Sequence[BlobReader] = ()
     subscription_id: pulumi.Input[str] = ""  # needed with readers
 
@@ -61,6 +65,7 @@ class Storage(pulumi.ComponentResource):
         super().__init__("gpucluster:infra:Storage", name, None, opts)
         account = self._account(name, args)
         self.containers = self._blob_containers(name, args, account)
+        self._version_expiry(name, args, account)
         self._readers(name, args, account)
         self.account_name = account.name
         self.account_id = account.id
@@ -93,16 +98,18 @@ class Storage(pulumi.ComponentResource):
     def _blob_containers(
         self, name: str, args: StorageArgs, account: storage.StorageAccount
     ) -> dict[str, storage.BlobContainer]:
-        """The blob service (versioning, 7 days of soft delete) and its private containers."""
+        """The blob service (versioning, soft delete) and its private containers."""
         blob_service = storage.BlobServiceProperties(
             f"{name}-blob-service",
             account_name=account.name,
             resource_group_name=args.placement.resource_group_name,
             blob_services_name="default",
             is_versioning_enabled=True,
-            delete_retention_policy=storage.DeleteRetentionPolicyArgs(enabled=True, days=7),
+            delete_retention_policy=storage.DeleteRetentionPolicyArgs(
+                enabled=True, days=SOFT_DELETE_DAYS
+            ),
             container_delete_retention_policy=storage.DeleteRetentionPolicyArgs(
-                enabled=True, days=7
+                enabled=True, days=SOFT_DELETE_DAYS
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -117,6 +124,50 @@ class Storage(pulumi.ComponentResource):
             )
             for container in CONTAINERS
         }
+
+    def _version_expiry(
+        self, name: str, args: StorageArgs, account: storage.StorageAccount
+    ) -> None:
+        """Previous versions are deleted ``checkpoint_version_days`` (checkpoints) or
+        ``blob_version_days`` (every other container) after they were created; each deletion
+        then spends the soft delete's 7 days before it is gone. Version age is the version's
+        creation time, previous versions are the ``version`` element, for block blobs
+        (lifecycle-management-policy-delete.md; the policy is named ``default``, prefixes start
+        with a container: lifecycle-management-policy-structure.md; both read 2026-11-28)."""
+
+        def rule(rule_name: str, containers: Sequence[str], days: int):
+            return storage.ManagementPolicyRuleArgs(
+                name=rule_name,
+                type=storage.RuleType.LIFECYCLE,
+                enabled=True,
+                definition=storage.ManagementPolicyDefinitionArgs(
+                    filters=storage.ManagementPolicyFilterArgs(
+                        blob_types=["blockBlob"], prefix_match=[f"{c}/" for c in containers]
+                    ),
+                    actions=storage.ManagementPolicyActionArgs(
+                        version=storage.ManagementPolicyVersionArgs(
+                            delete=storage.DateAfterCreationArgs(
+                                days_after_creation_greater_than=days
+                            )
+                        )
+                    ),
+                ),
+            )
+
+        others = [c for c in CONTAINERS if c != CHECKPOINTS]
+        storage.ManagementPolicy(
+            f"{name}-version-expiry",
+            account_name=account.name,
+            resource_group_name=args.placement.resource_group_name,
+            management_policy_name="default",
+            policy=storage.ManagementPolicySchemaArgs(
+                rules=[
+                    rule("checkpointversions", [CHECKPOINTS], args.checkpoint_version_days),
+                    rule("previousversions", others, args.blob_version_days),
+                ]
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.containers.values())),
+        )
 
     def _readers(self, name: str, args: StorageArgs, account: storage.StorageAccount) -> None:
         for reader in args.readers:
