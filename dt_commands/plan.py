@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
-from infra import cost, prices, toolchain
+from infra import api_versions, cost, prices, toolchain
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.storage import SOFT_DELETE_DAYS
 from trainer.cli import OneLineParser, int_in
@@ -276,6 +276,14 @@ def version_lines(s: StackSettings) -> list[str]:
     ]
 
 
+def api_lines(plan: Plan) -> list[str]:
+    """The resources sent at an Azure API version announced for retirement (infra.api_versions)."""
+    retiring = api_versions.retiring({r.typ for r in plan.resources})
+    if not retiring:
+        return ["Azure API versions: none of this stack's is announced for retirement"]
+    return ["Azure API versions announced for retirement:", *(f"  {line}" for line in retiring)]
+
+
 def _days(days: int) -> str:
     return "1 day" if days == 1 else f"{days} days"
 
@@ -302,6 +310,8 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
         *disk_lines(s),
         "",
         *version_lines(s),
+        "",
+        *api_lines(plan),
         "",
         *job_lines(plan, deployed),
         "Outputs:",
