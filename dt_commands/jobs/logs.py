@@ -47,20 +47,23 @@ def _task_log_files(
     client: Any, job_id: str, task: Any, file_name: str, files: dict[str, _LogFile]
 ) -> list[_LogFile]:
     """The task's file on every node it runs on, keyed (and kept across polls, with their
-    offsets) by node and path. The primary's files are the task's files; a subtask's are in
-    its ``taskRootDirectory`` on its node, read with the node file API (articles/batch/
+    offsets) by node and path. The primary's files are the task's files (its coordination
+    output's own, if Batch keeps it apart: ``_coordination_files``); a subtask's are in its
+    ``taskRootDirectory`` on its node, read with the node file API (articles/batch/
     batch-mpi.md, "Obtain information about subtasks": List Subtasks, which leaves out the
     primary, then Get Node File)."""
     settings = task.multi_instance_settings
     several = settings is not None and (settings.number_of_instances or 1) > 1
     node = task.node_info.node_id if task.node_info is not None else "primary"
+    names = _coordination_files(client, job_id, file_name) if settings is not None else []
     where = [
         (
-            f"task:{file_name}",
+            f"task:{name}",
             node,
-            lambda: client.get_task_file_properties(job_id, TASK_ID, file_name),
-            lambda span: client.download_task_file(job_id, TASK_ID, file_name, ocp_range=span),
+            functools.partial(client.get_task_file_properties, job_id, TASK_ID, name),
+            functools.partial(_task_range, client, job_id, name),
         )
+        for name in [*names, file_name]
     ]
     if several:
         for sub in client.list_subtasks(job_id, TASK_ID):
@@ -83,6 +86,36 @@ def _task_log_files(
         # The primary's node is known once the task is scheduled.
         log.label, log.size, log.read = (label if several else ""), size, read
     return [files[key] for key, *_ in where]
+
+
+def _coordination_files(client: Any, job_id: str, file_name: str) -> list[str]:
+    """The primary's other files of the stream ``file_name`` (``stdout.txt``: any ``*.txt``
+    in its task folder whose name holds ``stdout``). Where Batch writes the primary's
+    coordination output is not documented (read 2026-11-28: articles/batch/batch-mpi.md, the
+    REST reference's MultiInstanceSettings and Task - List Task Files are silent; subtasks'
+    are their stdout.txt/stderr.txt): in the task's stdout.txt before the application's, or
+    in files of its own (docs/fake-readings.md). Listing the task folder (Task - List Task
+    Files, one level) finds them under either; none before the task has a node (409)."""
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+
+    stem = file_name.rsplit(".", 1)[0]
+    try:
+        listed = [f.name for f in client.list_task_files(job_id, TASK_ID, recursive=False)]
+    except ResourceNotFoundError:
+        return []
+    except HttpResponseError as err:
+        if err.status_code == 409:
+            return []
+        raise
+    return sorted(
+        name
+        for name in listed
+        if name and name != file_name and name.endswith(".txt") and stem in name
+    )
+
+
+def _task_range(client: Any, job_id: str, name: str, span: str) -> Any:
+    return client.download_task_file(job_id, TASK_ID, name, ocp_range=span)
 
 
 def _node_range(client: Any, pool_id: str, node_id: str, path: str, span: str) -> Any:

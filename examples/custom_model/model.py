@@ -49,6 +49,6 @@ class SpiralNet(nn.Module):
 
 def build(cfg: Any, width: int = 64, depth: int = 2) -> nn.Module:
     """The model for ``cfg.num_classes`` spiral arms (the data's ``arms``)."""
-    from examples.custom_model.data import FEATURES
+    from .data import FEATURES  # relative: the same as a code: folder (custom_model)
 
     return SpiralNet(FEATURES, width, depth, cfg.num_classes)

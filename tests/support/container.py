@@ -140,9 +140,16 @@ def one_node_pool(
     python.chmod(0o755)
     ran, workdir = tmp_path / "workers-ran.txt", tmp_path / "wd"
     workdir.mkdir()
+    # The image runs the trainer from PYTHONPATH (docker/Dockerfile: /opt/trainer holds
+    # trainer/ alone); here a folder holding only this checkout's trainer/, never the checkout.
+    # (This interpreter's editable install still maps infra/ and dt_commands/; the node
+    # emulator, tests/infra/batch_nodes, hides them.)
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "trainer").symlink_to(REPO / "trainer")
     env = {
         "PATH": f"{python.parent}:{base_path()}",
-        "PYTHONPATH": str(REPO),  # the image runs the trainer from PYTHONPATH; here the checkout
+        "PYTHONPATH": str(image),
         "HOME": str(tmp_path),
         "AZ_BATCH_NODE_MOUNTS_DIR": str(tmp_path / "fsmounts"),
         "AZ_BATCH_TASK_WORKING_DIR": str(workdir),

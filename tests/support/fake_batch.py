@@ -52,6 +52,19 @@ ERROR_MESSAGES = {
 # Where a job's preparation task runs on a node, as Batch reports it (the job's folder under
 # workitems; the exact layout is Batch's own, read back from the listing, never built here).
 PREPARATION_ROOT = "workitems/job/job-1/jobpreparation"
+# Where the primary's coordination command writes (read 2026-11-28). Documented: the application
+# command runs on the primary only, after every node's coordination command returned, and a
+# subtask's stdout.txt/stderr.txt are in the taskRootDirectory List Subtasks gives (articles/
+# batch/batch-mpi.md, "Obtain information about subtasks"); the task's own files are the
+# primary's ("methods ... on the multi-instance task itself apply only to the primary"). Not
+# documented: where the primary's coordination output goes (neither batch-mpi.md, the REST
+# reference's MultiInstanceSettings nor Task - List Task Files say). Both readings are modelled:
+# "together", the primary's stdout.txt/stderr.txt hold its coordination output, then its
+# application's; "apart", its coordination output is in files of their own in the primary's
+# task folder (named here COORDINATION_PREFIX + the stream's name; Batch's name, if any, is
+# unknown: clients find them by listing the task's files, never by this name).
+COORDINATION_OUTPUTS = ("together", "apart")
+COORDINATION_PREFIX = "coordination-"
 # The scope azure-batch asks tokens for (azure/batch/_configuration.py).
 BATCH_SCOPE = "https://batch.core.windows.net//.default"
 # What each role lets a caller do on the account's data plane (articles/batch/batch-role-based-
@@ -133,6 +146,8 @@ class FakeBatch:
     # How an added task reads (Task - Get: state, executionInfo.retryCount).
     task_state: str = "running"
     task_retries: int = 0
+    # Where the primary's coordination output goes (COORDINATION_OUTPUTS).
+    coordination_output: str = "apart"
     # When set, only access tokens this token service issued for Batch are accepted (401).
     entra: FakeEntra | None = None
     # When set, the bearer tokens of the principals holding a Batch data-plane role; any other
@@ -177,6 +192,8 @@ class FakeBatch:
         class Handler(_Handler):
             batch = fake
 
+        if self.coordination_output not in COORDINATION_OUTPUTS:
+            raise ValueError(f"coordination_output: one of {COORDINATION_OUTPUTS}")
         self._server, self.ca_path = serve_https(Handler, self.folder, "fake-batch")
         self.url = f"https://127.0.0.1:{self._server.server_address[1]}"
 
@@ -215,10 +232,24 @@ class FakeBatch:
             files = self.node_files.setdefault(node, {})
             for name in ("stdout.txt", "stderr.txt"):
                 files.setdefault(f"{root}/{name}", bytearray())
+                if instance == 0 and self.coordination_output == "apart":
+                    files.setdefault(f"{root}/{COORDINATION_PREFIX}{name}", bytearray())
 
-    def write(self, job_id: str, task_id: str, instance: int, data: bytes, name="stdout.txt"):
-        """Append ``data`` to an instance's file, as its command writes it."""
+    def write(
+        self,
+        job_id: str,
+        task_id: str,
+        instance: int,
+        data: bytes,
+        name: str = "stdout.txt",
+        command: str = "application",
+    ) -> None:
+        """Append ``data`` to an instance's file, as its ``command`` writes it: a subtask runs
+        the coordination command only; the primary runs both, and where its coordination
+        output goes is the fake's reading (``coordination_output``)."""
         node = self.placements[(job_id, task_id)][instance]
+        if instance == 0 and command == "coordination" and self.coordination_output == "apart":
+            name = COORDINATION_PREFIX + name
         with self._lock:
             path = f"{self.task_root(job_id, task_id, instance)}/{name}"
             self.node_files[node].setdefault(path, bytearray()).extend(data)
@@ -294,6 +325,25 @@ class FakeBatch:
             return 409, _error("OperationInvalidForCurrentState")
         node = self.placements[(job_id, task_id)][0]
         return self._file(request, node, f"{self.task_root(job_id, task_id, 0)}/{name}")
+
+    def _task_files(self, job_id: str, task_id: str) -> tuple[int, Any]:
+        """Task - List Task Files, not recursive: the primary's task folder, one level (names
+        relative to it, as BatchNodeFile.name). Before the task has a node: 409, as a file read
+        then (what Batch answers here is not documented; the stricter reading)."""
+        if (job_id, task_id) not in self.placements:
+            return 409, _error("OperationInvalidForCurrentState")
+        node = self.placements[(job_id, task_id)][0]
+        root = self.task_root(job_id, task_id, 0) + "/"
+        listed = []
+        for path, content in sorted(self.node_files.get(node, {}).items()):
+            name = path[len(root) :] if path.startswith(root) else ""
+            if name and "/" not in name:
+                url = f"{self.url}/jobs/{job_id}/tasks/{task_id}/files/{name}"
+                properties = {"contentLength": len(content), "fileMode": "0o100644"}
+                listed.append(
+                    {"name": name, "url": url, "isDirectory": False, "properties": properties}
+                )
+        return 200, {"value": listed}
 
     def _pool_route(self, request: Request, parts: list[str]) -> tuple[int, Any]:
         pool = self.pools.get(parts[1])
@@ -521,6 +571,8 @@ class FakeBatch:
             return 200, {"value": self.preparations.get(job["id"], [])}
         if rest[2:] == ["subtasksinfo"] and method == "GET":
             return 200, self._subtasks(job["id"], rest[1])
+        if rest[2:] == ["files"] and method == "GET":
+            return self._task_files(job["id"], rest[1])
         if len(rest) >= 4 and rest[2] == "files" and method in ("GET", "HEAD"):
             return self._task_file(request, job["id"], rest[1], "/".join(rest[3:]))
         return 404, _error("InvalidPropertyValue")

@@ -45,6 +45,7 @@ from tests.infra.batch_nodes.image import (
 )
 from tests.infra.batch_nodes.nfs_view import NfsViews
 from tests.infra.batch_nodes.placement import PLACEMENTS, place
+from tests.support.fake_batch import COORDINATION_OUTPUTS, COORDINATION_PREFIX
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -459,6 +460,7 @@ class Cluster:
         shared: str = "node",
         placement: str = "same",
         guest_restart: str = "recovery",
+        coordination_output: str = "apart",
     ) -> None:
         if lifecycle not in ("kill", "survive"):
             raise ValueError(f"lifecycle={lifecycle}")
@@ -471,6 +473,11 @@ class Cluster:
         if guest_restart not in GUEST_RESTART_READINGS:
             raise ValueError(f"guest_restart={guest_restart!r}: one of {GUEST_RESTART_READINGS}")
         self.guest_restart = guest_restart
+        if coordination_output not in COORDINATION_OUTPUTS:
+            raise ValueError(f"coordination_output: one of {COORDINATION_OUTPUTS}")
+        # Where the primary's coordination output goes (tests/support/fake_batch.py,
+        # COORDINATION_OUTPUTS: Batch does not document it).
+        self.coordination_output = coordination_output
         self.base, self.fabric, self.pool, self.image = base, fabric, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
@@ -1022,6 +1029,7 @@ class Cluster:
             }
         )
         ops += _readable_runtime(stage / "runtime")
+        ops += self._image_code(stage / "checkout")
         for host, container, read_only in options.volumes:
             source = node.hw / "opt-microsoft" if host == "/opt/microsoft" else Path(host)
             if not source.exists():
@@ -1032,6 +1040,21 @@ class Cluster:
             ops.append({"op": "mkdir", "dst": container})
             ops.append({"op": "bind", "src": str(source), "dst": container, "ro": read_only})
         return ops
+
+    def _image_code(self, stage: Path) -> list[dict[str, Any]]:
+        """The image's code and nothing else of the checkout: ``trainer/`` where the image
+        copies it (docker/Dockerfile: ``COPY trainer /opt/trainer/trainer`` under its ``ENV
+        PYTHONPATH=/opt/trainer``), and the checkout reduced to its ``.venv`` (the image's
+        /opt/venv, whose console scripts name it): examples/, tests/, infra/ are not there."""
+        pythonpath = self.image.env_dict().get("PYTHONPATH", "").split(":")[0]
+        if not pythonpath:
+            raise PayloadError("the image sets no PYTHONPATH: where does it keep trainer/?")
+        target = str(Path(pythonpath) / "trainer")
+        return [
+            {"op": "mkdir", "dst": target},
+            {"op": "bind", "src": str(REPO / "trainer"), "dst": target, "ro": True},
+            *_hide_except(REPO, [(REPO / ".venv", True)], stage),
+        ]
 
     def run_container(
         self,
@@ -1086,8 +1109,6 @@ class Cluster:
             # Docker sets HOME from the image's /etc/passwd; the task uid is not in it.
             "HOME": "/",
             "HOSTNAME": node.hostname,  # --network host: the node's hostname
-            # The image's trainer package: this checkout (the image runs it from PYTHONPATH).
-            "PYTHONPATH": str(REPO),
             **options.env,
             # "All task environment variables are mapped into the container".
             **env,
@@ -1560,10 +1581,11 @@ class JobRun(threading.Thread):
     ) -> tuple[int, str]:
         keep_alive = self.cluster.lifecycle == "survive"
         for node in self.nodes:
-            # The primary's coordination output is kept apart from the application's
-            # stdout.txt (where it goes is not documented: apart is the stricter reading);
-            # a subtask's stdout.txt/stderr.txt are its coordination command's.
-            prefix = "coordination-" if node is self.master else ""
+            # A subtask's stdout.txt/stderr.txt are its coordination command's (batch-mpi.md);
+            # the primary's go where the cluster's reading puts them (COORDINATION_OUTPUTS):
+            # before its application command's in the same files, or in files of their own.
+            apart = node is self.master and self.cluster.coordination_output == "apart"
+            prefix = COORDINATION_PREFIX if apart else ""
             self.running[node.index] = self._container_or_host(
                 node,
                 f"coord-n{node.index}-try{attempt}",
@@ -1740,9 +1762,10 @@ def _hide_except(root: Path, keep: list[tuple[Path, bool]], stage: Path) -> list
 
 
 def _readable_runtime(stage: Path) -> list[dict[str, Any]]:
-    """The interpreter the venv links to and this checkout (the image's code), reachable by
-    any uid as in the image: a folder above them that only root may enter (e.g. /root) is
-    replaced, in the container, by one that holds just them."""
+    """The interpreter the venv links to and this checkout (its venv and trainer/ are the
+    image's: ``Cluster._image_code``), reachable by any uid as in the image: a folder above
+    them that only root may enter (e.g. /root) is replaced, in the container, by one that holds
+    just them."""
     base = Path(sys.base_prefix).resolve()
     ops: list[dict[str, Any]] = []
     for target in (base, REPO):

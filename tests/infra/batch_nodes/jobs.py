@@ -5,6 +5,9 @@ processes and the run folder on the NFS server."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -12,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from infra.batch import JobSpec, job_options, task_options
+from infra.code_snapshot import CodeSnapshot, snapshot
 from tests.infra.batch_nodes.batch import Cluster, JobRun
 from trainer.checkpoint import list_checkpoints
 
@@ -45,6 +49,27 @@ def make_spec(stack, storage, **changes) -> JobSpec:
     values.update(changes)
     values["trainer_args"] = list(values["trainer_args"])
     return JobSpec.from_props(values)
+
+
+def job_code(fabric, storage, root: Path, files: dict[str, Path]) -> CodeSnapshot:
+    """A job's ``code:`` folder as a team gives it: ``files`` (name in the folder -> source)
+    in a git repository's ``team/`` folder under ``root``, snapshotted by
+    ``infra.code_snapshot`` and put into the code container as ``pulumi up`` puts it. The
+    emulated containers hold the image and this folder, never the checkout."""
+    from tests.infra.batch_nodes.conftest import blob
+
+    repo = root / "repo"
+    for name, source in files.items():
+        (repo / "team" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, repo / "team" / name)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "team"], check=True)
+    snap = snapshot("team", repo)
+    archive = root / snap.blob_name
+    archive.write_bytes(snap.data)
+    os.chmod(root, 0o755)  # the storage side's helper reads it
+    blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name, file=str(archive))
+    return snap
 
 
 def submit(cluster: Cluster, spec: JobSpec) -> JobRun:

@@ -10,12 +10,14 @@ import json
 import pytest
 
 from infra.batch import job_options, task_options
+from tests.infra.batch_nodes.conftest import REPO
 from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
     booted,
     current_attempt,
     describe,
     folder_logs,
+    job_code,
     make_spec,
     metrics,
     run_folder,
@@ -24,6 +26,8 @@ from trainer.watchdog import WATCHDOG_EXIT
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
+
+TESTS = REPO / "tests" / "trainer"  # where the tests' own plug-ins live
 
 SMALL = (
     "--num-classes", "3", "--batch-size", "8", "--warmup-epochs", "1", "--loader-workers", "0",
@@ -40,15 +44,17 @@ def _submit(cluster, spec, env: dict[str, str]):
 
 
 def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
-    make_cluster, storage, cpu_stack
+    make_cluster, fabric, storage, cpu_stack, tmp_path
 ):
+    # The stuck model is the job's own code, as a team would give it (the image has none).
+    snap = job_code(fabric, storage, tmp_path, {"stuck_rank.py": TESTS / "stuck_rank.py"})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
-        "--backend", "ddp", "--model", "tests.trainer.stuck_rank:build", "--image-size", "16",
+        "--backend", "ddp", "--model", "stuck_rank:build", "--image-size", "16",
         "--synthetic-size", "256", *SMALL, "--max-steps", "8", "--checkpoint-every", "2",
         "--log-every", "1", "--step-timeout-minutes", "0.15",
     )  # fmt: skip
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
     # Rank 1 (torch ranks the master's workers first: rank 1 is the other node's) blocks in a
     # recv nobody answers at its third step, after the step-2 checkpoint, on the first try only.
     run = _submit(cluster, spec, {"STUCK_RANK": "1", "STUCK_STEP": "3"})
@@ -70,15 +76,21 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
 
 
 def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
-    make_cluster, storage, cpu_stack
+    make_cluster, fabric, storage, cpu_stack, tmp_path
 ):
+    # The plug-ins are the job's own code, laid out as the slow data imports them.
+    example = REPO / "examples"
+    files = {str(p.relative_to(REPO)): p for p in (example / "__init__.py",
+             *(example / "custom_model").glob("*.py"))}  # fmt: skip
+    files["slow_node_data.py"] = TESTS / "slow_node_data.py"
+    snap = job_code(fabric, storage, tmp_path, files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
         "--model", "examples.custom_model.model:build",
-        "--data", "tests.trainer.slow_node_data:build", "--data-args", "{seconds: 0.02}",
+        "--data", "slow_node_data:build", "--data-args", "{seconds: 0.02}",
         *SMALL, "--max-steps", "16", "--straggler-every", "4", "--log-every", "4",
     )  # fmt: skip
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
     run = _submit(cluster, spec, {})
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
