@@ -225,19 +225,28 @@ def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None
 def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:
     """The Batch account's core quota the pool needs. A Batch account in BatchService mode has
     its own per-VM-family quotas, separate from the subscription's and often 0 for new accounts
-    (articles/batch/batch-quota-limit.md): a pool beyond them never gets its nodes."""
+    (articles/batch/batch-quota-limit.md): a pool beyond them never gets its nodes. Spot nodes
+    count against the account's one low-priority core quota, across families."""
     c = s.cluster
+    cores = f"{c.node_count} nodes x {c.gpu.vcpus} vCPUs = {c.node_count * c.gpu.vcpus}"
     family = f"az vm list-skus -l {s.location} --size {c.vm_size} --query '[0].family' -o tsv"
-    account = (
-        f"az batch account show -n {account} -g {resource_group} --query "
-        "'{dedicated: dedicatedCoreQuotaPerVmFamily}'"
+    query = (
+        "{spot: lowPriorityCoreQuota}" if c.spot else "{dedicated: dedicatedCoreQuotaPerVmFamily}"
     )
-    lines = [
-        "Batch account quota needed (request it before `pulumi up`; new accounts often have 0):",
-        f"  dedicated cores of the {c.vm_size} family: {c.node_count} nodes x "
-        f"{c.gpu.vcpus} vCPUs = {c.node_count * c.gpu.vcpus}",
+    account = f"az batch account show -n {account} -g {resource_group} --query '{query}'"
+    head = "Batch account quota needed (request it before `pulumi up`; new accounts often have 0):"
+    if c.spot:
+        return [
+            head,
+            f"  Spot (low-priority) cores, any family: {cores}",
+            f"  the account's quota: {account}",
+        ]
+    return [
+        head,
+        f"  dedicated cores of the {c.vm_size} family: {cores}",
+        f"  family name: {family}",
+        f"  the account's quota: {account}",
     ]
-    return [*lines, f"  family name: {family}", f"  the account's quota: {account}"]
 
 
 def disk_lines(s: StackSettings) -> list[str]:

@@ -23,7 +23,7 @@ from infra.node_checks import node_check_command
 POOL_ID = "ib-gpu"
 
 
-def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
+def autoscale_formula(nodes: int, idle_minutes: int, spot: bool = False) -> str:
     """Start the whole pool when any task is queued or running; go to zero after
     ``idle_minutes`` without one. A multi-instance job needs all its nodes at once, so the
     formula switches between 0 and the full size rather than following the task count.
@@ -32,7 +32,11 @@ def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
     (articles/batch/batch-automatic-scaling.md): nodes that failed their start task keep the
     waiting task pending, and so the pool up. Nothing here can detect that; the job's
     ``pool_errors`` output and ``dt-jobs status`` report it, with the action that ends the
-    billing (cancel the job; infra/pool_health.py)."""
+    billing (cancel the job; infra/pool_health.py). A Spot pool asks for its nodes through
+    ``$TargetLowPriorityNodes`` (``scale_settings``) and for no dedicated ones."""
+    wanted = "$TargetLowPriorityNodes" if spot else "$TargetDedicatedNodes"
+    # A variable the formula leaves alone keeps its value: a Spot pool asks for 0 dedicated.
+    none_dedicated = ["$TargetDedicatedNodes = 0;"] if spot else []
     return "\n".join(
         [
             f"$window = TimeInterval_Minute * {idle_minutes};",
@@ -40,7 +44,8 @@ def autoscale_formula(dedicated: int, idle_minutes: int) -> str:
             "$recent = $PendingTasks.GetSamplePercent($window) < 50 ? $now : "
             "max($PendingTasks.GetSample($window));",
             "$busy = max($now, $recent) > 0;",
-            f"$TargetDedicatedNodes = $busy ? {dedicated} : 0;",
+            f"{wanted} = $busy ? {nodes} : 0;",
+            *none_dedicated,
             "$NodeDeallocationOption = taskcompletion;",
         ]
     )
@@ -259,20 +264,25 @@ def _pool_metadata(
 
 
 def scale_settings(cluster: ClusterSettings) -> batch.ScaleSettingsArgs:
-    """A fixed pool, or the autoscale formula that drops to zero when idle."""
+    """A fixed pool, or the autoscale formula that drops to zero when idle. Spot nodes are
+    asked for through the low-priority fields: since March 2026 "any use of Low-priority
+    properties in the Azure Batch API or SDK will automatically translate into Spot-based
+    compute node allocations" in Batch-managed accounts (Azure/Batch #196, 2026-02-25, read
+    2026-11-28). All Spot or all dedicated, never both (infra.config StackSettings._check_spot)."""
+    spot = cluster.node_count if cluster.spot else 0
     if cluster.scale_mode == "fixed":
         return batch.ScaleSettingsArgs(
             fixed_scale=batch.FixedScaleSettingsArgs(
-                # Dedicated nodes only: a BatchService-mode account gets no Spot nodes
-                # (infra.config StackSettings._check_spot).
-                target_dedicated_nodes=cluster.node_count,
+                target_dedicated_nodes=cluster.node_count - spot,
+                # Unset on a dedicated pool, as before Spot: an upgrade changes no input.
+                target_low_priority_nodes=spot or None,
                 resize_timeout="PT30M",
                 node_deallocation_option=batch.ComputeNodeDeallocationOption.TASK_COMPLETION,
             )
         )
     return batch.ScaleSettingsArgs(
         auto_scale=batch.AutoScaleSettingsArgs(
-            formula=autoscale_formula(cluster.node_count, cluster.idle_minutes),
+            formula=autoscale_formula(cluster.node_count, cluster.idle_minutes, cluster.spot),
             evaluation_interval="PT5M",
         )
     )

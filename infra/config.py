@@ -154,14 +154,15 @@ class ClusterSettings:
         2,
         "Dedicated nodes (fixed scale) or the most dedicated nodes autoscale starts (1-100).",
     )
-    # Always 0: refused otherwise (``StackSettings._check_spot``).
-    spot_nodes: int = setting(
-        "spotNodes",
-        0,
-        "Must be 0 - the stack's Batch account allocates pools in BatchService mode, where "
-        "low-priority nodes were retired on 2025-09-30 and Spot needs UserSubscription mode, "
-        "which this program does not set up (docs/jobs.md, Spot needs a UserSubscription-mode "
-        "account).",
+    # Spot through Batch's low-priority fields (``infra.cluster.scale_settings``): the whole
+    # pool, never beside dedicated nodes (``StackSettings._check_spot``).
+    spot: bool = setting(
+        "spot",
+        False,
+        "Make the pool's nodeCount nodes Spot instead of dedicated: billed at Spot's variable "
+        "rate (at most pay-as-you-go; Batch sets no max price), evictable at any time with 30 s "
+        "notice at best, billed while evicted nodes are still powered on (docs/jobs.md, Spot "
+        "nodes). Needs checkpointing; needs the account's Spot core quota.",
     )
     scale_mode: str = setting(
         "scaleMode",
@@ -526,19 +527,14 @@ class StackSettings:
         self._check_jobs()
 
     def _check_spot(self) -> None:
-        """The stack's Batch account allocates pools in BatchService mode (infra/cluster.py), whose
-        low-priority nodes Azure retired on 2025-09-30; Spot nodes exist only in UserSubscription
-        mode (articles/batch/low-priority-vms-retirement-migration-guide.md,
-        articles/batch/batch-spot-vms.md), which this program does not set up (docs/jobs.md: Spot
-        needs a UserSubscription-mode account)."""
-        spot = self.cluster.spot_nodes
-        if spot != 0:
+        """Spot is the whole pool or nothing: whether one InfiniBand (multi-instance) task may
+        span Spot and dedicated nodes is not documented, and batch-spot-vms.md warns that
+        multi-VM MPI jobs suit Spot poorly, as one eviction reruns the whole job (read
+        2026-11-28). An evicted run resumes only from a checkpoint."""
+        if self.cluster.spot and not self.cluster.checkpointing:
             raise ConfigError(
-                f"spotNodes={spot}: this stack's Batch account allocates pools in BatchService "
-                "mode, where Azure retired low-priority nodes on 2025-09-30 and Spot needs "
-                "UserSubscription mode, which this program does not set up; set spotNodes to 0 "
-                "and size the pool with nodeCount (docs/jobs.md: Spot needs a "
-                "UserSubscription-mode account)"
+                "spot=true with checkpointing=false: Azure evicts Spot nodes at any time and the "
+                "job then starts again from step 0; set checkpointing true, or spot false"
             )
 
     @property
@@ -738,7 +734,8 @@ class StackSettings:
         vm_mode = nfs.mode == "vm"
         return CostInputs(
             gpu_size=cluster.vm_size,
-            dedicated_nodes=cluster.node_count,
+            nodes=cluster.node_count,
+            spot=cluster.spot,
             always_on=cluster.scale_mode == "fixed",
             nfs_vm_size=nfs.vm_size if vm_mode else None,
             nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
@@ -766,11 +763,20 @@ def declared_schema() -> dict[str, dict[str, Any]]:
     return schema_of(*DECLARING)
 
 
+# Settings an earlier release read, and what a stack file that still sets one should do.
+REPLACED_SETTINGS = {
+    "spotNodes": "replaced by spot (the pool is all Spot or all dedicated, nodeCount nodes "
+    "either way): remove spotNodes; to run on Spot, set spot: true",
+}
+
+
 def _known_values(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` by short key; an unknown key is an error."""
     known: dict[str, Any] = {}
     for raw_key, value in values.items():
         key = str(raw_key).removeprefix(f"{PROJECT}:")
+        if key in REPLACED_SETTINGS:
+            raise ConfigError(f"{key}: {REPLACED_SETTINGS[key]}")
         if key not in schema:
             raise ConfigError(
                 f"unknown setting {key!r}; valid settings are {', '.join(sorted(schema))}"

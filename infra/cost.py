@@ -17,8 +17,11 @@ DEFAULT_BUSY_HOURS = 160
 @dataclass(frozen=True)
 class CostInputs:
     gpu_size: str
-    dedicated_nodes: int
+    nodes: int
     always_on: bool
+    # Spot nodes bill at a variable rate that is at most pay-as-you-go, evicted nodes included
+    # while powered on (azure-ai-docs PR #791, 2026-07-21, read 2026-11-28): priced at that cap.
+    spot: bool = False
     nfs_vm_size: str | None = None
     nfs_disk_gb: int = 0
     files_share_gb: int = 0
@@ -35,9 +38,8 @@ def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tu
     if gpu is None:
         items.append((f"{c.gpu_size}: not in the price table", 0.0))
     else:
-        items.append(
-            (f"{c.dedicated_nodes} x {c.gpu_size}, {hours} h", gpu * c.dedicated_nodes * hours)
-        )
+        kind = " Spot (at most; the rate varies)" if c.spot else ""
+        items.append((f"{c.nodes} x {c.gpu_size}{kind}, {hours} h", gpu * c.nodes * hours))
     if c.nfs_vm_size is not None:
         vm = prices.VM_PER_HOUR.get(c.nfs_vm_size)
         items.append(

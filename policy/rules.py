@@ -196,16 +196,25 @@ def _formula_count(formula: str, variable: str) -> int:
 
 
 @_for(POOL)
-def _no_low_priority_nodes(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    """No low-priority (Spot) nodes: this program's Batch accounts allocate pools in
-    BatchService mode, whose low-priority nodes Azure retired on 2025-09-30 (a pool asking for
-    them never gets them); Spot nodes need UserSubscription mode
-    (articles/batch/low-priority-vms-retirement-migration-guide.md)."""
-    wanted = _pool_nodes(args.props, "LowPriority")
-    if wanted:
+def _spot_pool_whole_and_checkpointed(
+    args: ResourceValidationArgs, report: ReportViolation
+) -> None:
+    """A pool's Spot nodes (Batch's low-priority fields, Spot since March 2026: Azure/Batch
+    #196, read 2026-11-28) are all of it: whether one InfiniBand job may span Spot and
+    dedicated nodes is not documented; and a Spot pool checkpoints, as an eviction restarts the
+    job (infra.config StackSettings._check_spot)."""
+    spot, dedicated = _pool_nodes(args.props, "LowPriority"), _pool_nodes(args.props, "Dedicated")
+    if spot and dedicated:
         report(
-            f"{wanted} low-priority nodes: a BatchService-mode account gets none since "
-            "2025-09-30 and Spot needs UserSubscription mode; use dedicated nodes (spotNodes 0)",
+            f"{dedicated} dedicated and {spot} Spot (low-priority) nodes in one pool: whether an "
+            "InfiniBand job may span both is not documented; make the pool all Spot (spot: true) "
+            "or all dedicated",
+            None,
+        )
+    if spot and _metadata(args.props).get("checkpointing") == "false":
+        report(
+            f"{spot} Spot nodes without checkpointing: an eviction restarts the job from step 0; "
+            "set checkpointing true",
             None,
         )
 
@@ -308,7 +317,8 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
     ]
     return cost.CostInputs(
         gpu_size=pool.get("vmSize", ""),
-        dedicated_nodes=_pool_nodes(pool, "Dedicated"),
+        nodes=_pool_nodes(pool, "Dedicated") + _pool_nodes(pool, "LowPriority"),
+        spot=_pool_nodes(pool, "LowPriority") > 0,
         always_on=bool((pool.get("scaleSettings") or {}).get("fixedScale")),
         nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
         nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
@@ -373,7 +383,7 @@ RESOURCE_RULES: dict[str, Validate] = {
     "nsg-no-internet-inbound": _nsg_no_internet_inbound,
     "pool-infiniband-size": _pool_infiniband,
     "required-tags": _required_tags,
-    "no-low-priority-nodes": _no_low_priority_nodes,
+    "spot-pool-whole-and-checkpointed": _spot_pool_whole_and_checkpointed,
     "acr-export-policy-needs-private-registry": _acr_export_policy,
     "storage-service-metric-categories": _storage_service_metrics,
     "storage-ip-rules-public": _storage_ip_rules,

@@ -130,3 +130,17 @@ def test_a_deployed_outputs_file_of_the_wrong_kind_is_one_line_naming_it(
         deployed_run_folders(path, "dev")
     assert str(refused.value).startswith(f"--deployed={path}: ") and refused.value.code == 2
     assert message in str(refused.value)
+
+
+def test_a_spot_stack_plans_its_quota_and_its_cost_as_spot(tmp_path):
+    """Spot nodes count against the account's low-priority core quota, and their rate is at
+    most pay-as-you-go (Azure/Batch #196; azure-ai-docs PR #791; read 2026-11-28)."""
+    stack_file = tmp_path / "Pulumi.spot.yaml"
+    values = (REPO / "Pulumi.dev.yaml").read_text()
+    stack_file.write_text(values + "  gpu-cluster:spot: true\n")
+    result = plan("--stack", "spot", "--stack-file", str(stack_file))
+    assert result.returncode == 0, result.stderr
+    assert "  Spot (low-priority) cores, any family: 2 nodes x 96 vCPUs = 192" in result.stdout
+    assert "--query '{spot: lowPriorityCoreQuota}'" in result.stdout
+    assert "2 x Standard_ND96isr_H100_v5 Spot (at most; the rate varies), 160 h" in result.stdout
+    assert "dedicated cores" not in result.stdout

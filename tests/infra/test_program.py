@@ -122,9 +122,22 @@ def test_scale_settings_follow_the_stack(dev_plan, prod_plan):
     assert "TimeInterval_Minute * 10" in dev["autoScale"]["formula"]
     prod = one(prod_plan, "azure-native:batch:Pool").inputs["scaleSettings"]
     assert prod["fixedScale"]["targetDedicatedNodes"] == 4
-    # Dedicated nodes only: a BatchService-mode account gets no low-priority (Spot) nodes.
+    # A dedicated pool leaves the low-priority (Spot) fields unset, as before Spot came back:
+    # an upgrade changes none of its inputs.
     assert "targetLowPriorityNodes" not in prod["fixedScale"]
     assert "TargetLowPriorityNodes" not in dev["autoScale"]["formula"]
+
+
+def test_a_spot_pool_asks_for_its_nodes_through_the_low_priority_fields_only():
+    """Batch-managed accounts turn low-priority requests into Spot nodes since March 2026
+    (Azure/Batch #196, read 2026-11-28); all of the pool's nodes are Spot, none dedicated."""
+    dev = evaluate("dev", {**stack_values("dev"), "gpu-cluster:spot": True})
+    formula = one(dev, "azure-native:batch:Pool").inputs["scaleSettings"]["autoScale"]["formula"]
+    assert "$TargetLowPriorityNodes = $busy ? 2 : 0;" in formula.splitlines()
+    assert "$TargetDedicatedNodes = 0;" in formula.splitlines()
+    prod = evaluate("vision-prod", {**stack_values("vision-prod"), "gpu-cluster:spot": True})
+    fixed = one(prod, "azure-native:batch:Pool").inputs["scaleSettings"]["fixedScale"]
+    assert fixed["targetLowPriorityNodes"] == 4 and fixed["targetDedicatedNodes"] == 0
 
 
 def test_batch_account_uses_entra_auth_and_identity_auto_storage(plan):

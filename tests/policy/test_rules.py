@@ -104,6 +104,13 @@ def changed(base, path, value):
     return out
 
 
+# A Spot pool as `spot: true` declares it: its nodes through the low-priority field only.
+SPOT_POOL = changed(
+    changed(POOL, ["scaleSettings", "fixedScale", "targetDedicatedNodes"], 0),
+    ["scaleSettings", "fixedScale", "targetLowPriorityNodes"],
+    4,
+)
+
 CASES = [
     (
         "no-public-ip-on-pool-nodes",
@@ -221,19 +228,27 @@ CASES = [
         changed(STORAGE, ["tags"], {"team": "vision"}),
         "project, stack, cost-center",
     ),
-    # Low-priority nodes are retired in BatchService mode, checkpointing or not
-    # (articles/batch/low-priority-vms-retirement-migration-guide.md).
+    # Spot nodes (low-priority fields) make the whole pool or none of it, and checkpoint.
     (
-        "no-low-priority-nodes",
+        "spot-pool-whole-and-checkpointed",
         "azure-native:batch:Pool",
-        POOL,
+        SPOT_POOL,
         changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 2),
-        "2 low-priority nodes: a BatchService-mode account gets none",
+        "dedicated and 2 Spot (low-priority) nodes in one pool",
     ),
     (
-        "no-low-priority-nodes",
+        "spot-pool-whole-and-checkpointed",
         "azure-native:batch:Pool",
-        changed(POOL, ["scaleSettings", "fixedScale", "targetLowPriorityNodes"], 0),
+        changed(
+            POOL,
+            ["scaleSettings"],
+            {
+                "autoScale": {
+                    "formula": "$TargetLowPriorityNodes = $busy ? 3 : 0;\n"
+                    "$TargetDedicatedNodes = 0;"
+                }
+            },
+        ),
         changed(
             POOL,
             ["scaleSettings"],
@@ -244,7 +259,14 @@ CASES = [
                 }
             },
         ),
-        "3 low-priority nodes",
+        "2 dedicated and 3 Spot (low-priority) nodes",
+    ),
+    (
+        "spot-pool-whole-and-checkpointed",
+        "azure-native:batch:Pool",
+        SPOT_POOL,
+        changed(SPOT_POOL, ["metadata"], [{"name": "checkpointing", "value": "false"}]),
+        "4 Spot nodes without checkpointing",
     ),
 ]
 

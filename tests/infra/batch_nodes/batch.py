@@ -94,6 +94,11 @@ APPROVED_START_SECONDS = 2.0
 # the start task again ("the nodes keep their IDs, but are reinitialized, going through
 # Creating and Starting states", articles/batch/batch-spot-vms.md).
 REJOIN_SECONDS = 1.0
+# Events after which the VM's temporary disk, where the Batch tree lives, starts empty: a
+# Redeploy moves the VM, "ephemeral disks are lost" (scheduled-events.md); a Preempt deletes the
+# Spot VM, "leading to loss of any data stored locally", and preempted nodes "keep their IDs, but
+# are reinitialized" (batch-spot-vms.md); a Terminate deletes it. Read 2026-11-28.
+DISK_LOST = ("Preempt", "Redeploy", "Terminate")
 
 
 def _lower(value: Any) -> str:
@@ -114,12 +119,13 @@ class PoolSpec:
     inter_node_communication: bool
     identity_ids: tuple[str, ...]
     registries: tuple[str, ...]
+    dedicated_nodes: int = 0  # nodes [0, dedicated) are dedicated, the rest Spot
+    spot_nodes: int = 0
 
     @classmethod
     def from_declared(cls, inputs: dict[str, Any]) -> PoolSpec:
         from infra import sizes
 
-        _refuse_low_priority_nodes(inputs)
         size_of = getattr(sizes, "size_of", sizes.SUPPORTED.__getitem__)
         size = size_of(inputs["vmSize"])
         mounts = inputs.get("mountConfiguration") or []
@@ -132,6 +138,8 @@ class PoolSpec:
         return cls(
             pool_id=inputs.get("poolName") or inputs.get("id"),
             vm_size=inputs["vmSize"],
+            dedicated_nodes=_asked_nodes(inputs, "Dedicated"),
+            spot_nodes=_asked_nodes(inputs, "LowPriority"),
             gpus=size.gpus,
             ib_ports=getattr(size, "ib_ports", size.gpus),
             gpu_name="emulated GPU",  # only what nvidia-smi prints; nothing reads it
@@ -403,6 +411,11 @@ class Node:
     # scheduled on the Compute Node"; its running tasks finish with taskcompletion).
     scheduling: str = "enabled"
     units: list[Proc] = field(default_factory=list)  # what systemd runs for the start task
+    spot: bool = False  # AZ_BATCH_NODE_IS_DEDICATED false; only a Spot node is preempted
+    # A job's preparation runs again after a reimage (a preempted Spot node is one) and, with
+    # rerunOnNodeRebootAfterSuccess, after a reboot.
+    reimages: int = 0
+    reboots: int = 0
 
     @property
     def id(self) -> str:
@@ -514,6 +527,8 @@ class Cluster:
                     # The accelerated-networking NIC is an mlx5 device too, on Ethernet.
                     "mlx5_an0": ("4: ACTIVE", "Ethernet"),
                 },
+                # A pool that asks for Spot nodes gets them after its dedicated ones.
+                spot=bool(pool.spot_nodes) and i >= pool.dedicated_nodes,
             )
             for i in range(count)
         ]
@@ -538,7 +553,7 @@ class Cluster:
         if self.nfs_views is not None:
             self.nfs_views.push()
 
-    def _make_node(self, node: Node) -> None:
+    def _make_tree(self, node: Node) -> None:
         # files-and-directories.md: the Batch tree belongs to the agent (root); every task can
         # read and write the shared folder (batch-compute-node-environment-variables.md:
         # AZ_BATCH_NODE_SHARED_DIR "All tasks that execute on a node have read/write access").
@@ -547,6 +562,9 @@ class Cluster:
             os.chmod(folder, 0o755)
         node.shared_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(node.shared_dir, 0o777)
+
+    def _make_node(self, node: Node) -> None:
+        self._make_tree(node)
         if self.pool.nfs_relative_mount:
             (node.mounts_dir / self.pool.nfs_relative_mount).mkdir(exist_ok=True)
         # Hardware: InfiniBand HCAs as sysfs shows them, and the GPUs as nvidia-smi lists them.
@@ -640,7 +658,12 @@ class Cluster:
     def schedule_event(self, kind: str, vm_names: list[str], notice: float) -> str:
         """An event for ``vm_names`` (the pool's or others: events reach the whole placement
         group), which the platform starts ``notice`` seconds from now or soon after a VM
-        approves it; returns its id."""
+        approves it; returns its id. Azure preempts only Spot nodes ("The Spot Virtual Machine
+        is being deleted", scheduled-events.md, read 2026-11-28)."""
+        mine = {n.vm_name: n for n in self.nodes}
+        dedicated = [v for v in vm_names if v in mine and not mine[v].spot]
+        if kind == "Preempt" and dedicated:
+            raise ValueError(f"Preempt names dedicated nodes {dedicated}: only Spot nodes are")
         event_id = f"emulated-{kind.lower()}-{len(self._due) + 1}"
         not_before = email.utils.formatdate(time.time() + notice, usegmt=True)
         with self._lock:
@@ -724,6 +747,11 @@ class Cluster:
             unit.kill()
         node.units.clear()
         node.kmsg.write_text("")  # a new boot, a new kernel log
+        if kind in DISK_LOST:
+            node.reimages += 1
+            self._reinitialize(node)
+        else:
+            node.reboots += 1
 
         def rejoin() -> None:
             if self._platform_stop.wait(REJOIN_SECONDS):  # a closed cluster boots nothing
@@ -732,6 +760,17 @@ class Cluster:
                 self._run_start_task(node)
 
         threading.Thread(target=rejoin, daemon=True).start()
+
+    def _reinitialize(self, node: Node) -> None:
+        """Empties what the VM held on its own disks: the Batch tree but its mount points."""
+        for entry in list(node.root.iterdir()):
+            if entry == node.mounts_dir:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        self._make_tree(node)
 
     def _start_imds(self, node: Node) -> None:
         config = self.base / "specs" / f"imds-n{node.index}.json"
@@ -847,7 +886,7 @@ class Cluster:
             "AZ_BATCH_ACCOUNT_URL": "https://emulated.eastus.batch.azure.com",
             "AZ_BATCH_POOL_ID": self.pool.pool_id,
             "AZ_BATCH_NODE_ID": node.id,
-            "AZ_BATCH_NODE_IS_DEDICATED": "true",
+            "AZ_BATCH_NODE_IS_DEDICATED": "false" if node.spot else "true",
             "AZ_BATCH_NODE_ROOT_DIR": str(node.root),
             "AZ_BATCH_NODE_SHARED_DIR": str(node.shared_dir),
             "AZ_BATCH_NODE_STARTUP_DIR": str(node.startup_dir),
@@ -1309,7 +1348,7 @@ class JobRun(threading.Thread):
             self.reason = "pool lacks inter-node communication or has taskSlotsPerNode > 1"
             return
         retries = int((self.task.get("constraints") or {}).get("maxTaskRetryCount") or 0)
-        prepared: set[int] = set()
+        prepared: set[tuple[int, int, int]] = set()  # the nodes' boots that ran it
         attempt = 0
         while self._schedule(instances, prepared):
             self.state = "running"
@@ -1348,7 +1387,7 @@ class JobRun(threading.Thread):
         if self.tries:
             self.reason = self.tries[-1].reason
 
-    def _schedule(self, instances: int, prepared: set[int]) -> bool:
+    def _schedule(self, instances: int, prepared: set[tuple[int, int, int]]) -> bool:
         """Chooses the task's nodes (and runs the job preparation on them); False when the
         task was terminated while it waited for nodes."""
         prep = self.job.get("jobPreparationTask")
@@ -1379,7 +1418,15 @@ class JobRun(threading.Thread):
             if prep is None:
                 return True
             self.state = "preparing"
-            todo = [n for n in self.nodes if n.index not in prepared]
+            # JobPreparationTask.rerunOnNodeRebootAfterSuccess (default true): it runs again
+            # after a reboot, and "is always rerun if a Compute Node is reimaged", as a
+            # preempted Spot node is (batch-spot-vms.md; both read 2026-11-28).
+            again = bool(prep.get("rerunOnNodeRebootAfterSuccess", True))
+
+            def boot(n: Node, again: bool = again) -> tuple[int, int, int]:
+                return (n.index, n.reimages, n.reboots if again else 0)
+
+            todo = [n for n in self.nodes if boot(n) not in prepared]
             threads = [threading.Thread(target=self._prepare, args=(n, prep)) for n in todo]
             for thread in threads:
                 thread.start()
@@ -1387,8 +1434,9 @@ class JobRun(threading.Thread):
                 thread.join()
             for node in todo:
                 if self.prep_exit.get(node.index) == 0:
-                    prepared.add(node.index)
-            if all(n.index in prepared for n in self.nodes) or prep.get("waitForSuccess") is False:
+                    prepared.add(boot(node))
+            ready = all(boot(n) in prepared for n in self.nodes)
+            if ready or prep.get("waitForSuccess") is False:
                 return True
 
     def node_lost(self, node: Node, recovery: bool = True) -> None:
@@ -1710,21 +1758,18 @@ def _command_argv(command_line: str) -> list[str]:
     return argv
 
 
-def _refuse_low_priority_nodes(pool: dict[str, Any]) -> None:
-    """The stack's account allocates pools in BatchService mode, where Azure retired
-    low-priority nodes on 2025-09-30: "attempts to seek back to target low-priority node counts
-    will fail, and you'll no longer be able to provision new pools with low-priority compute
-    nodes"; Spot nodes need UserSubscription mode
-    (articles/batch/low-priority-vms-retirement-migration-guide.md)."""
+def _asked_nodes(pool: dict[str, Any], kind: str) -> int:
+    """The ``Dedicated`` or ``LowPriority`` nodes a pool asks for (fixed, or the most its formula
+    sets). In a Batch-managed account low-priority nodes are Spot nodes since March 2026: "any
+    use of Low-priority properties in the Azure Batch API or SDK will automatically translate
+    into Spot-based compute node allocations" (Azure/Batch #196, 2026-02-25, read 2026-11-28)."""
     scale = pool.get("scaleSettings") or {}
-    fixed = int((scale.get("fixedScale") or {}).get("targetLowPriorityNodes") or 0)
+    fixed = scale.get("fixedScale")
+    if fixed:
+        return int(fixed.get(f"target{kind}Nodes") or 0)
     formula = str((scale.get("autoScale") or {}).get("formula") or "")
-    asked = re.search(r"\$TargetLowPriorityNodes\s*=([^;]*);", formula)
-    if fixed or (asked and any(int(n) for n in re.findall(r"\d+", asked.group(1)))):
-        raise PayloadError(
-            "pool asks for low-priority nodes: a BatchService-mode account gets none since "
-            "2025-09-30 (Spot needs UserSubscription mode)"
-        )
+    asked = re.search(rf"\$Target{kind}Nodes\s*=([^;]*);", formula)
+    return max((int(n) for n in re.findall(r"\d+", asked.group(1))), default=0) if asked else 0
 
 
 def _user_of(identity: dict[str, Any] | None) -> tuple[int, int]:

@@ -49,6 +49,12 @@ CPU_ACCEPTANCE = {
     "gpu-cluster:vmSize": "Standard_D2s_v5",
     "gpu-cluster:protectData": False,
 }
+# The stacks the tests run: the dev stack, as a CPU acceptance stack, and that on Spot nodes.
+STACK_OVERRIDES = {
+    "gpu": {},
+    "cpu": CPU_ACCEPTANCE,
+    "cpu-spot": {**CPU_ACCEPTANCE, "gpu-cluster:spot": True},
+}
 _PLAN_SCRIPT = """
 import json, sys
 from dt_commands.plan import REPO, evaluate, read_stack_file
@@ -123,7 +129,7 @@ def stacks() -> dict[str, Stack]:
     """Both stacks' declarations (Pulumi mocks in a child process: the mocks are global state
     that other tests set up their own way)."""
     result = subprocess.run(
-        [sys.executable, "-c", _PLAN_SCRIPT, json.dumps({"gpu": {}, "cpu": CPU_ACCEPTANCE})],
+        [sys.executable, "-c", _PLAN_SCRIPT, json.dumps(STACK_OVERRIDES)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -141,6 +147,12 @@ def gpu_stack(stacks) -> Stack:
 @pytest.fixture(scope="session")
 def cpu_stack(stacks) -> Stack:
     return stacks["cpu"]
+
+
+@pytest.fixture(scope="session")
+def spot_cpu_stack(stacks) -> Stack:
+    """The CPU acceptance stack with `spot: true`: every node of its pool is a Spot node."""
+    return stacks["cpu-spot"]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,14 @@ import pytest
 
 from infra.batch import CONTAINER_RUN_OPTIONS, CPU_CONTAINER_RUN_OPTIONS
 from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
-from tests.infra.batch_nodes.batch import NfsExport, PoolSpec, _chmod, _command_argv, output_uploads
+from tests.infra.batch_nodes.batch import (
+    NfsExport,
+    PoolSpec,
+    _asked_nodes,
+    _chmod,
+    _command_argv,
+    output_uploads,
+)
 from tests.infra.batch_nodes.image import (
     NVIDIA_ENTRYPOINT,
     PayloadError,
@@ -213,22 +220,19 @@ def test_output_files_follow_pattern_path_and_upload_condition(tmp_path):
         output_uploads(task, env, 0, {"client": "/another"})
 
 
-def test_a_pool_asking_for_low_priority_nodes_never_gets_them(pool_spec):
-    """The emulated Batch refuses what the retired low-priority nodes would never give, and the
-    stack's own pool asks for dedicated nodes only."""
-    assert pool_spec.vm_size  # the declared pool passed the emulator's reading
-    fixed = {"scaleSettings": {"fixedScale": {"targetDedicatedNodes": 2}}}
-    fixed["scaleSettings"]["fixedScale"]["targetLowPriorityNodes"] = 2
-    with pytest.raises(PayloadError, match="low-priority nodes: a BatchService-mode account"):
-        PoolSpec.from_declared(fixed)
+def test_a_pool_asking_for_low_priority_nodes_gets_spot_nodes(pool_spec, spot_cpu_stack):
+    """Batch-managed accounts turn low-priority requests into Spot nodes since March 2026
+    (Azure/Batch #196, read 2026-11-28): the emulated pool counts them as its Spot nodes."""
+    assert (pool_spec.dedicated_nodes, pool_spec.spot_nodes) == (2, 0)
+    assert (spot_cpu_stack.pool.dedicated_nodes, spot_cpu_stack.pool.spot_nodes) == (0, 2)
     formula = "$TargetDedicatedNodes = $busy ? 2 : 0;\n$TargetLowPriorityNodes = $busy ? 1 : 0;"
-    with pytest.raises(PayloadError, match="low-priority nodes"):
-        PoolSpec.from_declared({"scaleSettings": {"autoScale": {"formula": formula}}})
+    scale = {"scaleSettings": {"autoScale": {"formula": formula}}}
+    assert (_asked_nodes(scale, "Dedicated"), _asked_nodes(scale, "LowPriority")) == (2, 1)
+    fixed = {"scaleSettings": {"fixedScale": {"targetLowPriorityNodes": 3}}}
+    assert (_asked_nodes(fixed, "Dedicated"), _asked_nodes(fixed, "LowPriority")) == (0, 3)
 
 
-def test_a_stack_asking_for_spot_nodes_stops_before_anything_is_declared():
-    """Today's program declared such a pool, which the emulator refuses; the stack's settings
-    now stop it first, with one line naming the setting."""
+def test_a_stack_still_setting_spot_nodes_is_told_what_replaced_it():
     from dt_commands.plan import evaluate
     from infra.config import ConfigError
     from tests.support.stacks import stack_values
@@ -236,8 +240,8 @@ def test_a_stack_asking_for_spot_nodes_stops_before_anything_is_declared():
     with pytest.raises(ConfigError) as refused:
         evaluate("dev", {**stack_values("dev"), "gpu-cluster:spotNodes": 1})
     message = str(refused.value)
-    assert message.startswith("spotNodes=1: this stack's Batch account allocates pools in ")
-    assert "set spotNodes to 0" in message and "\n" not in message
+    assert message.startswith("spotNodes: replaced by spot (the pool is all Spot or all ")
+    assert "set spot: true" in message and "\n" not in message
 
 
 class _N:

@@ -275,13 +275,18 @@ def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
 
 
 def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_still_uses_one(
-    make_cluster, storage, cpu_stack
+    make_cluster, storage, spot_cpu_stack
 ):
-    """Four scheduled events take a node of the job, one after the other (MAX_TASK_RETRIES is
-    3: a fourth counted retry would fail the task); each time the job checkpoints, the event is
-    approved unless it also names another job's VM, the platform takes the node and Batch's
-    recovery requeues the task. A worker that dies afterwards is a real failure: a retry."""
+    """Four scheduled events take a node of the job (a Spot pool: only Spot nodes are
+    preempted), one after the other (MAX_TASK_RETRIES is 3: a fourth counted retry would fail
+    the task); each time the job checkpoints, the event is approved unless it also names
+    another job's VM, the platform takes the node and Batch's recovery requeues the task. A
+    preempted node comes back under its id with an empty disk. A worker that dies afterwards
+    is a real failure: a retry."""
+    cpu_stack = spot_cpu_stack
+    assert (cpu_stack.pool.spot_nodes, cpu_stack.pool.dedicated_nodes) == (2, 0)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    assert all(node.spot for node in cluster.nodes)
     args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
     spec = make_spec(cpu_stack, storage, trainer_args=args)
     run = submit(cluster, spec)
@@ -302,10 +307,14 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
                   cluster, run)  # fmt: skip
         attempt = current_attempt(folder)
         victim = next(n for n in run.nodes if n is not run.master)
+        left_on_disk = victim.shared_dir / "left-by-the-test"
+        left_on_disk.write_text("local data")
         events.append(cluster.schedule_event(kind, [victim.vm_name, *others], notice))
         wait_for(lambda i=index: len(run.tries) > i, RUN_SECONDS, f"{kind} ends the try",
                   cluster, run)  # fmt: skip
         assert run.tries[index].recovered, describe(cluster, run)
+        # Only a reboot keeps the VM's temporary disk (batch.DISK_LOST).
+        assert left_on_disk.exists() == (kind == "Reboot"), (kind, describe(cluster, run))
         logs = folder_logs(folder, attempt)
         assert f"scheduled event {kind} {events[-1]}" in logs, logs
         assert "waiting for the platform to take this VM" in logs, logs
