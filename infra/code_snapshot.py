@@ -1,13 +1,18 @@
 """A job's code folder (``jobs.<name>.code``) as one content-addressed snapshot: the folder's
 files that git tracks, in a gzipped tar whose bytes depend on their paths, contents and
 executable bits only (no mtimes, owners or order of the file system), and its SHA-256, which
-names the blob and is one of the job's inputs. Pure: git and the standard library."""
+names the blob and is one of the job's inputs. A link git tracks stays a link (its text is
+what git holds, the same in every checkout); it must stay inside the folder, here and where a
+node unpacks it, and point at something the snapshot holds. Pure: git and the standard
+library."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import os
+import posixpath
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -64,6 +69,14 @@ def tracked_files(folder: Path, repo: Path) -> list[str]:
 
 def snapshot(folder_text: str, repo: Path, limit: int = MAX_BYTES) -> CodeSnapshot:
     """The snapshot of ``folder_text`` (relative to ``repo``); raises SnapshotError."""
+    if not folder_text.strip():
+        # What an unset variable gives (code: "$CODE"): `repo / ""` would be the whole
+        # repository. `.` says that on purpose (a plug-in of a top-level package needs it).
+        raise SnapshotError(
+            "empty, which would be the whole repository; give the folder that holds the "
+            "job's code (examples/torchrun_ddp), `.` if you mean the whole repository, or "
+            "remove the setting"
+        )
     folder = (repo / folder_text).resolve()
     if not folder.is_relative_to(repo.resolve()):
         raise SnapshotError("outside the repository; give a folder inside it (its tracked files)")
@@ -72,6 +85,9 @@ def snapshot(folder_text: str, repo: Path, limit: int = MAX_BYTES) -> CodeSnapsh
     names = tracked_files(folder, repo.resolve())
     if not names:
         raise SnapshotError("git tracks no file there; git add the script, then commit")
+    for name in names:
+        if (folder / name).is_symlink():
+            _check_link(folder, name, names)
     data = _tar_gz(folder, names)
     if len(data) > limit:
         raise SnapshotError(
@@ -79,6 +95,32 @@ def snapshot(folder_text: str, repo: Path, limit: int = MAX_BYTES) -> CodeSnapsh
             "snapshot may take; move data and weights to the datasets container (dt-data upload)"
         )
     return CodeSnapshot(folder_text, hashlib.sha256(data).hexdigest(), len(names), data)
+
+
+def _check_link(folder: Path, name: str, names: list[str]) -> None:
+    """Refuses the link ``name`` unless it resolves inside ``folder`` both lexically (as the
+    node's unpacking, tarfile's "data" filter, reads it in another folder) and on this file
+    system (through other links), and unless the snapshot holds what it points at."""
+    target = os.readlink(folder / name)
+    lexical = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    real = Path(os.path.realpath(folder / name))
+    if lexical == ".." or lexical.startswith("../") or not real.is_relative_to(folder):
+        raise SnapshotError(
+            f"its link {name} points at {target}, outside the folder, which the node does not "
+            "have; replace it by the file it points at, or move that into the folder"
+        )
+    if posixpath.isabs(target):
+        raise SnapshotError(
+            f"its link {name} points at {target}, an absolute path, which names another place "
+            "in every checkout and on the node; make it relative (ln -sfr), or replace it by "
+            "the file it points at"
+        )
+    inside = real.relative_to(folder).as_posix()
+    if inside != "." and not any(n == inside or n.startswith(f"{inside}/") for n in names):
+        raise SnapshotError(
+            f"its link {name} points at {target}, which the snapshot does not hold (git "
+            "tracks no file there); git add it, or remove the link"
+        )
 
 
 def _tar_gz(folder: Path, names: list[str]) -> bytes:
@@ -91,7 +133,7 @@ def _tar_gz(folder: Path, names: list[str]) -> bytes:
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             if path.is_symlink():
-                info.type, info.linkname, info.mode = tarfile.SYMTYPE, str(path.readlink()), 0o777
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(path), 0o777
                 tar.addfile(info)
                 continue
             try:

@@ -5,14 +5,16 @@ image, once per hash (a marker written last), into ``<cache>/<sha256>``; then ``
 the job's own folder) points at that folder. The launcher runs the workers in ``<link>/src``
 with ``<link>/src`` and ``<link>/site`` on their PYTHONPATH (trainer.launch.workers).
 
-Errors are one line, exit 1: a blob that is not the snapshot the job names, a refused or
-missing blob, or pip's own first error line when the requirements do not install.
+Errors are one line, exit 1 (a node's fault, not the user's): a variable Batch or the job sets
+that is missing, a folder that cannot be made, an endpoint that is not https, storage that
+cannot be reached (within ``UNREACHABLE_S``), a blob that is not the snapshot the job names, a
+refused or missing blob, or pip's own first error line when the requirements do not install.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -23,12 +25,27 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from trainer.cli import OneLineParser
 from trainer.grant_wait import READER, GrantMissing, GrantWait
 
 CONTAINER = "code"  # infra.storage.CONTAINERS: the deployer writes it, nodes only read it
 READY = ".ready"  # written last: a folder without it is unfinished and is rebuilt
 REQUIREMENTS = "requirements.txt"  # infra.code_snapshot.REQUIREMENTS
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Storage's own retry policy, not a loop of ours (azure-storage-blob ExponentialRetry, read
+# 2026-11-28 in the SDK's docs and its _shared/policies.py): retry n waits initial_backoff +
+# increment_base**n s, +- the jitter; the defaults (15, 3, 3 retries) wait 18 + 24 + 42 = 84 s
+# before a node learns its storage is unreachable, and connect_timeout is 20 s a try.
+RETRIES = 3
+INITIAL_BACKOFF_S = 2
+BACKOFF_BASE_S = 2
+JITTER_S = 1
+CONNECT_TIMEOUT_S = 10  # a try whose connection is not up by then fails (and is retried)
+READ_TIMEOUT_S = 30  # the longest silence within an answer
+# The waits between tries, at most (23 s): storage that refuses or cannot be resolved fails
+# after this; one that never answers a connect after UNREACHABLE_S (63 s).
+RETRY_BACKOFF_S = sum(INITIAL_BACKOFF_S + BACKOFF_BASE_S**n + JITTER_S for n in range(1, 4))
+UNREACHABLE_S = RETRY_BACKOFF_S + (RETRIES + 1) * CONNECT_TIMEOUT_S
 
 
 class CodeError(Exception):
@@ -46,16 +63,52 @@ def cache_root(env: dict[str, str] | None = None) -> Path:
     shared = env.get("AZ_BATCH_NODE_SHARED_DIR", "")
     if shared and os.path.isdir(shared) and os.access(shared, os.W_OK | os.X_OK):
         return Path(shared) / "code"
-    return Path(env["AZ_BATCH_TASK_WORKING_DIR"]) / "code-cache"
+    working = env.get("AZ_BATCH_TASK_WORKING_DIR", "")
+    if not working:
+        raise CodeError(
+            "AZ_BATCH_TASK_WORKING_DIR is not set: Batch sets it for every task; run this as "
+            "the job preparation task does"
+        )
+    if not os.path.isdir(working):
+        raise CodeError(
+            f"AZ_BATCH_TASK_WORKING_DIR={working}: no such folder; Batch makes it for every "
+            "task: run this as the job preparation task does"
+        )
+    return Path(working) / "code-cache"
+
+
+def _reason(err: BaseException) -> str:
+    """The first line of an SDK error, without urllib3's ``<... object at 0x...>:``."""
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return re.sub(r"<[^<>]* object at 0x[0-9a-f]+>: ", "", line)
 
 
 def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> str:
     """Blob ``<sha256>.tar.gz`` written to ``target``; its SHA-256."""
-    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from azure.core.exceptions import (
+        AzureError,
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+    )
     from azure.identity import DefaultAzureCredential
-    from azure.storage.blob import ContainerClient
+    from azure.storage.blob import ContainerClient, ExponentialRetry
 
-    client = ContainerClient(account_url, CONTAINER, credential=DefaultAzureCredential())
+    # The SDK logs a failed credential chain as a multi-line warning; the error says it once.
+    logging.getLogger("azure").setLevel(logging.ERROR)
+    client = ContainerClient(
+        account_url,
+        CONTAINER,
+        credential=DefaultAzureCredential(),
+        retry_policy=ExponentialRetry(
+            initial_backoff=INITIAL_BACKOFF_S,
+            increment_base=BACKOFF_BASE_S,
+            retry_total=RETRIES,
+            random_jitter_range=JITTER_S,
+        ),
+        connection_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+    )
     name = f"{sha256}.tar.gz"
     where = f"{client.url}/{name}"
 
@@ -75,8 +128,21 @@ def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> s
         raise CodeError(
             f"{where}: no such snapshot; run `pulumi up` again (it uploads the job's code)"
         ) from None
+    except ClientAuthenticationError as err:
+        lines = str(err).splitlines()
+        said = next((line.strip() for line in lines if "ManagedIdentity" in line), _reason(err))
+        raise CodeError(
+            f"{where}: the node's identity (AZURE_CLIENT_ID={os.environ.get('AZURE_CLIENT_ID')})"
+            f" got no token ({said}); check that the pool holds that identity"
+        ) from None
     except HttpResponseError as err:
-        raise CodeError(f"{where}: {str(err).splitlines()[0]}") from None
+        raise CodeError(f"{where}: {_reason(err)}") from None
+    except AzureError as err:  # no answer: refused, unresolvable, timed out (ServiceRequestError)
+        raise CodeError(
+            f"cannot reach {where} ({_reason(err)}), after {RETRIES} retries over about "
+            f"{RETRY_BACKOFF_S} s: check that the node's subnet reaches the storage account "
+            "(its endpoint's DNS name, private endpoint and firewall)"
+        ) from None
 
 
 def pip_error(stderr: str) -> str:
@@ -119,14 +185,38 @@ def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> tuple[
             f"code snapshot {sha256[:12]}...: the blob's SHA-256 is {got[:12]}...; run "
             "`pulumi up` again (it uploads the job's code)"
         )
-    with tarfile.open(archive, "r:gz") as tar:
-        # "data": no absolute names, no links leaving the folder, no device files.
-        tar.extractall(temp / "src", filter="data")
+    _unpack(archive, temp / "src")
     archive.unlink()
     fetched = time.monotonic()
     _install(temp)
     (temp / READY).write_text(sha256 + "\n")
     return fetched - started, time.monotonic() - fetched
+
+
+def _unpack(archive: Path, into: Path) -> None:
+    """Unpacks a snapshot: files, folders and links that stay inside ``into``, as
+    infra.code_snapshot makes them, checked here before anything is written. tarfile's "data"
+    filter holds to the same where this Python has it: Python added it in 3.11.4, and Ubuntu
+    22.04's python3.11 (the image's) is a 3.11.0 build."""
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            target = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
+            leaves = os.path.isabs(member.name) or _up(os.path.normpath(member.name))
+            if member.issym():
+                leaves = leaves or os.path.isabs(member.linkname) or _up(target)
+            if leaves or not (member.isfile() or member.isdir() or member.issym()):
+                raise CodeError(
+                    f"code snapshot member {member.name}: leaves its folder or is no file, "
+                    "folder or link; run `pulumi up` again (it uploads the job's code)"
+                )
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)
+
+
+def _up(path: str) -> bool:
+    return path == ".." or path.startswith("../")
 
 
 def ready(
@@ -140,7 +230,14 @@ def ready(
     temp = root / f".{sha256}.{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     try:
-        fetch, install = _build(account_url, sha256, temp, wait)
+        try:
+            fetch, install = _build(account_url, sha256, temp, wait)
+        except OSError as err:  # the node's disk: full, read-only, a file in the way
+            raise CodeError(
+                f"{err.filename or temp}: cannot write the job's code on this node "
+                f"({err.strerror or err}); free or repair its disk, or keep the node out "
+                "(dt-jobs keep-out)"
+            ) from None
         shutil.rmtree(folder, ignore_errors=True)  # an unfinished one (no marker)
         try:
             os.rename(temp, folder)
@@ -166,7 +263,7 @@ def link(target: Path, at: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.code_folder", description=__doc__)
+    parser = OneLineParser(prog="python -m trainer.code_folder", description=__doc__)
     parser.add_argument("--account-url", required=True, help="the blob endpoint (https://)")
     parser.add_argument("--sha256", required=True, help="the snapshot's SHA-256")
     parser.add_argument("--link", required=True, type=Path, help="made to point at the folder")
@@ -175,13 +272,41 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sha256={args.sha256!r}: give the snapshot's 64 lowercase hex digits")
     wait = GrantWait(READER)
     try:
+        _check_node(args.account_url)
         root = cache_root()
-        root.mkdir(parents=True, exist_ok=True)
-        link(ready(args.account_url, args.sha256, root, wait), args.link)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CodeError(
+                f"{root}: cannot make the node's code cache there ({err.strerror}); free or "
+                "repair the node's disk, or keep the node out (dt-jobs keep-out)"
+            ) from None
+        folder = ready(args.account_url, args.sha256, root, wait)
+        try:
+            link(folder, args.link)
+        except OSError as err:
+            raise CodeError(
+                f"--link={args.link}: cannot link the code there ({err.strerror})"
+            ) from None
     except CodeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_node(account_url: str) -> None:
+    """What the job gives the preparation task: an https endpoint (a bearer token never goes
+    over plain http: the SDK refuses it) and the node identity's client id."""
+    if not account_url.startswith("https://"):
+        raise CodeError(
+            f"--account-url={account_url}: give the storage account's https:// blob endpoint "
+            "(the node sends its token over https alone)"
+        )
+    if not os.environ.get("AZURE_CLIENT_ID"):
+        raise CodeError(
+            "AZURE_CLIENT_ID is not set: the job gives its preparation task the client id of "
+            "the pool's identity, with which the node reads the code container"
+        )
 
 
 if __name__ == "__main__":

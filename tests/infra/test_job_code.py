@@ -6,6 +6,8 @@ changed folder replaces (the job, named as a code change in the preview; never t
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,7 @@ def test_a_code_folder_is_read_into_its_snapshot_when_the_settings_load():
         ("examples/nowhere", "jobs.mine.code='examples/nowhere': no such folder; give a folder"),
         ("..", "jobs.mine.code='..': outside the repository; give a folder inside it"),
         (3, "jobs.mine.code"),
+        ("", "jobs.mine.code='': empty, which would be the whole repository; give the folder"),
     ],
 )
 def test_bad_code_folders_are_one_line_naming_the_setting_and_the_fix(code, expected):
@@ -122,6 +125,46 @@ def test_a_missing_code_folder_stops_dt_plan_in_one_line_exit_2(tmp_path):
         "error: jobs.mine.code='team/nowhere': no such folder; give a folder of the repository"
     )
     assert result.stdout == ""
+
+
+def test_an_empty_code_stops_dt_plan_in_one_line_exit_2(tmp_path):
+    result = dt_plan_of_jobs(tmp_path, "      command: python -m trainer --help\n      code: ''\n")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: jobs.mine.code='': empty, which would be the whole ")
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def _team_repo(root: Path, link: str) -> Path:
+    """A repository whose folder team/ holds a script and a link to ``link``."""
+    (root / "team").mkdir(parents=True)
+    (root / "team" / "train.py").write_text("print('team')\n")
+    (root / "secret.txt").write_text("outside\n")
+    (root / "team" / "data").symlink_to(link)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "."], check=True)
+    return root
+
+
+@pytest.mark.parametrize("link", ["/etc", "../secret.txt"])
+def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
+    tmp_path, monkeypatch, capsys, link
+):
+    # dt-plan as it runs, in-process, on a repository of the test's own (infra.config.REPO).
+    from dt_commands.plan import main
+
+    monkeypatch.setattr("infra.config.REPO", _team_repo(tmp_path / "repo", link))
+    stack_file = tmp_path / "Pulumi.mine.yaml"
+    stack_file.write_text(
+        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
+        "      command: python train.py\n      code: team\n"
+    )
+    assert main(["--stack", "mine", "--stack-file", str(stack_file)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(
+        f"error: jobs.mine.code='team': its link data points at {link}, outside the folder"
+    )
+    assert "replace it by the file it points at, or move that into the folder" in err
 
 
 UPLOAD = "pulumi-python:dynamic:Resource"

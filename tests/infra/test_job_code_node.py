@@ -161,6 +161,7 @@ def test_the_command_links_the_folder_and_prints_one_line_on_failure(
 ):
     snap = _team_repo(tmp_path, None)
     code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    (tmp_path / "wd").mkdir()  # Batch makes each task's working folder
     monkeypatch.setenv("AZ_BATCH_TASK_WORKING_DIR", str(tmp_path / "wd"))
     monkeypatch.delenv("AZ_BATCH_NODE_SHARED_DIR", raising=False)  # the container lacks it
     args = ["--account-url", azurite_entra.blob_endpoint, "--sha256", snap.sha256]
