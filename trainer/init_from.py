@@ -210,9 +210,11 @@ def _read_folder(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]
             f"init_from={source}: an incomplete sharded checkpoint (no "
             f"{sharded_checkpoint.COMPLETE} marker: its save never finished); give a complete one"
         )
+    _check_metadata(source, path)
     # torch's own converter (format_utils.dcp_to_torch_save) reads a folder this way; it writes
     # the result to a file, where this keeps it in memory and reads the model's entries only.
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -229,12 +231,48 @@ def _read_folder(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]
     try:
         state = load({"model"})
         state = state["model"] if isinstance(state.get("model"), Mapping) else load(None)
-    except Exception as err:
+    # DCP wraps what failed in a CheckpointException, a BaseException (not an Exception) whose
+    # text is every rank's traceback: the first rank's own error is the one line to quote.
+    except (Exception, CheckpointException) as err:
         raise InitError(
-            f"init_from={source}: cannot read the sharded checkpoint ({type(err).__name__}: "
-            f"{first_line(err)})"
+            f"init_from={source}: cannot read its shards ({_dcp_cause(err)}); {_DAMAGED_FIX}"
         ) from None
     return _tensors(source, state), "sharded checkpoint"
+
+
+# What repairs a sharded checkpoint whose files torch cannot read.
+_DAMAGED_FIX = (
+    "the sharded checkpoint is damaged or incomplete: copy the folder again from where its run "
+    "saved it, or give another step-*.dcp folder"
+)
+
+
+def _check_metadata(source: str, path: Path) -> None:
+    """The folder's ``.metadata`` (DCP's index of every tensor's place in the shards) read
+    first: damaged, it fails deep inside DCP's load, which names neither the file nor the
+    folder."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as err:
+        problem = f"{type(err).__name__}: {first_line(err)}"
+    else:
+        if isinstance(metadata, Metadata):
+            return
+        problem = f"it holds a {type(metadata).__name__}, not DCP's Metadata"
+    raise InitError(f"init_from={source}: its .metadata cannot be read ({problem}); {_DAMAGED_FIX}")
+
+
+def _dcp_cause(err: BaseException) -> str:
+    """``err``'s type and first line; for DCP's CheckpointException, its first rank's error's."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, Mapping) and failures:
+        wrapped = next(iter(failures.values()))
+        if isinstance(wrapped, tuple) and wrapped and isinstance(wrapped[0], BaseException):
+            err = wrapped[0]
+    return f"{type(err).__name__}: {first_line(err)}"
 
 
 def _tensors(source: str, state: Any) -> dict[str, torch.Tensor]:

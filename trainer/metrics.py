@@ -30,7 +30,15 @@ class MetricsWriter:
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.tensorboard_dir = output_dir / "tensorboard"
         _quiet_event_writer_threads()
-        self._tb = SummaryWriter(str(self.tensorboard_dir))
+        try:
+            # The writer writes and flushes its first event as it is made, in its writer
+            # thread: a full disk there is an OSError naming no file (a run that resumes onto
+            # a full disk writes nothing before it).
+            with self._writing(self.tensorboard_dir):
+                self._tb = SummaryWriter(str(self.tensorboard_dir))
+        except OutputError:
+            self._file.close()
+            raise
 
     @staticmethod
     @contextmanager

@@ -704,7 +704,13 @@ def train(
     else starts from ``--init-from`` if given. ``plugins``: the team's checked plug-ins
     (``trainer.plugins.load``)."""
     run = _Run(cfg, dist, stop or StopRequest(), plugins)
-    run.resume()
-    result = run.train()
-    result.results = run.write_results(result)
+    try:
+        run.resume()
+        result = run.train()
+        result.results = run.write_results(result)
+    finally:
+        # Every engine's loader workers stop here, with the run: FSDP's ranks end without the
+        # interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops them
+        # with, and a worker and its forkserver keep each other alive once this process is gone.
+        run.loaders.stop_workers()
     return result

@@ -1,6 +1,7 @@
 """FSDP2 (``--backend fsdp``) in real multi-process runs on 127.0.0.1 with Gloo: sharded
 training, sharded checkpoints, resume on the same and on other numbers of ranks (DCP
-resharding), an incomplete checkpoint never loaded, and hybrid sharding on a 2-D mesh.
+resharding), an incomplete checkpoint never loaded, hybrid sharding on a 2-D mesh, and the
+README's run on token shards, whose DataLoader workers end with it.
 
 Ranks are started the way torchrun and ``trainer.launch`` start them: RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each process's environment, so a
@@ -287,3 +288,32 @@ def test_sigterm_while_checkpoints_are_written_in_the_background_ends_with_a_com
         sharded_checkpoint.checkpoint_path(checkpoints, stopped)
     )
     assert state["step"] == stopped
+
+
+def test_the_readmes_fsdp_run_on_token_shards_leaves_no_data_worker_behind(tmp_path, repo):
+    """The README's FSDP command as it stands (torchrun, gpt-tiny on ``prepare-text``'s token
+    shards, two ranks), each rank with DataLoader workers started from its forkserver. FSDP's
+    ranks end without the interpreter's teardown (``Dist.teardown_safe``): no loader worker and
+    no forkserver may outlive them (``no_leftover_processes`` checks every process of the run).
+    The output goes to a file: a leftover holding a pipe open would hang the test instead."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(2):
+        (corpus / f"doc{i}.txt").write_text("The quick brown fox. " * 200, encoding="utf-8")
+    tokens = tmp_path / "tokens"
+    prepare = [sys.executable, "-m", "trainer.data", "prepare-text", str(corpus), str(tokens)]
+    prepared = subprocess.run(prepare, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    config = lm_config(
+        tmp_path / "out", 2, data="tokens", data_dir=str(tokens), loader_workers=2, max_steps=4
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command = [*torchrun, "--nproc_per_node", "2", "-m", "trainer", *to_flags(config)]
+    log = tmp_path / "torchrun.log"
+    with log.open("w") as output:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        ran = subprocess.run(
+            command, cwd=repo, env=env, stdout=output, stderr=subprocess.STDOUT, timeout=300
+        )
+    assert ran.returncode == 0, log.read_text()[-4000:]
+    assert "done: step 4" in log.read_text()

@@ -5,6 +5,8 @@ source is one line, exit 2 (an environment fault exit 1), with nothing written."
 
 from __future__ import annotations
 
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +142,42 @@ def test_a_bad_source_is_one_line_exit_2_and_nothing_written(source, tmp_path, n
     output = tmp_path / "run"
     done = _trainer(base_config(output, backend="local", init_from=str(source["folder"] / name)))
     _one_line_exit(done, 2, expected)
+    assert not output.exists()
+
+
+def _truncated(data: bytes) -> bytes | None:
+    return data[: len(data) // 2]
+
+
+# A damaged copy of a sharded checkpoint: its file, what happened to it (None: removed), and
+# what the one line must say of it besides the folder.
+DAMAGED = {
+    "truncated metadata": (".metadata", _truncated, "its .metadata cannot be read (Unpickling"),
+    "garbage metadata": (".metadata", lambda data: b"x" * len(data), "its .metadata cannot be"),
+    "empty metadata": (".metadata", lambda data: b"", "its .metadata cannot be read"),
+    "metadata of something else": (".metadata", lambda data: pickle.dumps({"a": 1}), "dict"),
+    "missing shard": ("__0_0.distcp", lambda data: None, "__0_0.distcp"),
+    "truncated shard": ("__0_0.distcp", _truncated, "cannot read its shards"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_sharded_checkpoint_is_one_line_exit_2_and_nothing_written(
+    source, tmp_path, damage
+):
+    """torch reports a folder it cannot read with a CheckpointException, which is no
+    ``Exception`` (a BaseException carrying each rank's traceback): one line all the same."""
+    folder = tmp_path / "step-000000002.dcp"
+    shutil.copytree(source["folder"] / "step-000000002.dcp", folder)
+    name, change, expected = DAMAGED[damage]
+    data = change((folder / name).read_bytes())
+    if data is None:
+        (folder / name).unlink()
+    else:
+        (folder / name).write_bytes(data)
+    output = tmp_path / "run"
+    done = _trainer(base_config(output, backend="local", init_from=str(folder)))
+    _one_line_exit(done, 2, f"init_from={folder}: ", expected, "copy the folder again")
     assert not output.exists()
 
 

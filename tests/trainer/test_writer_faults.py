@@ -5,6 +5,7 @@ complete output."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -13,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import tiny_config
 from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
 from trainer import checkpoint, results
 from trainer.checkpoint import CheckpointError
+from trainer.cli import to_flags
 from trainer.data.__main__ import main as data_main
 from trainer.files import OutputError
 from trainer.metrics import MetricsWriter
@@ -124,6 +127,78 @@ def test_results_in_a_faulty_folder_are_one_line_and_never_pass_for_complete(tmp
         assert str(out) in message, message
         assert not results.is_complete(out / "results")
         assert leftovers(out) == []
+
+
+def test_a_tensorboard_folder_that_cannot_take_its_first_event_is_one_line(tmp_path):
+    """TensorBoard writes and flushes its first event as its writer is made, in its writer
+    thread, which hands the write's error (no file name) to the constructor."""
+    with faulty_output(tmp_path, "full", room=0) as out:
+        with pytest.raises(OutputError) as failure:
+            MetricsWriter(out / "run")
+        message = str(failure.value)
+        assert message.startswith(f"cannot write {out / 'run' / 'tensorboard'}: "), message
+        assert "No space left on device" in message and "free space" in message
+
+
+def test_a_run_resumed_onto_a_full_disk_stops_in_one_line_and_keeps_its_checkpoint(tmp_path):
+    """The run reads its checkpoint from the full disk, then TensorBoard's first event is the
+    first write: one line naming the folder and the fix, exit 1 (an environment fault), and the
+    checkpoint is still there to resume from once there is room."""
+    repo = Path(__file__).resolve().parents[2]
+    with tmpfs(tmp_path / "disk", size="16m") as disk:
+        out = disk / "run"
+        command = [sys.executable, "-m", "trainer"]
+        command += to_flags(tiny_config(out, backend="local", run_steps=2))
+
+        def trainer() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
+
+        first = trainer()
+        assert first.returncode == 0, first.stderr[-3000:]
+        saved = checkpoint.list_checkpoints(out / "checkpoints")
+        assert [step for step, _ in saved] == [2]
+        fill(disk, room=0)
+        resumed = trainer()
+        assert resumed.returncode == 1, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+        assert "Traceback" not in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
+        errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
+        assert errors == [resumed.stderr.strip().splitlines()[-1]], resumed.stderr[-3000:]
+        assert errors[0].startswith(f"error: cannot write {out / 'tensorboard'}: No space left")
+        assert "free space" in errors[0]
+        assert checkpoint.list_checkpoints(out / "checkpoints") == saved
+        found = checkpoint.load_latest(out / "checkpoints")
+        assert found is not None and found[1]["step"] == 2
+
+
+def test_a_tensorboard_disk_filling_up_mid_run_stops_the_run_with_its_last_checkpoint(tmp_path):
+    """TensorBoard's folder on a disk of its own that fills up while the run trains: its writer
+    thread meets the full disk, the run notices at its next record and stops there in one line,
+    exit 1, its checkpoints (on another disk) complete."""
+    out = tmp_path / "run"
+    with tmpfs(out / "tensorboard", size="1m") as events:
+        fill(events, room=4 * 1024)  # the first events fit, a few steps' more do not
+        config = tiny_config(
+            out, backend="local", synthetic_size=640, epochs=1, log_every=1, checkpoint_every=2
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "trainer", *to_flags(config)],
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert [line for line in done.stderr.splitlines() if line.startswith("error: ")] == [last]
+    assert last.startswith(f"error: cannot write {out / 'tensorboard'}: No space left"), last
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # The step whose TensorBoard record failed (its metrics.jsonl line was written first).
+    stopped = max(r["step"] for r in records if r["kind"] == "train")
+    assert 2 <= stopped < 640 // 8, "the run stopped part-way"
+    found = checkpoint.load_latest(out / "checkpoints")
+    assert found is not None  # the newest, complete and verified: what a rerun resumes from
+    assert found[1]["step"] % 2 == 0 and 0 <= stopped - found[1]["step"] <= 2, stopped
 
 
 # Run as its own process: pytest replaces threading.excepthook while a test runs, so only a

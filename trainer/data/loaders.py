@@ -45,6 +45,7 @@ class Loader(Protocol):
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def stop_workers(self) -> None: ...
 
 
 @dataclass
@@ -56,6 +57,12 @@ class Loaders:
     vocab_size: int | None = None
     # Images that did not decode: the --on-bad-image policy and this rank's count of skipped.
     bad_images: BadImages = field(default_factory=BadImages)
+
+    def stop_workers(self) -> None:
+        """Stop both loaders' worker processes: the run is over (``trainer.run.train``)."""
+        for loader in (self.train, self.val):
+            if loader is not None:
+                loader.stop_workers()
 
 
 def _one_line_errors(loader: DataLoader) -> Iterator[Any]:
@@ -114,9 +121,11 @@ class DeviceLoader:
             raise
 
     def stop_workers(self) -> None:
-        """Stop the loader's worker processes now. Bad data ends the run, and at interpreter
-        exit torch leaves persistent workers to notice on their own that their parent is gone
-        (its watchdog polls every 5 s): they would outlive the run that failed."""
+        """Stop the loader's worker processes now (a later iteration starts new ones). Their
+        parent is the forkserver, not this process, and each keeps the server running (it holds
+        the server's liveness pipe), so torch's watchdog in a worker waits for a parent that
+        never goes. Only this call or torch's atexit hook (which ``os._exit`` skips) stops
+        them: bad data and the end of every run call it (``Loaders.stop_workers``)."""
         iterator, self.loader._iterator = self.loader._iterator, None  # the persistent one
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:

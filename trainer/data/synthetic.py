@@ -38,6 +38,9 @@ class SyntheticLoader:
     def __len__(self) -> int:
         return len(self.sampler) // self.sampler.batch_size
 
+    def stop_workers(self) -> None:
+        """No worker processes: the batches are made on the device."""
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices = torch.tensor(self.sampler.rank_indices(), dtype=torch.long)
         indices = (indices % self.images.shape[0]).to(self.device)
