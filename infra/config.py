@@ -26,7 +26,7 @@ from infra.ip_rules import ip_rule_problem
 from infra.naming import PROJECT, default_tags, tag_problem
 from infra.runnable import missing, what_runs
 from infra.schema import declared, notes_of, render_block, schema_of, setting, with_block
-from infra.sizes import CPU_ACCEPTANCE, RETIRED, SUPPORTED, GpuSize, size_of
+from infra.sizes import CPU_ACCEPTANCE, NOT_YET, RETIRED, SUPPORTED, GpuSize, size_of
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
@@ -473,11 +473,9 @@ class StackSettings:
                 f"team={self.team!r}: use 2-12 lowercase letters and digits, starting with a "
                 "letter (it becomes part of storage account names)"
             )
-        if cluster.vm_size in RETIRED:
-            raise ConfigError(
-                f"vmSize={cluster.vm_size}: {RETIRED[cluster.vm_size]}; "
-                f"use one of {', '.join(SUPPORTED)}"
-            )
+        if cluster.vm_size in RETIRED or cluster.vm_size in NOT_YET:
+            why = RETIRED.get(cluster.vm_size) or NOT_YET[cluster.vm_size]
+            raise ConfigError(f"vmSize={cluster.vm_size}: {why}; use one of {', '.join(SUPPORTED)}")
         self._check_acceptance()
         if cluster.vm_size not in SUPPORTED and not self._cpu_acceptance:
             raise ConfigError(

@@ -77,6 +77,32 @@ RETIRED: dict[str, str] = {
     "(azhpc-images #406)",
 }
 
+# InfiniBand GPU sizes Azure offers that this project cannot run yet: why, and what it would take
+# (docs/internals.md, infra/sizes.py). Read 2026-11-28.
+_GRACE = (
+    "{family} hosts are Arm64 (NVIDIA Grace CPUs, 4 GPUs each: {doc}) while the trainer image and "
+    "its Horovod are built for amd64, and Batch documents no node agent for their HPC image "
+    "(microsoft-dsvm ubuntu-hpc 2404-gb: azhpc-images #603; Batch's Arm64 pools are the "
+    "Cobalt-100 sizes, Azure/Batch #185); supporting it takes an arm64 image build, that "
+    "image in Batch, and the size's GPUs and bandwidth floors in the launcher's table"
+)
+NOT_YET: dict[str, str] = {
+    "Standard_ND128isr_NDR_GB200_v6": _GRACE.format(
+        family="ND GB200 v6", doc="nd-gb200-v6-series-summary.md"
+    ),
+    "Standard_ND128isr_GB300_v6": _GRACE.format(family="ND GB300 v6", doc="nd-gb300-v6-series.md"),
+    "Standard_ND128isrG5_GB300_v6": _GRACE.format(
+        family="ND GB300 v6", doc="nd-gb300-v6-series.md"
+    ),
+    "Standard_ND96isr_MI300X_v5": (
+        "ND MI300X v5 has AMD GPUs, which run ROCm and RCCL (ndmi300xv5-series-summary.md) while "
+        "the image's torch and Horovod are CUDA and NCCL builds and the start task checks NVIDIA "
+        "drivers; supporting it takes a ROCm image (torch's ROCm wheels, Horovod on RCCL), a "
+        "start task that checks the AMD driver, and the ubuntu-hpc 2204-rocm image in Batch, "
+        "which Batch does not document"
+    ),
+}
+
 # The GPU tables' regions, which offer the general-purpose Dsv5 family too: a location that fits
 # the GPU acceptance profile fits the CPU one.
 CPU_ACCEPTANCE: dict[str, GpuSize] = {

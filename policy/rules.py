@@ -26,7 +26,7 @@ from pulumi_policy import (
 from infra import cost
 from infra.ip_rules import ip_rule_problem
 from infra.naming import REQUIRED_TAGS, TAGGABLE, tag_problem
-from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
+from infra.sizes import CPU_ACCEPTANCE, NOT_YET, SUPPORTED
 
 POOL = "azure-native:batch:Pool"
 STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
@@ -147,10 +147,8 @@ def _pool_infiniband(args: ResourceValidationArgs, report: ReportViolation) -> N
     # declared as such on the pool; any other pool on it is refused like any non-InfiniBand size.
     cpu_acceptance = size in CPU_ACCEPTANCE and _metadata(args.props).get("acceptance") == "cpu"
     if size not in SUPPORTED and not cpu_acceptance:
-        report(
-            f"vmSize={size!r} is not an InfiniBand GPU size; use one of {', '.join(SUPPORTED)}",
-            None,
-        )
+        why = NOT_YET.get(str(size), "not an InfiniBand GPU size this program supports")
+        report(f"vmSize={size!r}: {why}; use one of {', '.join(SUPPORTED)}", None)
     if args.props.get("interNodeCommunication") != "Enabled":
         report("interNodeCommunication must be Enabled for multi-node training", None)
 

@@ -218,6 +218,13 @@ CASES = [
         "pool-infiniband-size",
         "azure-native:batch:Pool",
         POOL,
+        changed(POOL, ["vmSize"], "Standard_ND96isr_MI300X_v5"),
+        "AMD GPUs, which run ROCm",
+    ),
+    (
+        "pool-infiniband-size",
+        "azure-native:batch:Pool",
+        POOL,
         changed(POOL, ["interNodeCommunication"], "Disabled"),
         "interNodeCommunication",
     ),
