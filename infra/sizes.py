@@ -17,9 +17,9 @@ class BatchImage:
     sku: str
     node_agent_sku_id: str
     # The Azure HPC images are built on a 64 GB OS disk (Azure/azhpc-images packer/source.pkr.hcl,
-    # os_disk_size_gb = 64); a pool's osDisk.diskSizeGB may grow it, never shrink it. Their
-    # drivers, CUDA, MPI and tools fill about 45 GB of it (reported; not measured here), and
-    # Docker's data root, where the trainer image lands, is on the same disk.
+    # os_disk_size_gb = 64, read 2026-11-28); a pool's osDisk.diskSizeGB may grow it, never shrink
+    # it. Their drivers, CUDA, MPI and tools fill about 45 GB of it (reported; not measured here),
+    # and Docker's data root, where the trainer image lands, is on the same disk.
     os_disk_gb: int = 64
     os_used_gb: int = 45
 
@@ -45,6 +45,11 @@ class GpuSize:
         return SIZES[self.name].gpus
 
 
+# Regions: where this project has tested or planned capacity. Azure lists where each family is
+# offered only on its "Products available by region" page; that page, and any region list in the
+# ND H100 v5, ND H200 v5, ND A100 v4 or NDm A100 v4 size pages (articles/virtual-machines/sizes),
+# were not found in the docs as of 2026-11-28, so no region below is confirmed by Azure: check
+# `az vm list-skus --size <name> --location <region>` before relying on one.
 _H100_REGIONS = frozenset(
     {"eastus", "eastus2", "southcentralus", "westus3", "westeurope", "swedencentral", "uksouth"}
 )
@@ -68,6 +73,8 @@ SUPPORTED: dict[str, GpuSize] = {
     )
 }
 
+# NCv3's retirement date and NDv2's driver break (Azure/azhpc-images #406) as recorded when these
+# entries were written; not re-checked in the docs as of 2026-11-28.
 RETIRED: dict[str, str] = {
     "Standard_NC24rs_v3": "NCv3 (V100) was retired on 2025-09-30",
     "Standard_NC24rs_v2": "NCv2 (P100) is retired",
