@@ -1,5 +1,8 @@
-"""Preflight: before training, measure allreduce bus bandwidth across all workers and stop with
-a message naming the slowest node when it is below the floor for the VM size.
+"""The trainer's own preflight (``--preflight-min-busbw``): before training, one allreduce of the
+whole job's workers, timed, and a stop when its bus bandwidth is below the floor. It measures the
+world's ring as training uses it; it cannot tell which node is slow (every rank of a collective
+waits for the slowest). The launcher's preflight names that node: it times each node's own GPUs
+and the nodes in pairs before any worker starts (``trainer.launch.preflight``).
 
 Bus bandwidth follows nccl-tests: algorithm bandwidth (bytes / time) times 2(n-1)/n, the
 traffic each link carries in a ring allreduce, so the figure compares across worker counts.
@@ -7,8 +10,6 @@ traffic each link carries in a ring allreduce, so the figure compares across wor
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from dataclasses import dataclass
 
@@ -20,19 +21,13 @@ ITERATIONS = 5
 
 
 class PreflightError(RuntimeError):
-    """The fabric is too slow to train on; the message names the node."""
+    """The fabric is too slow to train on; the message says where to look."""
 
 
 @dataclass(frozen=True)
 class Bandwidth:
     busbw_gbps: float
     seconds_per_allreduce: float
-    slowest_node: str
-    slowest_rank: int
-
-
-def node_name() -> str:
-    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
 
 
 def measure(dist: Dist, device: torch.device, megabytes: int) -> Bandwidth:
@@ -48,10 +43,9 @@ def measure(dist: Dist, device: torch.device, megabytes: int) -> Bandwidth:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     mine = (time.perf_counter() - started) / ITERATIONS
-    reports = dist.allgather_object((mine, node_name(), dist.rank))
-    seconds, node, rank = max(reports)
+    seconds = max(dist.allgather_object(mine))
     bus_bytes = tensor.numel() * 4 * 2 * (dist.size - 1) / dist.size
-    return Bandwidth(bus_bytes / seconds / 1e9, seconds, node, rank)
+    return Bandwidth(bus_bytes / seconds / 1e9, seconds)
 
 
 def check(dist: Dist, device: torch.device, min_busbw_gbps: float) -> Bandwidth | None:
@@ -62,9 +56,10 @@ def check(dist: Dist, device: torch.device, min_busbw_gbps: float) -> Bandwidth 
     if result.busbw_gbps < min_busbw_gbps:
         raise PreflightError(
             f"preflight: allreduce bus bandwidth {result.busbw_gbps:.2f} GB/s over "
-            f"{dist.size} workers is below the {min_busbw_gbps:g} GB/s floor; slowest: node "
-            f"{result.slowest_node} (rank {result.slowest_rank}, "
-            f"{result.seconds_per_allreduce * 1e3:.1f} ms per allreduce): check its InfiniBand "
-            f"links and GPUs, or replace the node"
+            f"{dist.size} workers is below the {min_busbw_gbps:g} GB/s floor "
+            f"({result.seconds_per_allreduce * 1e3:.1f} ms per allreduce): a collective cannot "
+            "tell which node held it up; the launcher's preflight (on GPU sizes, or "
+            "--preflight on) times each node and each pair of nodes and names a slow one "
+            "(docs/jobs.md, A node that fails)"
         )
     return result

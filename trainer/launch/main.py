@@ -1,6 +1,7 @@
 """``python -m trainer.launch [options] -- COMMAND...``: the Batch multi-instance task on every
 node. Wiring only: the options (``options``), then the node's place (``batch_env``), the
-meeting of the nodes (``rendezvous``, ``store``), the workers (``workers``), Scheduled Events
+meeting of the nodes (``rendezvous``, ``store``), the fabric's check before the workers start, for
+every job kind (``preflight``), the workers (``workers``), Scheduled Events
 (``eviction``) and the records (``records``). The engine (``--backend``) and the run folder
 (``--run-dir``) are given here by the job (``infra/batch.py``); the worker command runs as
 given. How the launcher runs on Batch, and why: docs/deploy.md.
@@ -8,6 +9,7 @@ given. How the launcher runs on Batch, and why: docs/deploy.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -28,7 +30,9 @@ from trainer.launch.fabric import (
     workers_per_node,
 )
 from trainer.launch.node_check import check_node, wait_for_restart
-from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser
+from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser, code_dir_fault
+from trainer.launch.preflight import MODES as PREFLIGHT_MODES
+from trainer.launch.preflight import Preflight, run_preflight, wanted
 from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunLog, RunRecords, check_writable
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
 from trainer.launch.stop import STOP
@@ -65,6 +69,7 @@ class _Plan:
     node: Node
     torch_port: int | None
     records: RunRecords | None
+    preflight: Preflight | None = None  # None: no preflight on this launch
 
 
 def _plan(args, env: dict[str, str]) -> _Plan:
@@ -96,7 +101,19 @@ def _plan(args, env: dict[str, str]) -> _Plan:
     if args.run_dir is not None:
         check_writable(args.run_dir)
     records = RunRecords(args.run_dir) if args.run_dir is not None else None
-    return _Plan(engine, slots, node, torch_port, records)
+    return _Plan(engine, slots, node, torch_port, records, _preflight(args, node, slots, env))
+
+
+def _preflight(args, node: Node, slots: int, env: dict[str, str]) -> Preflight | None:
+    """This launch's preflight, whatever the job runs; None when it runs none. Its probes meet
+    on torch's store port (free until the workers start)."""
+    if args.preflight not in PREFLIGHT_MODES:  # DT_PREFLIGHT, the option's default
+        raise LaunchError(
+            f"DT_PREFLIGHT={args.preflight}: expected one of {', '.join(PREFLIGHT_MODES)}"
+        )
+    if not wanted(args.preflight, args.vm_size, len(node.hosts), slots):
+        return None
+    return Preflight(node, slots, torch_master_port(node.port, env), args.vm_size)
 
 
 def _serve(plan: _Plan, log: RunLog) -> tuple[str | None, Callable[[], None] | None]:
@@ -148,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             return RunRecords(args.run_dir).report(env, sys.stdout)
         except LaunchError as err:
             fail(str(err), 1)
+    if (fault := code_dir_fault(args.code_dir, env)) is not None:
+        fail(fault, 1)
     try:
         plan = _plan(args, env)
     except (LaunchError, ValueError) as err:
@@ -189,6 +208,12 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
         paths = [str(cwd), str(args.code_dir / "site"), base.get("PYTHONPATH", "")]
         base["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     envs = worker_envs(plan.engine, node, plan.slots, base, plan.torch_port, token=store.token)
+    checked = run_preflight(plan.preflight, base, log) if plan.preflight else None
+    if checked is not None:
+        if not checked.interrupted:  # the other nodes' workers, if any started, stop too
+            with contextlib.suppress(OSError):
+                store.put("failed", checked.reason)
+        return ending.finish(checked, args.defer_exit_code, wait_for_others=False)
     if STOP.requested:
         # Nothing to checkpoint yet: the newest checkpoint stays the run's. The master does not
         # wait for the others (they were stopped too; none needs its store any more).

@@ -3,6 +3,7 @@ engine, the run folder, the VM size), and the flags only a job's own command get
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from trainer.blob_folder import BlobFolder
@@ -10,6 +11,7 @@ from trainer.cli import OneLineParser, int_in
 from trainer.config import DEFAULTS
 from trainer.launch.batch_env import DEFAULT_PORT
 from trainer.launch.fabric import MAX_WORKERS_PER_NODE
+from trainer.launch.preflight import MODES as PREFLIGHT_MODES
 
 # How often the master copies a job's own command's metrics (the trainer's default period).
 SCRIPT_UPLOAD_MINUTES = DEFAULTS.metrics_upload_minutes
@@ -44,6 +46,7 @@ def build_parser() -> OneLineParser:
         help="default: the VM size's GPUs, else visible GPUs or 1",
     )
     parser.add_argument("--node-ip", help="this node's address in AZ_BATCH_HOST_LIST")
+    _add_preflight_flag(parser)
     parser.add_argument(
         "--port",
         type=int_in(1, 65535),
@@ -74,6 +77,17 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _add_preflight_flag(parser: OneLineParser) -> None:
+    parser.add_argument(
+        "--preflight",
+        choices=PREFLIGHT_MODES,
+        default=os.environ.get("DT_PREFLIGHT") or "auto",
+        help="before the workers start, time allreduces within each node and between pairs of "
+        "nodes and fail naming a slow node's Batch id (docs/jobs.md, A node that fails); auto: "
+        "on a GPU size; on: also on CPU nodes. Default: $DT_PREFLIGHT, else auto",
+    )
+
+
 def _add_script_flags(parser: OneLineParser) -> None:
     """The flags only a job's own command (not the trainer) gets."""
     parser.add_argument(
@@ -89,4 +103,22 @@ def _add_script_flags(parser: OneLineParser) -> None:
         help="a job's own command (the trainer uploads its own): the master node copies "
         "<run-dir>/metrics.jsonl and <run-dir>/tensorboard/ to this Blob folder every "
         f"{SCRIPT_UPLOAD_MINUTES:g} min and when the workers end",
+    )
+
+
+def code_dir_fault(code_dir: Path | None, env: dict[str, str]) -> str | None:
+    """Why ``--code-dir`` is not a code folder made ready on this node (a node's fault: the job
+    preparation task did not make it), or None. Checked before anything starts."""
+    if code_dir is None or (code_dir / "src").is_dir():
+        return None
+    prep = env.get("AZ_BATCH_JOB_PREP_WORKING_DIR")
+    return (
+        f"--code-dir={code_dir}: no such folder with src/ in it, which the job preparation "
+        "task (python -m trainer.code_folder) makes on each node before the job's task: read "
+        "its stderr.txt on this node (dt-jobs status names a failed one); "
+        + (
+            f"AZ_BATCH_JOB_PREP_WORKING_DIR={prep}"
+            if prep
+            else "AZ_BATCH_JOB_PREP_WORKING_DIR is not set"
+        )
     )

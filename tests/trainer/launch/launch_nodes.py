@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,12 +26,14 @@ def held_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def batch_env(index: int, batch_port: int, rendezvous_port: int) -> dict[str, str]:
+def batch_env(
+    index: int, batch_port: int, rendezvous_port: int, hosts: tuple[str, ...] = HOSTS
+) -> dict[str, str]:
     """Node ``index``'s multi-instance task variables (MASTER_PORT: a free port, so parallel
     test runs on one machine do not share 6105)."""
     return {
-        "AZ_BATCH_HOST_LIST": ",".join(HOSTS),
-        "AZ_BATCH_MASTER_NODE": f"{HOSTS[0]}:{batch_port}",
+        "AZ_BATCH_HOST_LIST": ",".join(hosts),
+        "AZ_BATCH_MASTER_NODE": f"{hosts[0]}:{batch_port}",
         "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true" if index == 0 else "false",
         "AZ_BATCH_JOB_ID": JOB_ID,
         "MASTER_PORT": str(rendezvous_port),
@@ -46,21 +48,25 @@ def start_nodes(
     backend: str = "horovod",
     batch_port: int | None = None,
     node_env: tuple[dict[str, str], ...] = ({}, {}),
+    hosts: tuple[str, ...] = HOSTS,
+    prefix: Callable[[int], list[str]] = lambda index: [],
 ) -> list[subprocess.Popen]:
     """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
     them (the worker command's own are not read); ``batch_port``: the port in
     AZ_BATCH_MASTER_NODE (default: some free port); ``node_env``: more variables for each
-    node."""
+    node; ``hosts``: the nodes' addresses; ``prefix(index)``: what runs node ``index``'s
+    launcher (``ip netns exec NS``: a node in a network namespace of its own)."""
     given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
     batch_port = batch_port or free_port()
     port = free_port(consecutive=2)  # torch.distributed's store takes the next one
     processes = []
-    for index, host in enumerate(HOSTS):
-        env = {**os.environ, **batch_env(index, batch_port, port), **node_env[index]}
+    for index, host in enumerate(hosts):
+        env = {**os.environ, **batch_env(index, batch_port, port, hosts), **node_env[index]}
         log = open(logs / f"node{index}.log", "w")  # noqa: SIM115  # closed with the process
         processes.append(
             subprocess.Popen(
                 [
+                    *prefix(index),
                     sys.executable,
                     "-m",
                     "trainer.launch",
@@ -82,10 +88,10 @@ def start_nodes(
 
 
 def report(
-    run_dir: Path, worker_command: list[str] | None = None
+    run_dir: Path, worker_command: list[str] | None = None, hosts: tuple[str, ...] = HOSTS
 ) -> subprocess.CompletedProcess[str]:
     """The application command on the primary: ``trainer.launch --report``."""
-    env = {**os.environ, **batch_env(0, free_port(), free_port())}
+    env = {**os.environ, **batch_env(0, free_port(), free_port(), hosts)}
     worker = worker_command or trainer_command(run_dir)
     return subprocess.run(
         [
