@@ -35,7 +35,7 @@ NFS_CACHE_SECONDS = 60
 # A failed attempt's summary ends with what an operator can do about the node it names, unless a
 # node failed its own checks and keeps itself out (trainer.launch.node_check); the nodes hold
 # no right over their pool (docs/jobs.md, A node that fails).
-KEEP_OUT_HINT = "to keep a sick node out of the next tries: dt-jobs keep-out NODE_ID"
+KEEP_OUT_HINT = "to keep a sick node out of the next tries: dt-jobs keep-out --stack NAME NODE_ID"
 
 _T = TypeVar("_T")
 
