@@ -19,6 +19,7 @@ import yaml
 
 from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from infra import api_versions, cost, prices, toolchain
+from infra.batch import NVME_ROOT
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.storage import SOFT_DELETE_DAYS
 from trainer.cli import OneLineParser, int_in
@@ -251,7 +252,8 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
 
 def disk_lines(s: StackSettings) -> list[str]:
     """The node's OS disk against what it must hold: the HPC image and the trainer image, which
-    Docker unpacks onto it (its compressed layers beside it while pulling)."""
+    Docker unpacks onto it (its compressed layers beside it while pulling); and where the
+    nodes stage datasets and keep job code (infra.batch: the NVMe array, or the temp disk)."""
     image = s.cluster.gpu.image
     trainer = toolchain.image_unpacked_gb()
     pulling = trainer * (1 + toolchain.PULL_OVERHEAD)
@@ -267,6 +269,22 @@ def disk_lines(s: StackSettings) -> list[str]:
         f"  the HPC image uses about {image.os_used_gb} GB of its own {image.os_disk_gb} GB",
         f"  the trainer image is about {trainer:g} GB unpacked (GB: {parts}), about "
         f"{pulling:.1f} GB while it is pulled",
+        *_staging_lines(s.cluster.gpu),
+    ]
+
+
+def _staging_lines(size: Any) -> list[str]:
+    """Where a node of ``size`` (an infra.sizes.GpuSize) stages datasets, and how much room."""
+    if size.nvme_disks:
+        return [
+            f"Datasets and job code: staged on the local NVMe array at {NVME_ROOT} "
+            f"({size.nvme_disks} disks, {size.nvme_gib} GiB), which the start task assembles; "
+            "kept for the node's later jobs, lost when the node is preempted, redeployed or "
+            "removed"
+        ]
+    return [
+        f"Datasets and job code: staged on the temporary disk ({size.name} has no local NVMe "
+        "array); a dataset in the job preparation's folder, removed with the job"
     ]
 
 

@@ -57,7 +57,8 @@ CPU_CONTAINER_RUN_OPTIONS = (
     "--network host --ipc host --shm-size 2g --ulimit memlock=-1 --ulimit stack=67108864"
 )
 NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
-# Where a job's dataset is staged on each node: the job preparation task's working directory,
+# Where a job's dataset is staged on each node of a size without local NVMe disks (NVME_ROOT
+# below on one): the job preparation task's working directory,
 # on the node's local disk, named by the two variables Batch sets for it
 # (batch-compute-node-environment-variables.md): AZ_BATCH_TASK_WORKING_DIR in the preparation
 # task itself, AZ_BATCH_JOB_PREP_WORKING_DIR in the job's other tasks. Each container mounts
@@ -74,6 +75,16 @@ DATASET_ROOT = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets"
 # working directory; the job's task finds the link under the JobPrep mount.
 CODE_LINK = "${AZ_BATCH_TASK_WORKING_DIR}/code"
 CODE_DIR = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/code"
+# On a size with local NVMe disks (infra.sizes nvme_disks) the pool's start task assembles them
+# into one RAID0 array and mounts it here (infra/node_checks.py), where the HPC image's own
+# nvme-raid unit would (Azure/azhpc-images customizations/setup_nvme.sh, read 2026-11-28:
+# /dev/md128, XFS, /mnt/resource_nvme; written but never enabled on the ND images). Datasets
+# are staged under NVME_ROOT/datasets/<prefix> and code snapshots kept under NVME_ROOT/code,
+# for every job on the node: staging is a sync (trainer.data.transfer.stage), so the next job
+# of the same dataset copies nothing. Containers see only Batch's own folders and what the run
+# options bind, so the job's containers bind the mount point there (container_run_options).
+NVME_ROOT = "/mnt/resource_nvme"
+NVME_DEVICE = "/dev/md128"
 
 
 def endpoint_url(endpoint: str) -> str:
@@ -363,14 +374,34 @@ def _in_bash(command: str) -> str:
     return f"/bin/bash -c {shlex.quote('exec ' + command)}"
 
 
+def has_nvme(vm_size: str) -> bool:
+    """Whether the size's nodes stage on the local NVMe array (NVME_ROOT); a size this version
+    does not know (an older stack's) stages on the temporary disk, as before."""
+    try:
+        return size_of(vm_size).nvme_disks > 0
+    except KeyError:
+        return False
+
+
 def container_run_options(vm_size: str) -> str:
-    """The InfiniBand options on an IB size, none of them on a size without InfiniBand ports.
-    A size this version does not know (an older stack's) keeps the InfiniBand options."""
+    """The InfiniBand options on an IB size, none of them on a size without InfiniBand ports,
+    and the NVMe array's mount point on a size that has one. A size this version does not know
+    (an older stack's) keeps the InfiniBand options."""
     try:
         ib_ports = size_of(vm_size).ib_ports
     except KeyError:
         return CONTAINER_RUN_OPTIONS
-    return CONTAINER_RUN_OPTIONS if ib_ports else CPU_CONTAINER_RUN_OPTIONS
+    options = CONTAINER_RUN_OPTIONS if ib_ports else CPU_CONTAINER_RUN_OPTIONS
+    return f"{options} -v {NVME_ROOT}:{NVME_ROOT}" if has_nvme(vm_size) else options
+
+
+def dataset_folder(spec: JobSpec, *, in_preparation: bool) -> str:
+    """Where the job's dataset is staged on each node: the NVMe array's datasets folder, or the
+    preparation task's working folder as the preparation itself (STAGE_ROOT) or the job's task
+    (DATASET_ROOT) names it."""
+    if has_nvme(spec.vm_size):
+        return f"{NVME_ROOT}/datasets/{spec.dataset_prefix}"
+    return f"{STAGE_ROOT if in_preparation else DATASET_ROOT}/{spec.dataset_prefix}"
 
 
 def _container(spec: JobSpec):
@@ -415,7 +446,7 @@ def job_set(spec: JobSpec) -> JobSet:
         outputs_url=spec.outputs_url,
         vm_size=spec.vm_size,
         checkpoint_mirror_url=spec.checkpoint_mirror_url,
-        dataset_dir=f"{DATASET_ROOT}/{spec.dataset_prefix}" if spec.dataset_prefix else "",
+        dataset_dir=dataset_folder(spec, in_preparation=False) if spec.dataset_prefix else "",
     )
 
 
@@ -450,12 +481,14 @@ def stage_command(spec: JobSpec) -> list[str]:
         "--prefix",
         spec.dataset_prefix,
         "--dest",
-        f"{STAGE_ROOT}/{spec.dataset_prefix}",
+        dataset_folder(spec, in_preparation=True),
     ]
 
 
 def code_command(spec: JobSpec) -> list[str]:
-    """``trainer.code_folder``: the job's code snapshot ready on the node, linked at CODE_LINK."""
+    """``trainer.code_folder``: the job's code snapshot ready on the node, linked at CODE_LINK;
+    kept on the NVMe array where the size has one."""
+    cache = ["--cache-root", f"{NVME_ROOT}/code"] if has_nvme(spec.vm_size) else []
     return [
         "python",
         "-m",
@@ -466,6 +499,7 @@ def code_command(spec: JobSpec) -> list[str]:
         spec.code_sha256,
         "--link",
         CODE_LINK,
+        *cache,
     ]
 
 

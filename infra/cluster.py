@@ -164,7 +164,7 @@ class GpuCluster(pulumi.ComponentResource):
             scale_settings=scale_settings(cluster),
             metadata=_pool_metadata(cluster, args.acceptance_profile),
             start_task=batch.StartTaskArgs(
-                command_line=node_check_command(size.gpus, size.ib_ports),
+                command_line=node_check_command(size.gpus, size.ib_ports, size.nvme_disks),
                 user_identity=batch.UserIdentityArgs(
                     auto_user=batch.AutoUserSpecificationArgs(
                         elevation_level=batch.ElevationLevel.ADMIN, scope=batch.AutoUserScope.POOL

@@ -434,7 +434,7 @@ class StackSettings:
         "",
         "Empty for every team stack. cpu or gpu marks a throwaway acceptance stack made by "
         "python -m dt_commands.acceptance (make azure-check) - cpu admits the CPU size "
-        "Standard_D2s_v5 (the start task then skips the GPU and InfiniBand checks and says so; "
+        "Standard_D2ds_v5 (the start task then skips the GPU and InfiniBand checks and says so; "
         "the pool carries metadata acceptance=cpu for the policy pack); both require "
         "protectData false and grant the deployer read access to the logs.",
     )

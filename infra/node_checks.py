@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 
-from infra.batch import NFS_RELATIVE_MOUNT
+from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.toolchain import CUDA, MIN_DRIVER
 from trainer.launch.node_check import RECORD_SECONDS, REQUEST, VERDICT
@@ -46,9 +46,10 @@ IB_WAIT_SECONDS = 300
 IB_POLL_SECONDS = 5
 
 
-def node_check_command(gpus: int, ib_ports: int) -> str:
+def node_check_command(gpus: int, ib_ports: int, nvme_disks: int = 0) -> str:
     """The start task: refuse a node that kept itself out; write and run the node's check
-    (waiting for InfiniBand ports); make the shared runs folder; start the watcher.
+    (waiting for InfiniBand ports); mount the local NVMe array (``nvme_disks`` of them, 0 for
+    none); make the shared runs folder; start the watcher.
 
     A size without GPUs (the CPU acceptance size, ``infra.sizes.CPU_ACCEPTANCE``) has no driver
     or InfiniBand to check: its check skips those, and the task says so."""
@@ -75,7 +76,7 @@ cat > {STATE_DIR}/node-watch.new <<'WATCH'
 mv -f {STATE_DIR}/node-check.new {STATE_DIR}/node-check
 mv -f {STATE_DIR}/node-watch.new {STATE_DIR}/node-watch
 {{ reason=$(bash {STATE_DIR}/node-check --wait 2>&1 1>&3 3>&-); }} 3>&1 || fail "$reason"
-{_RUNS_FOLDER}
+{_nvme_array(nvme_disks) if nvme_disks else ""}{_RUNS_FOLDER}
 {_START_WATCH}"""
     return in_bash(script)
 
@@ -152,6 +153,47 @@ done
 [ "$ib" -ge {ib_ports} ] || fail "expected {ib_ports} active InfiniBand ports, found $ib" \\
   "after waiting $waited s${{idle:+:}}${{idle#,}}"
 [ "$waited" -eq 0 ] || echo "InfiniBand ports active after $waited s"
+"""
+
+
+def _nvme_array(disks: int) -> str:
+    """The size's local NVMe disks as one RAID0 array with an XFS file system at NVME_ROOT, and
+    in it the folders every task user stages datasets and keeps code in (infra/batch.py).
+
+    The HPC image leaves the disks alone (its nvme-raid unit is written, never enabled:
+    Azure/azhpc-images customizations/setup_nvme.sh, read 2026-11-28), so this task builds the
+    array as that unit would (RAID0 of every /dev/nvme*n1, XFS), without erasing one that holds
+    data: mounted already (this task run again in the same boot), it is left as it is; after a
+    restart the disks keep their data and the kernel assembles their array again at boot under
+    a number of its own (mdadm(8), --incremental), which is found through the first disk's
+    holder and mounted; disks that carry a superblock but no running array are assembled; only
+    blank disks (a new, redeployed or preempted VM: the local disks' data is lost,
+    scheduled-events.md) get a new array and file system. The disks are found by lsblk, as
+    /dev/nvme*n1 whole disks: the OS and temporary disks of these sizes are SCSI. Any step that
+    fails fails the node in one line, with the tool's own first line."""
+    return f"""nvme={NVME_ROOT}
+if ! mountpoint -q "$nvme"; then
+  mapfile -t disks < <(lsblk -dnpo NAME,TYPE |
+    awk '$1 ~ "^/dev/nvme[0-9]+n1$" && $2 == "disk" {{print $1}}')
+  [ "${{#disks[@]}}" -eq {disks} ] ||
+    fail "expected {disks} local NVMe disks, lsblk lists ${{#disks[@]}}"
+  md=$(lsblk -lnpo NAME,TYPE "${{disks[0]}}" | awk '$2 == "raid0" {{print $1; exit}}')
+  if [ -z "$md" ] && mdadm --examine "${{disks[0]}}" >/dev/null 2>&1; then
+    md={NVME_DEVICE}
+    out=$(mdadm --assemble "$md" "${{disks[@]}}" 2>&1) ||
+      fail "the local NVMe disks hold an array that does not assemble (${{out%%$'\n'*}})"
+  elif [ -z "$md" ]; then
+    md={NVME_DEVICE}
+    out=$(mdadm --create "$md" --level=0 --raid-devices={disks} --run "${{disks[@]}}" 2>&1) ||
+      fail "cannot build the local NVMe array (${{out%%$'\n'*}})"
+    out=$(mkfs.xfs -f "$md" 2>&1) || fail "cannot make a file system on $md (${{out%%$'\n'*}})"
+  fi
+  mkdir -p "$nvme"
+  out=$(mount "$md" "$nvme" 2>&1) || fail "cannot mount $md at $nvme (${{out%%$'\n'*}})"
+fi
+mkdir -p "$nvme/datasets" "$nvme/code" && chmod 1777 "$nvme/datasets" "$nvme/code" ||
+  fail "cannot make the datasets and code folders on $nvme"
+echo "local NVMe array of {disks} disks at $nvme"
 """
 
 

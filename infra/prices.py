@@ -10,7 +10,8 @@ VM_PER_HOUR = {
     "Standard_ND96isr_H200_v5": 110.24,
     "Standard_ND96asr_v4": 27.20,
     "Standard_ND96amsr_A100_v4": 32.77,
-    "Standard_D2s_v5": 0.096,  # the CPU acceptance profile's nodes and NFS server
+    "Standard_D2ds_v5": 0.113,  # the CPU acceptance profile's nodes
+    "Standard_D2s_v5": 0.096,  # the CPU acceptance profile's NFS server
     "Standard_D8s_v5": 0.384,
     "Standard_D16s_v5": 0.768,
     "Standard_D32s_v5": 1.536,
@@ -37,6 +38,8 @@ SOURCES: dict[str, str] = {
     "Standard_ND96isr_H200_v5": f"{_VM_PAGE}, ND H200 v5 series, East US, read 2026-11",
     "Standard_ND96asr_v4": f"{_VM_PAGE}, ND A100 v4 series, East US, read 2026-11",
     "Standard_ND96amsr_A100_v4": f"{_VM_PAGE}, NDm A100 v4 series, East US, read 2026-11",
+    "Standard_D2ds_v5": f"{_VM_PAGE}, Ddsv5 series, East US: the list price as last known, "
+    "unconfirmed as of 2026-11-28 (neither the page nor the retail prices API could be read)",
     "Standard_D2s_v5": f"{_VM_PAGE}, Dsv5 series, East US, read 2026-11",
     "Standard_D8s_v5": f"{_VM_PAGE}, Dsv5 series, East US, read 2026-11",
     "Standard_D16s_v5": f"{_VM_PAGE}, Dsv5 series, East US, read 2026-11",

@@ -38,6 +38,16 @@ class GpuSize:
     ib_ports: int
     image: BatchImage
     regions: frozenset[str]
+    # Local NVMe disks beside the temporary disk, and their room in all, which the start task
+    # assembles into one RAID0 array for staged datasets and job code (infra/node_checks.py);
+    # 0 where the size has none and the temporary disk takes them. Read 2026-11-28: ND H100 v5
+    # and ND H200 v5 have 8 NVMe disks, 28000 GiB in all (ndh100v5-series.md "Local Storage
+    # 28000 GiB", nd-h200-v5-series.md), left unassembled by the HPC image (Azure/azhpc-images
+    # customizations/setup_nvme.sh writes an nvme-raid unit that ndv5.sh never enables); ND
+    # A100 v4 documents one local disk, 6000 GiB (ND96asr_v4, ndasra100v4-series.md) and 6400
+    # GiB (ND96amsr_A100_v4, ndma100v4-series.md), used as the temporary disk.
+    nvme_disks: int = 0
+    nvme_gib: int = 0
 
     @property
     def gpus(self) -> int:
@@ -60,13 +70,23 @@ _A100_REGIONS = frozenset(
 SUPPORTED: dict[str, GpuSize] = {
     s.name: s
     for s in (
-        GpuSize("Standard_ND96isr_H100_v5", 96, 8, UBUNTU_HPC_2404, _H100_REGIONS),
+        GpuSize(
+            "Standard_ND96isr_H100_v5",
+            96,
+            8,
+            UBUNTU_HPC_2404,
+            _H100_REGIONS,
+            nvme_disks=8,
+            nvme_gib=28000,
+        ),
         GpuSize(
             "Standard_ND96isr_H200_v5",
             96,
             8,
             UBUNTU_HPC_2404,
             frozenset({"eastus2", "swedencentral", "westus3"}),
+            nvme_disks=8,
+            nvme_gib=28000,
         ),
         GpuSize("Standard_ND96asr_v4", 96, 8, UBUNTU_HPC_2404, _A100_REGIONS),
         GpuSize("Standard_ND96amsr_A100_v4", 96, 8, UBUNTU_HPC_2404, _A100_REGIONS),
@@ -110,11 +130,14 @@ NOT_YET: dict[str, str] = {
     ),
 }
 
-# The GPU tables' regions, which offer the general-purpose Dsv5 family too: a location that fits
-# the GPU acceptance profile fits the CPU one.
+# The CPU acceptance size. Batch needs a local temporary disk, where it keeps the node's Batch tree
+# (Azure/Batch #121: Easv5 "is not" supported for "lack of" a "Local temporary disk";
+# files-and-directories.md; read 2026-11-28): Dsv5 has none (dv5-dsv5-series.md), Ddsv5 has 75
+# GiB on its D2ds_v5 (ddv5-ddsv5-series.md). The GPU tables' regions offer the general-purpose
+# Ddsv5 family too: a location that fits the GPU acceptance profile fits the CPU one.
 CPU_ACCEPTANCE: dict[str, GpuSize] = {
-    "Standard_D2s_v5": GpuSize(
-        "Standard_D2s_v5", 2, 0, UBUNTU_HPC_2404, _H100_REGIONS | _A100_REGIONS
+    "Standard_D2ds_v5": GpuSize(
+        "Standard_D2ds_v5", 2, 0, UBUNTU_HPC_2404, _H100_REGIONS | _A100_REGIONS
     )
 }
 

@@ -267,13 +267,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--account-url", required=True, help="the blob endpoint (https://)")
     parser.add_argument("--sha256", required=True, help="the snapshot's SHA-256")
     parser.add_argument("--link", required=True, type=Path, help="made to point at the folder")
+    parser.add_argument(
+        "--cache-root",
+        type=Path,
+        default=None,
+        help="where snapshots are kept on this node (the job gives the local NVMe array's on "
+        "a size that has one: infra.batch.NVME_ROOT); default: cache_root()",
+    )
     args = parser.parse_args(argv)
     if not SHA256.match(args.sha256):
         parser.error(f"--sha256={args.sha256!r}: give the snapshot's 64 lowercase hex digits")
     wait = GrantWait(READER)
     try:
         _check_node(args.account_url)
-        root = cache_root()
+        root = args.cache_root or cache_root()
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as err:

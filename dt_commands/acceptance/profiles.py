@@ -31,7 +31,7 @@ class Profile:
 PROFILES = {
     "cpu": Profile(
         "cpu",
-        "Standard_D2s_v5",
+        "Standard_D2ds_v5",
         2,
         # The nodes cost little: start them at once instead of waiting for autoscale.
         "fixed",
@@ -39,7 +39,7 @@ PROFILES = {
         "trainer/presets/acceptance-cpu-long.yaml",
         60,
         75,
-        "2 x Standard_D2s_v5 (2 vCPUs, no GPU, no InfiniBand), containers, inter-node "
+        "2 x Standard_D2ds_v5 (2 vCPUs, no GPU, no InfiniBand), containers, inter-node "
         "communication, one Gloo worker per node",
         (30, 2.0),
     ),
@@ -124,7 +124,7 @@ CHECKS = (
         "each node's start task checked its GPUs, driver and active InfiniBand ports (a node "
         "failing them never runs a task)",
         {
-            "cpu": "no GPU and no InfiniBand on Standard_D2s_v5; each node's start task prints "
+            "cpu": "no GPU and no InfiniBand on Standard_D2ds_v5; each node's start task prints "
             "'node ok: CPU acceptance profile, GPU and InfiniBand checks skipped'"
         },
     ),

@@ -35,7 +35,9 @@ AZURE_SOURCE = re.compile(
     re.IGNORECASE,
 )
 DATED = re.compile(r"\b(?:read|as of)\s+(\d{4}-\d{2}-\d{2})\b", re.IGNORECASE)
-MONTH_READ = re.compile(r"\bread (\d{4}-\d{2})(?:-\d{2})?\b")
+# "unconfirmed as of": a figure kept from memory or an earlier table that no source could be
+# found for on that date; the wording keeps it apart from one read then.
+MONTH_READ = re.compile(r"\b(?:read|unconfirmed as of) (\d{4}-\d{2})(?:-\d{2})?\b")
 CODE_FILES = ("infra/sizes.py", "infra/prices.py", "trainer/launch/fabric.py")
 
 

@@ -364,11 +364,11 @@ RBAC_ADMIN = {
     "notActions": [],
 }
 FAMILIES = {
-    "Standard_D2s_v5": "standardDSv5Family",
+    "Standard_D2ds_v5": "standardDDSv5Family",
     "Standard_ND96asr_v4": "standardNDASv4_A100Family",
 }
 QUOTA = (
-    '{"total": 500, "enforced": true, "families": [{"name": "standardDSv5Family", "coreQuota": '
+    '{"total": 500, "enforced": true, "families": [{"name": "standardDDSv5Family", "coreQuota": '
     '100}, {"name": "standardNDASv4_A100Family", "coreQuota": 192}]}'
 )
 
@@ -491,7 +491,7 @@ def test_a_passing_cpu_run_calls_the_automation_api_in_order_and_always_cleans_u
     ]
     config = {key: value.value for key, value in stack.config.items()}
     assert config["gpu-cluster:acceptanceProfile"] == "cpu"
-    assert config["gpu-cluster:vmSize"] == "Standard_D2s_v5"
+    assert config["gpu-cluster:vmSize"] == "Standard_D2ds_v5"
     assert config["gpu-cluster:protectData"] == "false"
     assert config["gpu-cluster:storageAllowedIps[0]"] == CLIENT_IP
     assert config["gpu-cluster:budgetEmails[0]"] == "qa@example.com"  # from az account show
@@ -571,7 +571,7 @@ def test_a_failed_pulumi_up_is_one_line_and_the_stack_is_still_destroyed(tmp_pat
         ('{"total": 500, "enforced": true, "families": []}', "has 0 dedicated cores of"),
         (
             '{"total": 2, "enforced": false, "families": []}',
-            "has 2 dedicated cores of standardDSv5Family (2 in total); the pool needs 4",
+            "has 2 dedicated cores of standardDDSv5Family (2 in total); the pool needs 4",
         ),
     ],
 )
@@ -657,7 +657,7 @@ def test_the_summary_prints_the_time_and_the_cost_against_the_target(tmp_path):
 def test_run_cost_charges_nodes_by_the_hour_and_the_registry_by_the_day():
     s = validated(acceptance_options("cpu"), acceptance_values("cpu"))
     items = dict(run_cost(s, 1.0, 2.0))
-    assert items["pool: 2.00 node-hours of Standard_D2s_v5"] == pytest.approx(0.192)
+    assert items["pool: 2.00 node-hours of Standard_D2ds_v5"] == pytest.approx(0.226)
     assert items["NFS server Standard_D2s_v5, 1.00 h"] == pytest.approx(0.096)
     assert items["NAT gateway + public IP, 1.00 h"] == pytest.approx(0.05)
     assert items["container registry (Premium), 1 day(s)"] == pytest.approx(1.667)
@@ -700,7 +700,7 @@ def test_missing_prerequisites_exit_1_with_one_line_before_anything_is_created(
     ("argv", "message"),
     [
         (["--vm-size", "Standard_ND96asr_v4"], "--vm-size=Standard_ND96asr_v4: the cpu profile"),
-        (["--location", "brazilsouth"], "location=brazilsouth: Standard_D2s_v5 is not offered"),
+        (["--location", "brazilsouth"], "location=brazilsouth: Standard_D2ds_v5 is not offered"),
         (["--budget-email", "nobody"], "budgetEmails=['nobody']"),
         (["--image-source-token-env", "NO_SUCH_VARIABLE"], "NO_SUCH_VARIABLE: not set"),
     ],
@@ -773,7 +773,7 @@ def test_the_dry_run_of_both_profiles_prints_the_stack_and_the_checks_without_az
         numbered = re.findall(r"^\s+(\d+)\. ", text.split("Checks, in order:")[1], re.M)
         assert numbered == [str(n) for n in range(len(CHECKS) + 1)]
         assert "Then: the time taken and an estimated cost" in text
-    assert '"vmSize": "Standard_D2s_v5"' in cpu and cpu.count("SKIPPED for profile cpu") == 2
+    assert '"vmSize": "Standard_D2ds_v5"' in cpu and cpu.count("SKIPPED for profile cpu") == 2
     assert CPU_SKIP_MESSAGE in cpu and "(target: under 30 min and under $2)" in cpu
     # The acr builder's hour of an 8-CPU agent is counted, not left out.
     for text in (cpu, gpu):
@@ -788,7 +788,7 @@ def test_the_cpu_profile_stack_is_a_small_container_pool_marked_for_the_policy_p
     acceptance_plan,
 ):
     pool = one(acceptance_plan, "azure-native:batch:Pool")
-    assert pool.inputs["vmSize"] == "Standard_D2s_v5"
+    assert pool.inputs["vmSize"] == "Standard_D2ds_v5"
     assert pool.inputs["interNodeCommunication"] == "Enabled"
     assert pool.inputs["scaleSettings"]["fixedScale"]["targetDedicatedNodes"] == 2
     config = pool.inputs["deploymentConfiguration"]["virtualMachineConfiguration"]
@@ -805,7 +805,7 @@ def test_the_cpu_profile_stack_is_a_small_container_pool_marked_for_the_policy_p
     reader = one(acceptance_plan, "azure-native:authorization:RoleAssignment", "-blob-reader")
     assert reader.inputs["roleDefinitionId"].endswith("2a2b9908-6ea1-4ae2-8e65-a410df84e7d1")
     job = one(acceptance_plan, "pulumi-python:dynamic:Resource")
-    assert job.inputs["vm_size"] == "Standard_D2s_v5" and job.inputs["node_count"] == 2
+    assert job.inputs["vm_size"] == "Standard_D2ds_v5" and job.inputs["node_count"] == 2
     account = one(acceptance_plan, "azure-native:storage:StorageAccount")
     rules = account.inputs["networkRuleSet"]["ipRules"]
     assert [r["iPAddressOrRange"] for r in rules] == [CLIENT_IP]
@@ -1015,7 +1015,7 @@ def test_run_cost_with_an_image_ref_leaves_out_the_build_and_the_registry():
     items = dict(run_cost(s, 1.25, 2.5, build_minutes=60))
     assert not [k for k in items if "build" in k or "registry" in k]
     assert cost.total(list(items.items())) == pytest.approx(
-        2.5 * 0.096 + 1.25 * 0.096 + 1.25 * 0.05, abs=0.01
+        2.5 * 0.113 + 1.25 * 0.096 + 1.25 * 0.05, abs=0.01
     )
 
 

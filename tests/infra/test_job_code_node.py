@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import NVME_ROOT, JobSpec, has_nvme, job_options, task_options
 from infra.code_snapshot import snapshot
 from tests.infra.test_job_payloads import SPEC, node  # noqa: F401 (its fixture)
 from tests.support.container import recorded, run_in_container
@@ -45,7 +45,10 @@ def test_a_job_with_code_prepares_it_first_then_stages_and_mounts_the_shared_fol
         SHA,
         "--link",
         f"{workdir}/code",  # the preparation's AZ_BATCH_TASK_WORKING_DIR
+        "--cache-root",  # the size's NVMe array holds the node's code cache
+        f"{NVME_ROOT}/code",
     ]
+    assert has_nvme(SPEC.vm_size), SPEC.vm_size
     assert stage[:3] == ["-m", "trainer.data", "stage"]
     only_code = job_options(_spec(code_sha256=SHA)).job_preparation_task
     assert only_code is not None and only_code.id == "prepare-code"
@@ -198,7 +201,7 @@ def test_the_workers_run_in_the_snapshot_with_it_and_its_site_first_on_pythonpat
     from tests.trainer.launch.launch_nodes import free_port, held_port
 
     spec = _spec(
-        vm_size="Standard_D2s_v5",
+        vm_size="Standard_D2ds_v5",
         node_count=1,
         trainer_args=(),
         command=("python", "train.py"),

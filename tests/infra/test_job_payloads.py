@@ -18,6 +18,7 @@ from infra import job as job_module
 from infra.batch import (
     CONTAINER_RUN_OPTIONS,
     CPU_CONTAINER_RUN_OPTIONS,
+    NVME_ROOT,
     TASK_ID,
     JobSpec,
     job_options,
@@ -37,6 +38,8 @@ from tests.support.container import (
 from tests.support.fake_batch import FakeBatch
 from trainer.cli import parse
 from trainer.launch.main import build_parser as launch_parser
+
+NVME_BIND = f"-v {NVME_ROOT}:{NVME_ROOT}"
 
 SPEC = JobSpec(
     stack="vision-prod",
@@ -87,7 +90,8 @@ def test_task_is_multi_instance_with_infiniband_container_options_and_no_gpus_fl
         assert option in options
     # Batch exposes the GPUs itself; it documents not passing --gpus.
     assert not any(option.startswith("--gpus") for option in options)
-    assert container.container_run_options == CONTAINER_RUN_OPTIONS
+    # ND H100 v5: its local NVMe array's mount point too (infra.batch.NVME_ROOT).
+    assert container.container_run_options == f"{CONTAINER_RUN_OPTIONS} {NVME_BIND}"
     assert container.registry.registry_server == "visionacr.azurecr.io"
     assert container.registry.identity_reference.resource_id == SPEC.node_identity_id
     assert {b.source for b in container.container_host_batch_bind_mounts} == {
@@ -121,7 +125,7 @@ def test_job_ids_change_with_any_input_and_checkpoints_follow_the_training_setti
 
 def test_the_trainer_command_carries_the_sizes_preflight_floor_unless_it_sets_one():
     """The job builds the whole command (``pulumi preview`` shows it); the launcher runs it."""
-    cpu = trainer_command(_spec(vm_size="Standard_D2s_v5"))
+    cpu = trainer_command(_spec(vm_size="Standard_D2ds_v5"))
     assert "--preflight-min-busbw" not in cpu  # no bandwidth floor without IB
     unknown = trainer_command(_spec(vm_size="Standard_Unknown_v9"))  # an older stack's size
     assert "--preflight-min-busbw" not in unknown
@@ -135,7 +139,7 @@ def test_the_trainer_command_carries_the_sizes_preflight_floor_unless_it_sets_on
     own = _spec(vm_size="Standard_ND96asr_v4", trainer_args=("--preflight-min-busbw=10",))
     assert not any(word == "--preflight-min-busbw" for word in trainer_command(own))
     assert trainer_command(SPEC)[-2:] == ["--preflight-min-busbw", "245.0"]
-    assert "--preflight-min-busbw" not in trainer_command(_spec(vm_size="Standard_D2s_v5"))
+    assert "--preflight-min-busbw" not in trainer_command(_spec(vm_size="Standard_D2ds_v5"))
     with_own = _spec(trainer_args=("--preflight-min-busbw", "0"))
     assert trainer_command(with_own).count("--preflight-min-busbw") == 1
 
@@ -239,7 +243,7 @@ def test_coordination_and_application_commands_run_the_launcher_on_the_trainer(n
 
 def test_the_cpu_acceptance_size_gets_no_infiniband_device_or_hpc_mount(node):
     """Docker refuses a --device that the node lacks; a D-series node has no /dev/infiniband."""
-    spec = _spec(vm_size="Standard_D2s_v5", node_count=2)
+    spec = _spec(vm_size="Standard_D2ds_v5", node_count=2)
     task = task_options(spec)
     options = task.container_settings.container_run_options
     assert options == CPU_CONTAINER_RUN_OPTIONS
@@ -247,12 +251,13 @@ def test_the_cpu_acceptance_size_gets_no_infiniband_device_or_hpc_mount(node):
     assert "/opt/microsoft" not in options and "--gpus" not in options
     for option in ("--network host", "--ipc host", "--ulimit memlock=-1"):
         assert option in options  # the launchers still meet on the nodes' addresses
-    assert task_options(SPEC).container_settings.container_run_options == CONTAINER_RUN_OPTIONS
+    a100 = task_options(_spec(vm_size="Standard_ND96asr_v4")).container_settings
+    assert a100.container_run_options == CONTAINER_RUN_OPTIONS
     # The commands run the launcher with the CPU size, which it accepts (one worker per node).
     coordination = _run(node, task.multi_instance_settings.coordination_command_line)
-    assert coordination[:4] == ["-m", "trainer.launch", "--vm-size", "Standard_D2s_v5"]
+    assert coordination[:4] == ["-m", "trainer.launch", "--vm-size", "Standard_D2ds_v5"]
     args = launch_parser().parse_args(coordination[2:])
-    assert args.vm_size == "Standard_D2s_v5" and args.defer_exit_code
+    assert args.vm_size == "Standard_D2ds_v5" and args.defer_exit_code
     assert "--preflight-min-busbw" not in coordination
 
 
@@ -272,7 +277,7 @@ def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_p
     """The CPU size's task command lines run as a node runs them, the launcher for real."""
     from tests.trainer.launch.launch_nodes import free_port, held_port
 
-    spec = _spec(vm_size="Standard_D2s_v5", node_count=1, trainer_args=("--model", "tiny"))
+    spec = _spec(vm_size="Standard_D2ds_v5", node_count=1, trainer_args=("--model", "tiny"))
     task = task_options(spec)
     with held_port() as batch_port:
         env, workdir, ran = one_node_pool(
@@ -376,7 +381,7 @@ def test_a_cpu_node_starts_a_ddp_jobs_worker_the_torchrun_way(tmp_path):
     from tests.trainer.launch.launch_nodes import free_port, held_port
 
     trainer = _trainer_file(tmp_path, "model: tiny\nbackend: ddp\n")
-    spec = _spec_of(trainer, vm_size="Standard_D2s_v5", node_count=1)
+    spec = _spec_of(trainer, vm_size="Standard_D2ds_v5", node_count=1)
     task = task_options(spec)
     rendezvous = free_port()
     with held_port() as batch_port:
@@ -402,7 +407,8 @@ def test_a_cpu_node_starts_a_ddp_jobs_worker_the_torchrun_way(tmp_path):
 def test_staging_command_runs_trainer_data_stage_and_never_the_prefix(node):
     env, workdir, _, _ = node
     prefix = "imagenet 2012/$(touch pwned)`touch pwned2`'\"${HOME}"
-    spec = _spec(dataset_prefix=prefix)
+    # A size without local NVMe disks stages on the temporary disk (test_nvme_staging.py).
+    spec = _spec(dataset_prefix=prefix, vm_size="Standard_ND96asr_v4")
     prep = job_options(spec).job_preparation_task
     assert prep is not None and prep.wait_for_success is True
     argv = _run(node, prep.command_line)

@@ -163,7 +163,7 @@ def _run_on_a_cpu_node(tmp_path, engine: str, exit_code: int = 0):
     spec = JobSpec(
         **{
             **SPEC.__dict__,
-            "vm_size": "Standard_D2s_v5",
+            "vm_size": "Standard_D2ds_v5",
             "node_count": 1,
             "trainer_args": (),
             "command": ("python", "train.py", "--note", "two words"),

@@ -261,25 +261,25 @@ def test_ssh_key_is_not_needed_with_azure_files(schema):
 
 
 # ---------------------------------------------------------------- the acceptance profiles
-ACCEPTANCE_CPU = {"vmSize": "Standard_D2s_v5", "acceptanceProfile": "cpu", "protectData": False}
+ACCEPTANCE_CPU = {"vmSize": "Standard_D2ds_v5", "acceptanceProfile": "cpu", "protectData": False}
 
 
 def test_the_cpu_acceptance_size_gets_todays_error_on_any_other_stack(schema):
     with pytest.raises(ConfigError) as caught:
-        settings(schema, vmSize="Standard_D2s_v5")
+        settings(schema, vmSize="Standard_D2ds_v5")
     assert str(caught.value) == (
-        "vmSize=Standard_D2s_v5: not an InfiniBand GPU size we support; use one of "
+        "vmSize=Standard_D2ds_v5: not an InfiniBand GPU size we support; use one of "
         "Standard_ND96isr_H100_v5, Standard_ND96isr_H200_v5, Standard_ND96asr_v4, "
         "Standard_ND96amsr_A100_v4"
     )
     # The gpu profile admits GPU sizes only, like a team stack.
-    with pytest.raises(ConfigError, match="vmSize=Standard_D2s_v5: not an InfiniBand GPU size"):
-        settings(schema, vmSize="Standard_D2s_v5", acceptanceProfile="gpu", protectData=False)
+    with pytest.raises(ConfigError, match="vmSize=Standard_D2ds_v5: not an InfiniBand GPU size"):
+        settings(schema, vmSize="Standard_D2ds_v5", acceptanceProfile="gpu", protectData=False)
 
 
 def test_the_cpu_acceptance_profile_admits_the_cpu_size_with_no_gpus_or_infiniband(schema):
     s = settings(schema, **ACCEPTANCE_CPU)
-    assert (s.acceptance_profile, s.cluster.vm_size) == ("cpu", "Standard_D2s_v5")
+    assert (s.acceptance_profile, s.cluster.vm_size) == ("cpu", "Standard_D2ds_v5")
     assert (s.cluster.gpu.gpus, s.cluster.gpu.ib_ports, s.cluster.gpu.vcpus) == (0, 0, 2)
     gpu = settings(schema, acceptanceProfile="gpu", protectData=False)
     assert gpu.cluster.gpu.gpus == 8 and gpu.acceptance_profile == "gpu"
@@ -293,7 +293,7 @@ def test_the_cpu_acceptance_profile_admits_the_cpu_size_with_no_gpus_or_infiniba
         (
             {**ACCEPTANCE_CPU, "vmSize": "Standard_ND96asr_v4"},
             "vmSize=Standard_ND96asr_v4: acceptanceProfile cpu",
-            "Standard_D2s_v5",
+            "Standard_D2ds_v5",
         ),
         (
             {**ACCEPTANCE_CPU, "protectData": True},

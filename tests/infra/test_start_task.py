@@ -8,6 +8,7 @@ milliseconds and the test reads how long the task would have waited."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -17,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import NFS_RELATIVE_MOUNT
+from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_MODE
 from infra.node_checks import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS, STATE_DIR, WATCH_UNIT
 from infra.toolchain import MIN_DRIVER
-from tests.support.stacks import one
+from tests.infra.batch_nodes.nvme import NvmeDisks
+from tests.support.stacks import evaluate, one, stack_values
 from trainer.launch.node_check import REQUEST, VERDICT
 
 pytestmark = pytest.mark.skipif(
@@ -55,6 +57,7 @@ def fake_node(
     ecc: dict[int, str] | None = None,
     remapped: dict[int, str] | None = None,
     kernel_log: str = "",
+    nvme_disks: int = 8,
 ) -> dict[str, str]:
     """A node's tools and sysfs under ``root``; returns the environment the task gets.
 
@@ -62,7 +65,8 @@ def fake_node(
     reading ``2: INIT`` until then; ``None`` keeps it INIT for good. ``ecc`` gives a GPU's
     uncorrectable ECC count since boot (as nvidia-smi prints it: "0", "3", "[N/A]"),
     ``remapped`` its row remapping's "pending, failure" (nvidia-smi --query-remapped-rows: "0, 0"
-    when none), ``kernel_log`` what dmesg prints."""
+    when none), ``kernel_log`` what dmesg prints, ``nvme_disks`` how many blank local NVMe
+    disks the node has (with the tools that assemble them: tests/infra/batch_nodes/nvme.py)."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
     _fake_clock(root, bin_dir, coming_up or {})
@@ -94,6 +98,10 @@ def fake_node(
         (bin_dir / tool).write_text(f'#!/bin/bash\necho "$*" >> {shlex.quote(str(root))}/{tool}\n')
         (bin_dir / tool).chmod(0o755)
     (root / "var-lib").mkdir()  # the node's /var/lib (its OS disk)
+    (root / "mnt").mkdir()  # the node's /mnt, where the NVMe array is mounted
+    disks = NvmeDisks(root, nvme_disks)
+    disks.lose()
+    disks.install(bin_dir)
     (root / "batch").mkdir()
     mounts = root / "fsmounts"
     (mounts / NFS_RELATIVE_MOUNT).mkdir(parents=True)
@@ -140,11 +148,13 @@ def run_start_task(
 
 
 def on_node(argv: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """``argv`` run as on the fake node: its /sys/class/infiniband and its /var/lib."""
+    """``argv`` run as on the fake node: its /sys/class/infiniband, /var/lib and /mnt."""
+    # The host's own mount: the node's PATH has the NVMe tools' stand-in first.
     mount_fake_node = (
+        'mount() { /usr/bin/mount "$@"; }; '
         "mount -t tmpfs none /sys/class && mkdir /sys/class/infiniband && "
         'mount --bind "$0/infiniband" /sys/class/infiniband && '
-        'mount --bind "$0/var-lib" /var/lib && exec "$@"'
+        'mount --bind "$0/var-lib" /var/lib && mount --bind "$0/mnt" /mnt && exec "$@"'
     )
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "/bin/bash", "-c", mount_fake_node,
@@ -233,7 +243,7 @@ def test_the_cpu_acceptance_size_skips_gpu_and_infiniband_checks_and_says_so(
     acceptance_plan, tmp_path
 ):
     pool = one(acceptance_plan, "azure-native:batch:Pool")
-    assert pool.inputs["vmSize"] == "Standard_D2s_v5"
+    assert pool.inputs["vmSize"] == "Standard_D2ds_v5"
     assert pool.inputs["startTask"]["waitForSuccess"] is True
     # A D-series node: no nvidia-smi on PATH, no InfiniBand device at all.
     env = fake_node(tmp_path, gpus=0)
@@ -392,3 +402,82 @@ def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(
     kept = (tmp_path / "var-lib" / "distributed-training" / "kept-out").read_text()
     assert kept.startswith(f"{reason} since 20")
     assert (tmp_path / "systemctl").read_text().splitlines()[-1] == "reboot"
+
+
+# --- the local NVMe disks (ND H100 v5 and H200 v5: infra.sizes nvme_disks) -----------------
+def _array(root: Path) -> tuple[str, dict]:
+    """(device, array) of the one array the fake node's kernel holds."""
+    ((device, array),) = NvmeDisks(root, 8).arrays().items()
+    return device, array
+
+
+def test_a_new_node_builds_its_nvme_array_and_mounts_it_for_every_task_user(start_task, tmp_path):
+    result = run_start_task(start_task, tmp_path, fake_node(tmp_path))
+    assert result.returncode == 0, result.stderr
+    device, array = _array(tmp_path)
+    assert device == NVME_DEVICE and array["members"] == [f"/dev/nvme{k}n1" for k in range(8)]
+    data = NvmeDisks(tmp_path, 8).mounted(NVME_ROOT)
+    assert data is not None
+    for folder in ("datasets", "code"):
+        assert oct((data / folder).stat().st_mode & 0o7777) == "0o1777"
+    assert f"local NVMe array of 8 disks at {NVME_ROOT}" in result.stdout
+
+
+def test_a_restarted_node_mounts_the_array_the_kernel_assembled_and_keeps_what_it_held(
+    start_task, tmp_path
+):
+    env = fake_node(tmp_path)
+    assert run_start_task(start_task, tmp_path, env).returncode == 0
+    disks = NvmeDisks(tmp_path, 8)
+    _, built = _array(tmp_path)
+    (disks.mounted(NVME_ROOT) / "datasets" / "kept").write_text("staged\n")
+    disks.boot()  # a restart: nothing mounted, the array assembled again as /dev/md127
+    again = run_start_task(start_task, tmp_path, env)
+    assert again.returncode == 0, again.stderr
+    device, array = _array(tmp_path)
+    assert (device, array["uuid"]) == ("/dev/md127", built["uuid"])
+    assert (disks.mounted(NVME_ROOT) / "datasets" / "kept").read_text() == "staged\n"
+    # The start task run again in the same boot finds it mounted and leaves it as it is.
+    assert run_start_task(start_task, tmp_path, env).returncode == 0
+    assert (disks.mounted(NVME_ROOT) / "datasets" / "kept").read_text() == "staged\n"
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("a disk missing", "expected 8 local NVMe disks, lsblk lists 7"),
+        (
+            "a part of an array",
+            "the local NVMe disks hold an array that does not assemble (mdadm: /dev/md128 "
+            "assembled from 8 drives - not enough to start the array.)",
+        ),
+    ],
+)
+def test_disks_that_cannot_be_assembled_fail_the_node_in_one_line(
+    start_task, tmp_path, fault, expected
+):
+    env = fake_node(tmp_path, nvme_disks=7 if fault == "a disk missing" else 8)
+    if fault == "a part of an array":
+        # One disk replaced by a blank one while the others kept their superblocks.
+        disks = NvmeDisks(tmp_path, 8)
+        for k in range(8):
+            array = "v" if k == 0 else "u"
+            block = json.dumps({"uuid": array, "devices": 8, "index": k})
+            (disks.root / "disks" / f"nvme{k}n1").write_text(block)
+        disks.boot()
+    result = run_start_task(start_task, tmp_path, env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"start task: {expected}"]
+    assert "local NVMe array" not in result.stdout
+    assert not (tmp_path / "systemd-run").exists()  # no watcher: the node gets no task
+
+
+def test_a_size_without_nvme_disks_leaves_them_alone(tmp_path):
+    plan = evaluate("dev", {**stack_values("dev"), "gpu-cluster:vmSize": "Standard_ND96asr_v4"})
+    command = one(plan, "azure-native:batch:Pool").inputs["startTask"]["commandLine"]
+    env = fake_node(tmp_path, nvme_disks=0)
+    for tool in ("lsblk", "mdadm", "mkfs.xfs", "mount", "mountpoint"):
+        (tmp_path / "bin" / tool).write_text(f"#!/bin/sh\necho {tool} called >&2\nexit 9\n")
+    result = run_start_task(command, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and "NVMe" not in result.stdout

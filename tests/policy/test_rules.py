@@ -436,7 +436,7 @@ def test_both_stacks_pass_every_policy(stack):
     assert check_stack([(r.typ, r.inputs) for r in plan.resources]) == []
 
 
-CPU_POOL = changed(POOL, ["vmSize"], "Standard_D2s_v5")
+CPU_POOL = changed(POOL, ["vmSize"], "Standard_D2ds_v5")
 
 
 def test_the_cpu_acceptance_size_passes_only_on_a_pool_that_declares_it():

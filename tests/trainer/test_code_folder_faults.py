@@ -34,6 +34,8 @@ def _spec(blob_endpoint: str) -> JobSpec:
             "code_sha256": SHA,
             "blob_endpoint": blob_endpoint,
             "node_identity_client_id": IDENTITY,
+            # A size without NVMe disks: the code cache stays in AZ_BATCH_NODE_SHARED_DIR.
+            "vm_size": "Standard_ND96asr_v4",
         }
     )
 
@@ -153,7 +155,7 @@ def test_a_code_folder_the_preparation_did_not_make_is_named_before_anything_sta
     spec = JobSpec(
         **{
             **SPEC.__dict__,
-            "vm_size": "Standard_D2s_v5",
+            "vm_size": "Standard_D2ds_v5",
             "node_count": 1,
             "trainer_args": (),
             "command": ("python", "train.py"),

@@ -62,7 +62,7 @@ SIZES: dict[str, Fabric] = {
     "Standard_ND96asr_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO, _A100_NVLINK),
     "Standard_ND96amsr_A100_v4": Fabric(8, 180.0, _NDV4, _NDV4_TOPO, _A100_NVLINK),
     # The CPU acceptance size: one worker (Gloo) per node, nothing to tune, no bandwidth floor.
-    "Standard_D2s_v5": Fabric(0, 0.0),
+    "Standard_D2ds_v5": Fabric(0, 0.0),
 }
 FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if f.gpus}
 CPU_FABRICS: dict[str, Fabric] = {name: f for name, f in SIZES.items() if not f.gpus}

@@ -44,6 +44,7 @@ from tests.infra.batch_nodes.image import (
     docker_create_options,
 )
 from tests.infra.batch_nodes.nfs_view import NfsViews
+from tests.infra.batch_nodes.nvme import NvmeDisks
 from tests.infra.batch_nodes.placement import PLACEMENTS, place
 from tests.support.fake_batch import COORDINATION_OUTPUTS, COORDINATION_PREFIX
 from tests.support.ports import free_port
@@ -121,6 +122,7 @@ class PoolSpec:
     registries: tuple[str, ...]
     dedicated_nodes: int = 0  # nodes [0, dedicated) are dedicated, the rest Spot
     spot_nodes: int = 0
+    nvme_disks: int = 0  # the size's local NVMe disks (tests/infra/batch_nodes/nvme.py)
 
     @classmethod
     def from_declared(cls, inputs: dict[str, Any]) -> PoolSpec:
@@ -142,6 +144,7 @@ class PoolSpec:
             spot_nodes=_asked_nodes(inputs, "LowPriority"),
             gpus=size.gpus,
             ib_ports=getattr(size, "ib_ports", size.gpus),
+            nvme_disks=getattr(size, "nvme_disks", 0),
             gpu_name="emulated GPU",  # only what nvidia-smi prints; nothing reads it
             start_task=inputs.get("startTask") or {},
             nfs_relative_mount=nfs["relativeMountPath"] if nfs else None,
@@ -601,6 +604,13 @@ class Cluster:
             stub.chmod(0o755)
         # The node's /var/lib, on its OS disk: it survives a restart.
         (node.hw / "var-lib").mkdir(exist_ok=True)
+        # The node's own /mnt, where the start task mounts the NVMe array; the size's local NVMe
+        # disks, blank on a new VM, and the tools that assemble them.
+        (node.hw / "mnt").mkdir(exist_ok=True)
+        if self.pool.nvme_disks:
+            disks = self.nvme(node)
+            disks.lose()
+            disks.install(node.hw / "bin")
         # Each VM has its own hostname, which the VNet's DNS resolves to its private address.
         hosts = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
         hosts += [f"{n.ip} {n.hostname}" for n in self.nodes]
@@ -752,6 +762,11 @@ class Cluster:
             self._reinitialize(node)
         else:
             node.reboots += 1
+        if self.pool.nvme_disks:
+            # The local NVMe disks go with the VM as the temporary disk does; a restart keeps
+            # them, and the kernel assembles what it finds on them again (nvme.py).
+            disks = self.nvme(node)
+            disks.lose() if kind in DISK_LOST else disks.boot()
 
         def rejoin() -> None:
             if self._platform_stop.wait(REJOIN_SECONDS):  # a closed cluster boots nothing
@@ -963,9 +978,38 @@ class Cluster:
 
     def _admin_mounts(self, node: Node, stage: Path) -> list[dict[str, Any]]:
         """What the node's own processes (the start task, systemd's units) see: the node's
-        mounts and its /var/lib."""
+        mounts, its /var/lib and its /mnt, with what is mounted under it in this boot."""
         var_lib = {"op": "bind", "src": str(node.hw / "var-lib"), "dst": "/var/lib"}
-        return [*self._node_mounts(node, stage), var_lib]
+        return [*self._node_mounts(node, stage), var_lib, *self._mnt(node)]
+
+    def nvme(self, node: Node) -> NvmeDisks:
+        """The node's local NVMe disks (none on a size without them)."""
+        return NvmeDisks(node.hw, self.pool.nvme_disks)
+
+    def _mnt(self, node: Node) -> list[dict[str, Any]]:
+        """The node's /mnt, and the file systems the node mounted under it since it booted."""
+        ops: list[dict[str, Any]] = [{"op": "bind", "src": str(node.hw / "mnt"), "dst": "/mnt"}]
+        if not self.pool.nvme_disks:
+            return ops
+        for point in json.loads((self.nvme(node).root / "mounts.json").read_text()):
+            data = self.nvme(node).mounted(point)
+            ops += [{"op": "mkdir", "dst": point}, {"op": "bind", "src": str(data), "dst": point}]
+        return ops
+
+    def _host_path(self, node: Node, host: str) -> Path:
+        """What a container's ``-v HOST:...`` binds on the node: the HPC image's NCCL topology
+        files; under /mnt, the node's own /mnt, or the file system mounted there (Docker makes
+        a missing source an empty folder, docs.docker.com, bind mounts with -v); else HOST."""
+        if host == "/opt/microsoft":
+            return node.hw / "opt-microsoft"
+        if not host.startswith("/mnt/"):
+            return Path(host)
+        data = self.nvme(node).mounted(host) if self.pool.nvme_disks else None
+        if data is not None:
+            return data
+        folder = node.hw / "mnt" / host.removeprefix("/mnt/")
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def _start_units(self, node: Node, mounts: list[dict[str, Any]]) -> None:
         """Start the transient units the start task asked systemd for, as root."""
@@ -1069,11 +1113,13 @@ class Cluster:
         )
         ops += _readable_runtime(stage / "runtime")
         ops += self._image_code(stage / "checkout")
+        if any(container.startswith("/mnt/") for _, container, _ in options.volumes):
+            ops.append({"op": "bind", "src": str(node.hw / "mnt"), "dst": "/mnt"})
         for host, container, read_only in options.volumes:
-            source = node.hw / "opt-microsoft" if host == "/opt/microsoft" else Path(host)
+            source = self._host_path(node, host)
             if not source.exists():
                 raise PayloadError(f"-v {host}: not on the node (Docker would create it empty)")
-            if not container.startswith("/opt/") and not Path(container).exists():
+            if not container.startswith(("/opt/", "/mnt/")) and not Path(container).exists():
                 self.log(f"node {node.index}: volume {container} not emulated (no mount point)")
                 continue
             ops.append({"op": "mkdir", "dst": container})

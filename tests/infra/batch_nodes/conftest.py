@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import write_image_folder
 from tests.infra.batch_nodes.batch import Cluster, NfsExport, PoolSpec, Storage
 from tests.infra.batch_nodes.fabric import Fabric
 from tests.infra.batch_nodes.image import ImageConfig, read_dockerfile
@@ -46,7 +47,7 @@ NODES = 3
 # payloads a CPU-only emulation can run in full.
 CPU_ACCEPTANCE = {
     "gpu-cluster:acceptanceProfile": "cpu",
-    "gpu-cluster:vmSize": "Standard_D2s_v5",
+    "gpu-cluster:vmSize": "Standard_D2ds_v5",
     "gpu-cluster:protectData": False,
 }
 # The stacks the tests run: the dev stack, as a CPU acceptance stack, and that on Spot nodes.
@@ -292,6 +293,29 @@ def blob(fabric: Fabric, account: Storage, action: str, **arguments: Any) -> Any
     if "error" in answer:
         raise RuntimeError(f"blob {action}: {answer['error']}")
     return answer["result"]
+
+
+@pytest.fixture(scope="session")
+def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
+    """A tiny image folder prepared into shards with ``dt-data prepare`` and
+    uploaded to the storage account's ``datasets`` container with the project's upload."""
+    root = tmp_path_factory.mktemp("dataset")
+    source = write_image_folder(root / "images", classes=3, per_class=12, size=24)
+    shards = root / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainer.data", "prepare", str(source), str(shards),
+         "--shard-mb", "0.02", "--processes", "1"],
+        check=True, cwd=REPO, capture_output=True,
+    )  # fmt: skip
+    blob(
+        fabric,
+        storage,
+        "trainer-upload",
+        container="datasets",
+        prefix="tiny-v1",
+        folder=str(shards),
+    )
+    return "tiny-v1"
 
 
 # --- pools ---

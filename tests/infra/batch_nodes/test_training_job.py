@@ -3,7 +3,7 @@
 The job and task are ``job_options(spec).as_dict()`` and ``task_options(spec).as_dict()`` of a
 ``JobSpec`` built from a stack's declared TrainingJob, with a tiny trainer and the emulated
 storage account's endpoint: the real launcher, trainer and Horovod run (CPU, Gloo). Full runs
-use the dev stack as a CPU acceptance stack (``Standard_D2s_v5``: the size's payloads start
+use the dev stack as a CPU acceptance stack (``Standard_D2ds_v5``: the size's payloads start
 one worker per node, which two shared cores can run); the start task's GPU and InfiniBand
 checks run on the dev stack's own pool (``Standard_ND96isr_H100_v5``, 8 GPUs, 8 HCAs).
 """
@@ -14,21 +14,18 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from infra.batch import JobSpec
-from tests.conftest import write_image_folder
 from tests.infra.batch_nodes.batch import (
     NFS_VIEW_LONG_SECONDS,
     NFS_VIEW_SECONDS,
     JobRun,
 )
-from tests.infra.batch_nodes.conftest import REPO, blob
+from tests.infra.batch_nodes.conftest import blob
 from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
     TINY,
@@ -61,29 +58,6 @@ def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
         name.rsplit("/", 1)[1]: blob(fabric, storage, "download", container="logs", blob=name)
         for name in names
     }
-
-
-@pytest.fixture(scope="module")
-def dataset_prefix(fabric, storage, tmp_path_factory) -> str:
-    """A tiny image folder prepared into shards with ``dt-data prepare`` and
-    uploaded to the storage account's ``datasets`` container with the project's upload."""
-    root = tmp_path_factory.mktemp("dataset")
-    source = write_image_folder(root / "images", classes=3, per_class=12, size=24)
-    shards = root / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "trainer.data", "prepare", str(source), str(shards),
-         "--shard-mb", "0.02", "--processes", "1"],
-        check=True, cwd=REPO, capture_output=True,
-    )  # fmt: skip
-    blob(
-        fabric,
-        storage,
-        "trainer-upload",
-        container="datasets",
-        prefix="tiny-v1",
-        folder=str(shards),
-    )
-    return "tiny-v1"
 
 
 # Both container lifecycles (does what the coordination command leaves running survive it?),

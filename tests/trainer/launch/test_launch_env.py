@@ -162,7 +162,7 @@ def test_every_gpu_size_gets_its_hpc_images_nccl_settings_in_the_container(size)
 
 def test_the_cpu_acceptance_size_runs_one_gloo_worker_per_node_with_no_nccl_or_floor():
     assert set(CPU_FABRICS) == set(CPU_ACCEPTANCE)
-    size = "Standard_D2s_v5"
+    size = "Standard_D2ds_v5"
     assert workers_per_node(size) == 1 and workers_per_node("Standard_ND96asr_v4") == 8
     env = worker_environment(size, {"PATH": "/bin"}, exists=lambda path: True)
     assert env == {"PATH": "/bin"}  # no NCCL_*, UCX_* or topology file: Gloo over TCP

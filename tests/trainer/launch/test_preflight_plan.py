@@ -53,12 +53,12 @@ def test_bus_bandwidth_counts_as_nccl_tests_does():
 def test_a_gpu_size_is_held_to_its_nvlink_and_infiniband_floors_and_a_cpu_size_to_the_others():
     assert Floors.of(H100) == Floors(node_floor(H100), preflight_floor(H100))
     assert node_floor(H100) == 315.0 and preflight_floor(H100) == 245.0
-    assert Floors.of("Standard_D2s_v5") == Floors.of(None) == Floors(0.0, 0.0)
+    assert Floors.of("Standard_D2ds_v5") == Floors.of(None) == Floors(0.0, 0.0)
 
 
 def test_auto_runs_on_gpu_sizes_on_runs_anywhere_and_one_worker_has_nothing_to_measure():
     assert wanted("auto", H100, 2, 8) and wanted("auto", H100, 1, 8)
-    assert not wanted("auto", "Standard_D2s_v5", 3, 1) and not wanted("auto", None, 3, 1)
+    assert not wanted("auto", "Standard_D2ds_v5", 3, 1) and not wanted("auto", None, 3, 1)
     assert wanted("on", None, 2, 1) and not wanted("off", H100, 4, 8)
     assert not wanted("on", None, 1, 1)
 
