@@ -126,9 +126,9 @@ class AzureMocks(pulumi.runtime.Mocks):
             return {"digest": _fake_digest(str(inputs.get("tags")))}
         if typ == "pulumi-python:dynamic:Resource" and "trainer_args" in inputs:
             from infra.batch import JobSpec
-            from infra.job import _outputs
+            from infra.job import job_outputs
 
-            return _outputs(JobSpec.from_props(inputs), "active")
+            return job_outputs(JobSpec.from_props(inputs), "active")
         if typ == "azure-native:network:PublicIPAddress":
             return {"ipAddress": "203.0.113.10"}  # documentation range (RFC 5737)
         return {}

@@ -36,7 +36,7 @@ from infra.batch import (
 from infra.config import SHORTHAND_JOB
 from infra.dynamic import OneLineError, Provider
 from infra.task_report import last_try_line
-from trainer.config import one_line
+from trainer.config import first_line, one_line
 
 T = TypeVar("T")
 # New role assignments take minutes to reach Batch's data plane: until then it answers 403
@@ -73,10 +73,6 @@ class AccessRefused(JobError):
         )
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
 def _error_code(err: Any) -> str:
     model = getattr(err, "model", None)
     return str(getattr(model, "code", None) or getattr(err, "reason", None) or "no code")
@@ -109,7 +105,7 @@ def _call(
             if error_code(err) in expected:
                 raise
             if err.status_code not in (401, 403):
-                raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
+                raise JobError(f"{what} at {endpoint} failed: {first_line(err)}") from None
             refused = (
                 f"Batch at {endpoint} refused to {what} ({err.status_code} {_error_code(err)})"
             )
@@ -123,7 +119,7 @@ def _call(
             waited += delay
             delay = min(delay * 2, MAX_AUTH_RETRY_SECONDS)
         except AzureError as err:
-            raise JobError(f"{what} at {endpoint} failed: {_first_line(err)}") from None
+            raise JobError(f"{what} at {endpoint} failed: {first_line(err)}") from None
 
 
 def _seen(endpoint: str, what: str, call: Callable[[], T], **options: Any) -> T:
@@ -179,7 +175,7 @@ class TrainingJobProvider(Provider):
         job_id = spec.job_id
         ran = self._add_job(spec, client)
         if ran is not None:
-            return CreateResult(job_id, {**props, **_outputs(spec, state_text(ran.state))})
+            return CreateResult(job_id, {**props, **job_outputs(spec, state_text(ran.state))})
         try:
             # Batch may not show a job it has just added (404): every call on it waits for it.
             _add_task(spec, client)
@@ -201,7 +197,7 @@ class TrainingJobProvider(Provider):
                 pulumi.log.warn(f"job {job_id} was left behind: {cleanup}")
             raise
         job = _seen(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
-        return CreateResult(job_id, {**props, **_outputs(spec, state_text(job.state))})
+        return CreateResult(job_id, {**props, **job_outputs(spec, state_text(job.state))})
 
     @classmethod
     def _add_job(cls, spec: JobSpec, client: Any) -> Any:
@@ -527,14 +523,16 @@ def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
     try:
         problems = pool_problems(client, props["pool_id"], hint, job_id=job_id)
     except AzureError as err:
-        pulumi.log.warn(f"job {job_id}: pool {props['pool_id']} not read: {_first_line(err)}")
+        pulumi.log.warn(f"job {job_id}: pool {props['pool_id']} not read: {first_line(err)}")
         return []
     for line in problems:
         pulumi.log.warn(f"job {job_id}: {line}")
     return problems
 
 
-def _outputs(spec: JobSpec, state: str) -> dict[str, str]:
+def job_outputs(spec: JobSpec, state: str) -> dict[str, str]:
+    """What a job resource outputs beside its inputs, in ``state``: the provider's create and
+    the offline plan's mocks (dt_commands.mocks) both answer with it."""
     return {
         "job_id": spec.job_id,
         "state": state,

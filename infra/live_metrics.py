@@ -17,6 +17,7 @@ from typing import Any
 
 from infra import credentials
 from trainer.blob_folder import BlobFolder
+from trainer.config import first_line
 from trainer.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
 from trainer.noise_scale import advice
 
@@ -73,12 +74,12 @@ def storage_errors(url: str) -> Iterator[None]:
         ) from None
     except ClientAuthenticationError as err:
         raise StorageError(
-            f"{url}: cannot authenticate ({first_line(err)}); log in with `az login`"
+            f"{url}: cannot authenticate ({_said(err)}); log in with `az login`"
         ) from None
     except HttpResponseError as err:
-        raise StorageError(f"{url}: {first_line(err)}{_refusal_hint(err)}") from None
+        raise StorageError(f"{url}: {_said(err)}{_refusal_hint(err)}") from None
     except AzureError as err:
-        raise StorageError(f"{url}: cannot reach it ({first_line(err)})") from None
+        raise StorageError(f"{url}: cannot reach it ({_said(err)})") from None
 
 
 def _refusal_hint(err: Any) -> str:
@@ -100,8 +101,9 @@ def _refusal_hint(err: Any) -> str:
     )
 
 
-def first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+def _said(err: BaseException) -> str:
+    """An error's first line, its closing full stop dropped: it is quoted in parentheses."""
+    return first_line(err).rstrip(".")
 
 
 def parse_records(data: bytes) -> list[dict[str, Any]]:

@@ -29,10 +29,6 @@ JOB_BACKENDS = (DEFAULT_BACKEND, *TORCH_DISTRIBUTED_BACKENDS)
 JOB_SET = ("output_dir", "metrics_upload_url", "outputs_url", "checkpoint_mirror_url")
 # With a staged dataset, also its source and folder.
 STAGED_DATA_SET = ("data", "data_dir")
-# Set by the job only when the file leaves them out: the engine (DEFAULT_BACKEND, which a file
-# naming it leaves to the job, so that it gives the same flags, job id and run folder as one that
-# does not) and the VM size's preflight floor (an explicit floor wins).
-JOB_DEFAULTED = ("backend", "preflight_min_busbw")
 # How a job's own command's workers meet (the launcher's --backend for it): torch gives every
 # worker the variables torchrun would (torch.distributed, Accelerate, Lightning), horovod those
 # horovodrun --gloo would (a Horovod script).

@@ -33,7 +33,6 @@ MANIFEST_SUFFIX = ".mirror.json"
 _MANIFEST = re.compile(r"^step-(\d{9,})\.(pt|dcp)\.mirror\.json$")
 # How long the end of the run waits for the last checkpoint's upload.
 FINAL_UPLOAD_SECONDS = 600.0
-_CHUNK = 8 << 20
 
 
 def checkpoint_files(path: Path) -> list[tuple[Path, str]]:

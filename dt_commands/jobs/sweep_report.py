@@ -24,7 +24,6 @@ from typing import Any
 from infra import prices
 from infra.live_metrics import noise_advice, number, rate_key, train_records
 
-REPORT_FILES = ("report.md", "report.json", "scaling.png")
 LOCAL_COST = "no cost: local run"
 
 

@@ -1,6 +1,6 @@
 """The launchers' own keys in the master's rendezvous server (``Store``, scope ``launcher``, behind
 the job's token): how the nodes meet (``join_store``), name the attempt, report failures and
-completion, and exchange their VM names for Scheduled Events (``StoreVms``).
+completion; ``trainer.launch.eviction`` exchanges the VM names for Scheduled Events through it.
 """
 
 from __future__ import annotations
@@ -97,24 +97,6 @@ def join_store(
                 "task output"
             )
         time.sleep(sleep)
-
-
-class StoreVms:
-    """The VM names of this job's nodes (``trainer.scheduled_events.JobVms``), exchanged through
-    the launchers' store: each launcher puts the name its metadata service gives
-    (``vm-<index>``); the watcher reads them all when an event comes. Batch tells a node the
-    others' addresses (``AZ_BATCH_HOST_LIST``), not their VM names, which Scheduled Events
-    lists; asking Batch's API for them would need a credential on the node. A node that has not
-    published (yet) is missing, so an event naming its VM is not approved."""
-
-    def __init__(self, store: Store, nodes: int, index: int) -> None:
-        self.store, self.nodes, self.index = store, nodes, index
-
-    def publish(self, vm_name: str) -> None:
-        self.store.put(f"vm-{self.index}", vm_name)
-
-    def names(self) -> set[str]:
-        return {name for i in range(self.nodes) if (name := self.store.get(f"vm-{i}"))}
 
 
 def wait_for_other_nodes(node: Node, store: Store) -> None:
