@@ -55,6 +55,9 @@ class MeasuringLoader:
     def __len__(self) -> int:
         return len(self.inner)
 
+    def stop_workers(self) -> None:
+        self.inner.stop_workers()
+
     def __iter__(self):
         for batch in self.inner:
             if not _seen:

@@ -35,6 +35,9 @@ class RecordingLoader:
     def __len__(self) -> int:
         return len(self.inner)
 
+    def stop_workers(self) -> None:
+        self.inner.stop_workers()
+
     def __iter__(self):
         _pending.clear()  # a trailing group short of accumulation_steps was never trained
         # The same deterministic list the loader itself reads from.
