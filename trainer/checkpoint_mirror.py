@@ -97,10 +97,12 @@ class CheckpointMirror:
 
     def upload(self, path: Path) -> bool:
         """Upload one checkpoint, its manifest last, then prune; False (one warning) on failure."""
+        container, written = None, []
         try:
             container = self._client()
             entries = []
             for file, name in checkpoint_files(path):
+                written.append(self.folder.blob(name))
                 digest = sha256_file(file)
                 with open(file, "rb") as data:
                     container.upload_blob(
@@ -126,6 +128,11 @@ class CheckpointMirror:
                 type(err).__name__,
                 first_line(err),
             )
+            # What it wrote of a checkpoint it could not finish (the local copy pruned under a
+            # slow upload, storage refusing): no manifest names those blobs, so no prune would.
+            for blob in written if container is not None else []:
+                with suppress(Exception):
+                    container.delete_blob(blob)
             return False
         return True
 

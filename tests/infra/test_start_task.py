@@ -159,8 +159,21 @@ def on_node(argv: list[str], root: Path, env: dict[str, str]) -> subprocess.Comp
     return subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "/bin/bash", "-c", mount_fake_node,
          str(root), *argv],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
+
+
+def watch_until_answered(task: Path, root: Path, env: dict[str, str]):
+    """The watcher, run until it has answered the request in ``task`` (the answer a regular
+    file, the request gone) or has ended by itself: exit 124 when it was still watching, else
+    its own code. It waits for the event, not for a moment: a busy machine is slow to answer."""
+    answered = f"[ ! -e {task / REQUEST} ] && [ -f {task / VERDICT} ] && [ ! -L {task / VERDICT} ]"
+    script = (
+        f"/bin/bash {STATE_DIR}/node-watch & w=$!; "
+        f"until {answered} || ! kill -0 $w 2>/dev/null; do /bin/sleep 0.1; done; "
+        "if kill -0 $w 2>/dev/null; then kill $w; wait $w; exit 124; fi; wait $w"
+    )
+    return on_node(["timeout", "150", "/bin/bash", "-c", script], root, env)
 
 
 @pytest.fixture
@@ -384,8 +397,8 @@ def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(
     target.write_text("root's\n")
     (task / VERDICT).symlink_to(target)
     (task / REQUEST).write_text("check\n")
-    watcher = on_node(["timeout", "3", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
-    assert watcher.returncode == 124, watcher.stderr  # still watching when timeout ended it
+    watcher = watch_until_answered(task, tmp_path, watch_env)
+    assert watcher.returncode == 124, watcher.stderr  # still watching once it had answered
     assert (task / VERDICT).read_text() == "ok\n" and not (task / VERDICT).is_symlink()
     assert target.read_text() == "root's\n"
     assert (task / VERDICT).stat().st_uid == TASK_USER  # written as the folder's owner
@@ -395,7 +408,9 @@ def test_the_watcher_answers_each_request_and_keeps_a_node_that_fails_out(
         f"#!/bin/bash\nprintf '%s' {shlex.quote(READ_ONLY_DISK)}\n"
     )
     (task / REQUEST).write_text("check\n")
-    watcher = on_node(["timeout", "5", "/bin/bash", f"{STATE_DIR}/node-watch"], tmp_path, watch_env)
+    # A sick node's watcher ends by itself once it has recorded why and restarted the node.
+    argv = ["timeout", "150", "/bin/bash", f"{STATE_DIR}/node-watch"]
+    watcher = on_node(argv, tmp_path, watch_env)
     assert watcher.returncode == 0, watcher.stderr  # it restarted the node and ended
     reason = "a file system failed since boot: EXT4-fs (sdb1): Remounting filesystem read-only"
     assert (task / VERDICT).read_text() == f"sick {reason}\n"

@@ -78,6 +78,22 @@ def test_a_run_mirrors_its_checkpoints_verified_and_keeps_the_newest_n(tmp_path,
     assert entra_env.imds.tokens_issued >= 1  # the identity's token, not a key
 
 
+def test_a_checkpoint_pruned_locally_mid_upload_leaves_no_blob_behind(tmp_path, entra_env, logs):
+    """On a busy machine the run's local pruning can remove a checkpoint the mirror is still
+    copying: its sidecar was uploaded, its file is gone. What was written goes again (no
+    manifest would ever name it, so no prune would), and the newer checkpoints still mirror."""
+    mirror = CheckpointMirror(BlobFolder.parse(entra_env.folder_url(logs.container_name, "p/")), 5)
+    folder = tmp_path / "checkpoints"
+    pruned = _save(folder, 12)
+    pruned.unlink()  # as checkpoint.save's pruning would, the sidecar still there
+    assert mirror.upload(pruned) is False
+    assert _blobs(logs, "p/") == []
+    assert mirror.upload(_save(folder, 18)) is True
+    assert _blobs(logs, "p/") == sorted(
+        f"p/step-000000018.pt{suffix}" for suffix in ("", ".sha256", MANIFEST_SUFFIX)
+    )
+
+
 def test_a_lost_checkpoints_folder_resumes_from_the_mirror_and_ends_as_an_uninterrupted_run(
     tmp_path, entra_env, logs, caplog
 ):
