@@ -30,7 +30,7 @@ from infra.sizes import CPU_ACCEPTANCE, NOT_YET, RETIRED, SUPPORTED, GpuSize, si
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
-from trainer.config import is_plugin_ref, one_line
+from trainer.config import OneLineValueError, is_plugin_ref
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
@@ -93,11 +93,9 @@ def acr_image(ref: str) -> re.Match[str] | None:
     return _ACR_IMAGE.match(ref)
 
 
-class ConfigError(ValueError):
-    """A stack setting is invalid; the message is one line for the user."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
+class ConfigError(OneLineValueError):
+    """A stack setting is invalid (apart from the trainer's own ConfigError, which a job's
+    trainer file raises and the stack names with its key)."""
 
 
 def load_schema(path: Path = PROJECT_FILE) -> dict[str, dict[str, Any]]:

@@ -104,11 +104,15 @@ def is_plugin_ref(value: Any) -> bool:
     return isinstance(value, str) and ":" in value
 
 
-class ConfigError(ValueError):
-    """A setting has an invalid value; the message is one line meant for the user."""
+class OneLineValueError(ValueError):
+    """A bad value, said in one line for the user (``one_line`` escapes what it quotes)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(one_line(message))
+
+
+class ConfigError(OneLineValueError):
+    """A trainer setting has an invalid value."""
 
 
 @dataclass(frozen=True)
