@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import signal
 import subprocess
@@ -46,6 +47,9 @@ def _pids_in(ns: str) -> list[int]:
     return [int(pid) for pid in _ip("netns", "pids", ns, check=False).stdout.split()]
 
 
+_FABRICS = itertools.count()
+
+
 @dataclass
 class Fabric:
     """``nodes`` hosts on ``subnet`` (addresses from .4 on, as Azure assigns them) and a storage
@@ -53,7 +57,9 @@ class Fabric:
 
     nodes: int
     subnet: str
-    prefix: str = field(default_factory=lambda: f"bx{os.getpid()}")
+    # Unique per fabric, not only per process: the emulator's session fabric and a test's own
+    # (the preflight's nodes) live side by side in one pytest process.
+    prefix: str = field(default_factory=lambda: f"bx{os.getpid()}-{next(_FABRICS)}")
     isolated: bool = True
     node_ips: list[str] = field(default_factory=list)
     storage_ip: str = ""
