@@ -26,19 +26,20 @@ from trainer.cli import OneLineParser, fail, int_in
 PARTS = ("snapshot", "upload", "scheduling", "fetch", "install", "start", "total")
 
 
-def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str, float]:
+def measure_round(make_cluster, vnet, storage, cpu_stack, folder) -> dict[str, float]:
     """One code change on a fresh pool (pytest fixtures of the emulator, ``folder`` a temp
     folder); the seconds of each part."""
     from infra.code_snapshot import snapshot
-    from tests.infra.batch_nodes.batch import NFS_VIEW_LONG_SECONDS
-    from tests.infra.batch_nodes.test_job_code_on_nodes import team_repo, upload_snapshot
-    from tests.infra.batch_nodes.test_training_job import (
+    from tests.batch_emulator.jobs import (
         booted,
         make_spec,
         metrics,
         run_folder,
         submit,
+        team_repo,
+        upload_snapshot,
     )
+    from tests.batch_emulator.nfs_view import NFS_VIEW_LONG_SECONDS
 
     # The change: the torchrun example with a line of its own, so each round is a new hash.
     script = folder / "changed" / "train.py"
@@ -53,7 +54,7 @@ def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str,
     changed = time.monotonic()
     snap = snapshot("team", repo)
     snapped = time.monotonic()
-    upload_seconds = upload_snapshot(fabric, storage, folder, snap)
+    upload_seconds = upload_snapshot(vnet, storage, folder, snap)
     uploaded = time.monotonic()
     command = ("python", "train.py", "--steps", "100000")
     spec = make_spec(cpu_stack, storage, trainer_args=(), command=command, engine="torch",
@@ -89,10 +90,10 @@ def measure_round(make_cluster, fabric, storage, cpu_stack, folder) -> dict[str,
     }
 
 
-def test_code_change_to_first_step(make_cluster, fabric, storage, cpu_stack, tmp_path, request):
+def test_code_change_to_first_step(make_cluster, vnet, storage, cpu_stack, tmp_path, request):
     """Run by ``main`` through pytest, for the emulator's fixtures."""
     rounds = [
-        measure_round(make_cluster, fabric, storage, cpu_stack, tmp_path / f"round-{i}")
+        measure_round(make_cluster, vnet, storage, cpu_stack, tmp_path / f"round-{i}")
         for i in range(int(request.config.getoption("--rounds")))
     ]
     (tmp_path.parent / "code_change_rounds.json").write_text(json.dumps(rounds))
@@ -111,7 +112,7 @@ def main() -> int:
         fail("bench.code_change runs the Batch node emulator, which needs root (namespaces)", 1)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-         "-p", "tests.infra.batch_nodes.conftest", "-p", "bench.code_change",
+         "-p", "tests.batch_emulator.fixtures", "-p", "bench.code_change",
          f"--rounds={args.rounds}", "-o", "addopts=",
          f"{__file__}::test_code_change_to_first_step"],
         cwd=REPO, capture_output=True, text=True,

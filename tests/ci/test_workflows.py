@@ -277,7 +277,8 @@ def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_p
 STARTS_PROCESSES = {
     "tests.support.launchers": {"horovodrun", "torchrun"},
     "tests.trainer.launch.launch_nodes": {"start_nodes"},
-    "tests.infra.batch_nodes.batch": {"Cluster", "JobRun"},
+    "tests.batch_emulator.cluster": {"Cluster"},
+    "tests.batch_emulator.job_run": {"JobRun"},
 }
 PROCESS_FIXTURES = {"make_cluster", "uninterrupted_signal_run"}
 

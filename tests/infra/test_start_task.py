@@ -22,7 +22,7 @@ from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_MODE
 from infra.node_checks import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS, STATE_DIR, WATCH_UNIT
 from infra.toolchain import MIN_DRIVER
-from tests.infra.batch_nodes.nvme import NvmeDisks
+from tests.batch_emulator.nvme import NvmeDisks
 from tests.support.stacks import evaluate, one, stack_values
 from trainer.launch.node_check import REQUEST, VERDICT
 
@@ -66,7 +66,7 @@ def fake_node(
     uncorrectable ECC count since boot (as nvidia-smi prints it: "0", "3", "[N/A]"),
     ``remapped`` its row remapping's "pending, failure" (nvidia-smi --query-remapped-rows: "0, 0"
     when none), ``kernel_log`` what dmesg prints, ``nvme_disks`` how many blank local NVMe
-    disks the node has (with the tools that assemble them: tests/infra/batch_nodes/nvme.py)."""
+    disks the node has (with the tools that assemble them: tests/batch_emulator/nvme.py)."""
     bin_dir = root / "bin"
     bin_dir.mkdir()
     _fake_clock(root, bin_dir, coming_up or {})

@@ -143,7 +143,7 @@ def one_node_pool(
     # The image runs the trainer from PYTHONPATH (docker/Dockerfile: /opt/trainer holds
     # trainer/ alone); here a folder holding only this checkout's trainer/, never the checkout.
     # (This interpreter's editable install still maps infra/ and dt_commands/; the node
-    # emulator, tests/infra/batch_nodes, hides them.)
+    # emulator, tests/batch_emulator, hides them.)
     image = tmp_path / "image"
     image.mkdir()
     (image / "trainer").symlink_to(REPO / "trainer")

@@ -1,1 +1,1 @@
-"""A Batch node emulator: the payloads infra produces, run as Batch documents running them."""
+"""Tests of the job as Batch runs it, on the Batch node emulator (tests/batch_emulator)."""

@@ -11,15 +11,8 @@ import pytest
 
 from infra.batch import CONTAINER_RUN_OPTIONS, CPU_CONTAINER_RUN_OPTIONS
 from infra.cloud_init import MOUNT_POINT, render_nfs_cloud_init
-from tests.infra.batch_nodes.batch import (
-    NfsExport,
-    PoolSpec,
-    _asked_nodes,
-    _chmod,
-    _command_argv,
-    output_uploads,
-)
-from tests.infra.batch_nodes.image import (
+from tests.batch_emulator.declared import NfsExport, PoolSpec, asked_nodes, chmod_mode
+from tests.batch_emulator.image import (
     NVIDIA_ENTRYPOINT,
     PayloadError,
     batch_create_args,
@@ -28,7 +21,9 @@ from tests.infra.batch_nodes.image import (
     parse_run_options,
     read_dockerfile,
 )
-from tests.infra.batch_nodes.placement import place
+from tests.batch_emulator.outputs import output_uploads
+from tests.batch_emulator.placement import place
+from tests.batch_emulator.tasks import command_argv
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
@@ -140,13 +135,13 @@ def test_run_options_docker_or_batch_would_refuse(options, message):
 
 
 def test_the_declared_start_task_splits_into_bash_and_one_script(pool_spec: PoolSpec):
-    argv = _command_argv(pool_spec.start_task["commandLine"])
+    argv = command_argv(pool_spec.start_task["commandLine"])
     assert argv[:2] == ["/bin/bash", "-c"] and len(argv) == 3
 
 
 def test_a_command_line_with_broken_quoting_is_refused():
     with pytest.raises(PayloadError, match="cannot be split"):
-        _command_argv("/bin/bash -c 'echo 'it's''")
+        command_argv("/bin/bash -c 'echo 'it's''")
 
 
 def test_nfs_export_tree_follows_the_servers_cloud_init():
@@ -166,18 +161,18 @@ def test_nfs_export_tree_follows_the_servers_cloud_init():
     ],
 )
 def test_chmod_modes(spec, before, after):
-    assert _chmod(before, spec) == after
+    assert chmod_mode(before, spec) == after
 
 
 def test_without_namespaces_nodes_fall_back_to_loopback_and_say_so(monkeypatch):
-    from tests.infra.batch_nodes import fabric as fabric_module
+    from tests.batch_emulator import vnet as vnet_module
 
     def refuse(*args, check=True):
-        raise fabric_module.FabricUnavailable("ip netns add: Operation not permitted")
+        raise vnet_module.VNetUnavailable("ip netns add: Operation not permitted")
 
-    monkeypatch.setattr(fabric_module, "_ip", refuse)
+    monkeypatch.setattr(vnet_module, "_ip", refuse)
     with pytest.warns(UserWarning, match="NOT separate hosts"):
-        net = fabric_module.Fabric(nodes=2, subnet="10.20.0.0/20")
+        net = vnet_module.VNet(nodes=2, subnet="10.20.0.0/20")
     assert not net.isolated and net.node_ips == ["127.0.0.2", "127.0.0.3"]
     assert net.exec_prefix("any") == []
     net.close()
@@ -227,9 +222,9 @@ def test_a_pool_asking_for_low_priority_nodes_gets_spot_nodes(pool_spec, spot_cp
     assert (spot_cpu_stack.pool.dedicated_nodes, spot_cpu_stack.pool.spot_nodes) == (0, 2)
     formula = "$TargetDedicatedNodes = $busy ? 2 : 0;\n$TargetLowPriorityNodes = $busy ? 1 : 0;"
     scale = {"scaleSettings": {"autoScale": {"formula": formula}}}
-    assert (_asked_nodes(scale, "Dedicated"), _asked_nodes(scale, "LowPriority")) == (2, 1)
+    assert (asked_nodes(scale, "Dedicated"), asked_nodes(scale, "LowPriority")) == (2, 1)
     fixed = {"scaleSettings": {"fixedScale": {"targetLowPriorityNodes": 3}}}
-    assert (_asked_nodes(fixed, "Dedicated"), _asked_nodes(fixed, "LowPriority")) == (0, 3)
+    assert (asked_nodes(fixed, "Dedicated"), asked_nodes(fixed, "LowPriority")) == (0, 3)
 
 
 def test_a_stack_still_setting_spot_nodes_is_told_what_replaced_it():
@@ -269,7 +264,7 @@ def test_a_blob_agent_that_never_answers_fails_the_call_and_is_stopped(monkeypat
     BLOB_CALL_SECONDS, naming the wait, instead of hanging the test, and the agent is killed."""
     import subprocess
 
-    from tests.infra.batch_nodes import conftest as emulator
+    from tests.batch_emulator import storage as emulator
 
     monkeypatch.setattr(emulator, "BLOB_CALL_SECONDS", 0.5)
     agent = emulator._BlobAgent(
@@ -287,7 +282,7 @@ def test_a_blob_agent_killed_for_not_answering_is_replaced_for_the_next_call(mon
     import sys
     from types import SimpleNamespace
 
-    from tests.infra.batch_nodes import conftest as emulator
+    from tests.batch_emulator import storage as emulator
 
     def process(script: str) -> subprocess.Popen[str]:
         pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
@@ -305,7 +300,7 @@ def test_a_blob_agent_killed_for_not_answering_is_replaced_for_the_next_call(mon
     )
     started = []
 
-    def start(cls, fabric, account):
+    def start(cls, vnet, account):
         started.append(cls(process(echo)))
         return started[-1]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.infra.batch_nodes.conftest import REPO
-from tests.infra.batch_nodes.jobs import (
+from tests.batch_emulator import REPO
+from tests.batch_emulator.jobs import (
     RUN_SECONDS,
     booted,
     describe,

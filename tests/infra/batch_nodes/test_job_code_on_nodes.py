@@ -8,17 +8,16 @@ requirements; the real launcher starts the workers in it."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from infra.code_snapshot import CodeSnapshot, snapshot
-from tests.infra.batch_nodes.batch import Cluster, JobRun
-from tests.infra.batch_nodes.conftest import REPO, blob
-from tests.infra.batch_nodes.jobs import (
+from tests.batch_emulator import REPO
+from tests.batch_emulator.cluster import Cluster
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.jobs import (
     RUN_SECONDS,
     booted,
     current_attempt,
@@ -28,46 +27,20 @@ from tests.infra.batch_nodes.jobs import (
     metrics,
     run_folder,
     submit,
+    team_repo,
+    upload_snapshot,
     wait_for,
     worker_pids,
 )
-from tests.support.wheels import write_wheel
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
 
-REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
 
-
-def team_repo(root: Path, team: str, files: dict[str, Path]) -> Path:
-    """A git repository under ``root`` holding the team's folder ``team`` (``files``: name ->
-    source, and a requirements file naming a wheel of its own); its path."""
-    repo = root / "repo"
-    folder = repo / team
-    for name, source in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source, folder / name)
-    write_wheel(folder / "wheels", "team_dep", "VALUE = 3\n")
-    (folder / "requirements.txt").write_text(REQUIREMENT)
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "add", team], check=True)
-    return repo
-
-
-def upload_snapshot(fabric, storage, root: Path, snap: CodeSnapshot) -> float:
-    """``snap`` put into the code container as CodeUpload puts it; the upload's own seconds."""
-    archive = root / snap.blob_name
-    archive.write_bytes(snap.data)
-    os.chmod(root, 0o755)  # the storage side's helper reads it
-    sent = blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name,
-                file=str(archive))  # fmt: skip
-    return sent["seconds"]
-
-
-def _upload(fabric, storage, tmp_path: Path, team: str, files: dict[str, Path]) -> CodeSnapshot:
+def _upload(vnet, storage, tmp_path: Path, team: str, files: dict[str, Path]) -> CodeSnapshot:
     """The team's repository (``team_repo``), snapshotted and uploaded."""
     snap = snapshot(team, team_repo(tmp_path, team, files))
-    upload_snapshot(fabric, storage, tmp_path, snap)
+    upload_snapshot(vnet, storage, tmp_path, snap)
     return snap
 
 
@@ -86,10 +59,10 @@ def _script_checkpoints(folder: Path) -> list[str]:
 
 
 def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_honours_sigterm(
-    make_cluster, fabric, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path
 ):
     script = REPO / "examples" / "torchrun_ddp" / "train.py"
-    snap = _upload(fabric, storage, tmp_path, "team", {"train.py": script})
+    snap = _upload(vnet, storage, tmp_path, "team", {"train.py": script})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     command = ("python", "train.py", "--steps", "100000", "--checkpoint-every", "5")
     spec = make_spec(
@@ -131,11 +104,11 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
 
 
 def test_plugins_from_a_snapshot_train_on_two_nodes_with_the_trainer(
-    make_cluster, fabric, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path
 ):
     example = REPO / "examples" / "custom_model"
     files = {f"custom_model/{p.name}": p for p in example.glob("*.py")}
-    snap = _upload(fabric, storage, tmp_path, "team", files)
+    snap = _upload(vnet, storage, tmp_path, "team", files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
         "--model", "custom_model.model:build", "--data", "custom_model.data:build",

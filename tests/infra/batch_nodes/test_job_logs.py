@@ -13,9 +13,9 @@ from azure.batch import BatchClient
 from azure.core.credentials import AccessToken
 
 from dt_commands.jobs.logs import logs
-from tests.infra.batch_nodes.batch import JobRun
-from tests.infra.batch_nodes.batch_api import EmulatedBatchApi
-from tests.infra.batch_nodes.jobs import RUN_SECONDS, TINY, booted, describe, make_spec, submit
+from tests.batch_emulator.batch_api import EmulatedBatchApi
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.jobs import RUN_SECONDS, TINY, booted, describe, make_spec, submit
 from tests.support.fake_batch import COORDINATION_OUTPUTS
 
 # Real processes on emulated nodes: make test runs these one at a time.

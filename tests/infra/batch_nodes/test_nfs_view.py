@@ -1,4 +1,4 @@
-"""The emulator's incoherent NFS views (``tests.infra.batch_nodes.nfs_view``), on a fake clock: what
+"""The emulator's incoherent NFS views (``tests.batch_emulator.nfs_view``), on a fake clock: what
 one node writes is on the server at once and reaches another node only after that node's delay; and
 the launcher's rendezvous and report through such views."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra.batch_nodes.nfs_view import NfsViews
+from tests.batch_emulator.nfs_view import NfsViews
 from tests.support.ports import free_port
 from trainer.launch.batch_env import Node
 from trainer.launch.records import KEEP_OUT_HINT, Outcome, RunRecords

@@ -12,9 +12,10 @@ import pytest
 
 from infra.batch import NVME_ROOT
 from infra.sizes import size_of
-from tests.infra.batch_nodes.batch import Cluster, Node
-from tests.infra.batch_nodes.jobs import TINY, booted, describe, make_spec, submit, wait_for
-from tests.infra.batch_nodes.nvme import NvmeDisks
+from tests.batch_emulator.cluster import Cluster
+from tests.batch_emulator.jobs import TINY, booted, describe, make_spec, submit, wait_for
+from tests.batch_emulator.node import Node
+from tests.batch_emulator.nvme import NvmeDisks
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
@@ -89,7 +90,7 @@ def test_a_jobs_preparation_stages_its_dataset_on_the_array(
     assert run.prep_exit[node.index] == 0, describe(cluster, run)
     data = _disks(node, gpu_stack).mounted(NVME_ROOT)
     assert data is not None and (data / "datasets" / prefix / "manifest.json").is_file()
-    prep_dir = run._prep_dir(node)
+    prep_dir = run.prep_dir(node)
     assert prep_dir and not (prep_dir / "wd" / "datasets").exists()  # not on the temp disk
     run.terminate()
     run.wait(30)

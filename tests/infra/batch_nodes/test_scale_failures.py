@@ -10,8 +10,8 @@ import json
 import pytest
 
 from infra.batch import job_options, task_options
-from tests.infra.batch_nodes.conftest import REPO
-from tests.infra.batch_nodes.jobs import (
+from tests.batch_emulator import REPO
+from tests.batch_emulator.jobs import (
     RUN_SECONDS,
     booted,
     current_attempt,
@@ -44,10 +44,10 @@ def _submit(cluster, spec, env: dict[str, str]):
 
 
 def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
-    make_cluster, fabric, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path
 ):
     # The stuck model is the job's own code, as a team would give it (the image has none).
-    snap = job_code(fabric, storage, tmp_path, {"stuck_rank.py": TESTS / "stuck_rank.py"})
+    snap = job_code(vnet, storage, tmp_path, {"stuck_rank.py": TESTS / "stuck_rank.py"})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
         "--backend", "ddp", "--model", "stuck_rank:build", "--image-size", "16",
@@ -76,14 +76,14 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
 
 
 def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
-    make_cluster, fabric, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path
 ):
     # The plug-ins are the job's own code, laid out as the slow data imports them.
     example = REPO / "examples"
     files = {str(p.relative_to(REPO)): p for p in (example / "__init__.py",
              *(example / "custom_model").glob("*.py"))}  # fmt: skip
     files["slow_node_data.py"] = TESTS / "slow_node_data.py"
-    snap = job_code(fabric, storage, tmp_path, files)
+    snap = job_code(vnet, storage, tmp_path, files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
         "--model", "examples.custom_model.model:build",

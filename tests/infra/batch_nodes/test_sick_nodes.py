@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from dt_commands.jobs.keep_out import keep_out
-from tests.infra.batch_nodes.batch import GUEST_RESTART_READINGS, Cluster, JobRun, NodeScheduling
-from tests.infra.batch_nodes.jobs import (
+from tests.batch_emulator.batch_api import NodeScheduling
+from tests.batch_emulator.cluster import Cluster
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.jobs import (
     RUN_SECONDS,
     TINY,
     booted,
@@ -29,6 +31,7 @@ from tests.infra.batch_nodes.jobs import (
     wait_for,
     worker_pids,
 )
+from tests.batch_emulator.vm_events import GUEST_RESTART_READINGS
 from trainer.launch.records import KEEP_OUT_HINT
 
 # Real processes on emulated nodes: make test runs these one at a time.

@@ -20,13 +20,8 @@ from pathlib import Path
 import pytest
 
 from infra.batch import JobSpec
-from tests.infra.batch_nodes.batch import (
-    NFS_VIEW_LONG_SECONDS,
-    NFS_VIEW_SECONDS,
-    JobRun,
-)
-from tests.infra.batch_nodes.conftest import blob
-from tests.infra.batch_nodes.jobs import (
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.jobs import (
     RUN_SECONDS,
     TINY,
     booted,
@@ -41,6 +36,8 @@ from tests.infra.batch_nodes.jobs import (
     wait_for,
     worker_pids,
 )
+from tests.batch_emulator.nfs_view import NFS_VIEW_LONG_SECONDS, NFS_VIEW_SECONDS
+from tests.batch_emulator.storage import blob
 from trainer.checkpoint import load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
@@ -52,10 +49,10 @@ SHARDS = (
 )  # fmt: skip
 
 
-def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
-    names = blob(fabric, storage, "list", container="logs", prefix=f"{spec.job_id}/")
+def uploaded(vnet, storage, spec: JobSpec) -> dict[str, str]:
+    names = blob(vnet, storage, "list", container="logs", prefix=f"{spec.job_id}/")
     return {
-        name.rsplit("/", 1)[1]: blob(fabric, storage, "download", container="logs", blob=name)
+        name.rsplit("/", 1)[1]: blob(vnet, storage, "download", container="logs", blob=name)
         for name in names
     }
 
@@ -72,7 +69,7 @@ def uploaded(fabric, storage, spec: JobSpec) -> dict[str, str]:
     ],
 )
 def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
-    make_cluster, fabric, storage, cpu_stack, lifecycle, data, shared, request
+    make_cluster, vnet, storage, cpu_stack, lifecycle, data, shared, request
 ):
     # The stricter lifecycle's run also takes the long NFS delays: a report that read the other
     # node's outcome before it could be in its view fails there first.
@@ -96,7 +93,7 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     folder = run_folder(cluster, spec)
     assert checkpoint_steps(folder), describe(cluster, run)
     assert metrics(folder)[-1]["step"] == 6
-    logs = uploaded(fabric, storage, spec)
+    logs = uploaded(vnet, storage, spec)
     # The task's output files, and rank 0's live metrics (the job's --metrics-upload-url, as
     # the node's managed identity) with its TensorBoard events.
     assert {"stdout.txt", "stderr.txt", "metrics.jsonl"} <= set(logs), logs
@@ -106,7 +103,7 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     # The finished run's results, uploaded by rank 0 as the node's identity to the job's
     # --outputs-url (what `dt-jobs fetch` downloads): every file of its results/ folder.
     job_prefix = f"{spec.job_id}/"
-    results = blob(fabric, storage, "list", container="outputs", prefix=job_prefix)
+    results = blob(vnet, storage, "list", container="outputs", prefix=job_prefix)
     assert sorted(name.removeprefix(job_prefix) for name in results) == sorted(
         path.name for path in (folder / "results").iterdir()
     ), describe(cluster, run)
@@ -121,7 +118,7 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
             assert run.prep_exit[node.index] == 0
             # Staged into the preparation's working folder (infra.batch.STAGE_ROOT), not the
             # node's shared folder, which the "Shared" mount may not be.
-            prep_dir = run._prep_dir(node)
+            prep_dir = run.prep_dir(node)
             assert prep_dir and (prep_dir / "wd/datasets" / prefix / "manifest.json").is_file()
             # batch-job-prep-release.md: the preparation ran before the task on the node.
             prep = next(e for e in cluster.events if f"node {node.index}: job preparation" in e)
@@ -201,7 +198,7 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
 def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     make_cluster, storage, cpu_stack, dataset_prefix
 ):
-    """Batch may retry a task on other nodes (tests/infra/batch_nodes/placement.py, ``move``): a
+    """Batch may retry a task on other nodes (tests/batch_emulator/placement.py, ``move``): a
     worker dies on the subtask's node; the retry leaves that node out, takes the spare node and puts
     the primary on a node that was not the master. The spare stages the dataset first (node-
     local staging does not travel) and the retry resumes from the checkpoint on the share."""
@@ -227,7 +224,7 @@ def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     placed = ({n.index for n in run.nodes}, run.master and run.master.index)
     assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
     assert run.prep_exit[spare.index] == 0, describe(cluster, run)
-    prep_dir = run._prep_dir(spare)
+    prep_dir = run.prep_dir(spare)
     assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
     logs = folder_logs(folder, current_attempt(folder))
     assert "resumed from" in logs, logs
@@ -336,7 +333,7 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     make_cluster, storage, cpu_stack
 ):
     """Batch documents no signal for a terminate (``STOP_MODES`` in
-    tests/infra/batch_nodes/batch.py): both readings. Under ``kill`` nothing can react: the newest
+    tests/batch_emulator/job_run.py): both readings. Under ``kill`` nothing can react: the newest
     periodic checkpoint must be intact and the next run of the job resumes from it. Under ``stop``
     only the container's first process gets SIGTERM, and only if it has a handler (PID 1): the
     launcher must have one from its first instant, also while it still waits for the master's
@@ -401,13 +398,11 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
 
 
 def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
-    make_cluster, fabric, storage, cpu_stack, monkeypatch
+    make_cluster, vnet, storage, cpu_stack, monkeypatch
 ):
     """The NFS server is lost or replaced (its checkpoints gone) while a try fails: the retry
     resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
     (trainer.checkpoint_mirror, the job's --checkpoint-mirror-url), not from step 0."""
-    from tests.infra.batch_nodes.batch import JobRun
-
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
     spec = make_spec(cpu_stack, storage, trainer_args=args)
@@ -429,7 +424,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     run = submit(cluster, spec)
 
     def mirrored():
-        names = blob(fabric, storage, "list", container="checkpoints", prefix=mirror)
+        names = blob(vnet, storage, "list", container="checkpoints", prefix=mirror)
         return [n for n in names if n.endswith(".mirror.json")]
 
     wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, run)

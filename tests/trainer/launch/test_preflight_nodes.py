@@ -1,6 +1,6 @@
 """The launcher's preflight on simulated Batch nodes, for a job's own command (the trainer's jobs
 run the same code: test_launch.py). The nodes live in network namespaces of their own
-(tests/infra/batch_nodes/fabric.py), so one node's network can be slowed with ``tc``: a fault a
+(tests/batch_emulator/vnet.py), so one node's network can be slowed with ``tc``: a fault a
 test sets, the code under test unchanged. CPU nodes have no size floor: a figure below half the
 median of the other nodes' (or pairs') is slow."""
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.infra.batch_nodes.fabric import Fabric
+from tests.batch_emulator.vnet import VNet
 from tests.trainer.launch.launch_nodes import report, start_nodes
 from trainer.launch.preflight_probe import RESULT
 
@@ -22,11 +22,11 @@ pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_proces
 
 
 @pytest.fixture
-def fabric(request) -> Iterator[Fabric]:
+def fabric(request) -> Iterator[VNet]:
     nodes = request.param
     if shutil.which("tc") is None:
         pytest.skip("tc (iproute2) is not installed: cannot slow a node's network")
-    fabric = Fabric(nodes, "10.77.0.0/24")
+    fabric = VNet(nodes, "10.77.0.0/24")
     try:
         if not fabric.isolated:
             pytest.skip("network namespaces are unavailable (root and ip netns needed)")
@@ -35,7 +35,7 @@ def fabric(request) -> Iterator[Fabric]:
         fabric.close()
 
 
-def _slow(fabric: Fabric, index: int, device: str) -> None:
+def _slow(fabric: VNet, index: int, device: str) -> None:
     """Node ``index``'s ``device`` sends at 80 Mbit/s (a port that trained down, a bad cable):
     a token bucket filter (``netem`` is a module not every kernel has)."""
     ns = fabric.node_ns(index)
@@ -44,7 +44,7 @@ def _slow(fabric: Fabric, index: int, device: str) -> None:
     subprocess.run([*command, *rate], check=True, capture_output=True)
 
 
-def _launch(tmp_path, fabric: Fabric, *launch_args: str) -> tuple[list[str], str]:
+def _launch(tmp_path, fabric: VNet, *launch_args: str) -> tuple[list[str], str]:
     """Every node's launcher on a job's own command (torch engine) with the preflight on; (each
     node's log, the primary's report) once they ended. The worker leaves a mark if it ran."""
     worker = [sys.executable, "-c", f"open({str(tmp_path / 'ran')!r}, 'a').write('ran')"]

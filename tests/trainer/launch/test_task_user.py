@@ -2,7 +2,7 @@
 
 Batch maps the task's auto-user uid into the container (articles/batch/
 batch-docker-container-workloads.md); the image knows only its own user 1000, so Docker sets
-HOME to ``/`` and the uid has no passwd entry (the node emulator, tests/infra/batch_nodes/batch.py,
+HOME to ``/`` and the uid has no passwd entry (the node emulator, tests/batch_emulator/tasks.py,
 runs container tasks the same way). Here the launcher runs as such a uid (``setpriv --reuid``, as
 tests/infra/test_cloud_init.py does) and its worker checks what ``--compile`` and
 ``getpass.getuser()`` need.

@@ -1,6 +1,7 @@
-"""The training job on emulated nodes as the tests drive it: booted nodes, the job submitted
-exactly as ``infra.job`` submits it, waits with the emulator's story on failure, the workers'
-processes and the run folder on the NFS server."""
+"""The training job on emulated nodes as the tests and ``bench.code_change`` drive it: booted
+nodes, a team's code snapshotted and uploaded as ``pulumi up`` does, the job submitted exactly as
+``infra.job`` submits it, waits with the emulator's story on failure, the workers' processes and
+the run folder on the NFS server."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ import pytest
 
 from infra.batch import JobSpec, job_options, task_options
 from infra.code_snapshot import CodeSnapshot, snapshot
-from tests.infra.batch_nodes.batch import Cluster, JobRun
+from tests.batch_emulator.cluster import Cluster
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.storage import Storage, blob
+from tests.batch_emulator.vnet import VNet
+from tests.support.wheels import write_wheel
 from trainer.checkpoint import list_checkpoints
 
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
@@ -27,6 +32,7 @@ TINY = (
 )  # fmt: skip
 # The longest a test waits for one stage of a run (a start, a checkpoint, a retry).
 RUN_SECONDS = 180
+REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
 
 
 def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
@@ -51,13 +57,36 @@ def make_spec(stack, storage, **changes) -> JobSpec:
     return JobSpec.from_props(values)
 
 
-def job_code(fabric, storage, root: Path, files: dict[str, Path]) -> CodeSnapshot:
+def team_repo(root: Path, team: str, files: dict[str, Path]) -> Path:
+    """A git repository under ``root`` holding the team's folder ``team`` (``files``: name ->
+    source, and a requirements file naming a wheel of its own); its path."""
+    repo = root / "repo"
+    folder = repo / team
+    for name, source in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, folder / name)
+    write_wheel(folder / "wheels", "team_dep", "VALUE = 3\n")
+    (folder / "requirements.txt").write_text(REQUIREMENT)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", team], check=True)
+    return repo
+
+
+def upload_snapshot(vnet: VNet, storage: Storage, root: Path, snap: CodeSnapshot) -> float:
+    """``snap`` put into the code container as CodeUpload puts it; the upload's own seconds."""
+    archive = root / snap.blob_name
+    archive.write_bytes(snap.data)
+    os.chmod(root, 0o755)  # the storage side's helper reads it
+    sent = blob(vnet, storage, "upload-file", container="code", blob=snap.blob_name,
+                file=str(archive))  # fmt: skip
+    return sent["seconds"]
+
+
+def job_code(vnet: VNet, storage: Storage, root: Path, files: dict[str, Path]) -> CodeSnapshot:
     """A job's ``code:`` folder as a team gives it: ``files`` (name in the folder -> source)
-    in a git repository's ``team/`` folder under ``root``, snapshotted by
+    in a git repository's ``team/`` folder under ``root`` (no requirements), snapshotted by
     ``infra.code_snapshot`` and put into the code container as ``pulumi up`` puts it. The
     emulated containers hold the image and this folder, never the checkout."""
-    from tests.infra.batch_nodes.conftest import blob
-
     repo = root / "repo"
     for name, source in files.items():
         (repo / "team" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -65,10 +94,7 @@ def job_code(fabric, storage, root: Path, files: dict[str, Path]) -> CodeSnapsho
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "add", "team"], check=True)
     snap = snapshot("team", repo)
-    archive = root / snap.blob_name
-    archive.write_bytes(snap.data)
-    os.chmod(root, 0o755)  # the storage side's helper reads it
-    blob(fabric, storage, "upload-file", container="code", blob=snap.blob_name, file=str(archive))
+    upload_snapshot(vnet, storage, root, snap)
     return snap
 
 
@@ -88,7 +114,7 @@ def describe(cluster: Cluster, run: JobRun) -> str:
     lines += [f"try {i}: {t}" for i, t in enumerate(run.tries)]
     lines += cluster.events[-40:]
     for node in run.nodes or cluster.nodes:
-        for folder in (run._prep_dir(node), run.task_dir(node)):
+        for folder in (run.prep_dir(node), run.task_dir(node)):
             for path in sorted(folder.glob("*.txt")) if folder else ():
                 lines.append(f"--- node {node.index} {path.relative_to(node.root)}:\n"
                              f"{path.read_text()[-3000:]}")  # fmt: skip

@@ -31,14 +31,14 @@ from tests.support.process_tree import running
 IMDS_IP = "169.254.169.254"
 
 
-class FabricUnavailable(RuntimeError):
+class VNetUnavailable(RuntimeError):
     pass
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise FabricUnavailable(f"ip {' '.join(args)}: {result.stderr.strip()}")
+        raise VNetUnavailable(f"ip {' '.join(args)}: {result.stderr.strip()}")
     return result
 
 
@@ -47,19 +47,19 @@ def _pids_in(ns: str) -> list[int]:
     return [int(pid) for pid in _ip("netns", "pids", ns, check=False).stdout.split()]
 
 
-_FABRICS = itertools.count()
+_VNETS = itertools.count()
 
 
 @dataclass
-class Fabric:
+class VNet:
     """``nodes`` hosts on ``subnet`` (addresses from .4 on, as Azure assigns them) and a storage
     endpoint; ``exec_prefix(ns)`` runs a command inside a namespace."""
 
     nodes: int
     subnet: str
-    # Unique per fabric, not only per process: the emulator's session fabric and a test's own
+    # Unique per VNet, not only per process: the emulator's session VNet and a test's own
     # (the preflight's nodes) live side by side in one pytest process.
-    prefix: str = field(default_factory=lambda: f"bx{os.getpid()}-{next(_FABRICS)}")
+    prefix: str = field(default_factory=lambda: f"bx{os.getpid()}-{next(_VNETS)}")
     isolated: bool = True
     node_ips: list[str] = field(default_factory=list)
     storage_ip: str = ""
@@ -73,7 +73,7 @@ class Fabric:
         self.prefix_len = network.prefixlen
         try:
             self._create()
-        except (FabricUnavailable, FileNotFoundError, PermissionError) as err:
+        except (VNetUnavailable, FileNotFoundError, PermissionError) as err:
             self.close()
             self._fallback(str(err))
 
@@ -92,7 +92,7 @@ class Fabric:
 
     def _create(self) -> None:
         if os.geteuid() != 0:
-            raise FabricUnavailable("network namespaces need root")
+            raise VNetUnavailable("network namespaces need root")
         self._add_ns(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "addr", "add", f"{self.storage_ip}/{self.prefix_len}", "dev", "br0")
@@ -117,7 +117,7 @@ class Fabric:
         for index in range(self.nodes):
             while "state UP" not in _ip("-n", self.node_ns(index), "link", "show", "eth0").stdout:
                 if time.monotonic() > deadline:
-                    raise FabricUnavailable(f"eth0 of {self.node_ns(index)} never came up")
+                    raise VNetUnavailable(f"eth0 of {self.node_ns(index)} never came up")
                 time.sleep(0.05)
 
     def _fallback(self, reason: str) -> None:

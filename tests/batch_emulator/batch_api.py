@@ -1,14 +1,18 @@
-"""An emulated job as the Batch data plane shows it to ``dt-jobs``: the fake Batch server
+"""The emulated pool as the Batch data plane shows it to ``dt-jobs``: the fake Batch server
 (``tests.support.fake_batch``) answering from one ``JobRun`` of the emulator, so operator
-commands (``dt-jobs logs``) run with the real SDK against what the emulated nodes wrote: the
-task's state, its subtasks and every node's task files, read again at each request."""
+commands (``dt-jobs logs``) run with the real SDK against what the emulated nodes wrote (the
+task's state, its subtasks and every node's task files, read again at each request); and the
+node-scheduling calls of ``dt-jobs keep-out`` (``NodeScheduling``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from tests.infra.batch_nodes.batch import Cluster, JobRun
+from tests.batch_emulator.cluster import Cluster
+from tests.batch_emulator.job_run import JobRun
+from tests.batch_emulator.node import Node
 from tests.support.fake_batch import FakeBatch, Request
 
 
@@ -57,3 +61,32 @@ class EmulatedBatchApi(FakeBatch):
                 if path.is_file()
             }
         return None
+
+
+class NodeScheduling:
+    """The Batch client's node-scheduling calls (``get_node``, ``disable_node_scheduling``,
+    ``enable_node_scheduling`` of azure-batch 15) as the emulated account answers them, for the
+    operator's ``dt-jobs keep-out``. Disabling a node whose scheduling is already disabled is
+    refused, as the REST reference says ("only if its current scheduling state is enabled")."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def _node(self, pool_id: str, node_id: str) -> Node:
+        found = [n for n in self.cluster.nodes if n.id == node_id]
+        if pool_id != self.cluster.pool.pool_id or not found:
+            raise LookupError(f"NodeNotFound: {pool_id}/{node_id}")
+        return found[0]
+
+    def get_node(self, pool_id: str, node_id: str) -> Any:
+        return SimpleNamespace(scheduling_state=self._node(pool_id, node_id).scheduling)
+
+    def disable_node_scheduling(self, pool_id: str, node_id: str, options: Any = None) -> None:
+        node = self._node(pool_id, node_id)
+        if node.scheduling != "enabled":
+            raise RuntimeError(f"node {node_id}: scheduling is already disabled")
+        node.scheduling = "disabled"
+        self.cluster.log(f"node {node.index}: scheduling disabled ({options})")
+
+    def enable_node_scheduling(self, pool_id: str, node_id: str) -> None:
+        self._node(pool_id, node_id).scheduling = "enabled"

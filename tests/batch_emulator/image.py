@@ -151,42 +151,52 @@ def read_dockerfile(path: Path, build_args: dict[str, str] | None = None) -> Ima
             words = [w for w in words if not w.startswith("--platform")]
             reference = _substitute(words[0], global_args)
             current = words[2] if len(words) >= 3 and words[1].upper() == "AS" else str(index)
-            if reference in stages:
-                config = stages[reference]
-            else:
-                repository = _image_repository(reference)
-                if repository not in KNOWN_BASES:
-                    raise PayloadError(
-                        f"FROM {reference}: base image {repository} is not known to the "
-                        f"emulator; add its ENTRYPOINT/CMD/ENV to KNOWN_BASES"
-                    )
-                config = KNOWN_BASES[repository]
-            stages[current] = config
+            config = stages[current] = _base(reference, stages)
             scope = {}
             index += 1
             continue
         if config is None:
             continue
         values = {**global_args, **config.env_dict(), **scope}
-        if instruction == "ENV":
-            for key, value in _env_pairs(arguments, values):
-                config = config.with_env(key, value)
-                values[key] = value
-        elif instruction == "SHELL":
-            config = replace(config, shell=_json_or_shell(arguments, config.shell))
-        elif instruction == "ENTRYPOINT":
-            # Dockerfile reference: "If CMD is defined from the base image, setting ENTRYPOINT
-            # will reset CMD to an empty value."
-            config = replace(config, entrypoint=_json_or_shell(arguments, config.shell), cmd=())
-        elif instruction == "CMD":
-            config = replace(config, cmd=_json_or_shell(arguments, config.shell))
-        elif instruction == "USER":
-            config = replace(config, user=_substitute(arguments, values))
-        elif instruction == "WORKDIR":
-            config = replace(config, workdir=_substitute(arguments, values))
-        stages[current] = config
+        config = stages[current] = _instruction(config, instruction, arguments, values)
     if config is None:
         raise PayloadError(f"{path}: no FROM instruction")
+    return config
+
+
+def _base(reference: str, stages: dict[str, ImageConfig]) -> ImageConfig:
+    """What ``FROM reference`` starts from: an earlier stage, or a known base image."""
+    if reference in stages:
+        return stages[reference]
+    repository = _image_repository(reference)
+    if repository not in KNOWN_BASES:
+        raise PayloadError(
+            f"FROM {reference}: base image {repository} is not known to the "
+            f"emulator; add its ENTRYPOINT/CMD/ENV to KNOWN_BASES"
+        )
+    return KNOWN_BASES[repository]
+
+
+def _instruction(
+    config: ImageConfig, instruction: str, arguments: str, values: dict[str, str]
+) -> ImageConfig:
+    """``config`` after one instruction of a stage (those that change how a container starts)."""
+    if instruction == "ENV":
+        for key, value in _env_pairs(arguments, values):
+            config = config.with_env(key, value)
+            values[key] = value
+    elif instruction == "SHELL":
+        config = replace(config, shell=_json_or_shell(arguments, config.shell))
+    elif instruction == "ENTRYPOINT":
+        # Dockerfile reference: "If CMD is defined from the base image, setting ENTRYPOINT
+        # will reset CMD to an empty value."
+        config = replace(config, entrypoint=_json_or_shell(arguments, config.shell), cmd=())
+    elif instruction == "CMD":
+        config = replace(config, cmd=_json_or_shell(arguments, config.shell))
+    elif instruction == "USER":
+        config = replace(config, user=_substitute(arguments, values))
+    elif instruction == "WORKDIR":
+        config = replace(config, workdir=_substitute(arguments, values))
     return config
 
 
@@ -329,23 +339,8 @@ def _apply(options: RunOptions, name: str, value: str) -> None:
             "containerRunOptions: --gpus: Batch enables GPUs for container tasks itself; "
             "the argument must not be given (batch-docker-container-workloads.md)"
         )
-    if name in ("--network", "--net"):
-        if value not in ("host", "bridge", "none", "default") and not re.match(
-            r"^[\w.:-]+$", value
-        ):
-            raise PayloadError(f"--network {value}: not a network mode")
-        options.network = value
-        options.networks.append(value)
-    elif name == "--ipc":
-        if value not in ("host", "private", "shareable", "none") and not value.startswith(
-            "container:"
-        ):
-            raise PayloadError(f"--ipc {value}: invalid IPC mode")
-        options.ipc = value
-    elif name == "--pid":
-        if value != "host" and not value.startswith("container:"):
-            raise PayloadError(f"--pid {value}: invalid PID mode")
-        options.pid = value
+    if name in ("--network", "--net", "--ipc", "--pid"):
+        _apply_namespace(options, name, value)
     elif name == "--shm-size":
         if not _SIZE.match(value):
             raise PayloadError(f"--shm-size {value}: not a size (e.g. 64g)")
@@ -383,6 +378,27 @@ def _apply(options: RunOptions, name: str, value: str) -> None:
         options.entrypoint = value
     elif name == "--user":
         options.user = value
+
+
+def _apply_namespace(options: RunOptions, name: str, value: str) -> None:
+    """``--network``, ``--ipc`` or ``--pid``: which namespace the container shares."""
+    if name in ("--network", "--net"):
+        if value not in ("host", "bridge", "none", "default") and not re.match(
+            r"^[\w.:-]+$", value
+        ):
+            raise PayloadError(f"--network {value}: not a network mode")
+        options.network = value
+        options.networks.append(value)
+    elif name == "--ipc":
+        if value not in ("host", "private", "shareable", "none") and not value.startswith(
+            "container:"
+        ):
+            raise PayloadError(f"--ipc {value}: invalid IPC mode")
+        options.ipc = value
+    elif name == "--pid":
+        if value != "host" and not value.startswith("container:"):
+            raise PayloadError(f"--pid {value}: invalid PID mode")
+        options.pid = value
 
 
 # --- the whole `docker create` of a container task ------------------------------------------

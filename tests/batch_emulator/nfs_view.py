@@ -1,31 +1,9 @@
-"""Each emulated node's own, incoherent view of the NFS export.
-
-An NFS client is not a window onto the server's folder. nfs(5) ("DATA AND METADATA COHERENCE",
-"Directory entry caching"; nfs-utils utils/mount/nfs.man) documents that the Linux client
-caches file attributes for acregmin..acregmax (3..60 s by default) and directory attributes for
-acdirmin..acdirmax (30..60 s), and with ``lookupcache=all`` (the default) trusts both positive
-and negative LOOKUP results "until their parent directory's cached attributes expire": a file
-another client created can stay invisible, a file it replaced (rename over the name, as
-``trainer.files.open_atomic`` does) can still resolve to the old file, for up to a minute. Our
-pools mount with none of ac/actimeo/acdirmax/lookupcache set (``infra/nfs.py``: "vers=4.1,hard,
-nconnect=8,..." for the VM, "vers=4,minorversion=1,sec=sys,nconnect=4" for Azure Files), so
-those defaults apply. What nfs(5) does guarantee, close-to-open consistency, holds here too:
-a file changed in place (the same inode) is the same file on every node.
-
-The hard reading this module takes: every new, replaced or removed entry another node made
-reaches a node after a random delay up to ``bound`` (the real bound is a minute; tests run a
-scaled one), whether or not the node looked the name up before; the node's own changes it sees
-at once and they reach the server (the truth) at once.
-
-How: each node's view is a folder of its own mirroring the export: folders copied (owner,
-mode), files hard links to the export's inodes, so content written in place is shared at once
-(close-to-open) while a name another node created, replaced or removed is updated in the view
-only when its delay has passed. A sync pass pushes what the node did in its view (new inodes,
-removals, new folders, mode changes) to the truth at once, then pulls the truth's changes whose
-delay is over. The delays are drawn from the seed, the node, the path and how many times it
-changed, so a seed replays the same delays; ``sync(now)`` takes the clock from the caller, so
-unit tests drive it with a fake one.
-"""
+"""Each emulated node's own, incoherent view of the NFS export (nfs(5) attribute and lookup
+caching), the hard reading where a client's caches leave it open: every new, replaced or removed
+entry another node made reaches a node after a random delay up to ``bound``, whether or not the
+node looked the name up before; the node's own changes it sees at once and they reach the server
+(the truth) at once; content written in place is shared at once (close-to-open). Why, and how
+it is built: the comment below."""
 
 from __future__ import annotations
 
@@ -37,6 +15,35 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+# Why: an NFS client is not a window onto the server's folder. nfs(5) ("DATA AND METADATA
+# COHERENCE", "Directory entry caching"; nfs-utils utils/mount/nfs.man) documents that the Linux
+# client caches file attributes for acregmin..acregmax (3..60 s by default) and directory attributes
+# for acdirmin..acdirmax (30..60 s), and with ``lookupcache=all`` (the default) trusts both positive
+# and negative LOOKUP results "until their parent directory's cached attributes expire": a file
+# another client created can stay invisible, a file it replaced (rename over the name, as
+# ``trainer.files.open_atomic`` does) can still resolve to the old file, for up to a minute. Our
+# pools mount with none of ac/actimeo/acdirmax/lookupcache set (``infra/nfs.py``: "vers=4.1,hard,
+# nconnect=8,..." for the VM, "vers=4,minorversion=1,sec=sys,nconnect=4" for Azure Files), so those
+# defaults apply. What nfs(5) does guarantee, close-to-open consistency, holds here too: a file
+# changed in place (the same inode) is the same file on every node.
+#
+# How: each node's view is a folder of its own mirroring the export: folders copied (owner,
+# mode), files hard links to the export's inodes, so content written in place is shared at once
+# (close-to-open) while a name another node created, replaced or removed is updated in the view
+# only when its delay has passed. A sync pass pushes what the node did in its view (new inodes,
+# removals, new folders, mode changes) to the truth at once, then pulls the truth's changes whose
+# delay is over. The delays are drawn from the seed, the node, the path and how many times it
+# changed, so a seed replays the same delays; ``sync(now)`` takes the clock from the caller, so
+# unit tests drive it with a fake one.
+
+# Each node sees the share through its own view: another node's new, replaced or removed entries
+# reach it up to this many seconds late (a real client: up to acdirmax, a minute). Scaled down
+# so tests stay short: every try waits out a few of these delays (the token, the outcomes), so
+# most clusters take a short bound, which still leaves each wait seconds longer than the
+# launchers' polls; one full run keeps the long one (NFS_VIEW_LONG_SECONDS).
+NFS_VIEW_SECONDS = 3.0
+NFS_VIEW_LONG_SECONDS = 10.0
 
 # What a path is in a tree: ("f", inode) for a file (or symlink), ("d", (mode, uid, gid)) for a
 # folder. Two trees agree on a path when these are equal.

@@ -11,8 +11,7 @@
 ``upload SPEC`` a task's output files to Blob storage with the node's managed identity.
 ``blob-serve`` the tests' own storage operations with the account key, one JSON line each.
 
-Standard library only (except ``upload`` and ``blob-serve``): it starts in a few milliseconds.
-"""
+Standard library only (except ``upload`` and ``blob-serve``): it starts in a few milliseconds."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 MS_RDONLY = 1
@@ -38,7 +38,7 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 CLONE_NEWUSER = 0x10000000
 # Host uids 0..99999 keep their numbers in a squashed root's user namespace; the emulated NFS
-# server's root (100000, see tests.infra.batch_nodes.batch.SERVER_ROOT) is left out, so root on the
+# server's root (100000, see tests.batch_emulator.declared.SERVER_ROOT) is left out, so root on the
 # node has no capability over the server's root-owned files: it gets their "other" permissions,
 # which is what root_squash (exports(5)) gives it.
 SQUASH_MAP = "0 0 100000\n"
@@ -280,9 +280,17 @@ class ScheduledEvents:
 def imds(config_path: str) -> int:
     with open(config_path) as handle:
         config = json.load(handle)
-    identities: dict[str, str] = config["identities"]  # client id -> resource id
     log = open(config["log"], "a", buffering=1)  # noqa: SIM115
-    events = ScheduledEvents(config)
+    handler = _imds_handler(config, ScheduledEvents(config), log)
+    server = ThreadingHTTPServer((config["host"], config["port"]), handler)
+    print("ready", flush=True)
+    server.serve_forever()
+    return 0
+
+
+def _imds_handler(config: dict, events: ScheduledEvents, log: Any) -> type[BaseHTTPRequestHandler]:
+    """The metadata service's answers: tokens, the VM's name, Scheduled Events."""
+    identities: dict[str, str] = config["identities"]  # client id -> resource id
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *args: object) -> None:
@@ -333,38 +341,39 @@ def imds(config_path: str) -> int:
             if url.path != "/metadata/identity/oauth2/token":
                 self._reply(404, {"error": "not_found"})
                 return
-            client_id = query.get("client_id")
-            mi_res_id = query.get("mi_res_id") or query.get("msi_res_id")
-            if client_id is None and mi_res_id is not None:
-                client_id = next((c for c, r in identities.items() if r == mi_res_id), "?")
-            if client_id is None and len(identities) == 1:
-                client_id = next(iter(identities))
-            if client_id not in identities:
-                log.write(f"identity not found: client_id={client_id}\n")
-                self._reply(
-                    400, {"error": "invalid_request", "error_description": "Identity not found"}
-                )
-                return
-            resource_url = query.get("resource", "")
-            expires = int(time.time()) + 3600
-            self._reply(
-                200,
-                {
-                    "access_token": _token(resource_url, client_id, config["tenant"]),
-                    "client_id": client_id,
-                    "expires_in": "3600",
-                    "expires_on": str(expires),
-                    "ext_expires_in": "3600",
-                    "not_before": str(expires - 3660),
-                    "resource": resource_url,
-                    "token_type": "Bearer",
-                },
-            )
+            self._reply(*_token_answer(query, identities, config["tenant"], log))
 
-    server = ThreadingHTTPServer((config["host"], config["port"]), Handler)
-    print("ready", flush=True)
-    server.serve_forever()
-    return 0
+    return Handler
+
+
+def _token_answer(
+    query: dict[str, str], identities: dict[str, str], tenant: str, log: Any
+) -> tuple[int, dict]:
+    """A managed-identity token request's answer: the identity it names (or the only one)."""
+    client_id = query.get("client_id")
+    mi_res_id = query.get("mi_res_id") or query.get("msi_res_id")
+    if client_id is None and mi_res_id is not None:
+        client_id = next((c for c, r in identities.items() if r == mi_res_id), "?")
+    if client_id is None and len(identities) == 1:
+        client_id = next(iter(identities))
+    if client_id not in identities:
+        log.write(f"identity not found: client_id={client_id}\n")
+        return 400, {"error": "invalid_request", "error_description": "Identity not found"}
+    resource_url = query.get("resource", "")
+    expires = int(time.time()) + 3600
+    return (
+        200,
+        {
+            "access_token": _token(resource_url, client_id, tenant),
+            "client_id": client_id,
+            "expires_in": "3600",
+            "expires_on": str(expires),
+            "ext_expires_in": "3600",
+            "not_before": str(expires - 3660),
+            "resource": resource_url,
+            "token_type": "Bearer",
+        },
+    )
 
 
 def hold(host: str, port: str) -> int:

@@ -6,7 +6,7 @@ loudly. The state lives in files (``NvmeDisks.root``), so the tools, the emulato
 share it: each disk's RAID superblock, the arrays the running kernel has assembled, the file
 system on each array and what is mounted where.
 
-What the platform does to the disks is the emulator's (``tests/infra/batch_nodes/batch.py``):
+What the platform does to the disks is the emulator's (``vm_events.py`` and ``hardware.py``):
 a restart keeps them and the kernel assembles the array it finds on them again (``boot``), a
 Preempt, Redeploy or Terminate gives the node blank ones (``lose``).
 """
