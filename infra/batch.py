@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from infra import credentials
 from infra.cloud_init import RUNS_DIR
+from infra.node_scripts import in_bash
 from infra.sizes import size_of
 from infra.trainer_command import JobSet, commands, script_commands
 
@@ -366,14 +367,6 @@ def _shell(*parts: str) -> str:
     return " ".join(_word(part) for part in parts)
 
 
-def _in_bash(command: str) -> str:
-    """A task command line: Batch runs it without a shell, as the container's CMD after the
-    image's ENTRYPOINT (MicrosoftDocs/azure-docs #94943; the trainer image has none), so bash
-    expands the Batch variables. ``exec``: the program becomes the container's first process
-    and receives the SIGTERM of a terminate itself."""
-    return f"/bin/bash -c {shlex.quote('exec ' + command)}"
-
-
 def has_nvme(vm_size: str) -> bool:
     """Whether the size's nodes stage on the local NVMe array (NVME_ROOT); a size this version
     does not know (an older stack's) stages on the temporary disk, as before."""
@@ -510,10 +503,8 @@ def preparation_command(spec: JobSpec) -> str:
     steps += [stage_command(spec)] if spec.dataset_prefix else []
     if not steps:
         return ""
-    *first, last = [_shell(*step) for step in steps]
-    # Each step must succeed before the next; the last one is exec'd (see _in_bash).
-    script = " && ".join([*first, f"exec {last}"])
-    return f"/bin/bash -c {shlex.quote(script)}"
+    # Each step must succeed before the next; the last one is exec'd (see task_options).
+    return in_bash(*(_shell(*step) for step in steps), exec_last=True)
 
 
 def job_options(spec: JobSpec):
@@ -577,15 +568,19 @@ def task_options(spec: JobSpec):
     # (about 30 s) is enough for a checkpoint.
     coordination = _shell(*launch_command(spec, "--defer-exit-code", "--watch-scheduled-events"))
     application = _shell(*launch_command(spec, "--report"))
+    # Batch runs a task's command line without a shell, as the container's CMD after the image's
+    # ENTRYPOINT (MicrosoftDocs/azure-docs #94943; the trainer image has none), so bash expands
+    # the Batch variables; exec'd, the launcher is the container's first process and receives
+    # the SIGTERM of a terminate itself.
     return m.BatchTaskCreateOptions(
         id=TASK_ID,
         display_name=f"{spec.node_count} x {spec.vm_size}",
-        command_line=_in_bash(application),
+        command_line=in_bash(application, exec_last=True),
         container_settings=_container(spec),
         environment_settings=_identity_env(spec),
         multi_instance_settings=m.MultiInstanceSettings(
             number_of_instances=spec.node_count,
-            coordination_command_line=_in_bash(coordination),
+            coordination_command_line=in_bash(coordination, exec_last=True),
         ),
         # A retry resumes from the newest checkpoint on NFS (same run folder).
         constraints=m.BatchTaskConstraints(max_task_retry_count=MAX_TASK_RETRIES),
