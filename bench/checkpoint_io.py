@@ -16,7 +16,7 @@ import torch
 
 from bench.common import save
 from trainer import checkpoint
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 from trainer.model import build_model
 
 

@@ -21,7 +21,7 @@ import sys
 import time
 
 from bench.common import REPO, save
-from trainer.cli import OneLineParser, fail, int_in
+from trainer.common.cli import OneLineParser, fail, int_in
 
 PARTS = ("snapshot", "upload", "scheduling", "fetch", "install", "start", "total")
 

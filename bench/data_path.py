@@ -31,7 +31,7 @@ from torch.utils.data import Dataset, default_collate
 from bench.common import save
 from bench.gpu import H100_TARGET
 from infra.sizes import size_of
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 from trainer.data.cache import MemoryCache, load_pixels
 from trainer.data.dataset import CheckedImageDataset, ImageDataset, collate_images
 from trainer.data.decode import decode, decode_pixels_pil

@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from bench.common import run_records, save, steady_value, torchrun
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 ROUNDS = 2
 WORKERS = 2

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from bench.common import REPO, run_trainer, save
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 from trainer.model import build_model
 
 MODEL, CLASSES, SIZE, BATCH, POOL = "resnet18", 100, 64, 32, 64

@@ -17,8 +17,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult
 
 from infra.dynamic import OneLineError, Provider, changed_inputs
-from trainer.config import first_line
-from trainer.grant_wait import (
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import (
     CONTRIBUTOR,
     FIREWALL_REFUSAL,
     PENDING,

@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from infra import credentials
-from trainer.blob_folder import BlobFolder
-from trainer.config import first_line
-from trainer.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
 from trainer.noise_scale import advice
 
 METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded

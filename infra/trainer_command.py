@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.cli import to_flags
+from trainer.common.errors import ConfigError as TrainerConfigError
 from trainer.config import TORCH_DISTRIBUTED_BACKENDS, TrainConfig
-from trainer.config import ConfigError as TrainerConfigError
 from trainer.launch.fabric import SIZES, preflight_floor
 
 # The engine of a job whose trainer settings choose none (``trainer_args`` then carry no

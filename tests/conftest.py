@@ -274,7 +274,7 @@ def container(azurite, request):
 
 def checksums(folder: Path) -> dict[str, str]:
     """SHA-256 of every file in ``folder`` (hidden temp files included), by name."""
-    from trainer.files import sha256_file
+    from trainer.common.files import sha256_file
 
     return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
 

@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.cli import fail, parse
-from trainer.config import ConfigError, TrainConfig
+from trainer.cli import parse
+from trainer.common.cli import fail
+from trainer.common.errors import ConfigError
+from trainer.config import TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
     from trainer.distributed import Dist
@@ -74,13 +76,13 @@ def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
 
 
 def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
-    """Start this worker's engine and train; every failure ends in one line (trainer.cli.fail)."""
+    """Start this worker's engine and train; every failure ends in one line (common.cli.fail)."""
     # Imported here so --dry-run never waits for torch.distributed.
     from trainer.checkpoint import CheckpointError
+    from trainer.common.files import OutputError
     from trainer.data import DataError
     from trainer.debugger import DebuggerError, wait_for_debugger
     from trainer.distributed import init_dist, is_peer_failure
-    from trainer.files import OutputError
     from trainer.init_from import InitError
     from trainer.live_upload import uploading
     from trainer.preflight import PreflightError
@@ -137,7 +139,7 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
 
 def _upload_results(results: Path, outputs_url: str) -> None:
     """Rank 0 only (the other ranks hold no results), once the workers are done."""
-    from trainer.blob_folder import BlobFolder
+    from trainer.common.blob_folder import BlobFolder
     from trainer.results import ResultsError, upload
 
     try:

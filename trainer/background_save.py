@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import first_line
+from trainer.common.errors import first_line
 
 
 def cpu_copy(value: Any) -> Any:

@@ -13,8 +13,14 @@ from typing import Any
 
 import torch
 
-from trainer.config import first_line
-from trainer.files import fsync_folder, open_atomic, remove_partials, sha256_file, write_atomic
+from trainer.common.errors import first_line
+from trainer.common.files import (
+    fsync_folder,
+    open_atomic,
+    remove_partials,
+    sha256_file,
+    write_atomic,
+)
 
 SCHEMA = 1
 _NAME = re.compile(r"^step-(\d{9,})\.pt$")

@@ -19,9 +19,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from trainer.blob_folder import BlobFolder
-from trainer.config import TrainConfig, first_line
-from trainer.files import fsync_folder, sha256_file
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.files import fsync_folder, sha256_file
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class CheckpointMirror:
 
     def _client(self) -> Any:
         if self._container is None:
-            from trainer.live_upload import container_client
+            from trainer.common.blob_client import container_client
 
             self._container = container_client(self.folder)
         return self._container

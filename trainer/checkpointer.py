@@ -26,7 +26,8 @@ from trainer.background_save import (
     cpu_copy,
     snapshot_unguarded,
 )
-from trainer.config import DEFAULTS, ConfigError, TrainConfig
+from trainer.common.errors import ConfigError
+from trainer.config import DEFAULTS, TrainConfig
 from trainer.distributed import Dist
 
 log = logging.getLogger(__name__)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
+from trainer.common.cli import OneLineParser
+from trainer.common.errors import ConfigError, first_line
 from trainer.config import (
     AMP_MODES,
     BACKENDS,
@@ -30,13 +30,7 @@ from trainer.config import (
     NCCL_FUSION_MB,
     OPTIMIZERS,
     SWITCHES,
-    ConfigError,
     TrainConfig,
-    first_line,
-    interval,
-    one_line,
-    shown,
-    within,
 )
 
 # Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
@@ -157,12 +151,6 @@ _BOOLEAN = {
 }
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line, exit code 2 (argparse's code), no usage block.
-        self.exit(2, f"error: {one_line(message)} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="dt-train",
@@ -228,51 +216,6 @@ def parse(argv: Sequence[str] | None = None) -> Request:
         values.update(_read_yaml(namespace["config"]))
     values.update({k: v for k, v in namespace.items() if k in FIELD_NAMES})
     return Request(TrainConfig.from_mapping(values), bool(namespace.get("dry_run")))
-
-
-# Digits an integer flag may have: more is never a count or a size, and int() of over 4300
-# digits raises its own ValueError.
-_MAX_DIGITS = 30
-
-
-def int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type for an integer in ``low..high``. argparse turns its error into one line
-    naming the flag, exit 2, before the command does anything."""
-
-    def integer(text: str) -> int:
-        digits = text.strip().removeprefix("-")
-        usable = digits.isascii() and digits.isdigit() and len(digits) <= _MAX_DIGITS
-        if usable and low <= (value := int(text)) <= high:
-            return value
-        raise argparse.ArgumentTypeError(f"{shown(text)}: give an integer in {low}..{high}")
-
-    return integer
-
-
-def number_in(
-    low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> Callable[[str], float]:
-    """An argparse type for a finite number in an interval (``trainer.config.within``): NaN,
-    infinities and values out of range are one line naming the flag, exit 2."""
-    ends = {"low_open": low_open, "high_open": high_open}
-
-    def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not within(value, low, high, **ends):
-            raise argparse.ArgumentTypeError(
-                f"{shown(text)}: give a number in {interval(low, high, **ends)}"
-            )
-        return value
-
-    return number
-
-
-def fail(message: str, code: int) -> NoReturn:
-    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:

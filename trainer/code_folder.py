@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.cli import OneLineParser
-from trainer.grant_wait import READER, GrantMissing, GrantWait
+from trainer.common.cli import OneLineParser
+from trainer.common.grant_wait import READER, GrantMissing, GrantWait
 
 CONTAINER = "code"  # infra.storage.CONTAINERS: the deployer writes it, nodes only read it
 READY = ".ready"  # written last: a folder without it is unfinished and is rebuilt

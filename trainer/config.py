@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +16,9 @@ from typing import Any
 
 import yaml
 
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import ConfigError
+from trainer.common.values import hashable, interval, shown, within
 from trainer.lm.sizes import GPT_SIZES
 
 IMAGE_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
@@ -87,32 +88,9 @@ REMOVED_SETTINGS = {
 }
 
 
-def first_line(err: BaseException) -> str:
-    """The first line of an exception's message (its type's name when it has none): what a
-    one-line error or warning quotes of it."""
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
-def one_line(text: str) -> str:
-    """``text`` with newlines and other control characters escaped: errors stay one line even
-    when they quote what the user typed."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
 def is_plugin_ref(value: Any) -> bool:
     """Whether ``value`` names a plug-in (``pkg.module:name``) rather than a built-in."""
     return isinstance(value, str) and ":" in value
-
-
-class OneLineValueError(ValueError):
-    """A bad value, said in one line for the user (``one_line`` escapes what it quotes)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(one_line(message))
-
-
-class ConfigError(OneLineValueError):
-    """A trainer setting has an invalid value."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +244,7 @@ class TrainConfig:
     def __hash__(self) -> int:
         # The plug-ins' argument mappings are dicts: hashed by their sorted items, so a config
         # stays hashable as a frozen dataclass is.
-        return hash(tuple(_hashable(getattr(self, name)) for name in FIELD_NAMES))
+        return hash(tuple(hashable(getattr(self, name)) for name in FIELD_NAMES))
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
@@ -549,24 +527,6 @@ def profile_window(text: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
-def shown(value: Any, limit: int = 40) -> str:
-    """``repr(value)``, cut to ``limit`` characters: an error quotes what was typed, not a
-    400-digit number."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's 4300-digit conversion limit
-        text = f"<a {value.bit_length()}-bit integer>"
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
-
-
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name}={shown(value)}: must be one of {', '.join(choices)}")
@@ -577,23 +537,6 @@ def _int_range(name: str, value: Any, low: int, high: int) -> None:
         raise ConfigError(f"{name}={shown(value)}: must be an integer in {low}..{high}")
     if not low <= value <= high:
         raise ConfigError(f"{name}={shown(value)}: must be in {low}..{high}")
-
-
-def interval(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> str:
-    """``[low, high]`` with its open ends as ``(`` or ``)``: how an error states a range."""
-    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-
-
-def within(
-    value: float, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> bool:
-    """Whether ``value`` is a number in the interval: the one home of "a finite number in a
-    range" for settings and flags alike (NaN compares false with everything, so it is out)."""
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    above = value > low if low_open else value >= low
-    below = value < high if high_open else value <= high
-    return above and below
 
 
 def _float_range(

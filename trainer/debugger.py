@@ -10,7 +10,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from trainer.config import ConfigError, TrainConfig, first_line
+from trainer.common.errors import ConfigError, first_line
+from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from trainer.distributed import Dist

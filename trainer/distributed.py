@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from trainer.background_save import cpu_copy
+from trainer.common.errors import ConfigError
 from trainer.config import (
     GLOO_CPU_CYCLE_MS,
     GLOO_CPU_FUSION_MB,
     NCCL_CYCLE_MS,
     NCCL_FUSION_MB,
-    ConfigError,
     TrainConfig,
 )
 

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from trainer import checkpoint, sharded_checkpoint
-from trainer.blob_folder import BlobFolder
-from trainer.config import first_line, init_source
-from trainer.grant_wait import READER, GrantMissing, GrantWait
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import READER, GrantMissing, GrantWait
+from trainer.config import init_source
 
 # Prefixes wrappers add to every key: DDP's ``module.`` and torch.compile's ``_orig_mod.``.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -72,7 +73,7 @@ def download(location: BlobFolder, source: str, into: Path) -> Path:
         ServiceRequestError,
     )
 
-    from trainer.live_upload import container_client
+    from trainer.common.blob_client import container_client
 
     name = location.prefix.rstrip("/")
     wait = GrantWait(READER, log=print)

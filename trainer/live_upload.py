@@ -10,17 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.blob_folder import BlobFolder
-from trainer.config import TrainConfig, first_line
-from trainer.grant_wait import CONTRIBUTOR, PENDING, is_pending, missing_role
+from trainer.common.blob_client import container_client
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import CONTRIBUTOR, PENDING, is_pending, missing_role
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
 # How long the end of the run waits for the last upload before it gives up with a warning.
 FINAL_UPLOAD_SECONDS = 120.0
-# A failed request is tried twice more, 2 s apart, then the period ends; the next one retries.
-# (The SDK's default waits 15 s and more between tries, which would hold up the end of a run.)
-RETRIES, RETRY_BACKOFF_SECONDS = 2, 2
 
 
 def record_files(output_dir: Path) -> list[tuple[Path, str]]:
@@ -110,25 +109,6 @@ class LiveUploader:
         if self._container is None:
             self._container = container_client(self.folder)
         return self._container
-
-
-def container_client(folder: BlobFolder) -> Any:
-    """A client of ``folder``'s container as rank 0 writes there (the live upload, and
-    ``trainer.results``): the machine's identity, quick retries, the SDK's logging quiet."""
-    from azure.identity import DefaultAzureCredential
-    from azure.storage.blob import ContainerClient, LinearRetry
-
-    # The SDK logs every request at INFO and a failed credential chain as a multi-line
-    # WARNING; the callers report each failure in one line of their own.
-    logging.getLogger("azure").setLevel(logging.ERROR)
-    return ContainerClient(
-        folder.account_url,
-        folder.container,
-        credential=DefaultAzureCredential(),
-        retry_policy=LinearRetry(
-            backoff=RETRY_BACKOFF_SECONDS, retry_total=RETRIES, random_jitter_range=1
-        ),
-    )
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainer.files import OutputError
+from trainer.common.files import OutputError
 
 
 class MetricsWriter:

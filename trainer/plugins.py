@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from trainer.config import ConfigError, TrainConfig, first_line, is_plugin_ref
+from trainer.common.errors import ConfigError, first_line
+from trainer.config import TrainConfig, is_plugin_ref
 
 Hook = Callable[[Any, torch.Tensor], torch.Tensor]
 

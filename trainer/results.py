@@ -10,16 +10,16 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from trainer.blob_folder import BlobFolder
-from trainer.config import first_line
-from trainer.files import (
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.files import (
     OutputError,
     fsync_folder,
     remove_partials,
     sha256_file,
     write_atomic,
 )
-from trainer.grant_wait import CONTRIBUTOR, GrantMissing, GrantWait
+from trainer.common.grant_wait import CONTRIBUTOR, GrantMissing, GrantWait
 from trainer.results_manifest import MANIFEST, Entry, ResultsError, manifest_bytes, verify
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ def write(
     weights_metadata: Mapping[str, str],
 ) -> list[Entry]:
     """Rank 0: write a complete results folder (see the module's docstring); its entries.
-    ``trainer.files.OutputError`` (one line) when the disk refuses: nothing then passes for
+    ``trainer.common.files.OutputError`` (one line) when the disk refuses: nothing then passes for
     complete results."""
     import yaml
     from safetensors.torch import save
@@ -162,7 +162,7 @@ def upload(
     a refusal for want of the role is waited out (default: 30 min)."""
     from azure.core.exceptions import AzureError
 
-    from trainer.live_upload import container_client
+    from trainer.common.blob_client import container_client
 
     entries = verify(folder)  # never upload what no longer matches its manifest
     wait = grant_wait or GrantWait(CONTRIBUTOR, log=_say)

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.config import first_line, one_line
-from trainer.files import sha256_file
+from trainer.common.errors import first_line, one_line
+from trainer.common.files import sha256_file
 
 MANIFEST = "manifest.json"
 SCHEMA = 1

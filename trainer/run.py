@@ -20,7 +20,8 @@ from torch import nn
 
 from trainer import affinity, checkpoint, init_from, preflight, results
 from trainer.checkpointer import build_checkpointer
-from trainer.config import ConfigError, TrainConfig
+from trainer.common.errors import ConfigError
+from trainer.config import TrainConfig
 from trainer.data import Loaders, build_loaders
 from trainer.data.plugin import plugin_loaders
 from trainer.distributed import Dist, GradientProbe

@@ -24,8 +24,8 @@ from trainer.checkpoint import (
     os_error_in,
     warn_misnamed,
 )
-from trainer.config import first_line
-from trainer.files import fsync_folder, write_atomic
+from trainer.common.errors import first_line
+from trainer.common.files import fsync_folder, write_atomic
 
 _NAME = re.compile(r"^step-(\d{9,})\.dcp$")
 COMPLETE = "complete"

@@ -25,8 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-# The worker's exit code when its watchdog fired; the launcher names it (trainer.launch.workers).
-WATCHDOG_EXIT = 86
+from trainer.common.exit_codes import WATCHDOG_EXIT
+
 # With --step-timeout-minutes 0 the limit is STEP_MULTIPLE median steps, never under the floor:
 # a stuck collective costs at most this much of the job, and evaluations and checkpoint saves
 # (watched too, each as one phase) rarely take longer; a slower one needs an explicit limit.

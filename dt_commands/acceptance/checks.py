@@ -13,7 +13,7 @@ from dt_commands.acceptance.errors import CheckFailed
 from dt_commands.acceptance.options import expected_checkpoints
 from infra.naming import global_name, prefix
 from infra.sizes import size_of
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 AUTH_WAIT_SECONDS = 600.0  # new role assignments and IP rules take minutes to apply
 LOG_WAIT_SECONDS = 300.0  # output files are uploaded as the task completes

@@ -24,8 +24,8 @@ from typing import Any, TextIO
 from dt_commands.jobs.call import Call
 from dt_commands.stack_outputs import Job, JobsError, OutputsError
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from trainer.blob_folder import BlobFolder
-from trainer.files import partial_path
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.files import partial_path
 from trainer.results_manifest import MANIFEST, ResultsError, parse_manifest
 
 NAME = "fetch"

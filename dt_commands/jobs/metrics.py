@@ -20,8 +20,8 @@ from infra.live_metrics import (
     straggler_lines,
     train_records,
 )
-from trainer.blob_folder import BlobFolder
-from trainer.cli import int_in
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.cli import int_in
 
 NAME = "metrics"
 HELP = "the last logged steps and the throughput, from the uploaded metrics"

@@ -18,7 +18,7 @@ from tests.support.container import recorded, run_in_container
 from tests.support.wheels import write_wheel
 from trainer import code_folder
 from trainer.code_folder import CodeError, ready
-from trainer.grant_wait import READER, GrantWait
+from trainer.common.grant_wait import READER, GrantWait
 
 SHA = "c0de" * 16
 

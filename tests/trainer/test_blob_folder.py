@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 
 
 @pytest.mark.parametrize(

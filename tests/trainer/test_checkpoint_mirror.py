@@ -14,9 +14,10 @@ import torch
 
 from tests.conftest import tiny_config as base_config
 from tests.support.ports import free_port
-from trainer import checkpoint, live_upload
-from trainer.blob_folder import BlobFolder
+from trainer import checkpoint
 from trainer.checkpoint_mirror import MANIFEST_SUFFIX, CheckpointMirror
+from trainer.common import blob_client
+from trainer.common.blob_folder import BlobFolder
 from trainer.config import DEFAULTS
 from trainer.distributed import LocalDist
 from trainer.run import train
@@ -157,7 +158,7 @@ def test_a_corrupted_mirrored_blob_is_skipped_with_a_warning(tmp_path, entra_env
 def test_an_unreachable_mirror_is_one_warning_and_the_run_trains_and_resumes_locally(
     tmp_path, entra_env, monkeypatch, caplog
 ):
-    monkeypatch.setattr(live_upload, "RETRY_BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(blob_client, "RETRY_BACKOFF_SECONDS", 0)
     url = f"https://127.0.0.1:{free_port()}/devstoreaccount1/checkpoints/run/"
     cfg = tiny_config(tmp_path, max_steps=4, checkpoint_every=2, checkpoint_mirror_url=url)
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoint_mirror"):

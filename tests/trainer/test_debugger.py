@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainer.cli import to_flags
-from trainer.config import DEFAULTS, ConfigError
+from trainer.common.errors import ConfigError
+from trainer.config import DEFAULTS
 from trainer.debugger import wait_for_debugger
 from trainer.distributed import LocalDist
 from trainer.signals import StopRequest

@@ -14,9 +14,9 @@ from pathlib import Path
 from tests.conftest import tiny_config
 from tests.support.ports import free_port
 from tests.trainer.traces import traces
-from trainer import live_upload
-from trainer.blob_folder import BlobFolder
 from trainer.cli import to_flags
+from trainer.common import blob_client
+from trainer.common.blob_folder import BlobFolder
 from trainer.live_upload import LiveUploader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_every_period_only_changed_files_are_uploaded_again(tmp_path, entra_env,
 def test_a_failed_period_logs_one_line_and_the_next_one_retries(
     tmp_path, entra_env, azurite_entra, caplog, monkeypatch
 ):
-    monkeypatch.setattr(live_upload, "RETRY_BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(blob_client, "RETRY_BACKOFF_SECONDS", 0)
     _record(tmp_path)
     missing = azurite_entra.container("not-yet-created")
     folder = BlobFolder.parse(entra_env.folder_url("not-yet-created", "j/"))
@@ -176,7 +176,7 @@ def test_a_late_role_assignment_is_one_warning_naming_the_role_until_it_arrives(
     """A late grant (tests/support/storage_grants.py): each period before it is one warning line
     that says which role is missing; the first period after it uploads everything."""
     from tests.support.fake_imds import IDENTITY
-    from trainer.grant_wait import CONTRIBUTOR
+    from trainer.common.grant_wait import CONTRIBUTOR
 
     storage = late_grants.storage
     for name in [n for n in os.environ if n.startswith("AZURE_") and n != "AZURE_IMDS_URL"]:

@@ -50,7 +50,8 @@ def test_a_one_worker_run_refuses_to_measure_the_noise_scale_before_it_starts(tm
     """With one worker the reduced gradient is the worker's own: no second batch size. The run
     stops with one line before it creates its output folder."""
     from tests.conftest import tiny_config
-    from trainer.config import DEFAULTS, ConfigError
+    from trainer.common.errors import ConfigError
+    from trainer.config import DEFAULTS
     from trainer.distributed import LocalDist
     from trainer.run import train
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerAction
 
-from trainer.config import ConfigError, TrainConfig, profile_window
+from trainer.common.errors import ConfigError
+from trainer.config import TrainConfig, profile_window
 from trainer.profiling import profiling, step_schedule, trace_folder
 
 

@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from tests.trainer.fs_faults import file_size_limit
 from trainer import results
-from trainer.blob_folder import BlobFolder
-from trainer.config import ConfigError, TrainConfig
-from trainer.files import OutputError, sha256_file
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import ConfigError
+from trainer.common.files import OutputError, sha256_file
+from trainer.config import TrainConfig
 from trainer.model import build_model
 from trainer.results_manifest import ResultsError, parse_manifest, verify
 
@@ -151,9 +152,9 @@ def test_outputs_url_is_validated_like_the_metrics_url():
 def test_an_upload_that_fails_is_one_line_naming_the_folder_and_where_the_results_are(
     tmp_path, entra_env, monkeypatch
 ):
-    from trainer import live_upload
+    from trainer.common import blob_client
 
-    monkeypatch.setattr(live_upload, "RETRY_BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(blob_client, "RETRY_BACKOFF_SECONDS", 0)
     folder = tmp_path / "results"
     _write(folder, build_model("tiny", 5))
     missing = BlobFolder.parse(entra_env.folder_url("no-such-container", "dev-1/"))

@@ -70,8 +70,8 @@ def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_gran
     from tests.support.storage_grants import FakeClock
     from tests.trainer.test_results import _write
     from trainer import results
-    from trainer.blob_folder import BlobFolder
-    from trainer.grant_wait import CONTRIBUTOR, GrantWait
+    from trainer.common.blob_folder import BlobFolder
+    from trainer.common.grant_wait import CONTRIBUTOR, GrantWait
     from trainer.model import build_model
     from trainer.results_manifest import ResultsError
 

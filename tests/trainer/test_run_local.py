@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
 from trainer import checkpoint, results
-from trainer.config import DEFAULTS, ConfigError
+from trainer.common.errors import ConfigError
+from trainer.config import DEFAULTS
 from trainer.distributed import LocalDist
 from trainer.model import build_model
 from trainer.run import train

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from trainer import watchdog
-from trainer.watchdog import FLOOR_SECONDS, WATCHDOG_EXIT, StepWatchdog, limit_seconds
+from trainer.common.exit_codes import WATCHDOG_EXIT
+from trainer.watchdog import FLOOR_SECONDS, StepWatchdog, limit_seconds
 
 # The bytes torch 2.13's flight recorder dumped (_dump_fr_trace_json) after one allreduce on a
 # one-rank Gloo group with TORCH_FR_BUFFER_SIZE=100.

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.launchers import REPO, read_metrics, small_config, torchrun
 from trainer.cli import to_flags
-from trainer.watchdog import WATCHDOG_EXIT
+from trainer.common.exit_codes import WATCHDOG_EXIT
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 

@@ -19,8 +19,8 @@ from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpf
 from trainer import checkpoint, results
 from trainer.checkpoint import CheckpointError
 from trainer.cli import to_flags
+from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
-from trainer.files import OutputError
 from trainer.metrics import MetricsWriter
 
 # What each fault's one line must say: the reason and the first words of its fix.
@@ -207,7 +207,7 @@ TENSORBOARD_ONLY = """
 import sys
 from pathlib import Path
 from tests.trainer.fs_faults import fill
-from trainer.files import OutputError
+from trainer.common.files import OutputError
 from trainer.metrics import MetricsWriter
 
 disk = Path(sys.argv[1])

@@ -21,9 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainer.data.errors import DataError
-from trainer.data.manifest import MANIFEST_NAME, MAX_SHARD_MB
-from trainer.files import (
+from trainer.common.files import (
     OutputError,
     fsync_folder,
     open_atomic,
@@ -32,6 +30,8 @@ from trainer.files import (
     sha256_file,
     write_atomic,
 )
+from trainer.data.errors import DataError
+from trainer.data.manifest import MANIFEST_NAME, MAX_SHARD_MB
 
 FORMAT = "distributed-training-tokens/1"
 DEFAULT_SHARD_MB = 64

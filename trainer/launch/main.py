@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.cli import fail
+from trainer.common.cli import fail
 from trainer.launch import eviction
 from trainer.launch.batch_env import (
     LaunchError,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.files import write_atomic
+from trainer.common.files import write_atomic
 
 # In the task's folder. The watcher finds requests under the node's workitems/ and removes each
 # at once (its content is never read: a task user may have made it a link to anything); its

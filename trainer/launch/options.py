@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.blob_folder import BlobFolder
-from trainer.cli import OneLineParser, int_in
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.cli import OneLineParser, int_in
 from trainer.config import DEFAULTS
 from trainer.launch.batch_env import DEFAULT_PORT
 from trainer.launch.fabric import MAX_WORKERS_PER_NODE

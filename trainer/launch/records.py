@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from trainer.files import ensure_writable_folder, write_atomic
+from trainer.common.files import ensure_writable_folder, write_atomic
 from trainer.launch.batch_env import LaunchError, host_list
 from trainer.launch.rendezvous import publish_token, read_token
 from trainer.launch.store import POLL_SECONDS

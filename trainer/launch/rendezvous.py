@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.files import open_atomic
+from trainer.common.files import open_atomic
 
 # 32 random bytes, URL-safe base64 (letters, digits, "-" and "_"): a path segment as it is.
 TOKEN_BYTES = 32

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from trainer.common.exit_codes import WATCHDOG_EXIT
 from trainer.config import TORCH_DISTRIBUTED_BACKENDS
 from trainer.launch.batch_env import LaunchError, Node
 from trainer.launch.records import Outcome, RunLog
@@ -22,7 +23,6 @@ from trainer.launch.rendezvous import gloo_worker_env, torch_worker_env
 from trainer.launch.stop import STOP
 from trainer.launch.store import POLL_SECONDS, Store
 from trainer.scheduled_events import Watcher
-from trainer.watchdog import WATCHDOG_EXIT
 
 # The engines started the way torchrun starts them: the trainer's torch.distributed ones, and
 # ``torch`` for a job's own command (a torchrun-style script, Accelerate, Lightning).

@@ -15,7 +15,7 @@ from infra.batch import JobSpec, trainer_command
 from infra.storage import CONTAINERS
 from tests.support.stacks import one
 from trainer import results
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 from trainer.config import TrainConfig
 from trainer.model import build_model
 

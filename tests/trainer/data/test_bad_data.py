@@ -20,6 +20,7 @@ from tests.trainer.data.conftest import shard_config, shard_settings
 from tests.trainer.data.test_cache_scope import run_ranks
 from trainer import checkpoint
 from trainer.cli import to_flags
+from trainer.common.files import sha256_file
 from trainer.config import DEFAULTS, TrainConfig
 from trainer.data import DataError, build_loaders
 from trainer.data import verify as verify_module
@@ -28,7 +29,6 @@ from trainer.data.node_memory import NodeGroup
 from trainer.data.shards import ShardSource
 from trainer.data.verify import verify_shards
 from trainer.distributed import LocalDist
-from trainer.files import sha256_file
 from trainer.run import train
 
 CPU = torch.device("cpu")

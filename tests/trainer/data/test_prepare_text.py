@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainer.common.files import sha256_file
 from trainer.data.__main__ import main
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME
@@ -23,7 +24,6 @@ from trainer.data.text import (
     read_split,
     text_pieces,
 )
-from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 DOCS = {

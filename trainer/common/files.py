@@ -114,7 +114,9 @@ class OutputError(Exception):
         """``err`` (raised while writing into ``where``) as one line naming the path that failed
         (the one the error names, else ``where``) and the fix for its reason."""
         failed = Path(os.fsdecode(err.filename)) if err.filename is not None else where
-        if ".partial-" in failed.name:  # a temp file (trainer.files): name the folder it is in
+        if (
+            ".partial-" in failed.name
+        ):  # a temp file (trainer.common.files): name the folder it is in
             failed = failed.parent
         reason = err.strerror or type(err).__name__
         fix = _WRITE_FIXES.get(err.errno or 0, "check that folder and its file system")
