@@ -31,7 +31,7 @@ from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_bas
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
 from trainer.common.errors import OneLineValueError
-from trainer.config import is_plugin_ref
+from trainer.settings.choices import is_plugin_ref
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")

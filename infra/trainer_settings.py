@@ -15,7 +15,7 @@ import yaml
 
 from infra.trainer_command import DEFAULT_BACKEND, JOB_BACKENDS, settings_flags
 from trainer.common.errors import ConfigError as TrainerConfigError
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 __all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "trainer_flags"]
 

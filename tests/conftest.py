@@ -76,7 +76,7 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     # A session fixture, so the worker-fault and signal tests of every folder share one run.
     from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
     from trainer import checkpoint
-    from trainer.cli import to_flags
+    from trainer.settings.flags import to_flags
 
     output = tmp_path_factory.mktemp("uninterrupted") / "out"
     command = horovodrun("-m", "trainer", *to_flags(small_config(output, **SIGNAL_RUN)))

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.cli import parse
 from trainer.common.cli import fail
 from trainer.common.errors import ConfigError
-from trainer.config import TrainConfig
+from trainer.settings.flags import parse
+from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
     from trainer.distributed import Dist

@@ -22,7 +22,7 @@ from typing import Any
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.files import fsync_folder, sha256_file
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 

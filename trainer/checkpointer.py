@@ -27,8 +27,8 @@ from trainer.background_save import (
     snapshot_unguarded,
 )
 from trainer.common.errors import ConfigError
-from trainer.config import DEFAULTS, TrainConfig
 from trainer.distributed import Dist
+from trainer.settings.train_config import DEFAULTS, TrainConfig
 
 log = logging.getLogger(__name__)
 # Where each checkpoint went and who wrote it (on Batch the task's non-admin user, on the shared

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from trainer.common.errors import ConfigError, first_line
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from trainer.distributed import Dist

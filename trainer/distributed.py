@@ -26,13 +26,13 @@ from torch import nn
 
 from trainer.background_save import cpu_copy
 from trainer.common.errors import ConfigError
-from trainer.config import (
+from trainer.settings.choices import (
     GLOO_CPU_CYCLE_MS,
     GLOO_CPU_FUSION_MB,
     NCCL_CYCLE_MS,
     NCCL_FUSION_MB,
-    TrainConfig,
 )
+from trainer.settings.train_config import TrainConfig
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
@@ -611,7 +611,7 @@ class FSDPDist(TorchDist):
 
 
 def init_dist(cfg: TrainConfig) -> Dist:
-    """Start the configured backend (``trainer.config.BACKENDS``)."""
+    """Start the configured backend (``trainer.settings.choices.BACKENDS``)."""
     backend = cfg.backend
     if backend == "horovod":
         return HorovodDist(cfg.horovod_cycle_time_ms, cfg.horovod_fusion_mb)

@@ -18,7 +18,7 @@ from trainer import checkpoint, sharded_checkpoint
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
-from trainer.config import init_source
+from trainer.settings.checks import init_source
 
 # Prefixes wrappers add to every key: DDP's ``module.`` and torch.compile's ``_orig_mod.``.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")

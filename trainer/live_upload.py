@@ -14,7 +14,7 @@ from trainer.common.blob_client import container_client
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.grant_wait import CONTRIBUTOR, PENDING, is_pending, missing_role
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 

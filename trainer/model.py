@@ -155,8 +155,8 @@ _BUILDERS: dict[str, Callable[[int], nn.Module]] = {
 
 
 def build_model(name: str, outputs: int, device: torch.device | str | None = None) -> nn.Module:
-    """Build a model by name (one of ``trainer.config.MODELS``) with ``outputs`` classes, or
-    for a language model a vocabulary of ``outputs`` tokens. ``device="meta"`` allocates
+    """Build a model by name (one of ``trainer.settings.choices.MODELS``) with ``outputs`` classes,
+    or for a language model a vocabulary of ``outputs`` tokens. ``device="meta"`` allocates
     nothing (to count a large model's parameters)."""
     if name in GPT_SIZES:
         return build_gpt(name, outputs, device=device)

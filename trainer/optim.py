@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 
 def scaled_lr(base_lr: float, rule: str, world_size: int) -> float:

@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from trainer.common.errors import ConfigError, first_line
-from trainer.config import TrainConfig, is_plugin_ref
+from trainer.settings.choices import is_plugin_ref
+from trainer.settings.train_config import TrainConfig
 
 Hook = Callable[[Any, torch.Tensor], torch.Tensor]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from trainer.config import profile_window
+from trainer.settings.checks import profile_window
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.gpu_telemetry import FIELDS, GpuSampler, start_sampler
 from trainer.metrics import MetricsWriter
+from trainer.settings.train_config import TrainConfig
 from trainer.stragglers import TIMES, RankExchange
 
 log = logging.getLogger(__name__)

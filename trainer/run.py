@@ -21,7 +21,6 @@ from torch import nn
 from trainer import affinity, checkpoint, init_from, preflight, results
 from trainer.checkpointer import build_checkpointer
 from trainer.common.errors import ConfigError
-from trainer.config import TrainConfig
 from trainer.data import Loaders, build_loaders
 from trainer.data.plugin import plugin_loaders
 from trainer.distributed import Dist, GradientProbe
@@ -35,6 +34,7 @@ from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build
 from trainer.plugins import Plugins
 from trainer.profiling import profiling
 from trainer.rank_watch import RankWatch
+from trainer.settings.train_config import TrainConfig
 from trainer.signals import StopRequest, StopVote
 from trainer.watchdog import StepWatchdog
 

@@ -31,14 +31,15 @@ from infra.config import (
 )
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
 from infra.trainer_settings import JOB_BACKENDS
-from trainer.cli import parse
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.cli import fail, int_in, number_in
 from trainer.common.errors import ConfigError as TrainerConfigError
 from trainer.common.errors import one_line
 from trainer.common.values import shown
-from trainer.config import MAX_STEPS, TrainConfig
 from trainer.launch.fabric import MAX_WORKERS_PER_NODE, workers_per_node
+from trainer.settings.choices import MAX_STEPS
+from trainer.settings.flags import parse
+from trainer.settings.train_config import TrainConfig
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 POLL_SECONDS = 30.0

@@ -51,8 +51,8 @@ from tests.support.stacks import (
     one,
 )
 from trainer.checkpointer import CHECKPOINT_WRITTEN
-from trainer.cli import parse
 from trainer.launch.records import Outcome, RunRecords
+from trainer.settings.flags import parse
 
 PROJECT_PREFIX = "gpu-cluster:"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from rank_report import params_sha256  # the sibling script (this folder is on sys.path)
 
 import trainer.run
-from trainer.config import TrainConfig
 from trainer.data.node_memory import PREFIX
 from trainer.distributed import init_dist
+from trainer.settings.train_config import TrainConfig
 
 _caches: dict = {}
 _seen: dict = {}

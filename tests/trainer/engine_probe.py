@@ -25,9 +25,9 @@ import torch
 from rank_report import HOROVOD_KNOBS  # beside this script (on sys.path)
 
 from trainer.affinity import each_thread
-from trainer.config import TrainConfig
 from trainer.distributed import Dist, init_dist
 from trainer.run import select_device
+from trainer.settings.train_config import TrainConfig
 from trainer.signals import StopRequest, StopVote
 
 STEPS, SIGNALLED_DURING = 5, 2

@@ -16,9 +16,9 @@ import torch
 from rank_report import threads_left_after_shutdown  # beside this script (on sys.path)
 from torch import nn
 
-from trainer.config import TrainConfig
 from trainer.distributed import GradientProbe, init_dist
 from trainer.noise_scale import NoiseScale
+from trainer.settings.train_config import TrainConfig
 
 DIM, NOISE_STD, PER_WORKER = 8, 1.0, 4
 

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from trainer.affinity import each_thread
-from trainer.config import TrainConfig
 from trainer.distributed import exit_without_teardown, init_dist
 from trainer.run import train
+from trainer.settings.train_config import TrainConfig
 
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
 

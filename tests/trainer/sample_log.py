@@ -15,8 +15,8 @@ import torch
 
 import trainer.loop
 import trainer.run
-from trainer.config import TrainConfig
 from trainer.distributed import init_dist
+from trainer.settings.train_config import TrainConfig
 
 _pending: list[tuple[int, list[int]]] = []  # (epoch, indices) of batches handed to the loop
 _steps: list[dict] = []

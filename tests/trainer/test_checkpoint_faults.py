@@ -12,7 +12,7 @@ from tests.conftest import tiny_config
 from tests.trainer.fs_faults import file_size_limit, fill, read_only, tmpfs
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError, checksum_path
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 # The trainer runs here are single processes; none of them may leave one behind.
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

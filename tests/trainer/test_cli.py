@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from trainer.cli import HELP, parse
-from trainer.config import FIELD_NAMES
+from trainer.settings.flags import HELP, parse
+from trainer.settings.train_config import FIELD_NAMES
 
 
 def run_cli(*args, cwd=None):
@@ -73,7 +73,7 @@ def test_help_and_a_bad_setting_answer_before_torch_is_imported(args):
         for line in result.stderr.splitlines()
         if line.startswith("import time:")
     }
-    assert "trainer.cli" in imported, result.stderr[-2000:]
+    assert "trainer.settings.flags" in imported, result.stderr[-2000:]
     assert "torch" not in imported
 
 
@@ -111,8 +111,8 @@ def test_bad_data_dir_fails_before_any_output(tmp_path):
 
 
 def test_to_flags_reproduces_the_settings_it_was_given():
-    from trainer.cli import parse, to_flags
-    from trainer.config import TrainConfig
+    from trainer.settings.flags import parse, to_flags
+    from trainer.settings.train_config import TrainConfig
 
     values = {
         "model": "resnet18",

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from dt_commands import plan as plan_module
 from infra.config import ConfigError, StackSettings, load_schema
 from tests.support.stacks import stack_values
-from trainer.cli import parse
 from trainer.common.errors import ConfigError as TrainerConfigError
-from trainer.config import FIELD_NAMES, TrainConfig
+from trainer.settings.flags import parse
+from trainer.settings.train_config import FIELD_NAMES, TrainConfig
 
 SCHEMA = load_schema()
 DEV = {key.removeprefix("gpu-cluster:"): value for key, value in stack_values("dev").items()}

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from tests.conftest import tiny_config
-from trainer.cli import to_flags
 from trainer.common.errors import ConfigError
-from trainer.config import DEFAULTS
 from trainer.debugger import wait_for_debugger
 from trainer.distributed import LocalDist
+from trainer.settings.flags import to_flags
+from trainer.settings.train_config import DEFAULTS
 from trainer.signals import StopRequest
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.support.launchers import small_config, torchrun
 from tests.support.ports import free_port
 from tests.trainer.traces import recorded_steps
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

@@ -27,7 +27,7 @@ from tests.conftest import tiny_config
 from tests.support.launchers import REPO, read_metrics
 from tests.support.ports import free_port
 from trainer import results, sharded_checkpoint
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from trainer.config import DEFAULTS
 from trainer.distributed import LocalDist
 from trainer.run import resolve_precision, train
+from trainer.settings.train_config import DEFAULTS
 
 
 def require_gpu():

@@ -17,11 +17,11 @@ from safetensors.torch import save_file
 
 from tests.conftest import tiny_config as base_config
 from trainer import checkpoint
-from trainer.cli import to_flags
-from trainer.config import DEFAULTS
 from trainer.distributed import LocalDist
 from trainer.model import build_model
 from trainer.run import _Run, train
+from trainer.settings.flags import to_flags
+from trainer.settings.train_config import DEFAULTS
 from trainer.signals import StopRequest
 
 REPO = Path(__file__).resolve().parents[2]

@@ -51,9 +51,9 @@ def test_a_one_worker_run_refuses_to_measure_the_noise_scale_before_it_starts(tm
     stops with one line before it creates its output folder."""
     from tests.conftest import tiny_config
     from trainer.common.errors import ConfigError
-    from trainer.config import DEFAULTS
     from trainer.distributed import LocalDist
     from trainer.run import train
+    from trainer.settings.train_config import DEFAULTS
 
     cfg = DEFAULTS.replace(**tiny_config(tmp_path / "out", backend="ddp", noise_scale_every=2))
     with pytest.raises(ConfigError, match=r"noise_scale_every=2 with 1 worker: .* 2 or more"):

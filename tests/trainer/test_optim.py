@@ -4,7 +4,6 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.config import DEFAULTS
 from trainer.optim import (
     LARS,
     LRSchedule,
@@ -14,6 +13,7 @@ from trainer.optim import (
     parameter_groups,
     scaled_lr,
 )
+from trainer.settings.train_config import DEFAULTS
 
 
 @pytest.mark.parametrize(

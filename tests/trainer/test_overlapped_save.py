@@ -15,10 +15,10 @@ import torch
 
 from tests.trainer.test_gpu import require_gpu
 from trainer.background_save import HostStaging, StepFence, cpu_copy, snapshot_unguarded
-from trainer.config import TrainConfig
 from trainer.distributed import Dist, LocalDist
 from trainer.model import build_model
 from trainer.optim import build_optimizer
+from trainer.settings.train_config import TrainConfig
 
 CPU = torch.device("cpu")
 HELD = 0.3  # seconds a deliberately slow copy holds the step back
@@ -288,8 +288,8 @@ def test_a_run_saving_in_the_background_writes_what_a_synchronous_run_writes(tmp
     and read back by trainer.checkpoint, equal a synchronous run's, bit for bit."""
     from tests.conftest import tiny_config
     from trainer import checkpoint
-    from trainer.config import DEFAULTS
     from trainer.run import train
+    from trainer.settings.train_config import DEFAULTS
 
     saved = {}
     for mode in ("sync", "background"):

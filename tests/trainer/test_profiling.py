@@ -6,8 +6,9 @@ import torch
 from torch.profiler import ProfilerAction
 
 from trainer.common.errors import ConfigError
-from trainer.config import TrainConfig, profile_window
 from trainer.profiling import profiling, step_schedule, trace_folder
+from trainer.settings.checks import profile_window
+from trainer.settings.train_config import TrainConfig
 
 
 @pytest.mark.parametrize(

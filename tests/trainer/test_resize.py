@@ -18,9 +18,9 @@ import pytest
 from tests.conftest import tiny_config
 from tests.support.launchers import horovodrun, read_metrics, small_config, torchrun
 from trainer import checkpoint
-from trainer.config import DEFAULTS
 from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
+from trainer.settings.train_config import DEFAULTS
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

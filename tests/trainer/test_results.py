@@ -17,9 +17,9 @@ from trainer import results
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import ConfigError
 from trainer.common.files import OutputError, sha256_file
-from trainer.config import TrainConfig
 from trainer.model import build_model
 from trainer.results_manifest import ResultsError, parse_manifest, verify
+from trainer.settings.train_config import TrainConfig
 
 
 def _write(folder, model, **changes):

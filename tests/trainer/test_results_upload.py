@@ -13,7 +13,7 @@ import pytest
 
 from dt_commands.jobs import main as dt_jobs
 from tests.conftest import act_as_identity_of, tiny_config
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.support.launchers import REPO, horovodrun, read_metrics, small_config
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

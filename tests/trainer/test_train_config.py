@@ -1,7 +1,7 @@
 import pytest
 
 from trainer.common.errors import ConfigError
-from trainer.config import DEFAULTS, FIELD_NAMES, TrainConfig
+from trainer.settings.train_config import DEFAULTS, FIELD_NAMES, TrainConfig
 
 
 def test_defaults_are_valid_and_round_trip():

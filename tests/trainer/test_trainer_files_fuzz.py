@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainer.cli import parse
 from trainer.common.errors import ConfigError
-from trainer.config import FIELD_NAMES
+from trainer.settings.flags import parse
+from trainer.settings.train_config import FIELD_NAMES
 
 ODD_YAML = st.sampled_from(
     ["a: 2026-02-30\n", "epochs: 2026-13-01\n", "[" * 5000, "- " * 3000 + "x\n", "!!binary x\n"]

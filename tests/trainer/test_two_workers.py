@@ -23,8 +23,8 @@ from tests.support.launchers import (
 )
 from trainer import checkpoint
 from trainer.affinity import cpu_share
-from trainer.cli import to_flags
-from trainer.config import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
+from trainer.settings.choices import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
+from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

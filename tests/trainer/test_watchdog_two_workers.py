@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from tests.support.launchers import REPO, read_metrics, small_config, torchrun
-from trainer.cli import to_flags
 from trainer.common.exit_codes import WATCHDOG_EXIT
+from trainer.settings.flags import to_flags
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 

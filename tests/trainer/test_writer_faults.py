@@ -18,10 +18,10 @@ from tests.conftest import tiny_config
 from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
 from trainer import checkpoint, results
 from trainer.checkpoint import CheckpointError
-from trainer.cli import to_flags
 from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
 from trainer.metrics import MetricsWriter
+from trainer.settings.flags import to_flags
 
 # What each fault's one line must say: the reason and the first words of its fix.
 EXPECTED = {

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.config import TrainConfig
 from trainer.data.bad_images import FIXES, BadImages, worker_error
 from trainer.data.cache import MemoryCache, Source
 from trainer.data.dataset import CheckedImageDataset, collate_images
@@ -31,6 +30,7 @@ from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
 from trainer.data.worker_processes import forkserver
 from trainer.lm.sizes import GPT_SIZES
+from trainer.settings.train_config import TrainConfig
 
 
 class Loader(Protocol):

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from trainer.config import TrainConfig
 from trainer.data.errors import DataError
 from trainer.data.loaders import DeviceLoader, Loaders, _one_line_errors, batch_loader
 from trainer.data.sampler import RankSampler
+from trainer.settings.train_config import TrainConfig
 
 
 class _ByIndex(Dataset[Any]):

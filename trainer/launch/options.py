@@ -8,10 +8,10 @@ from pathlib import Path
 
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.cli import OneLineParser, int_in
-from trainer.config import DEFAULTS
 from trainer.launch.batch_env import DEFAULT_PORT
 from trainer.launch.fabric import MAX_WORKERS_PER_NODE
 from trainer.launch.preflight import MODES as PREFLIGHT_MODES
+from trainer.settings.train_config import DEFAULTS
 
 # How often the master copies a job's own command's metrics (the trainer's default period).
 SCRIPT_UPLOAD_MINUTES = DEFAULTS.metrics_upload_minutes

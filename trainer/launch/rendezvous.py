@@ -1,6 +1,6 @@
 """How the node launcher's workers meet, for each engine. Horovod: the master serves Horovod's
 Gloo rendezvous, and every worker gets the variables ``horovodrun --gloo`` would set.
-torch.distributed (``trainer.config.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
+torch.distributed (``trainer.settings.choices.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
 variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
 launcher package imports ``horovod.runner``; the workers' own communication lives in
 ``trainer.distributed``.

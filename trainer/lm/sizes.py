@@ -1,8 +1,8 @@
 """Named GPT shapes, their parameter counts and training FLOPs per token.
 
-No torch import: ``trainer.config`` validates a model name and the launch tools estimate memory
-and throughput without loading torch. ``trainer.lm.model`` builds the network from these shapes;
-tests check that ``parameter_count`` equals the real model's count for every size.
+No torch import: ``trainer.settings.train_config`` validates a model name and the launch tools
+estimate memory and throughput without loading torch. ``trainer.lm.model`` builds the network from
+these shapes; tests check that ``parameter_count`` equals the real model's count for every size.
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def test_unknown_name_lists_the_sizes():
 
 
 def test_sizes_import_without_torch():
-    # trainer.config imports the sizes; the deployer's side must not pull torch in with it.
+    # trainer.settings.train_config imports the sizes; the deployer's side must not pull torch in
+    # with it.
     code = "import sys, trainer.lm.sizes; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

@@ -9,88 +9,45 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import ConfigError
-from trainer.common.values import hashable, interval, shown, within
+from trainer.common.values import hashable, shown
 from trainer.lm.sizes import GPT_SIZES
-
-IMAGE_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
-# GPT-style decoders (trainer.lm): next-token prediction on --data tokens or synthetic tokens.
-LM_MODELS = tuple(GPT_SIZES)
-MODELS = IMAGE_MODELS + LM_MODELS
-DATA_SOURCES = ("synthetic", "folder", "shards", "tokens")
-# The data each kind of model trains on.
-LM_DATA = ("synthetic", "tokens")
-CACHE_MODES = ("none", "bytes", "decoded")
-CACHE_SCOPES = ("node", "rank")
-# An image that does not decode mid-training: stop naming it, or replace it and count it.
-BAD_IMAGE_POLICIES = ("fail", "skip")
-OPTIMIZERS = ("sgd", "adamw", "lars")
-BACKENDS = ("horovod", "ddp", "fsdp", "local")
-# The engines started the way torchrun starts workers (RANK, WORLD_SIZE, LOCAL_RANK,
-# LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT in each worker's environment); horovod is started
-# with Horovod's Gloo rendezvous variables instead, local with nothing.
-TORCH_DISTRIBUTED_BACKENDS = ("ddp", "fsdp")
-# FSDP's sharding group: every rank of the run (ZeRO-3 over the world), or the ranks of one node
-# (hybrid: shard over NVLink inside a node, replicate across nodes over InfiniBand).
-SHARD_GROUPS = ("world", "node")
-# Horovod's cycle time when the config leaves it to the engine (HorovodDist). With NCCL on GPUs:
-# Horovod's own default (steps take tens of milliseconds there; a longer cycle delays the last
-# gradients; not measured here, no GPU). With Gloo on CPUs: 20 ms. With the 4 MB buffer below,
-# 2 workers on 2 cores, interleaved rounds: 10/20/50 ms gave medians of 70.2/75.0/71.6 images/s
-# (DDP 73.3), 20 ms ahead of 50 ms in 3 of 4 rounds; an earlier run of 5/20/50 ms gave
-# 59.0/64.9/59.2, 20 ms ahead in 2 of 3. Horovod's own 1 ms negotiates every millisecond on the
-# cores the ranks compute on (efficiency 0.48-0.69 over three bench.scaling runs, against
-# 0.74-0.86 for this choice).
-NCCL_CYCLE_MS = 1.0
-GLOO_CPU_CYCLE_MS = 20.0
-# The fusion buffer when the config leaves it to the engine. With NCCL: Horovod's own 128 MB (one
-# kernel launch per fused batch matters on GPUs). With Gloo on CPUs: 4 MB. A gradient larger than
-# the threshold is reduced alone in its own memory (GlooAllreduce::Execute in
-# horovod/common/ops/gloo_operations.cc: one entry skips the buffer); the small ones (biases,
-# norms, the first layers' convolutions) are fused, so a step issues a few dozen fewer
-# allreduces, each with its own negotiation and Gloo round trips, for copies of a few MB. A large
-# buffer copies every gradient in and out on the cores the ranks compute on. Interleaved
-# 2-worker bench.scaling-style runs, ResNet-18 (3 rounds each; images/s, medians): 0 / 1 / 4 MB
-# gave 66.0 / 71.5 / 72.9, with 4 MB ahead of 0 in every round; 4 / 8 / 16 / 32 MB gave
-# 70.9 / 68.7 / 65.6 / 65.4, with 4 MB ahead in every round; DDP 74-77 in the same runs.
-# (Earlier: with the 128 MB buffer Horovod reached 0.909 of DDP's throughput.)
-NCCL_FUSION_MB = 128
-GLOO_CPU_FUSION_MB = 4
-LR_SCALINGS = ("linear", "sqrt", "none")
-# Epochs a run may train (--epochs, each of --lr-step-epochs).
-MAX_EPOCHS = 100_000
-# Optimizer steps a run may count to (--max-steps, --run-steps, a sweep's --steps).
-MAX_STEPS = 10**12
-LR_DECAYS = ("step", "cosine", "poly")
-AMP_MODES = ("auto", "off", "bf16", "fp16")
-DEVICES = ("auto", "cpu", "cuda")
-SWITCHES = ("auto", "on", "off")
-# A team's own model, data, loss or metric (trainer.plugins): ``pkg.module:name``, found on
-# sys.path (the working directory or PYTHONPATH).
-PLUGIN_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-PLUGIN_EXAMPLE = "examples.custom_model.model:build"
-# Settings an earlier version had, and why they are gone: a file that still sets one gets the
-# reason, not a bare "unknown setting".
-REMOVED_SETTINGS = {
-    # Horovod implements Adasum's reduction over MPI only; every Horovod this tool builds (the
-    # image, the set-up script) is Gloo-only, because the launcher starts workers itself through
-    # Horovod's Gloo rendezvous, without mpirun (docs/trainer.md, "No Adasum").
-    "adasum": "Horovod's Adasum needs an MPI build of Horovod and mpirun, and this tool's "
-    "Horovod is built with Gloo only; delete the setting (gradients are averaged)",
-}
-
-
-def is_plugin_ref(value: Any) -> bool:
-    """Whether ``value`` names a plug-in (``pkg.module:name``) rather than a built-in."""
-    return isinstance(value, str) and ":" in value
+from trainer.settings.checks import (
+    check_choice,
+    check_choice_or_plugin,
+    check_float_range,
+    check_int_range,
+    check_plugin_ref,
+    coerce,
+    init_source,
+    profile_window,
+)
+from trainer.settings.choices import (
+    AMP_MODES,
+    BACKENDS,
+    BAD_IMAGE_POLICIES,
+    CACHE_MODES,
+    CACHE_SCOPES,
+    DATA_SOURCES,
+    DEVICES,
+    LM_DATA,
+    LM_MODELS,
+    LR_DECAYS,
+    LR_SCALINGS,
+    MAX_EPOCHS,
+    MAX_STEPS,
+    MODELS,
+    OPTIMIZERS,
+    REMOVED_SETTINGS,
+    SHARD_GROUPS,
+    SWITCHES,
+    is_plugin_ref,
+)
 
 
 @dataclass(frozen=True)
@@ -238,7 +195,7 @@ class TrainConfig:
                 raise ConfigError(
                     f"unknown setting {shown(raw_key)}: {hint}dt-train --help lists every setting"
                 )
-            kwargs[key] = _coerce(key, value, known[key].type)
+            kwargs[key] = coerce(key, value, known[key].type)
         return cls(**kwargs)
 
     def __hash__(self) -> int:
@@ -275,9 +232,9 @@ class TrainConfig:
 
     def _check_model_and_data(self) -> None:
         """The model, and the data it can train on."""
-        _choice_or_plugin("model", self.model, MODELS)
-        _int_range("num_classes", self.num_classes, 2, 1_000_000)
-        _choice_or_plugin("data", self.data, DATA_SOURCES)
+        check_choice_or_plugin("model", self.model, MODELS)
+        check_int_range("num_classes", self.num_classes, 2, 1_000_000)
+        check_choice_or_plugin("data", self.data, DATA_SOURCES)
         if self.language_model and self.data not in LM_DATA:
             raise ConfigError(
                 f"data={self.data}: {self.model} trains on --data tokens (dt-data "
@@ -300,9 +257,9 @@ class TrainConfig:
                     f"({', '.join(LM_MODELS)}) have one; delete the setting"
                 )
         if self.context is not None:
-            _int_range("context", self.context, 1, GPT_SIZES[self.model].context)
+            check_int_range("context", self.context, 1, GPT_SIZES[self.model].context)
         if self.vocab_size is not None:
-            _int_range("vocab_size", self.vocab_size, 2, 1_000_000)
+            check_int_range("vocab_size", self.vocab_size, 2, 1_000_000)
         if self.data == "folder" and not self.data_dir:
             raise ConfigError("data_dir=None: --data folder needs --data-dir DIR (with train/)")
         if self.data == "shards" and not self.data_dir:
@@ -315,7 +272,7 @@ class TrainConfig:
         from (trainer.init_from). Here only their form: importing them needs torch."""
         for name in ("loss", "metric"):
             if ref := getattr(self, name):
-                _plugin_ref(name, ref)
+                check_plugin_ref(name, ref)
                 if self.language_model:
                     raise ConfigError(
                         f"{name}={ref}: {self.model} trains on next-token cross-entropy; delete "
@@ -335,7 +292,7 @@ class TrainConfig:
 
     def _check_loading(self) -> None:
         """The memory cache and the data loader."""
-        _choice("cache", self.cache, CACHE_MODES)
+        check_choice("cache", self.cache, CACHE_MODES)
         if self.cache != "none" and self.data == "tokens":
             raise ConfigError(
                 f"cache={self.cache}: token shards are memory-mapped (the page cache holds them); "
@@ -350,30 +307,32 @@ class TrainConfig:
             raise ConfigError(
                 f"cache={self.cache}: synthetic data is already in memory; use --cache none"
             )
-        _choice("cache_scope", self.cache_scope, CACHE_SCOPES)
-        _int_range("shuffle_buffer", self.shuffle_buffer, 1, 10_000_000)
-        _choice("on_bad_image", self.on_bad_image, BAD_IMAGE_POLICIES)
-        _int_range("image_size", self.image_size, 16, 1024)
-        _int_range("batch_size", self.batch_size, 1, 65_536)
-        _int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)
-        _int_range("synthetic_pool", self.synthetic_pool, 1, 65_536)
-        _int_range("loader_workers", self.loader_workers, 0, 256)
+        check_choice("cache_scope", self.cache_scope, CACHE_SCOPES)
+        check_int_range("shuffle_buffer", self.shuffle_buffer, 1, 10_000_000)
+        check_choice("on_bad_image", self.on_bad_image, BAD_IMAGE_POLICIES)
+        check_int_range("image_size", self.image_size, 16, 1024)
+        check_int_range("batch_size", self.batch_size, 1, 65_536)
+        check_int_range("synthetic_size", self.synthetic_size, 1, 100_000_000)
+        check_int_range("synthetic_pool", self.synthetic_pool, 1, 65_536)
+        check_int_range("loader_workers", self.loader_workers, 0, 256)
 
     def _check_schedule(self) -> None:
         """How long to train, and the optimizer with its learning-rate schedule."""
-        _int_range("epochs", self.epochs, 1, MAX_EPOCHS)
+        check_int_range("epochs", self.epochs, 1, MAX_EPOCHS)
         if self.max_steps is not None:
-            _int_range("max_steps", self.max_steps, 1, MAX_STEPS)
+            check_int_range("max_steps", self.max_steps, 1, MAX_STEPS)
         if self.run_steps is not None:
-            _int_range("run_steps", self.run_steps, 1, MAX_STEPS)
-        _float_range("lr", self.lr, 0.0, 1000.0, low_open=True)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _float_range("momentum", self.momentum, 0.0, 1.0, high_open=True)
-        _float_range("weight_decay", self.weight_decay, 0.0, 1.0)
-        _float_range("lars_trust_coefficient", self.lars_trust_coefficient, 0.0, 1.0, low_open=True)
-        _choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
-        _float_range("warmup_epochs", self.warmup_epochs, 0.0, float(self.epochs))
-        _choice("lr_decay", self.lr_decay, LR_DECAYS)
+            check_int_range("run_steps", self.run_steps, 1, MAX_STEPS)
+        check_float_range("lr", self.lr, 0.0, 1000.0, low_open=True)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_float_range("momentum", self.momentum, 0.0, 1.0, high_open=True)
+        check_float_range("weight_decay", self.weight_decay, 0.0, 1.0)
+        check_float_range(
+            "lars_trust_coefficient", self.lars_trust_coefficient, 0.0, 1.0, low_open=True
+        )
+        check_choice("lr_scaling", self.lr_scaling, LR_SCALINGS)
+        check_float_range("warmup_epochs", self.warmup_epochs, 0.0, float(self.epochs))
+        check_choice("lr_decay", self.lr_decay, LR_DECAYS)
         if list(self.lr_step_epochs) != sorted(set(self.lr_step_epochs)) or any(
             not 1 <= e <= MAX_EPOCHS for e in self.lr_step_epochs
         ):
@@ -381,25 +340,25 @@ class TrainConfig:
                 f"lr_step_epochs={shown(list(self.lr_step_epochs))}: must be increasing epochs "
                 f"in 1..{MAX_EPOCHS}"
             )
-        _float_range("lr_step_factor", self.lr_step_factor, 0.0, 1.0, low_open=True)
-        _float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
-        _float_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
-        _float_range("preflight_min_busbw", self.preflight_min_busbw, 0.0, 100_000.0)
+        check_float_range("lr_step_factor", self.lr_step_factor, 0.0, 1.0, low_open=True)
+        check_float_range("lr_poly_power", self.lr_poly_power, 0.0, 10.0, low_open=True)
+        check_float_range("label_smoothing", self.label_smoothing, 0.0, 1.0, high_open=True)
+        check_float_range("preflight_min_busbw", self.preflight_min_busbw, 0.0, 100_000.0)
 
     def _check_engine(self) -> None:
         """The distributed engine, and the device and numerics it runs with."""
-        _choice("backend", self.backend, BACKENDS)
+        check_choice("backend", self.backend, BACKENDS)
         if self.fp16_allreduce and self.backend == "local":
             raise ConfigError(
                 "fp16_allreduce=true with backend=local: compression needs horovod or ddp"
             )
-        _float_range("horovod_cycle_time_ms", self.horovod_cycle_time_ms, 0.0, 1000.0)
+        check_float_range("horovod_cycle_time_ms", self.horovod_cycle_time_ms, 0.0, 1000.0)
         if self.horovod_fusion_mb is not None:
-            _int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
-        _choice("shard_within", self.shard_within, SHARD_GROUPS)
-        _int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
-        _float_range("grad_clip_norm", self.grad_clip_norm, 0.0, 1e6)
-        _int_range("noise_scale_every", self.noise_scale_every, 0, 10**9)
+            check_int_range("horovod_fusion_mb", self.horovod_fusion_mb, 0, 4096)
+        check_choice("shard_within", self.shard_within, SHARD_GROUPS)
+        check_int_range("accumulation_steps", self.accumulation_steps, 1, 1024)
+        check_float_range("grad_clip_norm", self.grad_clip_norm, 0.0, 1e6)
+        check_int_range("noise_scale_every", self.noise_scale_every, 0, 10**9)
         if self.noise_scale_every and self.backend not in ("horovod", "ddp"):
             raise ConfigError(
                 f"noise_scale_every={self.noise_scale_every} with backend={self.backend}: the "
@@ -411,32 +370,32 @@ class TrainConfig:
                 f"noise_scale_every={self.noise_scale_every} with amp=fp16: the loss scale "
                 "changes the local gradients' norms; use --amp bf16 or off, or 0"
             )
-        _choice("device", self.device, DEVICES)
-        _choice("cpu_affinity", self.cpu_affinity, SWITCHES)
-        _choice("amp", self.amp, AMP_MODES)
-        _choice("channels_last", self.channels_last, SWITCHES)
+        check_choice("device", self.device, DEVICES)
+        check_choice("cpu_affinity", self.cpu_affinity, SWITCHES)
+        check_choice("amp", self.amp, AMP_MODES)
+        check_choice("channels_last", self.channels_last, SWITCHES)
 
     def _check_outputs(self) -> None:
         """Checkpoints, metrics and results, and the tools that watch a run."""
         if not self.output_dir:
             raise ConfigError("output_dir='': give a folder for checkpoints and metrics")
-        _int_range("checkpoint_every", self.checkpoint_every, 0, 10**12)
-        _int_range("keep_checkpoints", self.keep_checkpoints, 1, 1000)
-        _int_range("log_every", self.log_every, 1, 10**9)
-        _int_range("seed", self.seed, 0, 2**32 - 1)
+        check_int_range("checkpoint_every", self.checkpoint_every, 0, 10**12)
+        check_int_range("keep_checkpoints", self.keep_checkpoints, 1, 1000)
+        check_int_range("log_every", self.log_every, 1, 10**9)
+        check_int_range("seed", self.seed, 0, 2**32 - 1)
         if self.profile_steps:
             profile_window(self.profile_steps)
         if self.debug_rank is not None:
             # The upper bound is the world size, known once the workers start (trainer.debugger).
-            _int_range("debug_rank", self.debug_rank, 0, 1_000_000)
-        _int_range("debug_port", self.debug_port, 1024, 65535)
+            check_int_range("debug_rank", self.debug_rank, 0, 1_000_000)
+        check_int_range("debug_port", self.debug_port, 1024, 65535)
         for name in ("metrics_upload_url", "outputs_url"):
             if url := getattr(self, name):
                 try:
                     BlobFolder.parse(url)
                 except ValueError as err:
                     raise ConfigError(f"{name}={url!r}: {err}") from None
-        _float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
+        check_float_range("metrics_upload_minutes", self.metrics_upload_minutes, 0.01, 1440.0)
         self._check_mirror()
         self._check_rank_watch()
         self._check_watchdog()
@@ -448,14 +407,14 @@ class TrainConfig:
                 BlobFolder.parse(url)
             except ValueError as err:
                 raise ConfigError(f"checkpoint_mirror_url={url!r}: {err}") from None
-        _int_range("checkpoint_mirror_keep", self.checkpoint_mirror_keep, 1, 1000)
+        check_int_range("checkpoint_mirror_keep", self.checkpoint_mirror_keep, 1, 1000)
 
     def _check_watchdog(self) -> None:
         """The step watchdog (trainer.watchdog): 0 derives the limit from the steps."""
         minutes = self.step_timeout_minutes
         if minutes != 0:
             try:
-                _float_range("step_timeout_minutes", minutes, 0.05, 10080.0)
+                check_float_range("step_timeout_minutes", minutes, 0.05, 10080.0)
             except ConfigError:
                 raise ConfigError(
                     f"step_timeout_minutes={shown(minutes)}: must be 0 (derived from the median "
@@ -464,156 +423,17 @@ class TrainConfig:
 
     def _check_rank_watch(self) -> None:
         """Stragglers and GPU telemetry (trainer.rank_watch)."""
-        _int_range("straggler_every", self.straggler_every, 0, 10**9)
-        _float_range("straggler_margin", self.straggler_margin, 0.05, 100.0)
+        check_int_range("straggler_every", self.straggler_every, 0, 10**9)
+        check_float_range("straggler_margin", self.straggler_margin, 0.05, 100.0)
         seconds = self.gpu_telemetry_seconds
         if seconds != 0:
             try:
-                _float_range("gpu_telemetry_seconds", seconds, 0.1, 3600.0)
+                check_float_range("gpu_telemetry_seconds", seconds, 0.1, 3600.0)
             except ConfigError:
                 raise ConfigError(
                     f"gpu_telemetry_seconds={shown(seconds)}: must be 0 (off) or a number of "
                     "seconds in [0.1, 3600]"
                 ) from None
-
-
-# ---------------------------------------------------------------------- helpers
-def init_source(text: str) -> BlobFolder | None:
-    """``init_from`` as a Blob location (an https URL: the folder's ``prefix`` ends with the
-    blob's or the folder's name), or None for a local path; ConfigError for anything else."""
-    if "://" not in text:
-        return None
-    try:
-        location = BlobFolder.parse(text)
-    except ValueError as err:
-        raise ConfigError(
-            f"init_from={shown(text, 80)}: {err} (or give a local file or folder)"
-        ) from None
-    if not location.prefix:
-        raise ConfigError(
-            f"init_from={shown(text, 80)}: names a container, not a blob; give the URL of a "
-            "weights file or checkpoint folder in it"
-        )
-    return location
-
-
-def _plugin_ref(name: str, value: str) -> None:
-    if not PLUGIN_REF.match(value):
-        raise ConfigError(
-            f"{name}={shown(value)}: a plug-in is pkg.module:function (for example "
-            f"{PLUGIN_EXAMPLE})"
-        )
-
-
-def _choice_or_plugin(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if is_plugin_ref(value):
-        _plugin_ref(name, value)
-    elif value not in choices:
-        raise ConfigError(
-            f"{name}={shown(value)}: must be one of {', '.join(choices)}, or a plug-in "
-            f"pkg.module:factory"
-        )
-
-
-def profile_window(text: str) -> tuple[int, int]:
-    """``profile_steps`` as (first, last): the optimizer steps a trace records, counted like
-    ``--max-steps`` (from 1, over every invocation of the run)."""
-    match = re.fullmatch(r"\s*(\d{1,12})\s*-\s*(\d{1,12})\s*", text)
-    if match is None or not 0 < int(match[1]) <= int(match[2]):
-        raise ConfigError(
-            f"profile_steps={shown(text)}: give the first and last step to record as A-B with "
-            "0 < A <= B (for example 20-25)"
-        )
-    return int(match[1]), int(match[2])
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}={shown(value)}: must be one of {', '.join(choices)}")
-
-
-def _int_range(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={shown(value)}: must be an integer in {low}..{high}")
-    if not low <= value <= high:
-        raise ConfigError(f"{name}={shown(value)}: must be in {low}..{high}")
-
-
-def _float_range(
-    name: str,
-    value: Any,
-    low: float,
-    high: float,
-    *,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> None:
-    ends = {"low_open": low_open, "high_open": high_open}
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(
-            f"{name}={shown(value)}: must be a number in {interval(low, high, **ends)}"
-        )
-    if not within(value, low, high, **ends):
-        shown_value = f"{value:g}" if isinstance(value, float) else shown(value)
-        raise ConfigError(f"{name}={shown_value}: must be in {interval(low, high, **ends)}")
-
-
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
-    """Turn YAML or command-line values into the field's type; raise ConfigError if impossible."""
-    kind = str(annotation)
-    if value is None:
-        if "None" in kind:
-            return None
-        raise ConfigError(f"{key}=null: a value is required")
-    try:
-        if kind.startswith("tuple"):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            return tuple(int(str(v).strip()) for v in items if str(v).strip())
-        if kind == "bool":
-            return _to_bool(key, value)
-        if kind.startswith("dict"):
-            return _to_mapping(key, value)
-        if kind.startswith("int"):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        return str(value) if kind.startswith("str") else value
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, OverflowError):
-        expected = {"tuple": "integers, comma-separated", "int": "an integer", "float": "a number"}
-        expected_text = next((v for k, v in expected.items() if kind.startswith(k)), kind)
-        raise ConfigError(f"{key}={shown(value)}: expected {expected_text}") from None
-
-
-def _to_mapping(key: str, value: Any) -> dict[str, Any]:
-    """A mapping from YAML, or from a flag's YAML flow text (``'{width: 32}'``)."""
-    parsed = value
-    if isinstance(value, str):
-        try:
-            parsed = yaml.safe_load(value) if value.strip() else {}
-        except yaml.YAMLError:
-            raise ConfigError(
-                f"{key}={shown(value)}: not valid YAML; give a mapping like '{{width: 32}}'"
-            ) from None
-    if not isinstance(parsed, Mapping):
-        raise ConfigError(f"{key}={shown(value)}: expected a mapping like {{width: 32}}")
-    return dict(parsed)
-
-
-def _to_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise ConfigError(f"{key}={value!r}: expected true or false")
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))

@@ -1,5 +1,6 @@
 """Command line -> ``TrainConfig``. Flags override ``--config FILE.yaml``, which overrides the
-defaults in ``trainer.config``. Errors are one line and exit code 2, never a traceback."""
+defaults in ``trainer.settings.train_config``. Errors are one line and exit code 2, never a
+traceback."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ import yaml
 
 from trainer.common.cli import OneLineParser
 from trainer.common.errors import ConfigError, first_line
-from trainer.config import (
+from trainer.settings.choices import (
     AMP_MODES,
     BACKENDS,
     CACHE_MODES,
     DATA_SOURCES,
     DEVICES,
-    FIELD_NAMES,
     GLOO_CPU_CYCLE_MS,
     GLOO_CPU_FUSION_MB,
     LR_DECAYS,
@@ -30,8 +30,8 @@ from trainer.config import (
     NCCL_FUSION_MB,
     OPTIMIZERS,
     SWITCHES,
-    TrainConfig,
 )
+from trainer.settings.train_config import FIELD_NAMES, TrainConfig
 
 # Help for every setting; keys are TrainConfig fields, so a new field without help fails a test.
 HELP: dict[str, str] = {
