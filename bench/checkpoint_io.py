@@ -17,7 +17,7 @@ import torch
 from bench.common import save
 from trainer import checkpoint
 from trainer.common.cli import OneLineParser
-from trainer.model import build_model
+from trainer.models.build import build_model
 
 
 def main() -> None:

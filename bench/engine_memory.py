@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.common import REPO, free_port, read_records, save, torchrun
 from trainer.common.cli import OneLineParser
-from trainer.lm.sizes import GPT_SIZES, parameter_count
+from trainer.models.gpt_sizes import GPT_SIZES, parameter_count
 
 MODEL, VOCAB, CONTEXT = "gpt-small", 50257, 64
 WORKERS = 2

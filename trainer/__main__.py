@@ -14,7 +14,7 @@ from trainer.settings.flags import parse
 from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
-    from trainer.distributed import Dist
+    from trainer.engines.base import Dist
     from trainer.plugins import Plugins
     from trainer.run import RunResult
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_root:
         _report(result, request.config, dist.size)
     if not dist.teardown_safe:
-        from trainer.distributed import exit_without_teardown
+        from trainer.engines.base import exit_without_teardown
 
         exit_without_teardown(0)
     return 0
@@ -55,7 +55,7 @@ def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
 def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     """Build the model on the meta device or the CPU and count its parameters."""
     from trainer.data.text import BYTE_VOCAB
-    from trainer.model import build_model, count_parameters
+    from trainer.models.build import build_model, count_parameters
 
     if parameters is not None:  # the plug-ins' check built it
         print(
@@ -75,6 +75,21 @@ def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     return 0
 
 
+def _start_engine(cfg: TrainConfig) -> Dist:
+    """This worker's engine, started, and its log lines named after its rank."""
+    from trainer.engines.choose import init_dist
+
+    try:
+        dist = init_dist(cfg)
+    except (RuntimeError, ValueError) as err:
+        fail(f"backend={cfg.backend}: cannot start ({err})", 2)
+    logging.basicConfig(
+        level=logging.WARNING if dist.rank else logging.INFO,
+        format=f"[rank {dist.rank}] %(levelname)s %(message)s",
+    )
+    return dist
+
+
 def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     """Start this worker's engine and train; every failure ends in one line (common.cli.fail)."""
     # Imported here so --dry-run never waits for torch.distributed.
@@ -82,7 +97,7 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     from trainer.common.files import OutputError
     from trainer.data import DataError
     from trainer.debugger import DebuggerError, wait_for_debugger
-    from trainer.distributed import init_dist, is_peer_failure
+    from trainer.engines.base import is_peer_failure
     from trainer.init_from import InitError
     from trainer.live_upload import uploading
     from trainer.preflight import PreflightError
@@ -94,14 +109,7 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
     # The engine's record of its collectives, for the step watchdog (trainer.watchdog).
     enable_flight_recorder(cfg.backend, os.environ)
-    try:
-        dist = init_dist(cfg)
-    except (RuntimeError, ValueError) as err:
-        fail(f"backend={cfg.backend}: cannot start ({err})", 2)
-    logging.basicConfig(
-        level=logging.WARNING if dist.rank else logging.INFO,
-        format=f"[rank {dist.rank}] %(levelname)s %(message)s",
-    )
+    dist = _start_engine(cfg)
     # Rank 0's live copy of metrics and TensorBoard files in Blob storage: the last upload
     # runs when the block ends (after the run's files are closed and the workers shut down).
     with uploading(cfg, enabled=dist.is_root):

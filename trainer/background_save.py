@@ -15,19 +15,6 @@ import torch
 from trainer.common.errors import first_line
 
 
-def cpu_copy(value: Any) -> Any:
-    """A copy of every tensor in a nested state dict, on the CPU, that later steps cannot
-    change (``.cpu()`` alone returns the same storage for a CPU tensor, which the next optimizer
-    step would overwrite while it is being written)."""
-    if torch.is_tensor(value):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(cpu_copy(v) for v in value)
-    return value
-
-
 def _storage(tensor: torch.Tensor) -> int:
     """The address of the memory a tensor (or a DTensor's local shard) lives in: views of a
     parameter (``state_dict()`` entries) share their parameter's."""

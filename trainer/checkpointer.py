@@ -19,15 +19,9 @@ import torch
 from torch import nn
 
 from trainer import checkpoint, checkpoint_mirror, sharded_checkpoint
-from trainer.background_save import (
-    BackgroundWriter,
-    HostStaging,
-    StepFence,
-    cpu_copy,
-    snapshot_unguarded,
-)
+from trainer.background_save import BackgroundWriter, HostStaging, StepFence, snapshot_unguarded
 from trainer.common.errors import ConfigError
-from trainer.distributed import Dist
+from trainer.engines.base import Dist, cpu_copy
 from trainer.settings.train_config import DEFAULTS, TrainConfig
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from trainer.common.errors import ConfigError, first_line
 from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:
-    from trainer.distributed import Dist
+    from trainer.engines.base import Dist
     from trainer.signals import StopRequest
 
 log = logging.getLogger(__name__)

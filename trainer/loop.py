@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.distributed import Dist, GradientProbe
+from trainer.engines.base import Dist, GradientProbe
 from trainer.plugins import Objective
 
 

@@ -162,7 +162,7 @@ class Plugins:
 
     def build_model(self, cfg: TrainConfig, outputs: int) -> nn.Module:
         """The model: the plug-in's (checked by ``load``) or a built-in one."""
-        from trainer.model import build_model
+        from trainer.models.build import build_model
 
         if self.model is None:
             return build_model(cfg.model, outputs)
@@ -270,7 +270,7 @@ def _shapes(batch: tuple[torch.Tensor, torch.Tensor]) -> str:
 
 def _check_units(ref: str, model: nn.Module) -> None:
     """A declared ``sharding_units`` names the model's own submodules."""
-    from trainer.model import sharding_units
+    from trainer.models.build import sharding_units
 
     try:
         units = sharding_units(model)

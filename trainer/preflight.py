@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.distributed import Dist
+from trainer.engines.base import Dist
 
 ITERATIONS = 5
 

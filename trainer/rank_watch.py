@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainer.distributed import Dist
+from trainer.engines.base import Dist
 from trainer.gpu_telemetry import FIELDS, GpuSampler, start_sampler
 from trainer.metrics import MetricsWriter
 from trainer.settings.train_config import TrainConfig

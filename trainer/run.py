@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import socket
 import time
@@ -18,17 +17,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import affinity, checkpoint, init_from, preflight, results
+from trainer import checkpoint, init_from, preflight, results
 from trainer.checkpointer import build_checkpointer
 from trainer.common.errors import ConfigError
 from trainer.data import Loaders, build_loaders
 from trainer.data.plugin import plugin_loaders
-from trainer.distributed import Dist, GradientProbe
-from trainer.lm.sizes import GPT_SIZES, flops_per_token
-from trainer.lm.throughput import peak_tflops, throughput_metrics
+from trainer.engines.base import Dist, GradientProbe
+from trainer.engines.device import resolve_precision, select_device
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.metrics import MetricsWriter, Progress
-from trainer.model import checkpoint_activations, sharding_units
+from trainer.models.build import checkpoint_activations, sharding_units
+from trainer.models.gpt_sizes import GPT_SIZES, flops_per_token
 from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.plugins import Plugins
@@ -36,6 +35,7 @@ from trainer.profiling import profiling
 from trainer.rank_watch import RankWatch
 from trainer.settings.train_config import TrainConfig
 from trainer.signals import StopRequest, StopVote
+from trainer.watch.mfu import peak_tflops, throughput_metrics
 from trainer.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
@@ -70,37 +70,6 @@ class RunResult:
             for f in fields(self)
             if f.name not in ("model", "results")
         }
-
-
-def select_device(cfg: TrainConfig, dist: Dist) -> torch.device:
-    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
-        share = None
-        if cfg.cpu_affinity != "off":
-            share = affinity.bind_local_rank(dist.local_rank, dist.local_size)
-        # One worker per core share: oversubscribed threads make CPU allreduce crawl. An
-        # explicit OMP_NUM_THREADS wins (benchmarks pin one thread per worker).
-        if "OMP_NUM_THREADS" not in os.environ:
-            threads = len(share) if share else (os.cpu_count() or 1) // dist.local_size
-            torch.set_num_threads(max(1, threads))
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError("device='cuda': no CUDA device is visible; use --device auto or cpu")
-    torch.cuda.set_device(dist.local_rank)
-    if cfg.cpu_affinity == "on":
-        affinity.bind_local_rank(dist.local_rank, dist.local_size)
-    return torch.device("cuda", dist.local_rank)
-
-
-def resolve_precision(cfg: TrainConfig, device: torch.device) -> tuple[torch.dtype | None, bool]:
-    """(autocast dtype or None, channels_last): bf16 and NHWC by default on GPUs only."""
-    amp = cfg.amp
-    if amp == "auto":
-        amp = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
-    dtype = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
-    channels_last = cfg.channels_last == "on" or (
-        cfg.channels_last == "auto" and device.type == "cuda"
-    )
-    return dtype, channels_last
 
 
 def _rng_state() -> dict[str, Any]:

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.distributed import Dist
+    from trainer.engines.base import Dist
 
 log = logging.getLogger(__name__)
 

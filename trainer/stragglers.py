@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainer.distributed import Dist
+from trainer.engines.base import Dist
 
 T = TypeVar("T")
 

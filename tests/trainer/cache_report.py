@@ -18,7 +18,7 @@ from rank_report import params_sha256  # the sibling script (this folder is on s
 
 import trainer.run
 from trainer.data.node_memory import PREFIX
-from trainer.distributed import init_dist
+from trainer.engines.choose import init_dist
 from trainer.settings.train_config import TrainConfig
 
 _caches: dict = {}

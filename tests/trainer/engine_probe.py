@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 from rank_report import HOROVOD_KNOBS  # beside this script (on sys.path)
 
-from trainer.affinity import each_thread
-from trainer.distributed import Dist, init_dist
-from trainer.run import select_device
+from trainer.engines.base import Dist
+from trainer.engines.choose import init_dist
+from trainer.engines.cpu_affinity import each_thread
+from trainer.engines.device import select_device
 from trainer.settings.train_config import TrainConfig
 from trainer.signals import StopRequest, StopVote
 

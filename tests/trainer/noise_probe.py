@@ -16,7 +16,8 @@ import torch
 from rank_report import threads_left_after_shutdown  # beside this script (on sys.path)
 from torch import nn
 
-from trainer.distributed import GradientProbe, init_dist
+from trainer.engines.base import GradientProbe
+from trainer.engines.choose import init_dist
 from trainer.noise_scale import NoiseScale
 from trainer.settings.train_config import TrainConfig
 

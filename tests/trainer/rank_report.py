@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.affinity import each_thread
-from trainer.distributed import exit_without_teardown, init_dist
+from trainer.engines.base import exit_without_teardown
+from trainer.engines.choose import init_dist
+from trainer.engines.cpu_affinity import each_thread
 from trainer.run import train
 from trainer.settings.train_config import TrainConfig
 
@@ -58,7 +59,7 @@ def main() -> None:
     report["threads_after_shutdown"] = threads_left_after_shutdown(config.backend)
     del result
     (report_dir / f"rank-{dist.rank}.json").write_text(json.dumps(report))
-    if not dist.teardown_safe:  # as dt-train ends (trainer.distributed.exit_without_teardown)
+    if not dist.teardown_safe:  # as dt-train ends (trainer.engines.base.exit_without_teardown)
         exit_without_teardown(0)
 
 

@@ -15,7 +15,7 @@ import torch
 
 import trainer.loop
 import trainer.run
-from trainer.distributed import init_dist
+from trainer.engines.choose import init_dist
 from trainer.settings.train_config import TrainConfig
 
 _pending: list[tuple[int, list[int]]] = []  # (epoch, indices) of batches handed to the loop

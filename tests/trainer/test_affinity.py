@@ -1,5 +1,5 @@
-"""trainer.affinity: each local rank's share of the CPUs, and binding a whole process (in a
-child process, so this one stays unbound)."""
+"""trainer.engines.cpu_affinity: each local rank's share of the CPUs, and binding a whole process
+(in a child process, so this one stays unbound)."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainer.affinity import cpu_share
+from trainer.engines.cpu_affinity import cpu_share
 
 
 def test_two_ranks_on_two_cpus_get_one_each():
@@ -60,7 +60,7 @@ def test_shares_are_disjoint_cover_every_cpu_and_differ_by_at_most_one(available
 
 BIND_SCRIPT = """
 import json, os, subprocess, sys, threading
-from trainer.affinity import bind_process, each_thread
+from trainer.engines.cpu_affinity import bind_process, each_thread
 
 release = threading.Event()
 before = threading.Thread(target=release.wait)  # a thread started before the binding

@@ -103,7 +103,7 @@ def test_a_checkpoint_without_offsets_is_still_loaded(tmp_path):
 
 
 def test_a_background_copy_is_not_changed_by_the_steps_that_follow():
-    from trainer.background_save import cpu_copy
+    from trainer.engines.base import cpu_copy
 
     weights = torch.zeros(4)
     state = {"model": {"w": weights}, "rng": [torch.ones(2)], "step": 3}

@@ -18,7 +18,7 @@ from trainer import checkpoint
 from trainer.checkpoint_mirror import MANIFEST_SUFFIX, CheckpointMirror
 from trainer.common import blob_client
 from trainer.common.blob_folder import BlobFolder
-from trainer.distributed import LocalDist
+from trainer.engines.local import LocalDist
 from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
 

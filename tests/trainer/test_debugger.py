@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import tiny_config
 from trainer.common.errors import ConfigError
 from trainer.debugger import wait_for_debugger
-from trainer.distributed import LocalDist
+from trainer.engines.local import LocalDist
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS
 from trainer.signals import StopRequest

@@ -1,6 +1,7 @@
 import pytest
 
-from trainer.distributed import Dist, LocalDist
+from trainer.engines.base import Dist
+from trainer.engines.local import LocalDist
 
 
 def test_a_backend_missing_a_collective_cannot_be_created():

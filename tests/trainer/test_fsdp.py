@@ -154,7 +154,7 @@ def test_the_results_hold_the_final_weights_gathered_from_every_ranks_shards(ref
 
     from tests.trainer.rank_report import named_tensors_sha256
     from trainer.data.text import BYTE_VOCAB
-    from trainer.model import build_model
+    from trainer.models.build import build_model
 
     output = reference["checkpoints"].parent
     folder = output / results.RESULTS_DIR

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import tiny_config
-from trainer.distributed import LocalDist
-from trainer.run import resolve_precision, train
+from trainer.engines.device import resolve_precision
+from trainer.engines.local import LocalDist
+from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
 
 

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from tests.conftest import tiny_config as base_config
 from trainer import checkpoint
-from trainer.distributed import LocalDist
-from trainer.model import build_model
+from trainer.engines.local import LocalDist
+from trainer.models.build import build_model
 from trainer.run import _Run, train
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS

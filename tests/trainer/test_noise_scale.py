@@ -51,7 +51,7 @@ def test_a_one_worker_run_refuses_to_measure_the_noise_scale_before_it_starts(tm
     stops with one line before it creates its output folder."""
     from tests.conftest import tiny_config
     from trainer.common.errors import ConfigError
-    from trainer.distributed import LocalDist
+    from trainer.engines.local import LocalDist
     from trainer.run import train
     from trainer.settings.train_config import DEFAULTS
 

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from tests.trainer.test_gpu import require_gpu
-from trainer.background_save import HostStaging, StepFence, cpu_copy, snapshot_unguarded
-from trainer.distributed import Dist, LocalDist
-from trainer.model import build_model
+from trainer.background_save import HostStaging, StepFence, snapshot_unguarded
+from trainer.engines.base import Dist, cpu_copy
+from trainer.engines.local import LocalDist
+from trainer.models.build import build_model
 from trainer.optim import build_optimizer
 from trainer.settings.train_config import TrainConfig
 
@@ -149,7 +150,7 @@ def test_an_overlapped_copy_holds_exactly_the_state_of_the_save_step(
 def horovod() -> Any:
     """Horovod in this process, one rank, started once (it cannot start again after a
     shutdown in the same process); its settings come from the environment, restored after."""
-    from trainer.distributed import HorovodDist
+    from trainer.engines.horovod import HorovodDist
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("HOROVOD_CYCLE_TIME", "1")

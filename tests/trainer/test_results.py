@@ -17,7 +17,7 @@ from trainer import results
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import ConfigError
 from trainer.common.files import OutputError, sha256_file
-from trainer.model import build_model
+from trainer.models.build import build_model
 from trainer.results_manifest import ResultsError, parse_manifest, verify
 from trainer.settings.train_config import TrainConfig
 

@@ -72,7 +72,7 @@ def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_gran
     from trainer import results
     from trainer.common.blob_folder import BlobFolder
     from trainer.common.grant_wait import CONTRIBUTOR, GrantWait
-    from trainer.model import build_model
+    from trainer.models.build import build_model
     from trainer.results_manifest import ResultsError
 
     clock = FakeClock()

@@ -10,8 +10,8 @@ from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
 from trainer import checkpoint, results
 from trainer.common.errors import ConfigError
-from trainer.distributed import LocalDist
-from trainer.model import build_model
+from trainer.engines.local import LocalDist
+from trainer.models.build import build_model
 from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
 from trainer.signals import StopRequest

@@ -29,7 +29,7 @@ from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
 from trainer.data.worker_processes import forkserver
-from trainer.lm.sizes import GPT_SIZES
+from trainer.models.gpt_sizes import GPT_SIZES
 from trainer.settings.train_config import TrainConfig
 
 

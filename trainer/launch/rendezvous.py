@@ -3,7 +3,7 @@ Gloo rendezvous, and every worker gets the variables ``horovodrun --gloo`` would
 torch.distributed (``trainer.settings.choices.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
 variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
 launcher package imports ``horovod.runner``; the workers' own communication lives in
-``trainer.distributed``.
+``trainer.engines.base``.
 Why it is built this way: docs/internals.md, `trainer/launch/rendezvous.py`."""
 
 from __future__ import annotations

@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trainer.lm.sizes import GPT_SIZES
+from trainer.models.gpt_sizes import GPT_SIZES
 
 IMAGE_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "tiny")
 
 
-# GPT-style decoders (trainer.lm): next-token prediction on --data tokens or synthetic tokens.
+# GPT-style decoders (trainer.models.gpt): next-token prediction on --data tokens or synthetic
+# tokens.
 LM_MODELS = tuple(GPT_SIZES)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import ConfigError
 from trainer.common.values import hashable, shown
-from trainer.lm.sizes import GPT_SIZES
+from trainer.models.gpt_sizes import GPT_SIZES
 from trainer.settings.checks import (
     check_choice,
     check_choice_or_plugin,
@@ -125,8 +125,8 @@ class TrainConfig:
     # Precision and speed.
     device: str = "auto"
     # Each rank of a node bound to its own contiguous share of the node's CPUs
-    # (trainer.affinity); auto: on with the CPU device, off on GPUs (where a share should follow
-    # the GPU's NUMA node; not measured here, no GPU).
+    # (trainer.engines.cpu_affinity); auto: on with the CPU device, off on GPUs (where a share
+    # should follow the GPU's NUMA node; not measured here, no GPU).
     cpu_affinity: str = "auto"
     amp: str = "auto"
     channels_last: str = "auto"

@@ -16,7 +16,7 @@ from infra.storage import CONTAINERS
 from tests.support.stacks import one
 from trainer import results
 from trainer.common.blob_folder import BlobFolder
-from trainer.model import build_model
+from trainer.models.build import build_model
 from trainer.settings.train_config import TrainConfig
 
 JOB_ID = "dev-resnet-0123456789"

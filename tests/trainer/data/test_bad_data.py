@@ -26,7 +26,7 @@ from trainer.data.manifest import MANIFEST_NAME, VERIFIED_NAME, Manifest, ShardE
 from trainer.data.node_memory import NodeGroup
 from trainer.data.shards import ShardSource
 from trainer.data.verify import verify_shards
-from trainer.distributed import LocalDist
+from trainer.engines.local import LocalDist
 from trainer.run import train
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS, TrainConfig

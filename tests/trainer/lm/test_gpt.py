@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.lm.model import GPT, build_gpt
-from trainer.lm.sizes import GPT_SIZES, GPTSize, flops_per_token, parameter_count
+from trainer.models.gpt import GPT, build_gpt
+from trainer.models.gpt_sizes import GPT_SIZES, GPTSize, flops_per_token, parameter_count
 
 REPO = Path(__file__).resolve().parents[3]
 GPT2_VOCAB = 50_257
@@ -125,12 +125,14 @@ def test_unknown_name_lists_the_sizes():
 def test_sizes_import_without_torch():
     # trainer.settings.train_config imports the sizes; the deployer's side must not pull torch in
     # with it.
-    code = "import sys, trainer.lm.sizes; assert 'torch' not in sys.modules, 'torch imported'"
+    code = (
+        "import sys, trainer.models.gpt_sizes; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_mfu_is_reported_against_the_known_dense_bf16_peaks_only():
-    from trainer.lm.throughput import peak_tflops, throughput_metrics
+    from trainer.watch.mfu import peak_tflops, throughput_metrics
 
     assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0

@@ -1,5 +1,5 @@
 """``--cpu-affinity``: each rank of a node keeps to its own share of the node's CPUs.
-Why it is built this way: docs/internals.md, `trainer/affinity.py`."""
+Why it is built this way: docs/internals.md, `trainer/engines/cpu_affinity.py`."""
 
 from __future__ import annotations
 

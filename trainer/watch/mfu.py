@@ -1,5 +1,5 @@
 """Model FLOPs utilisation (MFU): the training FLOPs a run does per second (6N per token,
-``trainer.lm.sizes.flops_per_token``) against what the device can do at most.
+``trainer.models.gpt_sizes.flops_per_token``) against what the device can do at most.
 
 Peaks are dense bf16 tensor-core figures from NVIDIA's datasheets (the "with sparsity" figures
 are twice these): H100 SXM5 989.4 TFLOPS (the ND H100 v5's GPU), H200 989.4 (the same compute

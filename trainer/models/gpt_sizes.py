@@ -1,7 +1,7 @@
 """Named GPT shapes, their parameter counts and training FLOPs per token.
 
 No torch import: ``trainer.settings.train_config`` validates a model name and the launch tools
-estimate memory and throughput without loading torch. ``trainer.lm.model`` builds the network from
+estimate memory and throughput without loading torch. ``trainer.models.gpt`` builds the network from
 these shapes; tests check that ``parameter_count`` equals the real model's count for every size.
 """
 
@@ -37,7 +37,7 @@ GPT_SIZES: dict[str, GPTSize] = {
 
 
 def parameter_count(size: GPTSize, vocab_size: int) -> int:
-    """Parameters of ``trainer.lm.model.GPT`` for this shape, in closed form.
+    """Parameters of ``trainer.models.gpt.GPT`` for this shape, in closed form.
 
     Per block: two LayerNorms (2 * 2d), attention QKV (d * 3d + 3d) and output (d * d + d), MLP
     up (d * 4d + 4d) and down (4d * d + d): 12d^2 + 13d. Plus the token table (V * d, also the

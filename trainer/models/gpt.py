@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.lm.sizes import GPT_SIZES, GPTSize
+from trainer.models.gpt_sizes import GPT_SIZES, GPTSize
 
 INIT_STD = 0.02  # GPT-2's initializer range
 
