@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bench.common import save
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.common.cli import OneLineParser
 from trainer.models.build import build_model
 

@@ -306,7 +306,7 @@ class JobSpec(JobFields[str]):
 
     @property
     def checkpoint_mirror_url(self) -> str:
-        """Where rank 0 mirrors the run's checkpoints (trainer.checkpoint_mirror): the
+        """Where rank 0 mirrors the run's checkpoints (trainer.checkpoints.mirror): the
         ``checkpoints`` container (infra.storage.CONTAINERS), under the run folder's own path,
         so that a job of the same settings resumes from it as from the run folder on NFS."""
         return f"{self.blob_endpoint.rstrip('/')}/checkpoints/{self.stack}/{self.run_name}/"

@@ -75,7 +75,7 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     checkpoints more or less often changes nothing a run computes)."""
     # A session fixture, so the worker-fault and signal tests of every folder share one run.
     from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
-    from trainer import checkpoint
+    from trainer.checkpoints import single_file as checkpoint
     from trainer.settings.flags import to_flags
 
     output = tmp_path_factory.mktemp("uninterrupted") / "out"

@@ -93,12 +93,12 @@ def _start_engine(cfg: TrainConfig) -> Dist:
 def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     """Start this worker's engine and train; every failure ends in one line (common.cli.fail)."""
     # Imported here so --dry-run never waits for torch.distributed.
-    from trainer.checkpoint import CheckpointError
+    from trainer.checkpoints.checkpointer import CheckpointError
+    from trainer.checkpoints.init_from import InitError
     from trainer.common.files import OutputError
     from trainer.data import DataError
     from trainer.debugger import DebuggerError, wait_for_debugger
     from trainer.engines.base import is_peer_failure
-    from trainer.init_from import InitError
     from trainer.live_upload import uploading
     from trainer.preflight import PreflightError
     from trainer.run import train

@@ -41,10 +41,7 @@ def full_state_dict(model: nn.Module, sharded: bool, is_root: bool) -> dict[str,
     """The model's whole state on the CPU, on rank 0 (empty elsewhere). With sharded state
     (FSDP) every rank must call this: the shards are gathered onto rank 0."""
     if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # cpu_offload: rank 0 receives each gathered tensor in host memory, the other ranks
         # keep nothing, so no GPU ever holds the whole model.

@@ -1,6 +1,7 @@
 """The training run: set up from a config, resume if a checkpoint exists, train, report.
 
-Everything here runs on every rank; checkpoints are trainer.checkpointer's, other files rank 0's.
+Everything here runs on every rank; checkpoints are trainer.checkpoints.checkpointer's, other files
+rank 0's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint, init_from, preflight, results
-from trainer.checkpointer import build_checkpointer
+from trainer import preflight, results
+from trainer.checkpoints import init_from
+from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints.choose import build_checkpointer
 from trainer.common.errors import ConfigError
 from trainer.data import Loaders, build_loaders
 from trainer.data.plugin import plugin_loaders

@@ -17,7 +17,8 @@ from trainer.common.errors import one_line
 
 AUTH_WAIT_SECONDS = 600.0  # new role assignments and IP rules take minutes to apply
 LOG_WAIT_SECONDS = 300.0  # output files are uploaded as the task completes
-# The log lines the checks read: trainer/checkpointer.py, trainer/launch/records.py and its report.
+# The log lines the checks read: trainer/checkpoints/checkpointer.py, trainer/launch/records.py and
+# its report.
 _CHECKPOINT_LINE = re.compile(r"checkpoint written: (\S+) \(uid (\d+)\)")
 _WORKERS_LINE = re.compile(r"node (\d+)/(\d+): starting (\d+) worker\(s\)")
 _PREFLIGHT_LINE = re.compile(r"preflight: allreduce bus bandwidth ([0-9.]+) GB/s")

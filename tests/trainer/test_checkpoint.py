@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 
 
 def state(value):
@@ -115,7 +115,7 @@ def test_a_background_copy_is_not_changed_by_the_steps_that_follow():
 def test_at_most_one_background_write_is_in_flight_and_its_error_is_one_line():
     import threading
 
-    from trainer.background_save import BackgroundWriter
+    from trainer.checkpoints.background import BackgroundWriter
 
     release = threading.Event()
     writer = BackgroundWriter()

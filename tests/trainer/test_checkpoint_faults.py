@@ -10,8 +10,9 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.trainer.fs_faults import file_size_limit, fill, read_only, tmpfs
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError, checksum_path
+from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints.checkpointer import CheckpointError
+from trainer.checkpoints.single_file import checksum_path
 from trainer.settings.flags import to_flags
 
 # The trainer runs here are single processes; none of them may leave one behind.

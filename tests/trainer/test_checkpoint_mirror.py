@@ -1,4 +1,4 @@
-"""The checkpoint mirror (trainer.checkpoint_mirror) against Azurite over HTTPS with the managed
+"""The checkpoint mirror (trainer.checkpoints.mirror) against Azurite over HTTPS with the managed
 identity's bearer tokens (DefaultAzureCredential, as on a node; no keys): runs mirror their
 checkpoints, a run whose checkpoints folder is lost resumes from the mirror, a corrupted mirrored
 blob is skipped, an unreachable mirror never stops training."""
@@ -14,8 +14,8 @@ import torch
 
 from tests.conftest import tiny_config as base_config
 from tests.support.ports import free_port
-from trainer import checkpoint
-from trainer.checkpoint_mirror import MANIFEST_SUFFIX, CheckpointMirror
+from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints.mirror import MANIFEST_SUFFIX, CheckpointMirror
 from trainer.common import blob_client
 from trainer.common.blob_folder import BlobFolder
 from trainer.engines.local import LocalDist
@@ -104,7 +104,7 @@ def test_a_lost_checkpoints_folder_resumes_from_the_mirror_and_ends_as_an_uninte
     first = train(tiny_config(tmp_path / "split", run_steps=11, **settings), LocalDist())
     assert (first.step, first.stopped_by) == (11, "run_steps")
     shutil.rmtree(tmp_path / "split" / "checkpoints")  # the file server is lost or replaced
-    with caplog.at_level(logging.INFO, logger="trainer.checkpoint_mirror"):
+    with caplog.at_level(logging.INFO, logger="trainer.checkpoints.mirror"):
         second = train(tiny_config(tmp_path / "split", **settings), LocalDist())
     assert (second.start_step, second.step) == (11, 24)
     assert any(
@@ -161,7 +161,7 @@ def test_an_unreachable_mirror_is_one_warning_and_the_run_trains_and_resumes_loc
     monkeypatch.setattr(blob_client, "RETRY_BACKOFF_SECONDS", 0)
     url = f"https://127.0.0.1:{free_port()}/devstoreaccount1/checkpoints/run/"
     cfg = tiny_config(tmp_path, max_steps=4, checkpoint_every=2, checkpoint_mirror_url=url)
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint_mirror"):
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoints.mirror"):
         assert train(cfg, LocalDist()).step == 4
         resumed = train(cfg.replace(max_steps=6), LocalDist())
     assert (resumed.start_step, resumed.step) == (4, 6)
@@ -176,7 +176,7 @@ def test_an_unreachable_mirror_is_one_warning_and_the_run_trains_and_resumes_loc
 def test_a_sharded_checkpoint_folder_is_mirrored_marker_last_and_fetched_whole(
     tmp_path, entra_env, logs
 ):
-    """A ``step-N.dcp/`` folder (trainer.sharded_checkpoint's layout): every file, the
+    """A ``step-N.dcp/`` folder (trainer.checkpoints.sharded's layout): every file, the
     ``complete`` marker last in the manifest; fetched into place as one folder, an incomplete
     local folder of that name replaced."""
     source = tmp_path / "source" / "step-000000004.dcp"

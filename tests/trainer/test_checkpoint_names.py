@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from trainer import checkpoint, sharded_checkpoint
+from trainer.checkpoints import sharded as sharded_checkpoint
+from trainer.checkpoints import single_file as checkpoint
 
 
 def _state(step: int) -> dict:
@@ -40,7 +41,7 @@ def test_an_unusable_entry_at_the_newest_name_is_named_and_the_previous_one_used
     checkpoint.save(folder, 1, _state(1), keep=5)
     newest = checkpoint.checkpoint_path(folder, 2)
     words = _make(kind, newest)
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoints.single_file"):
         path, state = checkpoint.load_latest(folder)
     assert state["step"] == 1 and path == checkpoint.checkpoint_path(folder, 1)
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -55,7 +56,7 @@ def test_an_entry_at_a_sharded_checkpoints_name_that_is_no_folder_is_named(tmp_p
     words = "a file" if kind == "file" else _make(kind, entry)
     if kind == "file":
         entry.write_bytes(b"not a folder")
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.checkpoints.single_file"):
         assert sharded_checkpoint.load_latest_trainer_state(folder) is None
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert str(entry) in line and words in line and "sharded checkpoint's folder" in line

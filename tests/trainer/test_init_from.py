@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import tiny_config as base_config
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
 from trainer.run import _Run, train
@@ -261,7 +261,7 @@ class _HierarchicalContainer:
 
 
 def test_a_folder_that_is_also_a_blob_is_downloaded_as_a_folder(source, tmp_path):
-    from trainer.init_from import _fetch
+    from trainer.checkpoints.init_from import _fetch
 
     dcp_folder = source["folder"] / "step-000000002.dcp"
     files = {f"runs/a/{p.name}": p.read_bytes() for p in dcp_folder.iterdir()}

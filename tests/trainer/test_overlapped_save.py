@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.trainer.test_gpu import require_gpu
-from trainer.background_save import HostStaging, StepFence, snapshot_unguarded
+from trainer.checkpoints.background import HostStaging, StepFence, snapshot_unguarded
 from trainer.engines.base import Dist, cpu_copy
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
@@ -245,7 +245,7 @@ def test_a_sharded_save_overlapped_with_the_next_step_holds_the_state_of_the_sav
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from trainer import sharded_checkpoint
+    from trainer.checkpoints import sharded as sharded_checkpoint
 
     model, _ = tiny_training("sgd")
     fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
@@ -286,9 +286,9 @@ def test_a_sharded_save_overlapped_with_the_next_step_holds_the_state_of_the_sav
 
 def test_a_run_saving_in_the_background_writes_what_a_synchronous_run_writes(tmp_path):
     """End to end, in one process: checkpoints copied while the next step runs, then written
-    and read back by trainer.checkpoint, equal a synchronous run's, bit for bit."""
+    and read back by trainer.checkpoints.single_file, equal a synchronous run's, bit for bit."""
     from tests.conftest import tiny_config
-    from trainer import checkpoint
+    from trainer.checkpoints import single_file as checkpoint
     from trainer.run import train
     from trainer.settings.train_config import DEFAULTS
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from tests.support.launchers import horovodrun, read_metrics, small_config, torchrun
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.settings.train_config import DEFAULTS

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
-from trainer import checkpoint, results
+from trainer import results
+from trainer.checkpoints import single_file as checkpoint
 from trainer.common.errors import ConfigError
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model

@@ -21,7 +21,7 @@ from tests.support.launchers import (
     small_config,
     torchrun,
 )
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.engines.cpu_affinity import cpu_share
 from trainer.settings.choices import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 from trainer.settings.flags import to_flags

@@ -18,7 +18,7 @@ from tests.support.launchers import (
     torchrun,
 )
 from tests.trainer.test_two_workers import run, trainer_args, worker_processes
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

@@ -16,8 +16,9 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
-from trainer import checkpoint, results
-from trainer.checkpoint import CheckpointError
+from trainer import results
+from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
 from trainer.metrics import MetricsWriter

@@ -32,12 +32,7 @@ from trainer.common.files import (
 )
 from trainer.common.grant_wait import CONTRIBUTOR, READER, GrantMissing, GrantWait
 from trainer.data.errors import DataError
-from trainer.data.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardEntry,
-    shard_is_valid,
-)
+from trainer.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, shard_is_valid
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

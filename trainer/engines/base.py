@@ -137,8 +137,9 @@ class Dist(ABC):
     @property
     def sharded_state(self) -> bool:
         """Whether each rank holds only its shard of the parameters and optimizer state (then
-        every rank writes and reads its own part of a checkpoint: ``trainer.sharded_checkpoint``);
-        otherwise rank 0 holds the whole state and writes it alone (``trainer.checkpoint``)."""
+        every rank writes and reads its own part of a checkpoint: ``trainer.checkpoints.sharded``);
+        otherwise rank 0 holds the whole state and writes it alone
+        (``trainer.checkpoints.single_file``)."""
         return False
 
     def broadcast_training_state(

@@ -1,6 +1,6 @@
 """Horovod, the default engine: allreduce of gradients (Horovod's fusion buffer and cycle
-time; its compression hook also feeds the noise-scale probe) over NCCL on GPUs and Gloo on CPUs. The only module that imports
-``horovod.torch``."""
+time; its compression hook also feeds the noise-scale probe) over NCCL on GPUs and Gloo on CPUs. The
+only module that imports ``horovod.torch``."""
 
 from __future__ import annotations
 

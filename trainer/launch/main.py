@@ -18,17 +18,8 @@ from pathlib import Path
 
 from trainer.common.cli import fail
 from trainer.launch import eviction
-from trainer.launch.batch_env import (
-    LaunchError,
-    Node,
-    read_batch_environment,
-    torch_master_port,
-)
-from trainer.launch.fabric import (
-    fabric_for,
-    worker_environment,
-    workers_per_node,
-)
+from trainer.launch.batch_env import LaunchError, Node, read_batch_environment, torch_master_port
+from trainer.launch.fabric import fabric_for, worker_environment, workers_per_node
 from trainer.launch.node_check import check_node, wait_for_restart
 from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser, code_dir_fault
 from trainer.launch.preflight import MODES as PREFLIGHT_MODES

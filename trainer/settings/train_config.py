@@ -62,7 +62,7 @@ class TrainConfig:
     loss: str = ""
     metric: str = ""
     # Start from these weights when the run has no checkpoint of its own: a local file or
-    # folder, or a Blob URL (trainer.init_from); strict: every key must match.
+    # folder, or a Blob URL (trainer.checkpoints.init_from); strict: every key must match.
     init_from: str = ""
     init_strict: bool = True
     # Language models: tokens per sample (None: the model's context) and the vocabulary (None:
@@ -159,7 +159,7 @@ class TrainConfig:
     outputs_url: str = ""
     # Rank 0 copies each finished checkpoint to this Blob folder URL in the background, the newest
     # N kept; a resume takes the newest verified copy of the local folder and it
-    # (trainer.checkpoint_mirror; "": off).
+    # (trainer.checkpoints.mirror; "": off).
     checkpoint_mirror_url: str = ""
     checkpoint_mirror_keep: int = 2
     # Watching the ranks (trainer.rank_watch). Every N steps the ranks share their step and
@@ -269,7 +269,7 @@ class TrainConfig:
 
     def _check_plugins(self) -> None:
         """A team's own model, data and hooks (trainer.plugins), and the weights a run starts
-        from (trainer.init_from). Here only their form: importing them needs torch."""
+        from (trainer.checkpoints.init_from). Here only their form: importing them needs torch."""
         for name in ("loss", "metric"):
             if ref := getattr(self, name):
                 check_plugin_ref(name, ref)
@@ -401,7 +401,7 @@ class TrainConfig:
         self._check_watchdog()
 
     def _check_mirror(self) -> None:
-        """The checkpoint mirror in Blob storage (trainer.checkpoint_mirror)."""
+        """The checkpoint mirror in Blob storage (trainer.checkpoints.mirror)."""
         if url := self.checkpoint_mirror_url:
             try:
                 BlobFolder.parse(url)

@@ -17,7 +17,7 @@ import pytest
 from infra.batch import JobSpec, job_options, task_options
 from infra.code_snapshot import CodeSnapshot, snapshot
 from tests.infra.batch_nodes.batch import Cluster, JobRun
-from trainer.checkpoint import list_checkpoints
+from trainer.checkpoints.single_file import list_checkpoints
 
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
 TINY = (

@@ -154,7 +154,8 @@ class NfsView:
         NFS client revalidates the cached entry with the server first (Linux fs/nfs/dir.c,
         nfs4_lookup_revalidate: "We cannot do exclusive creation on a positive dentry"), finds
         it gone and sends MKDIR; every writer of a run folder makes its folder first
-        (trainer.common.files, trainer.checkpoint), so its files land in the folder made again."""
+        (trainer.common.files, trainer.checkpoints.single_file), so its files land in the folder
+        made again."""
         parts = rel.split("/")[:-1]
         for depth in range(1, len(parts) + 1):
             folder = "/".join(parts[:depth])

@@ -20,11 +20,7 @@ from pathlib import Path
 import pytest
 
 from infra.batch import JobSpec
-from tests.infra.batch_nodes.batch import (
-    NFS_VIEW_LONG_SECONDS,
-    NFS_VIEW_SECONDS,
-    JobRun,
-)
+from tests.infra.batch_nodes.batch import NFS_VIEW_LONG_SECONDS, NFS_VIEW_SECONDS, JobRun
 from tests.infra.batch_nodes.conftest import blob
 from tests.infra.batch_nodes.jobs import (
     RUN_SECONDS,
@@ -41,7 +37,7 @@ from tests.infra.batch_nodes.jobs import (
     wait_for,
     worker_pids,
 )
-from trainer.checkpoint import load_latest
+from trainer.checkpoints.single_file import load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
@@ -405,7 +401,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
 ):
     """The NFS server is lost or replaced (its checkpoints gone) while a try fails: the retry
     resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
-    (trainer.checkpoint_mirror, the job's --checkpoint-mirror-url), not from step 0."""
+    (trainer.checkpoints.mirror, the job's --checkpoint-mirror-url), not from step 0."""
     from tests.infra.batch_nodes.batch import JobRun
 
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")

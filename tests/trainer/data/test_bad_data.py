@@ -18,7 +18,7 @@ import torch
 from tests.conftest import make_dataset, tiny_config
 from tests.trainer.data.conftest import shard_config, shard_settings
 from tests.trainer.data.test_cache_scope import run_ranks
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.common.files import sha256_file
 from trainer.data import DataError, build_loaders
 from trainer.data import verify as verify_module

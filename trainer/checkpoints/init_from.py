@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import checkpoint, sharded_checkpoint
+from trainer.checkpoints import sharded as sharded_checkpoint
+from trainer.checkpoints import single_file as checkpoint
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
@@ -347,10 +348,7 @@ def _load(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     FSDP's sharded ones by DCP's ``set_model_state_dict`` (each rank keeps its shard)."""
     sharded = any(type(t).__name__ == "DTensor" for t in model.state_dict().values())
     if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(model, weights, options=options)

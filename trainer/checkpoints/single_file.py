@@ -1,11 +1,13 @@
 """Single-file checkpoints: written by rank 0, atomically (temp file, fsync, rename), with a
 ``.sha256`` beside each so that changed bytes are skipped for the previous one; the newest
-``keep`` are kept. The format and why: docs/trainer.md.
+``keep`` are kept; and ``SingleFileCheckpointer``, the ``Checkpointer`` that writes them. The
+format and why: docs/trainer.md.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +15,8 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoints.background import HostStaging
+from trainer.checkpoints.checkpointer import CHECKPOINT_WRITTEN, Checkpointer, CheckpointError
 from trainer.common.errors import first_line
 from trainer.common.files import (
     fsync_folder,
@@ -25,10 +29,6 @@ from trainer.common.files import (
 SCHEMA = 1
 _NAME = re.compile(r"^step-(\d{9,})\.pt$")
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written; the message names the path."""
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -173,3 +173,49 @@ def epoch_position(state: dict[str, Any]) -> tuple[int, int]:
     world = int(state["world_size"])
     per_step = int(saved["batch_size"]) * int(saved.get("accumulation_steps", 1)) * world
     return int(state["step_in_epoch"]) * per_step, world
+
+
+class SingleFileCheckpointer(Checkpointer):
+    """Rank 0 writes the whole state to one file, atomically (``trainer.checkpoints.single_file``);
+    on resume it reads it and the tensors reach the other ranks by broadcast."""
+
+    def __init__(self, *args: Any, device: torch.device) -> None:
+        super().__init__(*args)
+        # Background saves copy into host tensors allocated once and reused.
+        self._staging = HostStaging(self._fence, device)
+
+    def load(self) -> tuple[Path, dict[str, Any]] | None:
+        path, shared, state = self._latest()
+        if shared is not None and state is not None:  # rank 0
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.dist.broadcast_training_state(self.model, self.optimizer, shared is not None)
+        return None if shared is None or path is None else (path, shared)
+
+    def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        self._fetch_mirrored(list_checkpoints(self.folder), "pt")
+        return load_latest(self.folder)
+
+    def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
+        if not self.dist.is_root:
+            return
+        state = {
+            **trainer_state,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        # In the background the next steps change the live tensors while a copy is written.
+        copy = self._staging.stage(state) if background else None
+        folder, keep, mirror = self.folder, self.cfg.keep_checkpoints, self._mirror
+
+        def write() -> None:
+            path = save(folder, step, state if copy is None else copy.result(), keep)
+            log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+            if mirror is not None:
+                mirror.submit(path)
+
+        self._writes.submit(write)
+
+    def close(self) -> None:
+        super().close()
+        self._staging.close()

@@ -1,7 +1,8 @@
 """Sharded checkpoints (``--backend fsdp``): a folder ``step-000001200.dcp/`` of every rank's
 shards (torch.distributed.checkpoint, readable on any number of ranks), rank 0's
-``trainer_state.pt`` and, last, the ``complete`` marker without which the folder is never loaded.
-The format and why: docs/trainer.md.
+``trainer_state.pt`` and, last, the ``complete`` marker without which the folder is never loaded;
+and ``ShardedCheckpointer``, the ``Checkpointer`` that writes them. The format and why:
+docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -9,23 +10,22 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import shutil
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.checkpoint import (
-    SCHEMA,
-    CheckpointError,
-    newest_loadable,
-    os_error_in,
-    warn_misnamed,
-)
+from trainer.checkpoints.background import snapshot_unguarded
+from trainer.checkpoints.checkpointer import CHECKPOINT_WRITTEN, Checkpointer, CheckpointError
+from trainer.checkpoints.single_file import SCHEMA, newest_loadable, os_error_in, warn_misnamed
 from trainer.common.errors import first_line
 from trainer.common.files import fsync_folder, write_atomic
+from trainer.engines.base import cpu_copy
 
 _NAME = re.compile(r"^step-(\d{9,})\.dcp$")
 COMPLETE = "complete"
@@ -152,3 +152,95 @@ def save_error(path: Path, err: BaseException) -> CheckpointError:
         f"cannot write sharded checkpoint {path}: {reason or type(err).__name__}; the previous "
         "complete checkpoint is kept; free space or fix permissions, or use another --output-dir"
     )
+
+
+class ShardedCheckpointer(Checkpointer):
+    """Every rank writes and reads its own shards (``trainer.checkpoints.sharded``, DCP); rank 0
+    adds the trainer's entries and the marker that completes the folder."""
+
+    def __init__(self, *args: Any, device: torch.device) -> None:
+        super().__init__(*args)
+        # Background saves copy the shards with DCP's stager, on a thread of its own.
+        self._stager = background_stager(device) if self.cfg.checkpoint_async else None
+
+    def load(self) -> tuple[Path, dict[str, Any]] | None:
+        path, shared, _ = self._latest()
+        if shared is None or path is None:
+            return None
+        self._read_shards(path)
+        return path, shared
+
+    def _find_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        self._fetch_mirrored(list_checkpoints(self.folder), "dcp")
+        return load_latest_trainer_state(self.folder)
+
+    def _tensors(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def _read_shards(self, path: Path) -> None:
+        """Every rank: its shards of the model and optimizer from ``path``, resharded by DCP
+        when another number of ranks wrote them."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        tensors = self._tensors()
+        read_shards(path, tensors)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=tensors["model"],
+            optim_state_dict=tensors["optimizer"],
+        )
+
+    def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
+        path = checkpoint_path(self.folder, step)
+        error = None
+        if self.dist.is_root:
+            try:
+                prepare_folder(path)
+            except OSError as err:
+                error = str(save_error(path, err))
+        self._agree(error)
+        pending = None
+        try:
+            tensors, staging = self._tensors(), None
+            if background:
+                # What the optimizer's step does not change (buffers forward updates) is copied
+                # now; DCP copies the rest to host memory while the next step runs.
+                tensors = snapshot_unguarded(tensors, self._fence.guarded())
+                staging = (self.dist.background_group, self._stager)
+            pending = start_writing(path, tensors, staging)
+            if pending is not None:
+                self._fence.hold(pending[0])
+        except Exception as err:
+            error = str(save_error(path, err))
+        self._agree(error)
+        self._writes.submit(self._completion(path, pending, trainer_state))
+
+    def _completion(
+        self, path: Path, pending: tuple[Any, Any] | None, trainer_state: dict[str, Any]
+    ) -> Callable[[], None]:
+        """The write's end: every rank's shards, then rank 0's trainer state and marker."""
+        state = cpu_copy(trainer_state) if self.dist.is_root else None
+        keep, mirror = self.cfg.keep_checkpoints, self._mirror
+
+        def write() -> None:
+            try:
+                if pending is not None:
+                    pending[1].result()  # every rank's shards and DCP's metadata are written
+                if state is not None:  # rank 0: the trainer state, then the marker
+                    complete(path, state, keep)
+                    log.info(CHECKPOINT_WRITTEN, path, os.getuid())
+                    if mirror is not None:
+                        mirror.submit(path)
+            except Exception as err:
+                raise save_error(path, err) from None
+
+        return write
+
+    def close(self) -> None:
+        super().close()
+        if self._stager is not None:
+            self._stager.close()
