@@ -300,8 +300,8 @@ class JobSpec(JobFields[str]):
 
     @property
     def outputs_url(self) -> str:
-        """Where rank 0 uploads the finished run's results (trainer.results): the ``outputs``
-        container (infra.storage.CONTAINERS), under the job's id."""
+        """Where rank 0 uploads the finished run's results (trainer.outputs.results): the
+        ``outputs`` container (infra.storage.CONTAINERS), under the job's id."""
         return f"{self.blob_endpoint.rstrip('/')}/outputs/{self.job_id}/"
 
     @property

@@ -31,9 +31,10 @@ NODE_BLOB_ROLES = {
     "checkpoints": STORAGE_BLOB_DATA_CONTRIBUTOR,
     "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.code_folder)
     # Batch's output files (the tasks' stdout and stderr, infra.batch) and rank 0's live copy
-    # of the metrics (trainer.live_upload).
+    # of the metrics (trainer.outputs.live_upload).
     "logs": STORAGE_BLOB_DATA_CONTRIBUTOR,
-    "outputs": STORAGE_BLOB_DATA_CONTRIBUTOR,  # trainer.results: uploads, a stale manifest deleted
+    # Rank 0's results (trainer.outputs.results): uploads, a stale manifest deleted.
+    "outputs": STORAGE_BLOB_DATA_CONTRIBUTOR,
 }
 
 

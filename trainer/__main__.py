@@ -97,17 +97,17 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     from trainer.checkpoints.init_from import InitError
     from trainer.common.files import OutputError
     from trainer.data import DataError
-    from trainer.debugger import DebuggerError, wait_for_debugger
     from trainer.engines.base import is_peer_failure
-    from trainer.live_upload import uploading
-    from trainer.preflight import PreflightError
+    from trainer.outputs.live_upload import uploading
     from trainer.run import train
-    from trainer.signals import StopRequest, die_with_parent
-    from trainer.watchdog import enable_flight_recorder
+    from trainer.watch.allreduce_check import PreflightError
+    from trainer.watch.debugger import DebuggerError, wait_for_debugger
+    from trainer.watch.signals import StopRequest, die_with_parent
+    from trainer.watch.watchdog import enable_flight_recorder
 
     stop = StopRequest().install()
     die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
-    # The engine's record of its collectives, for the step watchdog (trainer.watchdog).
+    # The engine's record of its collectives, for the step watchdog (trainer.watch.watchdog).
     enable_flight_recorder(cfg.backend, os.environ)
     dist = _start_engine(cfg)
     # Rank 0's live copy of metrics and TensorBoard files in Blob storage: the last upload
@@ -148,7 +148,7 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
 def _upload_results(results: Path, outputs_url: str) -> None:
     """Rank 0 only (the other ranks hold no results), once the workers are done."""
     from trainer.common.blob_folder import BlobFolder
-    from trainer.results import ResultsError, upload
+    from trainer.outputs.results import ResultsError, upload
 
     try:
         upload(results, BlobFolder.parse(outputs_url))
@@ -159,7 +159,7 @@ def _upload_results(results: Path, outputs_url: str) -> None:
 
 def _report(result: RunResult, cfg: TrainConfig, workers: int) -> None:
     """Rank 0's last lines: where the run stopped, its rate, and what to read next."""
-    from trainer.noise_scale import advice
+    from trainer.watch.noise_scale import advice
 
     if result.stopped_by == "already_complete":
         print(

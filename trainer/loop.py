@@ -35,7 +35,7 @@ class StepParts:
     # --noise-scale-every: the probe the engine's hooks feed, and whether this step measures.
     probe: GradientProbe | None = None
     measure: bool = False
-    # --profile-steps: the profiler (trainer.profiling) that learns where each step ends.
+    # --profile-steps: the profiler (trainer.watch.profiling) that learns where each step ends.
     profiler: torch.profiler.profile | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:

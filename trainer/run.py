@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import preflight, results
 from trainer.checkpoints import init_from
 from trainer.checkpoints import single_file as checkpoint
 from trainer.checkpoints.choose import build_checkpointer
@@ -28,18 +27,20 @@ from trainer.data.plugin import plugin_loaders
 from trainer.engines.base import Dist, GradientProbe
 from trainer.engines.device import resolve_precision, select_device
 from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
-from trainer.metrics import MetricsWriter, Progress
 from trainer.models.build import checkpoint_activations, sharding_units
 from trainer.models.gpt_sizes import GPT_SIZES, flops_per_token
-from trainer.noise_scale import NoiseScale
 from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
+from trainer.outputs import results
+from trainer.outputs.metrics import MetricsWriter, Progress
 from trainer.plugins import Plugins
-from trainer.profiling import profiling
-from trainer.rank_watch import RankWatch
 from trainer.settings.train_config import TrainConfig
-from trainer.signals import StopRequest, StopVote
+from trainer.watch import allreduce_check as preflight
 from trainer.watch.mfu import peak_tflops, throughput_metrics
-from trainer.watchdog import StepWatchdog
+from trainer.watch.noise_scale import NoiseScale
+from trainer.watch.profiling import profiling
+from trainer.watch.rank_watch import RankWatch
+from trainer.watch.signals import StopRequest, StopVote
+from trainer.watch.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class RunResult:
     noise_scale: float | None
     unit: str
     model: nn.Module
-    # Rank 0's complete results folder (trainer.results) when the run reached its end.
+    # Rank 0's complete results folder (trainer.outputs.results) when the run reached its end.
     results: Path | None = None
     # Images replaced because they did not decode (--on-bad-image skip), over every rank.
     skipped_images: int = 0
@@ -419,7 +420,7 @@ class _Run:
         stall = self.checkpointer.save_on_stop(step) if final else self.checkpointer.save(step)
         if stall is not None:
             self.log({"kind": "checkpoint", "step": step, "stall_sec": stall})
-        self.watchdog.beat()  # a save is one phase of its own (trainer.watchdog)
+        self.watchdog.beat()  # a save is one phase of its own (trainer.watch.watchdog)
 
     def _measure_noise_scale(self, step: int, global_batch: int) -> float | None:
         """After a measuring step: the workers' mean squared local gradient norm (a collective)
@@ -628,8 +629,8 @@ class _Run:
     # ------------------------------------------------------------------ results
     def write_results(self, result: RunResult) -> Path | None:
         """Every rank (collectives: the final evaluation, FSDP's gather). At the run's end rank 0
-        writes ``results/`` (``trainer.results``) and returns the folder; a paused run (a signal,
-        --run-steps) writes none. A run found finished already keeps complete results."""
+        writes ``results/`` (``trainer.outputs.results``) and returns the folder; a paused run (a
+        signal, --run-steps) writes none. A run found finished already keeps complete results."""
         folder = self.output_dir / results.RESULTS_DIR
         if result.stopped_by not in (*results.FINISHED, "already_complete"):
             return None

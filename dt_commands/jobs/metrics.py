@@ -1,5 +1,5 @@
 """``dt-jobs metrics``: the last logged training steps and their mean throughput, read from what
-the trainer's rank 0 uploads to the job's ``metrics_url`` (``trainer.live_upload``)."""
+the trainer's rank 0 uploads to the job's ``metrics_url`` (``trainer.outputs.live_upload``)."""
 
 from __future__ import annotations
 

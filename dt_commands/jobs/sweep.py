@@ -42,7 +42,7 @@ LOCAL_HOST = "127.0.0.1"
 STEP_FLAGS = ("--max-steps", "--run-steps")
 LOCAL_OWNED_FLAGS = (*STEP_FLAGS, "--output-dir")
 # The gradient noise scale compares each worker's gradient with the reduced one: a one-worker run
-# has only one (trainer.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
+# has only one (trainer.watch.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
 NOISE_FLAG = "--noise-scale-every"
 # Which Batch job states mean the sweep job is over (its task ended: terminatejob).
 DONE_STATE = "completed"

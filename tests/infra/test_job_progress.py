@@ -218,7 +218,7 @@ def test_the_preparations_last_line_is_read_past_a_long_stderr(cloud, warnings):
 
 
 def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(cloud, warnings):
-    """``kind: straggler`` records (trainer.stragglers) reach the job's ``stragglers`` output:
+    """``kind: straggler`` records (trainer.watch.stragglers) reach the job's ``stragglers`` output:
     the latest window's only, one line each naming rank, host and how much slower."""
     fake, storage, logs = cloud
     job_id, state = _state(fake, storage, "slow")

@@ -74,7 +74,7 @@ def test_the_node_still_writes_its_logs_and_results(node_storage):
     for name in ("logs", "outputs"):
         client = container_client(BlobFolder.parse(storage.folder_url(name, "job-1/")))
         client.upload_blob("job-1/probe.txt", b"written by the node", overwrite=True)
-        client.delete_blob("job-1/probe.txt")  # trainer.results deletes a stale manifest
+        client.delete_blob("job-1/probe.txt")  # trainer.outputs.results deletes a stale manifest
     assert not node_storage.grants.denied
 
 

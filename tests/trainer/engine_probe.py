@@ -8,10 +8,10 @@ Usage: engine_probe.py BACKEND REPORT_DIR. Each rank writes probe-<rank>.json wi
   engine has started its own threads (Horovod's background loop, Gloo's): its local rank and, for
   each setting, the CPUs every thread of the process may run on, then (after auto) those of a
   thread and of a child process started after the binding.
-- ``vote``: the ranks' stop vote (``trainer.signals.StopVote``) with other collectives in flight
-  as a training step's would be. Rank 1 alone is asked to stop during step 2: what ``next()``
-  answered at each of 5 steps, the answer of a ``close()`` after them, and whether a separate
-  ``any_rank_later`` read after other collectives saw rank 1's True.
+- ``vote``: the ranks' stop vote (``trainer.watch.signals.StopVote``) with other collectives
+  in flight as a training step's would be. Rank 1 alone is asked to stop during step 2: what
+  ``next()`` answered at each of 5 steps, the answer of a ``close()`` after them, and whether a
+  separate ``any_rank_later`` read after other collectives saw rank 1's True.
 """
 
 import json
@@ -29,7 +29,7 @@ from trainer.engines.choose import init_dist
 from trainer.engines.cpu_affinity import each_thread
 from trainer.engines.device import select_device
 from trainer.settings.train_config import TrainConfig
-from trainer.signals import StopRequest, StopVote
+from trainer.watch.signals import StopRequest, StopVote
 
 STEPS, SIGNALLED_DURING = 5, 2
 

@@ -18,8 +18,8 @@ from torch import nn
 
 from trainer.engines.base import GradientProbe
 from trainer.engines.choose import init_dist
-from trainer.noise_scale import NoiseScale
 from trainer.settings.train_config import TrainConfig
+from trainer.watch.noise_scale import NoiseScale
 
 DIM, NOISE_STD, PER_WORKER = 8, 1.0, 4
 

@@ -10,11 +10,11 @@ import pytest
 
 from tests.conftest import tiny_config
 from trainer.common.errors import ConfigError
-from trainer.debugger import wait_for_debugger
 from trainer.engines.local import LocalDist
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS
-from trainer.signals import StopRequest
+from trainer.watch.debugger import wait_for_debugger
+from trainer.watch.signals import StopRequest
 
 
 def test_a_rank_outside_the_world_names_the_ranks_there_are(tmp_path):

@@ -26,8 +26,8 @@ import torch
 from tests.conftest import tiny_config
 from tests.support.launchers import REPO, read_metrics
 from tests.support.ports import free_port
-from trainer import results
 from trainer.checkpoints import sharded as sharded_checkpoint
+from trainer.outputs import results
 from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may

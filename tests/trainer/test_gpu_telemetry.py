@@ -1,6 +1,6 @@
 """GPU telemetry against a fake ``pynvml`` (nvidia-ml-py's module and API: functions raise
 ``NVMLError`` subclasses, ``nvmlEventSetWait`` raises ``NVMLError_Timeout`` when no event came;
-see trainer/gpu_telemetry.py), installed through ``sys.modules``. No GPU and no NVML here."""
+see trainer/watch/gpu_telemetry.py), installed through ``sys.modules``. No GPU and no NVML here."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer import gpu_telemetry
-from trainer.gpu_telemetry import FIELDS, GpuSampler, start_sampler
+from trainer.watch import gpu_telemetry
+from trainer.watch.gpu_telemetry import FIELDS, GpuSampler, start_sampler
 
 
 class NVMLError(Exception):
@@ -136,7 +136,7 @@ def test_readings_a_gpu_does_not_offer_are_nan_and_without_events_it_still_sampl
 
 def test_a_gpu_that_stops_answering_is_one_warning_and_the_sampler_stops(caplog):
     nvml = fake_nvml(samples_before_lost=2)
-    with caplog.at_level(logging.WARNING, logger="trainer.gpu_telemetry"):
+    with caplog.at_level(logging.WARNING, logger="trainer.watch.gpu_telemetry"):
         sampler = GpuSampler(nvml, 3, seconds=0.01).start()
         sampler._thread.join(10)
     assert not sampler.running
@@ -178,7 +178,7 @@ def test_telemetry_off_on_a_gpu_starts_nothing(monkeypatch):
 
 def test_without_the_module_or_with_nvml_failing_to_start_it_is_one_warning(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
-    with caplog.at_level(logging.WARNING, logger="trainer.gpu_telemetry"):
+    with caplog.at_level(logging.WARNING, logger="trainer.watch.gpu_telemetry"):
         assert start_sampler(torch.device("cuda", 0), 10.0) is None
         monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(init_fails=True))
         assert start_sampler(torch.device("cuda", 0), 10.0) is None

@@ -22,7 +22,7 @@ from trainer.models.build import build_model
 from trainer.run import _Run, train
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS
-from trainer.signals import StopRequest
+from trainer.watch.signals import StopRequest
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from tests.support.ports import free_port
 from tests.trainer.traces import traces
 from trainer.common import blob_client
 from trainer.common.blob_folder import BlobFolder
-from trainer.live_upload import LiveUploader
+from trainer.outputs.live_upload import LiveUploader
 from trainer.settings.flags import to_flags
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from trainer.noise_scale import NoiseScale, advice
+from trainer.watch.noise_scale import NoiseScale, advice
 
 
 def test_exact_norms_give_the_exact_noise_scale():

@@ -6,9 +6,9 @@ import torch
 from torch.profiler import ProfilerAction
 
 from trainer.common.errors import ConfigError
-from trainer.profiling import profiling, step_schedule, trace_folder
 from trainer.settings.checks import profile_window
 from trainer.settings.train_config import TrainConfig
+from trainer.watch.profiling import profiling, step_schedule, trace_folder
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""``trainer.results`` and ``trainer.results_manifest``: the results folder's files and
-manifest, what makes it complete, the ``outputs_url`` setting, and the upload's failure as one
+"""``trainer.outputs.results`` and ``trainer.outputs.results_manifest``: the results folder's files
+and manifest, what makes it complete, the ``outputs_url`` setting, and the upload's failure as one
 line (Azurite over HTTPS with the managed identity's tokens, as on a node)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.trainer.fs_faults import file_size_limit
-from trainer import results
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import ConfigError
 from trainer.common.files import OutputError, sha256_file
 from trainer.models.build import build_model
-from trainer.results_manifest import ResultsError, parse_manifest, verify
+from trainer.outputs import results
+from trainer.outputs.results_manifest import ResultsError, parse_manifest, verify
 from trainer.settings.train_config import TrainConfig
 
 

@@ -69,11 +69,11 @@ def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_gran
     from tests.support.fake_imds import IDENTITY
     from tests.support.storage_grants import FakeClock
     from tests.trainer.test_results import _write
-    from trainer import results
     from trainer.common.blob_folder import BlobFolder
     from trainer.common.grant_wait import CONTRIBUTOR, GrantWait
     from trainer.models.build import build_model
-    from trainer.results_manifest import ResultsError
+    from trainer.outputs import results
+    from trainer.outputs.results_manifest import ResultsError
 
     clock = FakeClock()
     late = late_grants_on(clock)

@@ -8,14 +8,14 @@ from safetensors.torch import load_file
 
 from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
-from trainer import results
 from trainer.checkpoints import single_file as checkpoint
 from trainer.common.errors import ConfigError
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
+from trainer.outputs import results
 from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
-from trainer.signals import StopRequest
+from trainer.watch.signals import StopRequest
 
 
 def tiny_config(output_dir, **extra):

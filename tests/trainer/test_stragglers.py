@@ -1,10 +1,10 @@
-"""Naming a slow rank from the ranks' step times (trainer.stragglers), with a fake clock."""
+"""Naming a slow rank from the ranks' step times (trainer.watch.stragglers), with a fake clock."""
 
 from __future__ import annotations
 
 import math
 
-from trainer.stragglers import StepClock, StragglerSummary, find_stragglers
+from trainer.watch.stragglers import StepClock, StragglerSummary, find_stragglers
 
 HOSTS = ["node-a", "node-a", "node-b", "node-b"]
 NAN = math.nan

@@ -1,4 +1,4 @@
-"""The step watchdog (trainer/watchdog.py) on a fake clock: when it fires, what it writes and
+"""The step watchdog (trainer/watch/watchdog.py) on a fake clock: when it fires, what it writes and
 says, and what restarts its clock. Two real workers stuck in a collective:
 test_watchdog_two_workers.py."""
 
@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from trainer import watchdog
 from trainer.common.exit_codes import WATCHDOG_EXIT
-from trainer.watchdog import FLOOR_SECONDS, StepWatchdog, limit_seconds
+from trainer.watch import watchdog
+from trainer.watch.watchdog import FLOOR_SECONDS, StepWatchdog, limit_seconds
 
 # The bytes torch 2.13's flight recorder dumped (_dump_fr_trace_json) after one allreduce on a
 # one-rank Gloo group with TORCH_FR_BUFFER_SIZE=100.

@@ -1,5 +1,5 @@
 """Two real DDP workers on 127.0.0.1, one blocked inside a collective (tests/trainer/
-stuck_rank.py): the step watchdog (trainer/watchdog.py) fires on its limit, names the stuck
+stuck_rank.py): the step watchdog (trainer/watch/watchdog.py) fires on its limit, names the stuck
 ranks in one line each, writes stacks that name the blocking frame and the flight recorder's
 collectives, exits 86; the retry resumes from the last checkpoint and finishes."""
 

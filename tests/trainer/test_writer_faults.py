@@ -16,12 +16,12 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
-from trainer import results
 from trainer.checkpoints import single_file as checkpoint
 from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
-from trainer.metrics import MetricsWriter
+from trainer.outputs import results
+from trainer.outputs.metrics import MetricsWriter
 from trainer.settings.flags import to_flags
 
 # What each fault's one line must say: the reason and the first words of its fix.
@@ -209,7 +209,7 @@ import sys
 from pathlib import Path
 from tests.trainer.fs_faults import fill
 from trainer.common.files import OutputError
-from trainer.metrics import MetricsWriter
+from trainer.outputs.metrics import MetricsWriter
 
 disk = Path(sys.argv[1])
 writer = MetricsWriter(disk / "run")

@@ -31,7 +31,7 @@ def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float) -> torch.T
 
 
 class GradientProbe:
-    """For the gradient noise scale (``trainer.noise_scale``, ``--noise-scale-every``).
+    """For the gradient noise scale (``trainer.watch.noise_scale``, ``--noise-scale-every``).
 
     Collects, on measuring steps, this rank's squared gradient norm before the reduction
     (``local``, called by the engine's hook for every gradient or bucket) and after it
@@ -131,7 +131,7 @@ class Dist(ABC):
     def take_reduction_wait(self) -> float | None:
         """Seconds this rank waited for the other ranks' gradients since the last call, or
         None where the engine does not show it (DDP and FSDP wait inside backward).
-        ``trainer.stragglers`` tells a slow rank from the ranks waiting for it by this."""
+        ``trainer.watch.stragglers`` tells a slow rank from the ranks waiting for it by this."""
         return None
 
     @property

@@ -58,7 +58,7 @@ class HorovodDist(Dist):
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self._object_ops = 0
-        self._reduction_wait = 0.0  # seconds in synchronize(), for trainer.stragglers
+        self._reduction_wait = 0.0  # seconds in synchronize(), for trainer.watch.stragglers
 
     def take_reduction_wait(self) -> float | None:
         # The host's wait in synchronize(): on a GPU it also holds this rank's own backward

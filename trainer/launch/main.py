@@ -36,7 +36,7 @@ from trainer.launch.store import (
 )
 from trainer.launch.task_user import task_user_environment
 from trainer.launch.workers import TORCH_ENGINES, Workers, check_engine, supervise, worker_envs
-from trainer.live_upload import LiveUploader
+from trainer.outputs.live_upload import LiveUploader
 from trainer.scheduled_events import Watcher
 
 
@@ -250,7 +250,7 @@ def _checked(outcome: Outcome, node: Node, task_dir: Path | None, log: RunLog) -
 
 def _uploader(args, node: Node, log: RunLog) -> LiveUploader | None:
     """On the master, the live copy of a job's own command's metrics (``--metrics-upload-url``),
-    as rank 0 of the trainer makes its own (trainer.live_upload); None elsewhere."""
+    as rank 0 of the trainer makes its own (trainer.outputs.live_upload); None elsewhere."""
     if args.metrics_upload_url is None or not node.is_master:
         return None
     log.say(

@@ -161,7 +161,7 @@ def _pump(stream: IO[bytes], log: RunLog) -> None:
 
 
 def watchdog_reason(node: Node, workers: Workers, gather: float) -> str:
-    """The node's line once a worker's step watchdog fired (trainer.watchdog): which workers'
+    """The node's line once a worker's step watchdog fired (trainer.watch.watchdog): which workers'
     fired and which did not, given ``gather`` seconds to. A worker blocked in a collective
     cannot tell which peer is missing; one that did not fire (wedged below Python, or ended
     another way) is the suspect, as is the rank the flight recorders show behind."""

@@ -131,7 +131,7 @@ HELP: dict[str, str] = {
     "background with the machine's identity (verified, its manifest last); a resume takes the "
     "newest verified checkpoint of --output-dir and this folder; empty: off",
     "checkpoint_mirror_keep": "mirrored checkpoints to keep in --checkpoint-mirror-url",
-    # Watching the ranks (trainer.rank_watch).
+    # Watching the ranks (trainer.watch.rank_watch).
     "straggler_every": "every N steps the ranks share their step and data-wait times and GPU "
     "samples (one allreduce); a slow rank is logged as a kind: straggler record; 0: never",
     "straggler_margin": "name a rank whose data wait or own work per step exceeds the other "

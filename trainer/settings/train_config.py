@@ -116,7 +116,7 @@ class TrainConfig:
     # sharding: the all-gathers stay on NVLink, only gradient reductions cross InfiniBand).
     shard_within: str = "node"
     accumulation_steps: int = 1
-    # Estimate the gradient noise scale every N steps (trainer.noise_scale); 0: never.
+    # Estimate the gradient noise scale every N steps (trainer.watch.noise_scale); 0: never.
     noise_scale_every: int = 0
     # Clip the gradients' global L2 norm to this before each step; 0: no clipping.
     grad_clip_norm: float = 0.0
@@ -142,10 +142,10 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 42
     # Diagnosis. A torch.profiler trace of optimizer steps "A-B" per rank, written beside the
-    # TensorBoard events (trainer.profiling; "": off).
+    # TensorBoard events (trainer.watch.profiling; "": off).
     profile_steps: str = ""
     # This rank waits for a debugger (debugpy) on debug_port before training, every other rank
-    # at a barrier until it attaches (trainer.debugger; None: off).
+    # at a barrier until it attaches (trainer.watch.debugger; None: off).
     debug_rank: int | None = None
     debug_port: int = 5678
     # Stop before training when the allreduce bus bandwidth (GB/s) is below this; 0: skip.
@@ -154,7 +154,7 @@ class TrainConfig:
     # at the end ("": off). Fractions of a minute are allowed (short runs, tests).
     metrics_upload_url: str = ""
     metrics_upload_minutes: float = 5.0
-    # Rank 0 copies the finished run's results/ (trainer.results) to this Blob folder URL
+    # Rank 0 copies the finished run's results/ (trainer.outputs.results) to this Blob folder URL
     # ("": they stay in output_dir only).
     outputs_url: str = ""
     # Rank 0 copies each finished checkpoint to this Blob folder URL in the background, the newest
@@ -162,7 +162,7 @@ class TrainConfig:
     # (trainer.checkpoints.mirror; "": off).
     checkpoint_mirror_url: str = ""
     checkpoint_mirror_keep: int = 2
-    # Watching the ranks (trainer.rank_watch). Every N steps the ranks share their step and
+    # Watching the ranks (trainer.watch.rank_watch). Every N steps the ranks share their step and
     # data-wait times and GPU samples in one allreduce (0: never, and no GPU samples either).
     straggler_every: int = 50
     # A rank is named when its data wait or own work exceeds the others' median by more than
@@ -171,7 +171,7 @@ class TrainConfig:
     # Each rank samples its GPU through NVML every N seconds on a thread (0: off; CPUs: never).
     gpu_telemetry_seconds: float = 10.0
     # A rank whose training makes no progress (no step, evaluation or save ends) for this many
-    # minutes writes its stacks and collectives and exits (trainer.watchdog; 0: derived from
+    # minutes writes its stacks and collectives and exits (trainer.watch.watchdog; 0: derived from
     # the median step, at least 10 minutes).
     step_timeout_minutes: float = 0.0
 
@@ -386,7 +386,8 @@ class TrainConfig:
         if self.profile_steps:
             profile_window(self.profile_steps)
         if self.debug_rank is not None:
-            # The upper bound is the world size, known once the workers start (trainer.debugger).
+            # The upper bound is the world size, known once the workers start
+            # (trainer.watch.debugger).
             check_int_range("debug_rank", self.debug_rank, 0, 1_000_000)
         check_int_range("debug_port", self.debug_port, 1024, 65535)
         for name in ("metrics_upload_url", "outputs_url"):
@@ -410,7 +411,7 @@ class TrainConfig:
         check_int_range("checkpoint_mirror_keep", self.checkpoint_mirror_keep, 1, 1000)
 
     def _check_watchdog(self) -> None:
-        """The step watchdog (trainer.watchdog): 0 derives the limit from the steps."""
+        """The step watchdog (trainer.watch.watchdog): 0 derives the limit from the steps."""
         minutes = self.step_timeout_minutes
         if minutes != 0:
             try:
@@ -422,7 +423,7 @@ class TrainConfig:
                 ) from None
 
     def _check_rank_watch(self) -> None:
-        """Stragglers and GPU telemetry (trainer.rank_watch)."""
+        """Stragglers and GPU telemetry (trainer.watch.rank_watch)."""
         check_int_range("straggler_every", self.straggler_every, 0, 10**9)
         check_float_range("straggler_margin", self.straggler_margin, 0.05, 100.0)
         seconds = self.gpu_telemetry_seconds

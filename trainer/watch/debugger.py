@@ -15,7 +15,7 @@ from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from trainer.engines.base import Dist
-    from trainer.signals import StopRequest
+    from trainer.watch.signals import StopRequest
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The gradient noise scale, measured while training: how large a batch is still useful.
-Why it is built this way: docs/internals.md, `trainer/noise_scale.py`."""
+Why it is built this way: docs/internals.md, `trainer/watch/noise_scale.py`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ EMA_DECAY = 0.95
 @dataclass
 class NoiseScale:
     """B_simple from one measurement per call, smoothed (docs/internals.md,
-    `trainer/noise_scale.py`)."""
+    `trainer/watch/noise_scale.py`)."""
 
     small_batch: int  # samples behind each worker's gradient
     big_batch: int  # samples behind the reduced gradient: the global batch

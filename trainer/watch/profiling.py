@@ -1,5 +1,5 @@
 """``--profile-steps A-B``: a torch.profiler trace of optimizer steps A to B on every rank.
-Why it is built this way: docs/internals.md, `trainer/profiling.py`."""
+Why it is built this way: docs/internals.md, `trainer/watch/profiling.py`."""
 
 from __future__ import annotations
 

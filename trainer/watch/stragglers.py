@@ -3,7 +3,7 @@
 Each rank times its own steps: the wall time of a step, the part of it spent waiting for the
 data loader, and, where the engine shows it (Horovod: ``Dist.reduction_wait_sec``), the part
 spent waiting for the other ranks' gradients. Every N steps one small allreduce shares the
-window's medians (and the rank's GPU sample, ``trainer.gpu_telemetry``) with every rank.
+window's medians (and the rank's GPU sample, ``trainer.watch.gpu_telemetry``) with every rank.
 
 In synchronous data parallelism every rank's step ends together, so the wall time alone never
 names a straggler: the slow rank is the one that waits *least* for the others. A rank is named

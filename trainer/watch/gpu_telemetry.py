@@ -1,5 +1,5 @@
 """GPU telemetry (``--gpu-telemetry-seconds``): each rank samples the GPU it trains on.
-Why it is built this way: docs/internals.md, `trainer/gpu_telemetry.py`."""
+Why it is built this way: docs/internals.md, `trainer/watch/gpu_telemetry.py`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What the ranks tell rank 0 about themselves every ``--straggler-every`` steps: their step
-and data-wait times (``trainer.stragglers``) and their GPU's samples (``trainer.gpu_telemetry``),
-in one allreduce. Rank 0 writes ``kind: straggler`` and ``kind: gpu`` records, per-rank
-TensorBoard scalars and a warning line when a rank starts to hold the others up.
+and data-wait times (``trainer.watch.stragglers``) and their GPU's samples
+(``trainer.watch.gpu_telemetry``), in one allreduce. Rank 0 writes ``kind: straggler`` and ``kind:
+gpu`` records, per-rank TensorBoard scalars and a warning line when a rank starts to hold the others
+up.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any, TypeVar
 import torch
 
 from trainer.engines.base import Dist
-from trainer.gpu_telemetry import FIELDS, GpuSampler, start_sampler
-from trainer.metrics import MetricsWriter
+from trainer.outputs.metrics import MetricsWriter
 from trainer.settings.train_config import TrainConfig
-from trainer.stragglers import TIMES, RankExchange
+from trainer.watch.gpu_telemetry import FIELDS, GpuSampler, start_sampler
+from trainer.watch.stragglers import TIMES, RankExchange
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

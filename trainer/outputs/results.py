@@ -1,5 +1,5 @@
 """The run's results: what a finished run leaves for its users, in ``<output_dir>/results/``.
-Why it is built this way: docs/internals.md, `trainer/results.py`."""
+Why it is built this way: docs/internals.md, `trainer/outputs/results.py`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from trainer.common.files import (
     write_atomic,
 )
 from trainer.common.grant_wait import CONTRIBUTOR, GrantMissing, GrantWait
-from trainer.results_manifest import MANIFEST, Entry, ResultsError, manifest_bytes, verify
+from trainer.outputs.results_manifest import MANIFEST, Entry, ResultsError, manifest_bytes, verify
 
 if TYPE_CHECKING:
     import torch

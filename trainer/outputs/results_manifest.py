@@ -1,5 +1,5 @@
-"""A results folder's manifest (``trainer.results``): ``manifest.json``, written last, lists every
-other file with its size and SHA-256; a folder is complete only when its manifest is there and
+"""A results folder's manifest (``trainer.outputs.results``): ``manifest.json``, written last, lists
+every other file with its size and SHA-256; a folder is complete only when its manifest is there and
 every file matches it. Pure (no torch): the operator CLI's ``fetch`` (dt_commands/jobs/fetch.py)
 reads manifests with it too.
 """

@@ -1,5 +1,5 @@
 """Rank 0's live copy of the run's record in Blob storage, readable outside the private network.
-Why it is built this way: docs/internals.md, `trainer/live_upload.py`."""
+Why it is built this way: docs/internals.md, `trainer/outputs/live_upload.py`."""
 
 from __future__ import annotations
 
