@@ -153,7 +153,8 @@ def number(record: dict[str, Any], key: str) -> float | None:
 
 def rate_key(records: Sequence[dict[str, Any]]) -> tuple[str, str]:
     """(unit, the total-rate key): a language model's run counts tokens, an image model's
-    images (the records' own keys say which: ``trainer.loop`` logs ``<unit>_per_sec_total``)."""
+    images (the records' own keys say which: ``trainer.training.steps`` logs
+    ``<unit>_per_sec_total``)."""
     unit = "tokens" if any("tokens_per_sec_total" in r for r in records) else "images"
     return unit, f"{unit}_per_sec_total"
 

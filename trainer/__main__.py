@@ -15,8 +15,8 @@ from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
     from trainer.engines.base import Dist
-    from trainer.plugins import Plugins
-    from trainer.run import RunResult
+    from trainer.training.plugins import Plugins
+    from trainer.training.result import RunResult
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
     """A team's plug-ins, imported and checked on one sample before any engine starts (and the
     parameters of the model that checked them); a bad one stops with one line, exit 2."""
-    from trainer.plugins import load
+    from trainer.training.plugins import load
 
     try:
         return load(cfg)
@@ -99,7 +99,7 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
     from trainer.data import DataError
     from trainer.engines.base import is_peer_failure
     from trainer.outputs.live_upload import uploading
-    from trainer.run import train
+    from trainer.training.run import train
     from trainer.watch.allreduce_check import PreflightError
     from trainer.watch.debugger import DebuggerError, wait_for_debugger
     from trainer.watch.signals import StopRequest, die_with_parent

@@ -86,7 +86,7 @@ def metrics(
             f"throughput: {recent:.1f} {unit}/s total, mean of the last {len(shown)} logged "
             f"steps ({overall:.1f} over all {len(train)} in the file)\n"
         )
-    evals = [r for r in records if r.get("kind") == "eval"]  # trainer.run's val_* records
+    evals = [r for r in records if r.get("kind") == "eval"]  # trainer.training.run's val_* records
     if evals:
         e = evals[-1]
         out.write(

@@ -353,7 +353,7 @@ def test_changed_stacks():
     assert changed_stacks(["Pulumi.gone.yaml"], stacks) == []
     assert all_stacks(REPO) == ["dev", "vision-prod"]
     # An image input gives a new tag and replaces the job of every stack that submits one.
-    assert changed_stacks(["trainer/loop.py"], stacks, ["vision-prod"]) == ["vision-prod"]
+    assert changed_stacks(["trainer/training/steps.py"], stacks, ["vision-prod"]) == ["vision-prod"]
     assert changed_stacks(["docker/Dockerfile"], stacks, stacks) == stacks
     assert changed_stacks(["scripts/build_horovod.sh"], stacks, stacks) == stacks
     # Docs and the operator CLI are not in the image: no stack changes.

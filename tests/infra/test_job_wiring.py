@@ -25,9 +25,7 @@ def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_p
     assert job.inputs["node_identity_client_id"] == f"client-{nodes.name}"
     trainer = s.jobs[0].trainer
     assert job.inputs["trainer_args"] == to_flags(
-        settings_values(
-            trainer.values, trainer.settings.train_config, staged=bool(s.jobs[0].dataset_prefix)
-        )
+        settings_values(trainer.values, trainer.config, staged=bool(s.jobs[0].dataset_prefix))
     )
     assert job.inputs["dataset_prefix"] == ""
     assert job.inputs["blob_endpoint"].endswith(".blob.core.windows.net/")

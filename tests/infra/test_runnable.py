@@ -123,5 +123,5 @@ def test_a_trainer_jobs_plugin_from_the_repository_needs_the_code_folder_holding
     with pytest.raises(ConfigError):
         _check_runnable(with_examples)
     # ...while the name it has on the node is taken.
-    trainer.settings.train_config.model = "custom_model.model:build"
+    trainer.config.model = "custom_model.model:build"
     _check_runnable(with_examples)

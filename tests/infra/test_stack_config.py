@@ -320,10 +320,7 @@ def test_the_trainer_file_is_read_once_and_the_job_sets_its_own_flags(schema, tm
     )
     trainer = TrainerSettings.read("t.yaml", tmp_path)
     (tmp_path / "t.yaml").unlink()  # the settings hold what was read and validated
-    assert (trainer.settings.train_config.model, trainer.settings.train_config.epochs) == (
-        "resnet18",
-        2,
-    )
+    assert (trainer.config.model, trainer.config.epochs) == ("resnet18", 2)
     # The file chooses the engine (ddp here); the job owns the run folder.
     assert trainer_flags(trainer) == (
         "--model", "resnet18", "--data", "folder", "--data-dir", "/d", "--backend", "ddp",

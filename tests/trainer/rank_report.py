@@ -14,8 +14,8 @@ from pathlib import Path
 from trainer.engines.base import exit_without_teardown
 from trainer.engines.choose import init_dist
 from trainer.engines.cpu_affinity import each_thread
-from trainer.run import train
 from trainer.settings.train_config import TrainConfig
+from trainer.training.run import train
 
 HOROVOD_KNOBS = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD")
 

@@ -9,7 +9,8 @@ ones.
 import sys
 import time
 
-import trainer.run
+import trainer.training.run
+import trainer.training.setup
 from trainer.__main__ import main
 
 
@@ -43,5 +44,7 @@ def slowed(build_loaders, slow_rank: int, seconds: float):
 
 if __name__ == "__main__":
     slow_rank, seconds = int(sys.argv[1]), float(sys.argv[2])
-    trainer.run.build_loaders = slowed(trainer.run.build_loaders, slow_rank, seconds)
+    trainer.training.setup.build_loaders = slowed(
+        trainer.training.setup.build_loaders, slow_rank, seconds
+    )
     sys.exit(main(sys.argv[3:]))

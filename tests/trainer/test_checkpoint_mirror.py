@@ -19,8 +19,8 @@ from trainer.checkpoints.mirror import MANIFEST_SUFFIX, CheckpointMirror
 from trainer.common import blob_client
 from trainer.common.blob_folder import BlobFolder
 from trainer.engines.local import LocalDist
-from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import train
 
 
 def tiny_config(output_dir, **extra):

@@ -9,8 +9,8 @@ import torch
 from tests.conftest import tiny_config
 from trainer.engines.device import resolve_precision
 from trainer.engines.local import LocalDist
-from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import train
 
 
 def require_gpu():

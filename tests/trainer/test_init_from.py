@@ -19,9 +19,9 @@ from tests.conftest import tiny_config as base_config
 from trainer.checkpoints import single_file as checkpoint
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
-from trainer.run import _Run, train
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import _Run, train
 from trainer.watch.signals import StopRequest
 
 REPO = Path(__file__).resolve().parents[2]

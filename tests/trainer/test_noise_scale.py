@@ -52,8 +52,8 @@ def test_a_one_worker_run_refuses_to_measure_the_noise_scale_before_it_starts(tm
     from tests.conftest import tiny_config
     from trainer.common.errors import ConfigError
     from trainer.engines.local import LocalDist
-    from trainer.run import train
     from trainer.settings.train_config import DEFAULTS
+    from trainer.training.run import train
 
     cfg = DEFAULTS.replace(**tiny_config(tmp_path / "out", backend="ddp", noise_scale_every=2))
     with pytest.raises(ConfigError, match=r"noise_scale_every=2 with 1 worker: .* 2 or more"):

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.optim import (
+from trainer.settings.train_config import DEFAULTS
+from trainer.training.optim import (
     LARS,
     LRSchedule,
     build_lr_scheduler,
@@ -13,7 +14,6 @@ from trainer.optim import (
     parameter_groups,
     scaled_lr,
 )
-from trainer.settings.train_config import DEFAULTS
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,8 @@ from trainer.checkpoints.background import HostStaging, StepFence, snapshot_ungu
 from trainer.engines.base import Dist, cpu_copy
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
-from trainer.optim import build_optimizer
 from trainer.settings.train_config import TrainConfig
+from trainer.training.optim import build_optimizer
 
 CPU = torch.device("cpu")
 HELD = 0.3  # seconds a deliberately slow copy holds the step back
@@ -289,8 +289,8 @@ def test_a_run_saving_in_the_background_writes_what_a_synchronous_run_writes(tmp
     and read back by trainer.checkpoints.single_file, equal a synchronous run's, bit for bit."""
     from tests.conftest import tiny_config
     from trainer.checkpoints import single_file as checkpoint
-    from trainer.run import train
     from trainer.settings.train_config import DEFAULTS
+    from trainer.training.run import train
 
     saved = {}
     for mode in ("sync", "background"):

@@ -1,6 +1,6 @@
 """A team's own model, data and hooks through ``--model/--data/--loss/--metric pkg.module:name``
-(trainer.plugins): every bad plug-in stops ``python -m trainer`` with one line naming it and
-what was expected, exit 2, before anything is written; good ones train like ours."""
+(trainer.training.plugins): every bad plug-in stops ``python -m trainer`` with one line naming it
+and what was expected, exit 2, before anything is written; good ones train like ours."""
 
 from __future__ import annotations
 

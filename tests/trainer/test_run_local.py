@@ -13,8 +13,8 @@ from trainer.common.errors import ConfigError
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
 from trainer.outputs import results
-from trainer.run import train
 from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import train
 from trainer.watch.signals import StopRequest
 
 

@@ -119,7 +119,7 @@ INVALID = [
     ({"debug_rank": -1}, "debug_rank=-1", "0.."),
     ({"debug_port": 80}, "debug_port=80", "1024..65535"),
     ({"batchsize": 32}, "unknown setting 'batchsize'", "batch_size"),
-    # A team's plug-ins (trainer.plugins) and the weights a run starts from
+    # A team's plug-ins (trainer.training.plugins) and the weights a run starts from
     # (trainer.checkpoints.init_from).
     ({"model": "my model:build"}, "model='my model:build'", "pkg.module:function"),
     ({"data": "pkg.data:"}, "data='pkg.data:'", "pkg.module:function"),

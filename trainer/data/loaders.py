@@ -59,7 +59,7 @@ class Loaders:
     bad_images: BadImages = field(default_factory=BadImages)
 
     def stop_workers(self) -> None:
-        """Stop both loaders' worker processes: the run is over (``trainer.run.train``)."""
+        """Stop both loaders' worker processes: the run is over (``trainer.training.run.train``)."""
         for loader in (self.train, self.val):
             if loader is not None:
                 loader.stop_workers()

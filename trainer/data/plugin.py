@@ -1,4 +1,4 @@
-"""A team's own datasets (``--data pkg.module:factory``, trainer.plugins) behind the same
+"""A team's own datasets (``--data pkg.module:factory``, trainer.training.plugins) behind the same
 samplers and loaders as ours: ``RankSampler`` picks each rank's part of the epoch (resumable
 mid-epoch, also on another number of workers), a DataLoader batches the ``(input, target)``
 samples with PyTorch's default collate, and the batches go to the device as they are."""

@@ -39,9 +39,10 @@ def sharding_units(model: nn.Module) -> list[nn.Module]:
     frees them after, so peak memory holds one block's full parameters, not the model's) and
     activation checkpointing recomputes. A model names them itself in a ``sharding_units``
     attribute (a list of its submodules, or a method returning one: a plug-in's way,
-    trainer.plugins); otherwise a GPT's transformer blocks (``model.blocks``), ResNet's residual
-    blocks, or else the entries of the model's outermost ``nn.ModuleList``s (where transformer
-    code keeps its layers). The tiny test CNN has none; the root then holds everything."""
+    trainer.training.plugins); otherwise a GPT's transformer blocks (``model.blocks``), ResNet's
+    residual blocks, or else the entries of the model's outermost ``nn.ModuleList``s (where
+    transformer code keeps its layers). The tiny test CNN has none; the root then holds
+    everything."""
     declared = getattr(model, "sharding_units", None)
     if declared is not None:
         return list(declared() if callable(declared) else declared)

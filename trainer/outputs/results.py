@@ -31,7 +31,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
 METRICS = "metrics.json"
 EVALUATION = "evaluation.json"
-# Why a run stops where its results are final (trainer.run's stopped_by): a signal or
+# Why a run stops where its results are final (trainer.training.run's stopped_by): a signal or
 # --run-steps pauses a run that resumes later, and writes none.
 FINISHED = ("epochs", "max_steps")
 
@@ -65,8 +65,8 @@ def full_state_dict(model: nn.Module, sharded: bool, is_root: bool) -> dict[str,
 def evaluation_summary(
     metrics: Mapping[str, float] | None, step: int, language_model: bool, unit: str
 ) -> dict[str, Any]:
-    """The final evaluation (``trainer.loop.evaluate``'s figures) as ``evaluation.json`` says it;
-    ``metrics`` None: the data has no validation split."""
+    """The final evaluation (``trainer.training.steps.evaluate``'s figures) as ``evaluation.json``
+    says it; ``metrics`` None: the data has no validation split."""
     summary: dict[str, Any] = {"step": step, "unit": unit}
     if metrics is None:
         return {**summary, "samples": 0, "note": "no validation data: nothing was evaluated"}
@@ -136,7 +136,7 @@ def write(
         fsync_folder(folder)
     except OSError as err:
         # The final checkpoint is kept: once fixed, the run writes its results again without
-        # training (trainer.run, "already_complete").
+        # training (trainer.training.run, "already_complete").
         raise OutputError.of(err, folder) from None
     return entries
 

@@ -108,7 +108,7 @@ DEVICES = ("auto", "cpu", "cuda")
 SWITCHES = ("auto", "on", "off")
 
 
-# A team's own model, data, loss or metric (trainer.plugins): ``pkg.module:name``, found on
+# A team's own model, data, loss or metric (trainer.training.plugins): ``pkg.module:name``, found on
 # sys.path (the working directory or PYTHONPATH).
 PLUGIN_REF = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 

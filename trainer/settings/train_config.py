@@ -54,7 +54,7 @@ from trainer.settings.choices import (
 class TrainConfig:
     # What to train.
     # A built-in (MODELS) or a plug-in ``pkg.module:factory`` called as
-    # ``factory(cfg, **model_args)`` (trainer.plugins).
+    # ``factory(cfg, **model_args)`` (trainer.training.plugins).
     model: str = "resnet50"
     model_args: dict[str, Any] = field(default_factory=dict)
     num_classes: int = 1000
@@ -268,8 +268,9 @@ class TrainConfig:
             )
 
     def _check_plugins(self) -> None:
-        """A team's own model, data and hooks (trainer.plugins), and the weights a run starts
-        from (trainer.checkpoints.init_from). Here only their form: importing them needs torch."""
+        """A team's own model, data and hooks (trainer.training.plugins), and the weights a run
+        starts from (trainer.checkpoints.init_from). Here only their form: importing them needs
+        torch."""
         for name in ("loss", "metric"):
             if ref := getattr(self, name):
                 check_plugin_ref(name, ref)

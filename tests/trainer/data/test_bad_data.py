@@ -27,9 +27,9 @@ from trainer.data.node_memory import NodeGroup
 from trainer.data.shards import ShardSource
 from trainer.data.verify import verify_shards
 from trainer.engines.local import LocalDist
-from trainer.run import train
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import DEFAULTS, TrainConfig
+from trainer.training.run import train
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[3]

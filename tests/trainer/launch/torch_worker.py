@@ -10,7 +10,7 @@ import runpy
 import sys
 from pathlib import Path
 
-import trainer.engines.base
+import trainer.engines.choose
 
 VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",

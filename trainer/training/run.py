@@ -1,7 +1,7 @@
 """The training run: set up from a config, resume if a checkpoint exists, train, report.
 
-Everything here runs on every rank; checkpoints are trainer.checkpoints.checkpointer's, other files
-rank 0's.
+Everything here runs on every rank; checkpoints are the ``Checkpointer``'s
+(``trainer.checkpoints``), other files rank 0's.
 """
 
 from __future__ import annotations
@@ -11,128 +11,39 @@ import logging
 import random
 import socket
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from trainer.checkpoints import init_from
-from trainer.checkpoints import single_file as checkpoint
 from trainer.checkpoints.choose import build_checkpointer
 from trainer.common.errors import ConfigError
-from trainer.data import Loaders, build_loaders
-from trainer.data.plugin import plugin_loaders
 from trainer.engines.base import Dist, GradientProbe
 from trainer.engines.device import resolve_precision, select_device
-from trainer.loop import StepParts, WindowMeter, evaluate, train_one_epoch
-from trainer.models.build import checkpoint_activations, sharding_units
-from trainer.models.gpt_sizes import GPT_SIZES, flops_per_token
-from trainer.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.outputs import results
 from trainer.outputs.metrics import MetricsWriter, Progress
-from trainer.plugins import Plugins
 from trainer.settings.train_config import TrainConfig
+from trainer.training.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
+from trainer.training.plugins import Plugins
+from trainer.training.position import RunPosition, rng_state, set_rng_state
+from trainer.training.result import RunResult, write_results
+from trainer.training.setup import (
+    build_run_loaders,
+    build_run_model,
+    noise_probe,
+    start_from_weights,
+    throughput_unit,
+)
+from trainer.training.steps import StepParts, WindowMeter, evaluate, train_one_epoch
 from trainer.watch import allreduce_check as preflight
-from trainer.watch.mfu import peak_tflops, throughput_metrics
-from trainer.watch.noise_scale import NoiseScale
+from trainer.watch.mfu import throughput_metrics
 from trainer.watch.profiling import profiling
 from trainer.watch.rank_watch import RankWatch
 from trainer.watch.signals import StopRequest, StopVote
 from trainer.watch.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResult:
-    step: int
-    epoch: int
-    start_step: int
-    stopped_by: str
-    last_metrics: dict[str, float]
-    # Samples per second: images, or a language model's tokens (``unit``).
-    samples_per_sec: float
-    samples_per_sec_total: float
-    global_batch: int
-    # The smoothed gradient noise scale at the end (--noise-scale-every), or None.
-    noise_scale: float | None
-    unit: str
-    model: nn.Module
-    # Rank 0's complete results folder (trainer.outputs.results) when the run reached its end.
-    results: Path | None = None
-    # Images replaced because they did not decode (--on-bad-image skip), over every rank.
-    skipped_images: int = 0
-    # Ranks that held the others up (--straggler-every): rank, host, which time, how often.
-    stragglers: list[dict[str, Any]] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """The run's figures as JSON values (results/metrics.json)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in ("model", "results")
-        }
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@dataclass
-class RunPosition:
-    """Where the run is: the resume keys every checkpoint saves, written and read only by
-    ``state_dict()`` / ``load_state_dict()``.
-
-    - ``step``: optimizer steps taken, over every invocation and whatever world size took
-      them. It names checkpoints, and ``--max-steps`` / ``--run-steps`` count it: after a
-      resume on another number of workers the remaining steps are steps of the new size.
-    - ``epoch``: epochs finished. ``epoch_offset``: samples of this epoch's global order
-      trained, by all ranks and any number of them (see ``trainer.data.sampler``), so a resume
-      on another size continues the epoch exactly and ``--epochs`` stays exact.
-      ``epoch_world``: the workers the epoch began on (the shard stream's order depends on it).
-    - ``step_in_epoch``: the LR schedule's position in the epoch, in steps of this size:
-      ``steps_per_epoch`` minus the steps left. Without a resize, the steps taken in the epoch.
-      The schedule runs on ``epoch * steps_per_epoch + step_in_epoch``, so warmup, decay epochs
-      and the end fall on the same epochs whatever size the earlier steps had.
-    """
-
-    epoch_world: int
-    step: int = 0
-    epoch: int = 0
-    step_in_epoch: int = 0
-    epoch_offset: int = 0
-
-    def schedule_step(self, steps_per_epoch: int) -> int:
-        """The LR schedule's step at this position (``steps_per_epoch`` of this world size)."""
-        return self.epoch * steps_per_epoch + self.step_in_epoch
-
-    def state_dict(self) -> dict[str, int]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "epoch_offset": self.epoch_offset,
-            "epoch_world_size": self.epoch_world,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Read a checkpoint's position (older checkpoints lack the offsets; see
-        ``checkpoint.epoch_position``)."""
-        self.step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.step_in_epoch = int(state["step_in_epoch"])
-        self.epoch_offset, self.epoch_world = checkpoint.epoch_position(state)
 
 
 @dataclass
@@ -176,7 +87,7 @@ class _Run:
         # anyway, so a rank with a different seed can never silently diverge.
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed + dist.rank)
-        self.loaders = self._build_loaders(channels_last)
+        self.loaders = build_run_loaders(cfg, dist, self.plugins, self.device, channels_last)
         self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
         if self.steps_per_epoch == 0:
             raise ConfigError(
@@ -186,72 +97,18 @@ class _Run:
         self.position = RunPosition(epoch_world=dist.size)
         # A language model's outputs are its data's vocabulary.
         outputs = self.loaders.vocab_size or cfg.num_classes
-        self.model = self._build_model(outputs, channels_last)
-        probe = self._noise_probe()
+        self.model = build_run_model(cfg, dist, self.plugins, self.device, channels_last, outputs)
+        self.throughput = throughput_unit(cfg, self.device, outputs)
+        probe, self.noise_scale = noise_probe(cfg, dist, self.device)
         self.parts = self._build_parts(probe, amp_dtype)
         self.checkpointer = build_checkpointer(
             cfg, dist, self.model, self.parts.optimizer, self.state_dict, self.device
         )
         self.writer: MetricsWriter | None = None
-        # The last evaluation: (step, trainer.loop.evaluate's figures).
+        # The last evaluation: (step, trainer.training.steps.evaluate's figures).
         self.last_eval: tuple[int, dict[str, float]] | None = None
 
     # ------------------------------------------------------------------ set-up
-    def _build_loaders(self, channels_last: bool) -> Loaders:
-        """Our data sources, or a plug-in's datasets behind the same samplers."""
-        cfg, dist = self.cfg, self.dist
-        data = self.plugins.data
-        if data is not None:
-            return plugin_loaders(cfg, data.train, data.val, dist.rank, dist.size, self.device)
-        return build_loaders(
-            cfg, dist.rank, dist.size, self.device, channels_last, dist.local_size, dist
-        )
-
-    def _build_model(self, outputs: int, channels_last: bool) -> nn.Module:
-        """The model on its device, and what throughput counts (``unit``, samples per batch,
-        FLOPs per token and the device's peak for a language model)."""
-        cfg = self.cfg
-        # Sharded engines build the model in host memory: fully_shard moves each block to the
-        # GPU as it cuts it into shards, so the whole model never has to fit on one GPU.
-        model = self.plugins.build_model(cfg, outputs)
-        if not self.dist.sharded_state:
-            model = model.to(self.device)
-        self.unit = "tokens" if cfg.language_model else "samples" if cfg.plugin_data else "images"
-        # Samples of one batch: images, or target tokens (the batch's windows x context).
-        self.samples_per_batch = cfg.batch_size
-        self.flops_per_token = 0
-        if cfg.language_model:
-            size = GPT_SIZES[cfg.model]
-            self.samples_per_batch = cfg.batch_size * (cfg.context or size.context)
-            self.flops_per_token = flops_per_token(size, outputs)
-        self.peak_tflops = (
-            peak_tflops(torch.cuda.get_device_name(self.device))
-            if self.device.type == "cuda"
-            else None
-        )
-        if channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        if cfg.activation_checkpointing:
-            checkpoint_activations(sharding_units(model))
-        return model
-
-    def _noise_probe(self) -> GradientProbe | None:
-        """--noise-scale-every: the engine's reduction hooks show the probe each local
-        gradient, and ``self.noise_scale`` estimates from it."""
-        cfg, dist = self.cfg, self.dist
-        probe = GradientProbe(self.device) if cfg.noise_scale_every else None
-        self.noise_scale: NoiseScale | None = None
-        if probe is not None:
-            if dist.size < 2:  # one worker's gradient is the reduced gradient: no second batch
-                raise ConfigError(
-                    f"noise_scale_every={cfg.noise_scale_every} with 1 worker: the noise scale "
-                    "compares each worker's gradient with their average; run 2 or more workers "
-                    "or set noise_scale_every=0"
-                )
-            per_worker = cfg.batch_size * cfg.accumulation_steps
-            self.noise_scale = NoiseScale(per_worker, per_worker * dist.size)
-        return probe
-
     def _build_parts(self, probe: GradientProbe | None, amp_dtype: torch.dtype | None) -> StepParts:
         """The wrapped model, optimizer, LR schedule and scaler one step uses."""
         cfg, dist, model = self.cfg, self.dist, self.model
@@ -286,7 +143,7 @@ class _Run:
     def state_dict(self) -> dict[str, Any]:
         """The trainer's entries of a checkpoint (besides the model's and optimizer's tensors).
         A collective: every rank's RNG state, in rank order, is gathered."""
-        rng = self.dist.allgather_object(_rng_state())
+        rng = self.dist.allgather_object(rng_state())
         return {
             "config": self.cfg.to_dict(),
             **self.position.state_dict(),
@@ -304,7 +161,7 @@ class _Run:
         self.position.load_state_dict(state)
         self.parts.scaler.load_state_dict(state["scaler"])
         if int(state["world_size"]) == self.dist.size:
-            _set_rng_state(state["rng"][self.dist.rank])
+            set_rng_state(state["rng"][self.dist.rank])
         # Otherwise the RNG streams start afresh on the new ranks: data order and augmentations
         # depend on (seed, epoch, index) only, not on them.
 
@@ -316,7 +173,7 @@ class _Run:
         found = self.checkpointer.load()
         if found is None:
             if self.cfg.init_from:
-                self._start_from_weights()
+                start_from_weights(self.cfg, self.dist, self.model)
             return
         path, state = found
         if self.cfg.init_from and self.dist.is_root:
@@ -341,29 +198,6 @@ class _Run:
             self._log_resize(saved_world, steps_left)
         if self.dist.is_root:
             print(f"resumed from {path} at step {pos.step} (epoch {pos.epoch})", flush=True)
-
-    def _start_from_weights(self) -> None:
-        """A fresh run with --init-from: the weights read (by rank 0, or with sharded state by
-        every rank) and loaded into the model (a collective); a failure on a reading rank
-        stops every rank with its line."""
-        cfg, dist = self.cfg, self.dist
-        reads = dist.sharded_state or dist.is_root
-        report, error = None, None
-        if reads:
-            try:
-                report = init_from.apply(self.model, cfg.init_from, cfg.init_strict)
-            except init_from.InitError as err:
-                error = (str(err), err.exit_code)
-        if dist.any_rank(error is not None):
-            line, code = dist.broadcast_object(error) or (
-                "init_from: another rank could not read the weights (its log says why)",
-                1,
-            )
-            raise init_from.InitError(line, code)
-        if not dist.sharded_state:
-            dist.broadcast_parameters(self.model)  # rank 0's weights on every rank
-        if dist.is_root:
-            print(report, flush=True)
 
     def _log_resize(self, saved_world: int, steps_left: int) -> None:
         """Rank 0, resuming on another number of workers: how the epoch continues."""
@@ -483,8 +317,14 @@ class _Run:
             backend=cfg.backend,
             folder=self.output_dir / "watchdog",
         ).start()
-        progress = Progress(pos.step, self.total_steps, unit=self.unit) if dist.is_root else None
-        meter = WindowMeter(self.device, self.unit, self.parts.objective.correct is not None)
+        progress = (
+            Progress(pos.step, self.total_steps, unit=self.throughput.unit)
+            if dist.is_root
+            else None
+        )
+        meter = WindowMeter(
+            self.device, self.throughput.unit, self.parts.objective.correct is not None
+        )
         stopped_by = None if self._training_due() else "already_complete"
         started = time.monotonic()
         every = cfg.noise_scale_every
@@ -525,7 +365,7 @@ class _Run:
         pos.epoch_offset += loop.global_batch
         self.watch.step_done(pos.step)  # every --straggler-every steps, a collective
         self.watchdog.beat(pos.step)
-        loop.run_samples += self.samples_per_batch * cfg.accumulation_steps
+        loop.run_samples += self.throughput.samples_per_batch * cfg.accumulation_steps
         final = self._stop_reason(loop)
         self._report_step(loop, final)
         if final:
@@ -562,10 +402,12 @@ class _Run:
             loop.last = loop.meter.reduce(self.dist)
             if cfg.on_bad_image == "skip":
                 loop.last["skipped_images"] = self._skipped_images()
-            if self.flops_per_token:
+            if self.throughput.flops_per_token:
                 loop.last.update(
                     throughput_metrics(
-                        loop.last["tokens_per_sec"], self.flops_per_token, self.peak_tflops
+                        loop.last["tokens_per_sec"],
+                        self.throughput.flops_per_token,
+                        self.throughput.peak_tflops,
                     )
                 )
             record = {
@@ -618,7 +460,7 @@ class _Run:
             last_metrics=loop.last,
             samples_per_sec=total_rate / self.dist.size,
             samples_per_sec_total=total_rate,
-            unit=self.unit,
+            unit=self.throughput.unit,
             global_batch=loop.global_batch,
             noise_scale=loop.noise_scale,
             skipped_images=self._skipped_images(),
@@ -626,38 +468,7 @@ class _Run:
             model=self.model,
         )
 
-    # ------------------------------------------------------------------ results
-    def write_results(self, result: RunResult) -> Path | None:
-        """Every rank (collectives: the final evaluation, FSDP's gather). At the run's end rank 0
-        writes ``results/`` (``trainer.outputs.results``) and returns the folder; a paused run (a
-        signal, --run-steps) writes none. A run found finished already keeps complete results."""
-        folder = self.output_dir / results.RESULTS_DIR
-        if result.stopped_by not in (*results.FINISHED, "already_complete"):
-            return None
-        if result.stopped_by == "already_complete":
-            # Only rank 0 sees the folder: every rank learns whether to write it again.
-            rewrite = self.dist.is_root and not results.is_complete(folder)
-            if not self.dist.broadcast_object(rewrite):
-                return folder if self.dist.is_root else None
-        evaluation = self._final_evaluation()
-        weights = results.full_state_dict(self.model, self.dist.sharded_state, self.dist.is_root)
-        if not self.dist.is_root:
-            return None
-        step = self.position.step
-        results.write(
-            folder,
-            weights,
-            config=self.cfg.to_dict(),
-            summary=result.summary(),
-            evaluation=results.evaluation_summary(
-                evaluation, step, self.cfg.language_model, self.unit
-            ),
-            weights_metadata={"format": "pt", "model": self.cfg.model, "step": str(step)},
-        )
-        log.info("results written: %s", folder)
-        return folder
-
-    def _final_evaluation(self) -> dict[str, float] | None:
+    def final_evaluation(self) -> dict[str, float] | None:
         """The evaluation of the final weights: the epoch end's when the run ended there, else
         one more pass over the validation data (a collective); None without validation data."""
         if self.loaders.val is None:
@@ -676,12 +487,18 @@ def train(
 ) -> RunResult:
     """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present,
     else starts from ``--init-from`` if given. ``plugins``: the team's checked plug-ins
-    (``trainer.plugins.load``)."""
+    (``trainer.training.plugins.load``)."""
     run = _Run(cfg, dist, stop or StopRequest(), plugins)
     try:
         run.resume()
         result = run.train()
-        result.results = run.write_results(result)
+        result.results = write_results(
+            result,
+            cfg=cfg,
+            dist=dist,
+            folder=run.output_dir / results.RESULTS_DIR,
+            final_evaluation=run.final_evaluation,
+        )
     finally:
         # Every engine's loader workers stop here, with the run: FSDP's ranks end without the
         # interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops them

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainer.engines.base import Dist, GradientProbe
-from trainer.plugins import Objective
+from trainer.training.plugins import Objective
 
 
 @dataclass
@@ -25,7 +25,8 @@ class StepParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    # The loss minimised and the samples counted right (trainer.plugins: built-in or a team's).
+    # The loss minimised and the samples counted right (trainer.training.plugins: built-in or a
+    # team's).
     objective: Objective
     dist: Dist
     device: torch.device
