@@ -41,7 +41,7 @@ from trainer.data.prepare import prepare
 from trainer.data.sampler import RankSampler
 from trainer.data.shards import ShardSource
 from trainer.data.transforms import ChooseBox, crop_of
-from trainer.launch.fabric import fabric_for
+from trainer.launch.node_sizes import fabric_for
 
 BUDGET_SIZE = "Standard_ND96isr_H100_v5"
 # What this path is held to: images/s per core against the folder path before.

@@ -70,7 +70,7 @@ NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 STAGE_ROOT = "${AZ_BATCH_TASK_WORKING_DIR}/datasets"
 DATASET_ROOT = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets"
 # A job's code snapshot (jobs.<name>.code): the preparation task makes it ready in a per-hash
-# folder of the node (trainer.code_folder: the node's shared folder when the container sees
+# folder of the node (trainer.launch.code_folder: the node's shared folder when the container sees
 # it, which outlives jobs; else the preparation's own folder) and links it here, in its
 # working directory; the job's task finds the link under the JobPrep mount.
 CODE_LINK = "${AZ_BATCH_TASK_WORKING_DIR}/code"
@@ -486,13 +486,13 @@ def stage_command(spec: JobSpec) -> list[str]:
 
 
 def code_command(spec: JobSpec) -> list[str]:
-    """``trainer.code_folder``: the job's code snapshot ready on the node, linked at CODE_LINK;
-    kept on the NVMe array where the size has one."""
+    """``trainer.launch.code_folder``: the job's code snapshot ready on the node, linked at
+    CODE_LINK; kept on the NVMe array where the size has one."""
     cache = ["--cache-root", f"{NVME_ROOT}/code"] if has_nvme(spec.vm_size) else []
     return [
         "python",
         "-m",
-        "trainer.code_folder",
+        "trainer.launch.code_folder",
         "--account-url",
         spec.blob_endpoint,
         "--sha256",

@@ -27,7 +27,7 @@ from trainer.common.grant_wait import (
     is_firewall_refusal,
 )
 
-CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.code_folder.CONTAINER reads it
+CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.launch.code_folder.CONTAINER reads it
 INPUT_KEYS = ("folder", "sha256", "blob_endpoint")
 # The deployer's one data role, on the code container (infra.stack): it writes the snapshots.
 DEPLOYER_ROLE = CONTRIBUTOR

@@ -29,7 +29,7 @@ NODE_BLOB_ROLES = {
     # Rank 0's mirror of each finished checkpoint (trainer.checkpoints.mirror, pruned: deletes)
     # and a resume's download of it; --init-from's weights.
     "checkpoints": STORAGE_BLOB_DATA_CONTRIBUTOR,
-    "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.code_folder)
+    "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.launch.code_folder)
     # Batch's output files (the tasks' stdout and stderr, infra.batch) and rank 0's live copy
     # of the metrics (trainer.outputs.live_upload).
     "logs": STORAGE_BLOB_DATA_CONTRIBUTOR,

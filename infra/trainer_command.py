@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.common.errors import ConfigError as TrainerConfigError
-from trainer.launch.fabric import SIZES, preflight_floor
+from trainer.launch.node_sizes import SIZES, preflight_floor
 from trainer.settings.choices import TORCH_DISTRIBUTED_BACKENDS
 from trainer.settings.flags import to_flags
 from trainer.settings.train_config import TrainConfig

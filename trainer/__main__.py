@@ -54,7 +54,7 @@ def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
 
 def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     """Build the model on the meta device or the CPU and count its parameters."""
-    from trainer.data.text import BYTE_VOCAB
+    from trainer.data.text_prepare import BYTE_VOCAB
     from trainer.models.build import build_model, count_parameters
 
     if parameters is not None:  # the plug-ins' check built it

@@ -293,7 +293,7 @@ def gpu_checks(ctx: Context) -> str:
 
 
 def preflight(ctx: Context) -> str:
-    from trainer.launch.fabric import preflight_floor
+    from trainer.launch.node_sizes import preflight_floor
 
     floor = preflight_floor(ctx.settings.cluster.vm_size)
     found = [float(v) for v in _PREFLIGHT_LINE.findall(ctx.stdout_text)]

@@ -29,7 +29,7 @@ from trainer.common.cli import fail, int_in, number_in
 from trainer.common.errors import ConfigError as TrainerConfigError
 from trainer.common.errors import one_line
 from trainer.common.values import shown
-from trainer.launch.fabric import MAX_WORKERS_PER_NODE, workers_per_node
+from trainer.launch.node_sizes import MAX_WORKERS_PER_NODE, workers_per_node
 from trainer.settings.choices import MAX_STEPS
 from trainer.settings.flags import parse
 from trainer.settings.train_config import TrainConfig

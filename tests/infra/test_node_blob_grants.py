@@ -15,11 +15,11 @@ from tests.infra.test_job_code_node import _team_repo
 from tests.support.fake_imds import IDENTITY
 from tests.support.stacks import of_type
 from tests.support.storage_grants import CONTRIBUTOR, MISMATCH, READER
-from trainer.code_folder import ready
 from trainer.common.blob_client import container_client
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.grant_wait import READER as WAIT_READER
 from trainer.common.grant_wait import GrantWait
+from trainer.launch.code_folder import ready
 
 ROLES = {STORAGE_BLOB_DATA_READER: READER, STORAGE_BLOB_DATA_CONTRIBUTOR: CONTRIBUTOR}
 CONTAINER_SCOPE = "/blobServices/default/containers/"

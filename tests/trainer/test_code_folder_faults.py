@@ -1,6 +1,6 @@
 """A job's code on a node that is not as it should be: the job preparation task's command line
-(``python -m trainer.code_folder``) run as a container runs it, with Batch's variables and the
-job's identity, and the launcher's ``--code-dir`` as the job's task gives it. Each fault is a
+(``python -m trainer.launch.code_folder``) run as a container runs it, with Batch's variables and
+the job's identity, and the launcher's ``--code-dir`` as the job's task gives it. Each fault is a
 node's, not the user's: one line naming what is missing or unreachable, exit 1, no traceback,
 and unreachable storage fails within the bound the module documents."""
 
@@ -19,8 +19,8 @@ from infra.batch import JobSpec, job_options, task_options
 from tests.infra.test_job_payloads import SPEC
 from tests.support.container import REPO, base_path, one_node_pool, run_in_container
 from tests.support.fake_imds import IDENTITY
-from trainer import code_folder
-from trainer.code_folder import CodeError
+from trainer.launch import code_folder
+from trainer.launch.code_folder import CodeError
 
 pytestmark = pytest.mark.processes
 

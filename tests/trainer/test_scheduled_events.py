@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.fake_imds import VM, FakeImds, serving
 from tests.support.fake_imds import event as _event
-from trainer.scheduled_events import Event, ScheduledEvents, Watcher
+from trainer.launch.scheduled_events import Event, ScheduledEvents, Watcher
 
 WAIT = 30  # seconds any expected change may take on a loaded machine; never a speed check
 
@@ -34,7 +34,8 @@ def _until(condition, what: str) -> None:
 
 
 class Job:
-    """The job's VM names as the launchers exchange them (``trainer.scheduled_events.JobVms``)."""
+    """The job's VM names as the launchers exchange them
+    (``trainer.launch.scheduled_events.JobVms``)."""
 
     def __init__(self, *others: str) -> None:
         self.published: list[str] = []

@@ -96,7 +96,7 @@ def test_yaml_that_parses_but_cannot_be_built(tmp_path, document):
 def test_a_manifest_that_is_not_utf8_is_one_line_for_shards_and_tokens(tmp_path):
     from trainer.data.errors import DataError
     from trainer.data.manifest import Manifest
-    from trainer.data.text import TokenManifest
+    from trainer.data.token_shards import TokenManifest
 
     (tmp_path / "manifest.json").write_bytes('{"format": "café"}'.encode("latin-1"))
     for reader, what in ((Manifest, "dataset"), (TokenManifest, "text")):

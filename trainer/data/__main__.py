@@ -18,8 +18,8 @@ from trainer.common.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, G
 from trainer.data.errors import DataError
 from trainer.data.manifest import MAX_SHARD_MB
 from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepare
-from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
-from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
+from trainer.data.text_prepare import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
+from trainer.data.text_prepare import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
 
 # The flags' ranges: a shard up to 64 GiB, JPEG's largest side, processes and transfers at a time.

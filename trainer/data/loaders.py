@@ -25,7 +25,8 @@ from trainer.data.node_memory import Collectives, NodeGroup
 from trainer.data.sampler import PartSampler, RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
-from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
+from trainer.data.text_prepare import BYTE_VOCAB
+from trainer.data.token_windows import SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
 from trainer.data.worker_processes import forkserver

@@ -186,7 +186,7 @@ def torch_worker_env(
         "GROUP_WORLD_SIZE": str(nodes),
         # Gloo (torch's CPU collectives) uses the interface of this node's Batch address, as
         # HOROVOD_GLOO_IFACE makes Horovod's Gloo do; NCCL has its own setting from the VM size
-        # (trainer.launch.fabric).
+        # (trainer.launch.node_sizes).
         "GLOO_SOCKET_IFNAME": iface,
         "PYTHONUNBUFFERED": "1",
     }

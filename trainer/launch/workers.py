@@ -19,9 +19,9 @@ from trainer.common.exit_codes import WATCHDOG_EXIT
 from trainer.launch.batch_env import LaunchError, Node
 from trainer.launch.records import Outcome, RunLog
 from trainer.launch.rendezvous import gloo_worker_env, torch_worker_env
+from trainer.launch.scheduled_events import Watcher
 from trainer.launch.stop import STOP
 from trainer.launch.store import POLL_SECONDS, Store
-from trainer.scheduled_events import Watcher
 from trainer.settings.choices import TORCH_DISTRIBUTED_BACKENDS
 
 # The engines started the way torchrun starts them: the trainer's torch.distributed ones, and

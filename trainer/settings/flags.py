@@ -119,7 +119,7 @@ HELP: dict[str, str] = {
     "--debug-port before training; every other rank waits at a barrier until it attaches",
     "debug_port": "TCP port the --debug-rank rank listens on, on every interface (1024-65535)",
     "preflight_min_busbw": "before training, stop if allreduce bus bandwidth (GB/s) is lower; "
-    "0 skips (a Batch job sets it from its VM size, trainer/launch/fabric.py)",
+    "0 skips (a Batch job sets it from its VM size, trainer/launch/node_sizes.py)",
     "metrics_upload_url": "rank 0 copies metrics.jsonl and tensorboard/ to this Blob folder "
     "(https://<account>.blob.core.windows.net/<container>/<prefix>/) with the machine's "
     "identity, every --metrics-upload-minutes and at the end; empty: off",

@@ -12,7 +12,7 @@ from torch import nn
 from trainer.checkpoints import init_from
 from trainer.common.errors import ConfigError
 from trainer.data import Loaders, build_loaders
-from trainer.data.plugin import plugin_loaders
+from trainer.data.plugin_loaders import plugin_loaders
 from trainer.engines.base import Dist, GradientProbe
 from trainer.models.build import checkpoint_activations, sharding_units
 from trainer.models.gpt_sizes import GPT_SIZES, flops_per_token

@@ -1,4 +1,4 @@
-"""The launcher's side of a node check after a failed try (trainer/launch/node_check.py) against
+"""The launcher's side of a node check after a failed try (trainer/launch/recheck.py) against
 a watcher that behaves as infra/node_checks.py's does: it removes the request within a second
 and answers by replacing the verdict file."""
 
@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer.launch.node_check import REQUEST, VERDICT, check_node, wait_for_restart
+from trainer.launch.recheck import REQUEST, VERDICT, check_node, wait_for_restart
 
 
 def watcher(task_dir: Path, answer: str | None, stop: threading.Event) -> threading.Thread:

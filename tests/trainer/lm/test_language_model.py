@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from tests.support.launchers import REPO
-from trainer.data.text import BYTE_VOCAB
+from trainer.data.text_prepare import BYTE_VOCAB
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 40
 

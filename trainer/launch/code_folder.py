@@ -1,5 +1,5 @@
-"""``python -m trainer.code_folder``: a job's code snapshot (``jobs.<name>.code``) made ready on
-a node by the job preparation task: downloaded from the ``code`` container with the node's
+"""``python -m trainer.launch.code_folder``: a job's code snapshot (``jobs.<name>.code``) made ready
+on a node by the job preparation task: downloaded from the ``code`` container with the node's
 identity, its SHA-256 verified, unpacked, and its ``requirements.txt`` installed on top of the
 image, once per hash (a marker written last), into ``<cache>/<sha256>``; then ``--link`` (in
 the job's own folder) points at that folder. The launcher runs the workers in ``<link>/src``
@@ -263,7 +263,7 @@ def link(target: Path, at: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m trainer.code_folder", description=__doc__)
+    parser = OneLineParser(prog="python -m trainer.launch.code_folder", description=__doc__)
     parser.add_argument("--account-url", required=True, help="the blob endpoint (https://)")
     parser.add_argument("--sha256", required=True, help="the snapshot's SHA-256")
     parser.add_argument("--link", required=True, type=Path, help="made to point at the folder")

@@ -1,25 +1,18 @@
-"""``prepare-text``: plain-text files become token shards plus a manifest; readers for them.
-
-A prepared folder holds ``train-00000.bin``, ``val-00000.bin``, ... (raw little-endian token
-ids) and ``manifest.json``. Documents, splits, tokenizers and id widths: docs/data.md, "How it
-works".
+"""``prepare-text``: plain-text files become token shards plus a manifest
+(``trainer.data.token_shards``). Documents, splits, tokenizers and id widths: docs/data.md, "How
+it works".
 """
 
 from __future__ import annotations
 
-import bisect
 import codecs
-import json
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from trainer.common.files import (
     OutputError,
@@ -32,113 +25,26 @@ from trainer.common.files import (
 )
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, MAX_SHARD_MB
+from trainer.data.token_shards import (
+    SHARD_SUFFIX,
+    TokenManifest,
+    TokenShard,
+    TokenSplit,
+    token_dtype,
+)
 
-FORMAT = "distributed-training-tokens/1"
 DEFAULT_SHARD_MB = 64
 DEFAULT_VAL_FRACTION = 0.01
 BYTE_VOCAB = 257
 BYTE_END_OF_TEXT = 256
 # Names tokenizers give their end-of-text token (GPT-2/GPT-NeoX, Llama 3, SentencePiece models).
 END_OF_TEXT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
-SHARD_SUFFIX = ".bin"
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Characters per encode_batch call: enough work for the tokenizer's threads, bounded memory.
 _BATCH_BYTES = 16 << 20
 # Bytes read from a source file at a time: a piece is tokenized on its own (cut at a line end).
 _PIECE_BYTES = 16 << 20
 _COPY_TOKENS = 1 << 22
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The smallest unsigned little-endian dtype of 2 or 4 bytes that holds every id (bytes
-    would fit uint8 were end-of-text not a 257th id: two bytes keep it apart, one reader)."""
-    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
-
-
-@dataclass(frozen=True)
-class TokenShard:
-    name: str
-    bytes: int
-    tokens: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class TokenSplit:
-    tokens: int
-    shards: tuple[TokenShard, ...]
-
-
-@dataclass(frozen=True)
-class TokenManifest:
-    vocab_size: int
-    dtype: str  # numpy's name: "uint16" or "uint32", always little-endian
-    end_of_text: int
-    # {"kind": "bytes"} or {"kind": "tokenizers", "sha256": ..., "end_of_text": "<|endoftext|>"};
-    # the file's SHA-256, never its path, which differs between machines.
-    tokenizer: dict[str, str]
-    documents: int
-    splits: dict[str, TokenSplit] = field(default_factory=dict)
-    # Input files with no bytes, relative to the source: skipped (they hold no document).
-    skipped_empty: tuple[str, ...] = ()
-
-    def to_json(self) -> str:
-        """Canonical text (sorted keys, no timestamps): the same input gives the same bytes."""
-        body = {"format": FORMAT, **asdict(self)}
-        body["skipped_empty"] = list(self.skipped_empty)
-        return json.dumps(body, indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, source: str) -> TokenManifest:
-        try:
-            body = json.loads(text)
-            if body.get("format") != FORMAT:
-                raise DataError(
-                    f"{source}: format {body.get('format')!r} is not {FORMAT!r}; prepare the "
-                    f"text with `dt-data prepare-text`"
-                )
-            manifest = cls(
-                vocab_size=int(body["vocab_size"]),
-                dtype=str(body["dtype"]),
-                end_of_text=int(body["end_of_text"]),
-                tokenizer={str(k): str(v) for k, v in body["tokenizer"].items()},
-                documents=int(body["documents"]),
-                splits={
-                    name: TokenSplit(
-                        tokens=int(split["tokens"]),
-                        shards=tuple(TokenShard(**shard) for shard in split["shards"]),
-                    )
-                    for name, split in body["splits"].items()
-                },
-                skipped_empty=tuple(body.get("skipped_empty", ())),
-            )
-            if manifest.dtype not in ("uint16", "uint32"):
-                raise ValueError(f"dtype {manifest.dtype!r}")
-            return manifest
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            if isinstance(err, DataError):
-                raise
-            raise DataError(f"{source}: not a valid token manifest ({err})") from None
-
-    @classmethod
-    def load(cls, folder: Path) -> TokenManifest:
-        path = folder / MANIFEST_NAME
-        if not path.is_file():
-            raise DataError(
-                f"{path} does not exist: prepare the text with `dt-data prepare-text SRC {folder}`"
-            )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = getattr(err, "strerror", None) or "not UTF-8 text"
-            raise DataError(f"{path}: cannot read it ({reason}); prepare the text again") from None
-        return cls.from_json(text, str(path))
-
-    def split(self, name: str, folder: Path) -> TokenSplit:
-        entry = self.splits.get(name)
-        if entry is None or not entry.tokens:
-            raise DataError(f"{folder / MANIFEST_NAME} has no {name} tokens")
-        return entry
 
 
 # --- tokenizers -----------------------------------------------------------------------------
@@ -510,124 +416,3 @@ def _report(manifest: TokenManifest, out: Path, log: Callable[[str], None]) -> N
 
 
 # --- reading prepared tokens ----------------------------------------------------------------
-
-
-def _open_shards(folder: Path, manifest: TokenManifest, split: TokenSplit) -> list[np.ndarray]:
-    dtype = np.dtype(manifest.dtype).newbyteorder("<")
-    maps = []
-    for shard in split.shards:
-        path = folder / shard.name
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise DataError(
-                f"shard {path} is missing: stage the dataset again or rerun prepare-text"
-            ) from None
-        if size != shard.bytes or size != shard.tokens * dtype.itemsize:
-            raise DataError(
-                f"shard {path} has {size} bytes, the manifest lists {shard.bytes} for "
-                f"{shard.tokens} tokens: stage the dataset again or rerun prepare-text"
-            )
-        maps.append(np.memmap(path, dtype=dtype, mode="r"))
-    return maps
-
-
-def read_split(folder: Path, split: str) -> np.ndarray:
-    """Every token of ``split`` in order, in memory (for tests and small corpora)."""
-    manifest = TokenManifest.load(folder)
-    maps = _open_shards(folder, manifest, manifest.split(split, folder))
-    return np.concatenate([np.asarray(m) for m in maps])
-
-
-class TokenDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Sample ``i`` of a prepared split: the ``context + 1`` tokens from ``i * context`` (windows
-    do not overlap except for the one token each shares with the next, and may span two shards),
-    as (inputs, targets) int64 tensors of ``context`` tokens, targets shifted by one.
-
-    Shard sizes are checked against the manifest when the dataset is made (``check_sha256``
-    also hashes them: a full read). The shards are memory-mapped lazily in each process, so
-    DataLoader workers receive only the paths, never a copy of the data."""
-
-    def __init__(
-        self, folder: Path, split: str, context: int, *, check_sha256: bool = False
-    ) -> None:
-        if context < 1:
-            raise DataError(f"context={context}: must be at least 1 token")
-        self.folder = Path(folder)
-        self.manifest = TokenManifest.load(self.folder)
-        self.split = split
-        self.context = context
-        entry = self.manifest.split(split, self.folder)
-        self._shards = entry.shards
-        _open_shards(self.folder, self.manifest, entry)  # checks the sizes now
-        if check_sha256:
-            for shard in entry.shards:
-                if sha256_file(self.folder / shard.name) != shard.sha256:
-                    raise DataError(
-                        f"shard {self.folder / shard.name} does not match its SHA-256 in the "
-                        f"manifest: stage the dataset again or rerun prepare-text"
-                    )
-        self.tokens = entry.tokens
-        self._ends = np.cumsum([shard.tokens for shard in entry.shards]).tolist()
-        self._maps: list[np.ndarray] | None = None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.manifest.vocab_size
-
-    def __len__(self) -> int:
-        return (self.tokens - 1) // self.context if self.tokens else 0
-
-    def window(self, start: int, length: int) -> np.ndarray:
-        """``length`` tokens of the split from ``start`` (across shard boundaries)."""
-        if self._maps is None:
-            self._maps = _open_shards(
-                self.folder, self.manifest, TokenSplit(self.tokens, self._shards)
-            )
-        pieces = []
-        shard = bisect.bisect_right(self._ends, start)
-        while length > 0:
-            begin = self._ends[shard - 1] if shard else 0
-            piece = self._maps[shard][start - begin : start - begin + length]
-            pieces.append(piece)
-            start += len(piece)
-            length -= len(piece)
-            shard += 1
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"window {index} of {len(self)}")
-        tokens = torch.from_numpy(
-            self.window(index * self.context, self.context + 1).astype(np.int64)
-        )
-        return tokens[:-1], tokens[1:]
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickled to DataLoader workers: a memmap would be pickled as a full copy of the data.
-        return {**self.__dict__, "_maps": None}
-
-
-class SyntheticTokens(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """``size`` windows of uniformly random tokens, for runs without data: window ``i`` is a pure
-    function of (seed, i), so every worker and every resumed run sees the same one."""
-
-    def __init__(self, size: int, context: int, vocab_size: int, seed: int = 0) -> None:
-        if min(size, context, vocab_size) < 1:
-            raise DataError(
-                f"synthetic tokens size={size}, context={context}, vocab_size={vocab_size}: "
-                f"each must be at least 1"
-            )
-        self.size, self.context, self.vocab_size, self.seed = size, context, vocab_size, seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < self.size:
-            raise IndexError(f"window {index} of {self.size}")
-        generator = np.random.default_rng([self.seed, index])
-        tokens = torch.from_numpy(
-            generator.integers(0, self.vocab_size, self.context + 1, dtype=np.int64)
-        )
-        return tokens[:-1], tokens[1:]

@@ -1,5 +1,5 @@
 """Azure Scheduled Events: the node's warning before a Spot eviction or maintenance.
-Why it is built this way: docs/internals.md, `trainer/scheduled_events.py`."""
+Why it is built this way: docs/internals.md, `trainer/launch/scheduled_events.py`."""
 
 from __future__ import annotations
 

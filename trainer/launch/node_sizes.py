@@ -5,7 +5,7 @@ facts of the same sizes (vCPUs, Batch image, regions) and checks at import that 
 these; the job (``infra/job.py``) puts the floor on the trainer's command line, and the
 launcher's preflight holds nodes and pairs to both. Standard library only: the Pulumi program
 and the dynamic provider host import this module.
-Why it is built this way: docs/internals.md, `trainer/launch/fabric.py`."""
+Why it is built this way: docs/internals.md, `trainer/launch/node_sizes.py`."""
 
 from __future__ import annotations
 
