@@ -385,7 +385,8 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    (repo / "trainer" / "loop.py").write_text((repo / "trainer" / "loop.py").read_text() + "#\n")
+    steps = repo / "trainer" / "training" / "steps.py"
+    steps.write_text(steps.read_text() + "#\n")
     subprocess.run([*git, "commit", "-qam", "change"], check=True)
     result = subprocess.run(
         [sys.executable, "-m", "dt_commands.stacks", "changed", "HEAD~1"],

@@ -24,7 +24,7 @@ from trainer.settings.train_config import DEFAULTS
 from trainer.training.run import _Run, train
 from trainer.watch.signals import StopRequest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def tiny_config(output_dir: Path, **extra):

@@ -17,7 +17,7 @@ from tests.support.launchers import (
     small_config,
     torchrun,
 )
-from tests.trainer.test_two_workers import run, trainer_args, worker_processes
+from tests.trainer.engines.test_two_workers import run, trainer_args, worker_processes
 from trainer.checkpoints import single_file as checkpoint
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may

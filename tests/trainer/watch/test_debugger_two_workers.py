@@ -132,7 +132,7 @@ def test_a_debugger_attaches_to_one_rank_while_the_other_waits(tmp_path, repo):
         attach = client.send("attach", justMyCode=True)
         client.event("initialized")
         # The first step of the epoch loop, on the line that runs each training step.
-        loop = repo / "trainer" / "loop.py"
+        loop = repo / "trainer" / "training" / "steps.py"
         line = _line_of(loop, "meter.add(*train_step(parts, group))")
         source = {"path": str(loop)}
         placed = client.request("setBreakpoints", source=source, breakpoints=[{"line": line}])

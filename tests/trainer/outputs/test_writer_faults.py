@@ -145,7 +145,7 @@ def test_a_run_resumed_onto_a_full_disk_stops_in_one_line_and_keeps_its_checkpoi
     """The run reads its checkpoint from the full disk, then TensorBoard's first event is the
     first write: one line naming the folder and the fix, exit 1 (an environment fault), and the
     checkpoint is still there to resume from once there is room."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     with tmpfs(tmp_path / "disk", size="16m") as disk:
         out = disk / "run"
         command = [sys.executable, "-m", "trainer"]
@@ -183,7 +183,7 @@ def test_a_tensorboard_disk_filling_up_mid_run_stops_the_run_with_its_last_check
         )
         done = subprocess.run(
             [sys.executable, "-m", "trainer", *to_flags(config)],
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[3],
             capture_output=True,
             text=True,
             timeout=300,
@@ -233,7 +233,7 @@ def test_tensorboards_writer_thread_on_a_full_disk_prints_no_traceback_of_its_ow
     with tmpfs(tmp_path / "disk") as disk:
         process = subprocess.run(
             [sys.executable, "-c", TENSORBOARD_ONLY, str(disk)],
-            cwd=Path(__file__).resolve().parents[2],
+            cwd=Path(__file__).resolve().parents[3],
             capture_output=True,
             text=True,
             timeout=120,

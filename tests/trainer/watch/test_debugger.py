@@ -1,6 +1,6 @@
 """--debug-rank's refusals, each one line: a rank outside the world (exit 2) and a port that
 cannot be listened on (exit 1, in a real trainer process). The attach itself runs on two real
-workers in tests/trainer/test_debugger_two_workers.py."""
+workers in tests/trainer/watch/test_debugger_two_workers.py."""
 
 import socket
 import subprocess

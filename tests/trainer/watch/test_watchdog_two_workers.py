@@ -25,7 +25,7 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(tmp_path)
     config = small_config(
         out,
         backend="ddp",
-        model="tests.trainer.stuck_rank:build",
+        model="tests.trainer.watch.stuck_rank:build",
         checkpoint_every=2,
         log_every=1,
         loader_workers=0,

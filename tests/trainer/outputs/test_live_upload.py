@@ -19,7 +19,7 @@ from trainer.common.blob_folder import BlobFolder
 from trainer.outputs.live_upload import LiveUploader
 from trainer.settings.flags import to_flags
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _wait(condition, what, timeout=60.0):

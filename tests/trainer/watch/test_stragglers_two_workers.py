@@ -24,7 +24,7 @@ EVERY = 4
 def train(tmp_path, slow_rank: int, seconds: float = 0.0):
     out = tmp_path / "out"
     config = small_config(out, backend="horovod", straggler_every=EVERY, log_every=8)
-    script = str(REPO / "tests" / "trainer" / "slow_rank.py")
+    script = str(REPO / "tests" / "trainer" / "watch" / "slow_rank.py")
     command = horovodrun(script, str(slow_rank), str(seconds), *to_flags(config))
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -76,7 +76,7 @@ print(json.dumps({"cpu": cpu, "threads": threads, "child": json.loads(child.stdo
 """
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_binding_covers_threads_started_before_and_processes_started_after():

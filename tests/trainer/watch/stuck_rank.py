@@ -1,4 +1,4 @@
-"""A plug-in model (``--model tests.trainer.stuck_rank:build``) whose forward, on rank
+"""A plug-in model (``--model tests.trainer.watch.stuck_rank:build``) whose forward, on rank
 ``STUCK_RANK`` at its ``STUCK_STEP``-th training step, blocks inside the engine: it waits in
 ``torch.distributed.recv`` for a message no rank sends, while the other ranks wait for its
 gradients in their allreduce. Only the first run blocks: it leaves the file ``STUCK_MARKER``

@@ -1,5 +1,6 @@
 """--profile-steps: the window's syntax and the profiler's action at each step (the traces a
-real run writes are checked in tests/trainer/test_debugger_two_workers.py and tests/trainer)."""
+real run writes are checked in tests/trainer/watch/test_debugger_two_workers.py and
+tests/trainer)."""
 
 import pytest
 import torch

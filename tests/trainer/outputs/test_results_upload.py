@@ -15,7 +15,7 @@ from dt_commands.jobs import main as dt_jobs
 from tests.conftest import act_as_identity_of, tiny_config
 from trainer.settings.flags import to_flags
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run_trainer(config: dict) -> subprocess.CompletedProcess[str]:
@@ -68,7 +68,7 @@ def test_the_results_upload_waits_out_a_late_role_assignment(tmp_path, late_gran
     per wait, then uploads; with the role never granted it fails in one line naming it."""
     from tests.support.fake_imds import IDENTITY
     from tests.support.storage_grants import FakeClock
-    from tests.trainer.test_results import _write
+    from tests.trainer.outputs.test_results import _write
     from trainer.common.blob_folder import BlobFolder
     from trainer.common.grant_wait import CONTRIBUTOR, GrantWait
     from trainer.models.build import build_model

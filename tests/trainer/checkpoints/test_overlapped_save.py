@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer.test_gpu import require_gpu
+from tests.trainer.engines.test_gpu import require_gpu
 from trainer.checkpoints.background import HostStaging, StepFence, snapshot_unguarded
 from trainer.engines.base import Dist, cpu_copy
 from trainer.engines.local import LocalDist
