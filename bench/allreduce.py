@@ -20,7 +20,7 @@ import subprocess
 from bench import baseline_horovod
 from bench.common import REPO, horovodrun, save, torchrun
 from bench.scaling import BASELINE
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 
 def engines(baseline_env: dict[str, str]) -> dict:

@@ -10,7 +10,9 @@ import time
 
 import torch
 
-from trainer.distributed import Dist, HorovodDist, TorchDist
+from trainer.engines.base import Dist
+from trainer.engines.ddp import TorchDist
+from trainer.engines.horovod import HorovodDist
 
 GRADIENT_BYTES = 11_689_512 * 4  # ResNet-18's parameters in fp32 (with 1000 classes)
 TIMED = 20  # allreduces timed after one untimed (Horovod negotiates a name in full only once)

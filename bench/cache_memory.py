@@ -23,7 +23,7 @@ from PIL import Image
 
 from bench.common import REPO, save, torchrun
 from bench.data_path import write_dataset
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 from trainer.data.cache import cached_shape
 from trainer.data.node_memory import PREFIX, SHM_DIR
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from bench.common import save
-from trainer import checkpoint
-from trainer.cli import OneLineParser
-from trainer.model import build_model
+from trainer.checkpoints import single_file as checkpoint
+from trainer.common.cli import OneLineParser
+from trainer.models.build import build_model
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import statistics
 import sys
 
 from bench.common import run_records, save, torchrun
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 GOAL = 20.0  # synchronous stall / asynchronous stall, the goal
 ROUNDS = 1  # the modes in turns; each gpt-350m run takes minutes here

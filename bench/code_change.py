@@ -6,7 +6,7 @@ node emulator, split into its parts (a benchmark: prints and saves, asserts noth
 Each round changes the code (the torchrun example with a requirements file naming a wheel of the
 team's own), then: snapshot (``infra.code_snapshot``), upload (to the emulated storage account,
 as ``pulumi up``'s CodeUpload does), scheduling (the job submitted, until the nodes' job
-preparation starts), fetch and install (each node's preparation, as ``trainer.code_folder``
+preparation starts), fetch and install (each node's preparation, as ``trainer.launch.code_folder``
 reports them; the slower node counts), start (the preparation's end to the first step in the
 run's metrics). Replacing the old job (its terminate and checkpoint) is Pulumi's and left out.
 """
@@ -21,7 +21,7 @@ import sys
 import time
 
 from bench.common import REPO, save
-from trainer.cli import OneLineParser, fail, int_in
+from trainer.common.cli import OneLineParser, fail, int_in
 
 PARTS = ("snapshot", "upload", "scheduling", "fetch", "install", "start", "total")
 

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset, default_collate
 from bench.common import save
 from bench.gpu import H100_TARGET
 from infra.sizes import size_of
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 from trainer.data.cache import MemoryCache, load_pixels
 from trainer.data.dataset import CheckedImageDataset, ImageDataset, collate_images
 from trainer.data.decode import decode, decode_pixels_pil
@@ -41,7 +41,7 @@ from trainer.data.prepare import prepare
 from trainer.data.sampler import RankSampler
 from trainer.data.shards import ShardSource
 from trainer.data.transforms import ChooseBox, crop_of
-from trainer.launch.fabric import fabric_for
+from trainer.launch.node_sizes import fabric_for
 
 BUDGET_SIZE = "Standard_ND96isr_H100_v5"
 # What this path is held to: images/s per core against the folder path before.

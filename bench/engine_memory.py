@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, free_port, read_records, save, torchrun
-from trainer.cli import OneLineParser
-from trainer.lm.sizes import GPT_SIZES, parameter_count
+from trainer.common.cli import OneLineParser
+from trainer.models.gpt_sizes import GPT_SIZES, parameter_count
 
 MODEL, VOCAB, CONTEXT = "gpt-small", 50257, 64
 WORKERS = 2

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from bench.common import run_trainer, save
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 NVIDIA_A100_AMP = 2470
 H100_TARGET = 3000

@@ -1,7 +1,7 @@
 """Language-model training throughput on CPU: tokens/sec for gpt-tiny and gpt-small on 1 local
 process, 2 DDP ranks and 2 FSDP ranks (``--shard-within world``), with the scaling efficiency
 (total tokens/sec on 2 ranks / (2 x one process's)) and the model TFLOPS per worker (6N FLOPs
-per token, ``trainer.lm.sizes``). A benchmark: prints and saves, asserts nothing.
+per token, ``trainer.models.gpt_sizes``). A benchmark: prints and saves, asserts nothing.
 
     .venv/bin/python -m bench.lm_throughput [--rounds 2]
 
@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from bench.common import run_records, save, steady_value, torchrun
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 ROUNDS = 2
 WORKERS = 2

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from bench.common import REPO, run_trainer, save
-from trainer.cli import OneLineParser
-from trainer.model import build_model
+from trainer.common.cli import OneLineParser
+from trainer.models.build import build_model
 
 MODEL, CLASSES, SIZE, BATCH, POOL = "resnet18", 100, 64, 32, 64
 WINDOW = 4  # steps per measured window, as the trainer's --log-every

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from bench.common import save
 from dt_commands.plan import REPO, Plan, evaluate, read_stack_file
 from infra import stack as stack_module
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 
 @contextmanager

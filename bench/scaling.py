@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from bench import baseline_horovod
 from bench.common import horovodrun, run_records, save, steady_value, torchrun
-from trainer.cli import OneLineParser, int_in
+from trainer.common.cli import OneLineParser, int_in
 
 BATCH = 32  # images per worker and step
 LOG_EVERY = 4  # steps per metrics window

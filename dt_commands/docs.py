@@ -10,7 +10,7 @@ import json
 import sys
 
 from infra.config import REPO, load_schema, schema_default, schema_type
-from trainer.cli import OneLineParser
+from trainer.common.cli import OneLineParser
 
 REFERENCE = REPO / "docs" / "config-reference.md"
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"

@@ -22,7 +22,7 @@ from infra import api_versions, cost, prices, toolchain
 from infra.batch import NVME_ROOT
 from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.storage import SOFT_DELETE_DAYS
-from trainer.cli import OneLineParser, int_in
+from trainer.common.cli import OneLineParser, int_in
 
 PROGRAM = REPO / "__main__.py"
 SHOWN_PROPERTIES = (

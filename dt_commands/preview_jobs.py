@@ -15,7 +15,7 @@ from typing import Any
 
 from infra.batch import run_folder, run_name
 from infra.job import KEEPS_IMAGE
-from trainer.cli import OneLineParser, fail
+from trainer.common.cli import OneLineParser, fail
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 # A replacement shows as up to three steps of one URN (delete-before-replace: delete-replaced,

@@ -16,8 +16,8 @@ from typing import Any
 
 from infra.batch import live_folder_url
 from infra.config import SHORTHAND_JOB
-from trainer.blob_folder import BlobFolder
-from trainer.config import one_line
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import one_line
 
 # One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
 # asks Batch for the live ones); a single job's job_* outputs repeat at the top level.

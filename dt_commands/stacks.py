@@ -15,7 +15,7 @@ import yaml
 
 from infra.image_inputs import IMAGE_INPUTS, REPO
 from infra.naming import PROJECT
-from trainer.cli import OneLineParser, fail
+from trainer.common.cli import OneLineParser, fail
 
 # Files that change every stack's program (anything under these prefixes).
 PROGRAM_PATHS = ("__main__.py", "Pulumi.yaml", "infra/", "policy/", "pyproject.toml")

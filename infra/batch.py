@@ -71,7 +71,7 @@ NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 STAGE_ROOT = "${AZ_BATCH_TASK_WORKING_DIR}/datasets"
 DATASET_ROOT = "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets"
 # A job's code snapshot (jobs.<name>.code): the preparation task makes it ready in a per-hash
-# folder of the node (trainer.code_folder: the node's shared folder when the container sees
+# folder of the node (trainer.launch.code_folder: the node's shared folder when the container sees
 # it, which outlives jobs; else the preparation's own folder) and links it here, in its
 # working directory; the job's task finds the link under the JobPrep mount.
 CODE_LINK = "${AZ_BATCH_TASK_WORKING_DIR}/code"
@@ -301,13 +301,13 @@ class JobSpec(JobFields[str]):
 
     @property
     def outputs_url(self) -> str:
-        """Where rank 0 uploads the finished run's results (trainer.results): the ``outputs``
-        container (infra.storage.CONTAINERS), under the job's id."""
+        """Where rank 0 uploads the finished run's results (trainer.outputs.results): the
+        ``outputs`` container (infra.storage.CONTAINERS), under the job's id."""
         return f"{self.blob_endpoint.rstrip('/')}/outputs/{self.job_id}/"
 
     @property
     def checkpoint_mirror_url(self) -> str:
-        """Where rank 0 mirrors the run's checkpoints (trainer.checkpoint_mirror): the
+        """Where rank 0 mirrors the run's checkpoints (trainer.checkpoints.mirror): the
         ``checkpoints`` container (infra.storage.CONTAINERS), under the run folder's own path,
         so that a job of the same settings resumes from it as from the run folder on NFS."""
         return f"{self.blob_endpoint.rstrip('/')}/checkpoints/{self.stack}/{self.run_name}/"
@@ -479,13 +479,13 @@ def stage_command(spec: JobSpec) -> list[str]:
 
 
 def code_command(spec: JobSpec) -> list[str]:
-    """``trainer.code_folder``: the job's code snapshot ready on the node, linked at CODE_LINK;
-    kept on the NVMe array where the size has one."""
+    """``trainer.launch.code_folder``: the job's code snapshot ready on the node, linked at
+    CODE_LINK; kept on the NVMe array where the size has one."""
     cache = ["--cache-root", f"{NVME_ROOT}/code"] if has_nvme(spec.vm_size) else []
     return [
         "python",
         "-m",
-        "trainer.code_folder",
+        "trainer.launch.code_folder",
         "--account-url",
         spec.blob_endpoint,
         "--sha256",

@@ -17,8 +17,8 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult
 
 from infra.dynamic import OneLineError, Provider, changed_inputs
-from trainer.config import first_line
-from trainer.grant_wait import (
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import (
     CONTRIBUTOR,
     FIREWALL_REFUSAL,
     PENDING,
@@ -27,7 +27,7 @@ from trainer.grant_wait import (
     is_firewall_refusal,
 )
 
-CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.code_folder.CONTAINER reads it
+CONTAINER = "code"  # infra.storage.CONTAINERS; trainer.launch.code_folder.CONTAINER reads it
 INPUT_KEYS = ("folder", "sha256", "blob_endpoint")
 # The deployer's one data role, on the code container (infra.stack): it writes the snapshots.
 DEPLOYER_ROLE = CONTRIBUTOR

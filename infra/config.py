@@ -30,7 +30,8 @@ from infra.sizes import CPU_ACCEPTANCE, NOT_YET, RETIRED, SUPPORTED, GpuSize, si
 from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
-from trainer.config import OneLineValueError, is_plugin_ref
+from trainer.common.errors import OneLineValueError
+from trainer.settings.choices import is_plugin_ref
 
 PROJECT_FILE = Path(__file__).resolve().parent.parent / "Pulumi.yaml"
 SCALE_MODES = ("fixed", "autoscale")
@@ -1085,7 +1086,7 @@ def secret_setting(key: str):
 def main(argv: list[str] | None = None) -> int:
     """python -m infra.config [--write]: print Pulumi.yaml's ``config:`` block as the
     declarations give it, or rewrite the block in Pulumi.yaml."""
-    from trainer.cli import OneLineParser
+    from trainer.common.cli import OneLineParser
 
     parser = OneLineParser(prog="python -m infra.config", description=main.__doc__)
     parser.add_argument("--write", action="store_true", help=f"rewrite {PROJECT_FILE.name}")

@@ -21,7 +21,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 
 def changed_inputs(

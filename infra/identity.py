@@ -26,14 +26,15 @@ BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
 # where something on a node writes, Reader where it only reads.
 NODE_BLOB_ROLES = {
     "datasets": STORAGE_BLOB_DATA_READER,  # dt-data stage (trainer.data.transfer), --init-from
-    # Rank 0's mirror of each finished checkpoint (trainer.checkpoint_mirror, pruned: deletes)
+    # Rank 0's mirror of each finished checkpoint (trainer.checkpoints.mirror, pruned: deletes)
     # and a resume's download of it; --init-from's weights.
     "checkpoints": STORAGE_BLOB_DATA_CONTRIBUTOR,
-    "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.code_folder)
+    "code": STORAGE_BLOB_DATA_READER,  # the jobs' snapshots (trainer.launch.code_folder)
     # Batch's output files (the tasks' stdout and stderr, infra.batch) and rank 0's live copy
-    # of the metrics (trainer.live_upload).
+    # of the metrics (trainer.outputs.live_upload).
     "logs": STORAGE_BLOB_DATA_CONTRIBUTOR,
-    "outputs": STORAGE_BLOB_DATA_CONTRIBUTOR,  # trainer.results: uploads, a stale manifest deleted
+    # Rank 0's results (trainer.outputs.results): uploads, a stale manifest deleted.
+    "outputs": STORAGE_BLOB_DATA_CONTRIBUTOR,
 }
 
 

@@ -36,7 +36,7 @@ from infra.batch import (
 from infra.config import SHORTHAND_JOB
 from infra.dynamic import OneLineError, Provider
 from infra.task_report import last_try_line
-from trainer.config import first_line, one_line
+from trainer.common.errors import first_line, one_line
 
 T = TypeVar("T")
 # New role assignments take minutes to reach Batch's data plane: until then it answers 403
@@ -570,7 +570,7 @@ def _progress(job_id: str, metrics_url: str, recorded: dict[str, Any]) -> dict[s
         blob_container,
         latest_progress_and_stragglers,
     )
-    from trainer.blob_folder import BlobFolder
+    from trainer.common.blob_folder import BlobFolder
 
     try:
         folder = BlobFolder.parse(metrics_url)

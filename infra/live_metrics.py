@@ -1,4 +1,4 @@
-"""What a job's rank 0 uploaded while it trains (``trainer.live_upload``), read from the
+"""What a job's rank 0 uploaded while it trains (``trainer.outputs.live_upload``), read from the
 deployer's side: by the operator CLI (``dt-jobs``, ``dt_commands.jobs``) and by the job resource's
 refresh (``infra.job``), which puts the current step and images/s into the stack's outputs.
 
@@ -16,12 +16,12 @@ from datetime import datetime
 from typing import Any
 
 from infra import credentials
-from trainer.blob_folder import BlobFolder
-from trainer.config import first_line
-from trainer.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
-from trainer.noise_scale import advice
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.errors import first_line
+from trainer.common.grant_wait import FIREWALL_REFUSAL, is_firewall_refusal
+from trainer.watch.noise_scale import advice
 
-METRICS_FILE = "metrics.jsonl"  # trainer.metrics.MetricsWriter's file, as uploaded
+METRICS_FILE = "metrics.jsonl"  # trainer.outputs.metrics.MetricsWriter's file, as uploaded
 # A refresh and ``list`` read only the end of each job's metrics.jsonl: its last training record.
 TAIL_BYTES = 64 * 1024
 
@@ -153,7 +153,8 @@ def number(record: dict[str, Any], key: str) -> float | None:
 
 def rate_key(records: Sequence[dict[str, Any]]) -> tuple[str, str]:
     """(unit, the total-rate key): a language model's run counts tokens, an image model's
-    images (the records' own keys say which: ``trainer.loop`` logs ``<unit>_per_sec_total``)."""
+    images (the records' own keys say which: ``trainer.training.steps`` logs
+    ``<unit>_per_sec_total``)."""
     unit = "tokens" if any("tokens_per_sec_total" in r for r in records) else "images"
     return unit, f"{unit}_per_sec_total"
 
@@ -183,7 +184,7 @@ def latest_progress_and_stragglers(
 
 def straggler_lines(records: list[dict[str, Any]]) -> list[str]:
     """The ranks the run named slower than the others in its latest window with any
-    (``kind: straggler`` records, ``trainer.stragglers``), one line each."""
+    (``kind: straggler`` records, ``trainer.watch.stragglers``), one line each."""
     named = [r for r in records if r.get("kind") == "straggler" and isinstance(r.get("step"), int)]
     if not named:
         return []

@@ -3,7 +3,7 @@
 The start task (as the node's admin) writes the node's check to STATE_DIR and runs it: every GPU
 on a new enough driver and healthy, no failed file system, the size's InfiniBand ports active;
 a node that fails never receives a task. It then leaves a watcher running (a systemd unit):
-when a launcher on the node asks after a failed try (trainer/launch/node_check.py), the watcher
+when a launcher on the node asks after a failed try (trainer/launch/recheck.py), the watcher
 runs the check again, and a node that fails it now records why in KEPT_OUT and restarts. The
 start task that runs after the restart refuses any node with that record, so Batch gives it no
 task again until it is removed from the pool. docs/jobs.md, A node that fails, says why this
@@ -17,7 +17,7 @@ from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
 from infra.node_scripts import in_bash, render
 from infra.toolchain import CUDA, MIN_DRIVER
-from trainer.launch.node_check import RECORD_SECONDS, REQUEST, VERDICT
+from trainer.launch.recheck import RECORD_SECONDS, REQUEST, VERDICT
 
 # What the start task prints on the CPU acceptance size (0 GPUs): the skip is visible in each
 # node's startup/stdout.txt, never silent.

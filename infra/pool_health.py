@@ -120,7 +120,7 @@ def start_task_line(
 def preparation_line(client: Any, job_id: str, cancel_hint: str) -> str | None:
     """One line for the nodes where the job's preparation task (the job's code, then its
     dataset staging) failed, with what the first one's said last on stderr (the step that
-    failed: trainer.code_folder's fetch, hash or pip install, or the staging); None when
+    failed: trainer.launch.code_folder's fetch, hash or pip install, or the staging); None when
     there are none."""
     # A task whose preparation fails on a node goes back to active, "eligible to be assigned to
     # a different Compute Node" (BatchTaskState.Preparing); with every node failed it waits for

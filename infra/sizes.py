@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainer.launch.fabric import CPU_FABRICS, FABRICS, SIZES
+from trainer.launch.node_sizes import CPU_FABRICS, FABRICS, SIZES
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class GpuSize:
 
     @property
     def gpus(self) -> int:
-        """GPUs per node, from the launcher's table (``trainer.launch.fabric``)."""
+        """GPUs per node, from the launcher's table (``trainer.launch.node_sizes``)."""
         return SIZES[self.name].gpus
 
 
@@ -161,11 +161,13 @@ def check_same_sizes(
     )
 
 
-check_same_sizes("infra/sizes.py SUPPORTED", SUPPORTED, "trainer/launch/fabric.py FABRICS", FABRICS)
+check_same_sizes(
+    "infra/sizes.py SUPPORTED", SUPPORTED, "trainer/launch/node_sizes.py FABRICS", FABRICS
+)
 check_same_sizes(
     "infra/sizes.py CPU_ACCEPTANCE",
     CPU_ACCEPTANCE,
-    "trainer/launch/fabric.py CPU_FABRICS",
+    "trainer/launch/node_sizes.py CPU_FABRICS",
     CPU_FABRICS,
 )
 

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.cli import to_flags
-from trainer.config import TORCH_DISTRIBUTED_BACKENDS, TrainConfig
-from trainer.config import ConfigError as TrainerConfigError
-from trainer.launch.fabric import SIZES, preflight_floor
+from trainer.common.errors import ConfigError as TrainerConfigError
+from trainer.launch.node_sizes import SIZES, preflight_floor
+from trainer.settings.choices import TORCH_DISTRIBUTED_BACKENDS
+from trainer.settings.flags import to_flags
+from trainer.settings.train_config import TrainConfig
 
 # The engine of a job whose trainer settings choose none (``trainer_args`` then carry no
 # --backend): Horovod, the engine every job ran before the settings could choose one, so such a

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from infra.trainer_command import DEFAULT_BACKEND, JOB_BACKENDS, settings_flags
-from trainer.config import ConfigError as TrainerConfigError
-from trainer.config import TrainConfig
+from trainer.common.errors import ConfigError as TrainerConfigError
+from trainer.settings.train_config import TrainConfig
 
 __all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "trainer_flags"]
 

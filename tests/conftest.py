@@ -75,8 +75,8 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     checkpoints more or less often changes nothing a run computes)."""
     # A session fixture, so the worker-fault and signal tests of every folder share one run.
     from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
-    from trainer import checkpoint
-    from trainer.cli import to_flags
+    from trainer.checkpoints import single_file as checkpoint
+    from trainer.settings.flags import to_flags
 
     output = tmp_path_factory.mktemp("uninterrupted") / "out"
     command = horovodrun("-m", "trainer", *to_flags(small_config(output, **SIGNAL_RUN)))
@@ -274,7 +274,7 @@ def container(azurite, request):
 
 def checksums(folder: Path) -> dict[str, str]:
     """SHA-256 of every file in ``folder`` (hidden temp files included), by name."""
-    from trainer.files import sha256_file
+    from trainer.common.files import sha256_file
 
     return {p.name: sha256_file(p) for p in sorted(folder.iterdir())}
 

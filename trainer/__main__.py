@@ -8,13 +8,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.cli import fail, parse
-from trainer.config import ConfigError, TrainConfig
+from trainer.common.cli import fail
+from trainer.common.errors import ConfigError
+from trainer.settings.flags import parse
+from trainer.settings.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch-importing modules, loaded only once a run starts
-    from trainer.distributed import Dist
-    from trainer.plugins import Plugins
-    from trainer.run import RunResult
+    from trainer.engines.base import Dist
+    from trainer.training.plugins import Plugins
+    from trainer.training.result import RunResult
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_root:
         _report(result, request.config, dist.size)
     if not dist.teardown_safe:
-        from trainer.distributed import exit_without_teardown
+        from trainer.engines.base import exit_without_teardown
 
         exit_without_teardown(0)
     return 0
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
     """A team's plug-ins, imported and checked on one sample before any engine starts (and the
     parameters of the model that checked them); a bad one stops with one line, exit 2."""
-    from trainer.plugins import load
+    from trainer.training.plugins import load
 
     try:
         return load(cfg)
@@ -52,8 +54,8 @@ def _plugins(cfg: TrainConfig) -> tuple[Plugins, int | None]:
 
 def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     """Build the model on the meta device or the CPU and count its parameters."""
-    from trainer.data.text import BYTE_VOCAB
-    from trainer.model import build_model, count_parameters
+    from trainer.data.text_prepare import BYTE_VOCAB
+    from trainer.models.build import build_model, count_parameters
 
     if parameters is not None:  # the plug-ins' check built it
         print(
@@ -73,25 +75,10 @@ def _dry_run(cfg: TrainConfig, parameters: int | None) -> int:
     return 0
 
 
-def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
-    """Start this worker's engine and train; every failure ends in one line (trainer.cli.fail)."""
-    # Imported here so --dry-run never waits for torch.distributed.
-    from trainer.checkpoint import CheckpointError
-    from trainer.data import DataError
-    from trainer.debugger import DebuggerError, wait_for_debugger
-    from trainer.distributed import init_dist, is_peer_failure
-    from trainer.files import OutputError
-    from trainer.init_from import InitError
-    from trainer.live_upload import uploading
-    from trainer.preflight import PreflightError
-    from trainer.run import train
-    from trainer.signals import StopRequest, die_with_parent
-    from trainer.watchdog import enable_flight_recorder
+def _start_engine(cfg: TrainConfig) -> Dist:
+    """This worker's engine, started, and its log lines named after its rank."""
+    from trainer.engines.choose import init_dist
 
-    stop = StopRequest().install()
-    die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
-    # The engine's record of its collectives, for the step watchdog (trainer.watchdog).
-    enable_flight_recorder(cfg.backend, os.environ)
     try:
         dist = init_dist(cfg)
     except (RuntimeError, ValueError) as err:
@@ -100,6 +87,29 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
         level=logging.WARNING if dist.rank else logging.INFO,
         format=f"[rank {dist.rank}] %(levelname)s %(message)s",
     )
+    return dist
+
+
+def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
+    """Start this worker's engine and train; every failure ends in one line (common.cli.fail)."""
+    # Imported here so --dry-run never waits for torch.distributed.
+    from trainer.checkpoints.checkpointer import CheckpointError
+    from trainer.checkpoints.init_from import InitError
+    from trainer.common.files import OutputError
+    from trainer.data import DataError
+    from trainer.engines.base import is_peer_failure
+    from trainer.outputs.live_upload import uploading
+    from trainer.training.run import train
+    from trainer.watch.allreduce_check import PreflightError
+    from trainer.watch.debugger import DebuggerError, wait_for_debugger
+    from trainer.watch.signals import StopRequest, die_with_parent
+    from trainer.watch.watchdog import enable_flight_recorder
+
+    stop = StopRequest().install()
+    die_with_parent()  # after the handler: a launcher killed with SIGKILL stops this run gently
+    # The engine's record of its collectives, for the step watchdog (trainer.watch.watchdog).
+    enable_flight_recorder(cfg.backend, os.environ)
+    dist = _start_engine(cfg)
     # Rank 0's live copy of metrics and TensorBoard files in Blob storage: the last upload
     # runs when the block ends (after the run's files are closed and the workers shut down).
     with uploading(cfg, enabled=dist.is_root):
@@ -137,8 +147,8 @@ def _train(cfg: TrainConfig, plugins: Plugins) -> tuple[RunResult, Dist]:
 
 def _upload_results(results: Path, outputs_url: str) -> None:
     """Rank 0 only (the other ranks hold no results), once the workers are done."""
-    from trainer.blob_folder import BlobFolder
-    from trainer.results import ResultsError, upload
+    from trainer.common.blob_folder import BlobFolder
+    from trainer.outputs.results import ResultsError, upload
 
     try:
         upload(results, BlobFolder.parse(outputs_url))
@@ -149,7 +159,7 @@ def _upload_results(results: Path, outputs_url: str) -> None:
 
 def _report(result: RunResult, cfg: TrainConfig, workers: int) -> None:
     """Rank 0's last lines: where the run stopped, its rate, and what to read next."""
-    from trainer.noise_scale import advice
+    from trainer.watch.noise_scale import advice
 
     if result.stopped_by == "already_complete":
         print(

@@ -13,11 +13,12 @@ from dt_commands.acceptance.errors import CheckFailed
 from dt_commands.acceptance.options import expected_checkpoints
 from infra.naming import global_name, prefix
 from infra.sizes import size_of
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 AUTH_WAIT_SECONDS = 600.0  # new role assignments and IP rules take minutes to apply
 LOG_WAIT_SECONDS = 300.0  # output files are uploaded as the task completes
-# The log lines the checks read: trainer/checkpointer.py, trainer/launch/records.py and its report.
+# The log lines the checks read: trainer/checkpoints/checkpointer.py, trainer/launch/records.py and
+# its report.
 _CHECKPOINT_LINE = re.compile(r"checkpoint written: (\S+) \(uid (\d+)\)")
 _WORKERS_LINE = re.compile(r"node (\d+)/(\d+): starting (\d+) worker\(s\)")
 _PREFLIGHT_LINE = re.compile(r"preflight: allreduce bus bandwidth ([0-9.]+) GB/s")
@@ -292,7 +293,7 @@ def gpu_checks(ctx: Context) -> str:
 
 
 def preflight(ctx: Context) -> str:
-    from trainer.launch.fabric import preflight_floor
+    from trainer.launch.node_sizes import preflight_floor
 
     floor = preflight_floor(ctx.settings.cluster.vm_size)
     found = [float(v) for v in _PREFLIGHT_LINE.findall(ctx.stdout_text)]

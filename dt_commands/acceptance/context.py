@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from dt_commands.acceptance.options import Options
 from dt_commands.acceptance.profiles import Check
 from infra.config import StackSettings
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 POLL_SECONDS = 30.0
 

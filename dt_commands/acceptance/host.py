@@ -15,7 +15,7 @@ from typing import Any
 
 from dt_commands.acceptance.errors import InputError, Unavailable
 from infra.config import acr_image
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 
 def run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,8 @@ from dt_commands.acceptance.plan import describe, plan_targets
 from dt_commands.acceptance.profiles import PROFILES
 from dt_commands.acceptance.run import Acceptance, _batch_client, _logs_container, open_stack
 from infra.config import ConfigError
-from trainer.cli import OneLineParser
-from trainer.config import one_line
+from trainer.common.cli import OneLineParser
+from trainer.common.errors import one_line
 
 
 def build_parser() -> OneLineParser:

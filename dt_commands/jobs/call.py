@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from dt_commands.stack_outputs import Job, OutputsError, require, select_job
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 
 
 @dataclass

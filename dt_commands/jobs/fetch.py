@@ -1,9 +1,9 @@
 """``dt-jobs fetch --stack NAME [--job NAME] [--to DIR] [--force]``: download a
 finished job's results.
 
-The trainer's rank 0 uploads them to the job's ``outputs_url`` (``trainer.results``: the final
-weights, config, metrics and evaluation, then ``manifest.json`` last, listing every file with its
-SHA-256). Here the manifest is read first: without one the run has not finished (or is uploading
+The trainer's rank 0 uploads them to the job's ``outputs_url`` (``trainer.outputs.results``: the
+final weights, config, metrics and evaluation, then ``manifest.json`` last, listing every file with
+its SHA-256). Here the manifest is read first: without one the run has not finished (or is uploading
 its results), and nothing is downloaded. Every file is checked against the manifest in a hidden
 folder beside ``DIR``, which is renamed into place only once all of them match: ``DIR`` holds a
 complete, verified set or is left as it was. The reads use the process's one
@@ -24,9 +24,9 @@ from typing import Any, TextIO
 from dt_commands.jobs.call import Call
 from dt_commands.stack_outputs import Job, JobsError, OutputsError
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from trainer.blob_folder import BlobFolder
-from trainer.files import partial_path
-from trainer.results_manifest import MANIFEST, ResultsError, parse_manifest
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.files import partial_path
+from trainer.outputs.results_manifest import MANIFEST, ResultsError, parse_manifest
 
 NAME = "fetch"
 HELP = "download the finished run's results, verified against their manifest"

@@ -12,7 +12,7 @@ from dt_commands.jobs.table import table
 from dt_commands.stack_outputs import stack_jobs
 from infra.batch import TASK_ID, state_text
 from infra.live_metrics import NotUploaded, StorageError, blob_container, latest_step
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 
 NAME = "list"
 HELP = "every job of the stack: state, nodes, retries, current step, throughput"

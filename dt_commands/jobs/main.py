@@ -26,7 +26,7 @@ from dt_commands.jobs.tensorboard import start_tensorboard
 from dt_commands.stack_outputs import JobsError, OutputsError, read_outputs
 from infra import batch
 from infra.live_metrics import StorageError
-from trainer.cli import OneLineParser, fail
+from trainer.common.cli import OneLineParser, fail
 
 # In the order --help lists them; sweep (its own options) comes last.
 COMMANDS = (list_jobs, status, logs, cancel, keep_out, metrics, tensorboard, fetch)

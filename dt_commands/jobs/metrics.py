@@ -1,5 +1,5 @@
 """``dt-jobs metrics``: the last logged training steps and their mean throughput, read from what
-the trainer's rank 0 uploads to the job's ``metrics_url`` (``trainer.live_upload``)."""
+the trainer's rank 0 uploads to the job's ``metrics_url`` (``trainer.outputs.live_upload``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from infra.live_metrics import (
     straggler_lines,
     train_records,
 )
-from trainer.blob_folder import BlobFolder
-from trainer.cli import int_in
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.cli import int_in
 
 NAME = "metrics"
 HELP = "the last logged steps and the throughput, from the uploaded metrics"
@@ -86,7 +86,7 @@ def metrics(
             f"throughput: {recent:.1f} {unit}/s total, mean of the last {len(shown)} logged "
             f"steps ({overall:.1f} over all {len(train)} in the file)\n"
         )
-    evals = [r for r in records if r.get("kind") == "eval"]  # trainer.run's val_* records
+    evals = [r for r in records if r.get("kind") == "eval"]  # trainer.training.run's val_* records
     if evals:
         e = evals[-1]
         out.write(

@@ -21,21 +21,18 @@ from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
-from infra.config import (
-    MAX_NODES,
-    REPO,
-    SHORTHAND_JOB,
-    ConfigError,
-    StackSettings,
-    load_schema,
-)
+from infra.config import MAX_NODES, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
 from infra.trainer_settings import JOB_BACKENDS
-from trainer.blob_folder import BlobFolder
-from trainer.cli import fail, int_in, number_in, parse
-from trainer.config import MAX_STEPS, TrainConfig, one_line, shown
-from trainer.config import ConfigError as TrainerConfigError
-from trainer.launch.fabric import MAX_WORKERS_PER_NODE, workers_per_node
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.cli import fail, int_in, number_in
+from trainer.common.errors import ConfigError as TrainerConfigError
+from trainer.common.errors import one_line
+from trainer.common.values import shown
+from trainer.launch.node_sizes import MAX_WORKERS_PER_NODE, workers_per_node
+from trainer.settings.choices import MAX_STEPS
+from trainer.settings.flags import parse
+from trainer.settings.train_config import TrainConfig
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 POLL_SECONDS = 30.0
@@ -45,7 +42,7 @@ LOCAL_HOST = "127.0.0.1"
 STEP_FLAGS = ("--max-steps", "--run-steps")
 LOCAL_OWNED_FLAGS = (*STEP_FLAGS, "--output-dir")
 # The gradient noise scale compares each worker's gradient with the reduced one: a one-worker run
-# has only one (trainer.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
+# has only one (trainer.watch.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
 NOISE_FLAG = "--noise-scale-every"
 # Which Batch job states mean the sweep job is over (its task ended: terminatejob).
 DONE_STATE = "completed"

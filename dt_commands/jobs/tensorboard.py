@@ -15,7 +15,7 @@ from dt_commands.jobs.call import Call
 from dt_commands.stack_outputs import Job
 from infra.image_inputs import REPO
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 
 NAME = "tensorboard"
 HELP = "copy the uploaded TensorBoard files to a folder and start TensorBoard"

@@ -22,7 +22,7 @@ from tests.batch_emulator.job_run import JobRun
 from tests.batch_emulator.storage import Storage, blob
 from tests.batch_emulator.vnet import VNet
 from tests.support.wheels import write_wheel
-from trainer.checkpoint import list_checkpoints
+from trainer.checkpoints.single_file import list_checkpoints
 
 # The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
 TINY = (

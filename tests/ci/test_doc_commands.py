@@ -104,10 +104,10 @@ TRAINING = NotRun(
     "command lines on the reader's own files (my.yaml, /data/imagenet, corpus/) and a full "
     "ResNet-50; their engines, data kinds and the dry run are run by these tests",
     covered_by=(
-        "tests/trainer/test_two_workers.py",
-        "tests/trainer/lm/test_language_model.py",
-        "tests/trainer/test_fsdp.py",
-        "tests/trainer/test_cli.py",
+        "tests/trainer/engines/test_two_workers.py",
+        "tests/trainer/models/test_language_model.py",
+        "tests/trainer/engines/test_fsdp.py",
+        "tests/trainer/settings/test_cli.py",
     ),
 )
 CUSTOM_MODEL = NotRun(
@@ -119,7 +119,7 @@ BLOCKS: dict[Key, Run | NotRun] = {
     ("README.md", "The two commands", "make demo"): NotRun(
         "`make demo` trains 40 steps with two Horovod workers (over a minute here) after the "
         "dev stack's plan (deploy.md's `dt-plan --stack dev`, run here); `make test` is the suite",
-        covered_by=("tests/trainer/test_two_workers.py", "tests/ci/test_workflows.py"),
+        covered_by=("tests/trainer/engines/test_two_workers.py", "tests/ci/test_workflows.py"),
     ),
     ("README.md", "Run your own model", "torchrun"): NotRun(
         CUSTOM_MODEL.why,
@@ -179,7 +179,10 @@ BLOCKS: dict[Key, Run | NotRun] = {
     ("docs/trainer.md", "The trainer: `dt-train`", "horovodrun"): TRAINING,
     ("docs/trainer.md", "The trainer: `dt-train`", "ssh -N -L"): NotRun(
         "needs a cluster node and a jump host",
-        covered_by=("tests/trainer/test_debugger.py", "tests/trainer/test_debugger_two_workers.py"),
+        covered_by=(
+            "tests/trainer/watch/test_debugger.py",
+            "tests/trainer/watch/test_debugger_two_workers.py",
+        ),
     ),
     ("docs/trainer.md", "Run your own model", "torchrun"): CUSTOM_MODEL,
 }

@@ -16,9 +16,9 @@ import pytest
 from dt_commands import plan
 from dt_commands.acceptance import main as acceptance
 from dt_commands.jobs import main as dt_jobs
-from trainer import cli
 from trainer.data import __main__ as data_cli
 from trainer.launch import options as launcher
+from trainer.settings import flags as cli
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", REPO / "ARCHITECTURE.md", *sorted((REPO / "docs").rglob("*.md"))]

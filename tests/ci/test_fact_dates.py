@@ -5,7 +5,7 @@ reading a list rather than by a failed deployment. The rule, checked in four pla
   was found, ``as of YYYY-MM-DD``);
 - docs/internals.md: every paragraph (lines between blank lines; a bullet list without blank
   lines is one) that cites an Azure source holds such a date;
-- infra/sizes.py, infra/prices.py, trainer/launch/fabric.py: every comment block (consecutive
+- infra/sizes.py, infra/prices.py, trainer/launch/node_sizes.py: every comment block (consecutive
   ``#`` lines) that cites an Azure source holds one;
 - infra/prices.py: every price (each ``VM_PER_HOUR`` entry and each float constant with
   ``_PER_`` in its name) has an entry in ``SOURCES`` naming where it was read and
@@ -38,7 +38,7 @@ DATED = re.compile(r"\b(?:read|as of)\s+(\d{4}-\d{2}-\d{2})\b", re.IGNORECASE)
 # "unconfirmed as of": a figure kept from memory or an earlier table that no source could be
 # found for on that date; the wording keeps it apart from one read then.
 MONTH_READ = re.compile(r"\b(?:read|unconfirmed as of) (\d{4}-\d{2})(?:-\d{2})?\b")
-CODE_FILES = ("infra/sizes.py", "infra/prices.py", "trainer/launch/fabric.py")
+CODE_FILES = ("infra/sizes.py", "infra/prices.py", "trainer/launch/node_sizes.py")
 
 
 def has_date(text: str) -> bool:

@@ -23,7 +23,7 @@ import yaml
 from dt_commands import plan
 from infra.config import ConfigError, StackSettings, load_schema, schema_type
 from tests.support.stacks import REPO
-from trainer.config import TrainConfig
+from trainer.settings.train_config import TrainConfig
 
 VALUES = ("nan", "inf", "-inf", "-1", "1e308", "99999999999999999999")
 # The same in YAML (1.1: a float needs a dot, "1e308" alone is a string) and as a string.
@@ -33,8 +33,8 @@ MODULE_COMMANDS = {
     "python -m trainer.launch": "trainer.launch.main:main",
     "python -m dt_commands.acceptance": "dt_commands.acceptance.main:main",
 }
-# An entry point whose parser lives beside it: dt-train's main parses with trainer.cli.
-PARSER_HOMES = {"trainer.__main__": "trainer.cli"}
+# An entry point whose parser lives beside it: dt-train's main parses with trainer.settings.flags.
+PARSER_HOMES = {"trainer.__main__": "trainer.settings.flags"}
 # How each command runs as a process.
 RUN_AS = {
     "dt-train": "trainer",

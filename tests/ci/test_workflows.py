@@ -354,7 +354,7 @@ def test_changed_stacks():
     assert changed_stacks(["Pulumi.gone.yaml"], stacks) == []
     assert all_stacks(REPO) == ["dev", "vision-prod"]
     # An image input gives a new tag and replaces the job of every stack that submits one.
-    assert changed_stacks(["trainer/loop.py"], stacks, ["vision-prod"]) == ["vision-prod"]
+    assert changed_stacks(["trainer/training/steps.py"], stacks, ["vision-prod"]) == ["vision-prod"]
     assert changed_stacks(["docker/Dockerfile"], stacks, stacks) == stacks
     assert changed_stacks(["scripts/build_horovod.sh"], stacks, stacks) == stacks
     # Docs and the operator CLI are not in the image: no stack changes.
@@ -386,7 +386,8 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "base"], check=True)
-    (repo / "trainer" / "loop.py").write_text((repo / "trainer" / "loop.py").read_text() + "#\n")
+    steps = repo / "trainer" / "training" / "steps.py"
+    steps.write_text(steps.read_text() + "#\n")
     subprocess.run([*git, "commit", "-qam", "change"], check=True)
     result = subprocess.run(
         [sys.executable, "-m", "dt_commands.stacks", "changed", "HEAD~1"],

@@ -28,12 +28,7 @@ from dt_commands.acceptance import checks
 from dt_commands.acceptance import main as acceptance
 from dt_commands.acceptance.cost import run_cost
 from dt_commands.acceptance.host import Host, may_assign_roles
-from dt_commands.acceptance.options import (
-    config_map,
-    expected_checkpoints,
-    stack_values,
-    validated,
-)
+from dt_commands.acceptance.options import config_map, expected_checkpoints, stack_values, validated
 from dt_commands.acceptance.plan import BATCH_ACCOUNT_TYPE, account_targets, engine_urn
 from dt_commands.acceptance.profiles import CHECKS, POLICY_PACK, PROFILES
 from dt_commands.acceptance.run import JOB_TYPE
@@ -50,9 +45,9 @@ from tests.support.stacks import (
     of_type,
     one,
 )
-from trainer.checkpointer import CHECKPOINT_WRITTEN
-from trainer.cli import parse
+from trainer.checkpoints.checkpointer import CHECKPOINT_WRITTEN
 from trainer.launch.records import Outcome, RunRecords
+from trainer.settings.flags import parse
 
 PROJECT_PREFIX = "gpu-cluster:"
 

@@ -16,7 +16,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.launchers import BIN, REPO, read_metrics
-from trainer import checkpoint, results, sharded_checkpoint
+from trainer.checkpoints import sharded as sharded_checkpoint
+from trainer.checkpoints import single_file as checkpoint
+from trainer.outputs import results
 
 DOCS = REPO / "docs" / "trainer.md"
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.support.launchers import BIN, REPO
-from trainer import checkpoint
+from trainer.checkpoints import single_file as checkpoint
 
 # The documented command (docs/jobs.md, Your own script), as a user types it.
 DOCUMENTED = "torchrun --standalone --nproc_per_node 2 examples/torchrun_ddp/train.py"

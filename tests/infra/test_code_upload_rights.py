@@ -49,7 +49,7 @@ def stack_storage(late_grants_on, laptop, monkeypatch):
     """The planned stack's Storage: its declared rights, late, behind its firewall; the
     upload's wait on a fake clock."""
     from infra import code_upload
-    from trainer.grant_wait import GrantWait
+    from trainer.common.grant_wait import GrantWait
 
     clock = FakeClock()
     late = late_grants_on(clock)
@@ -102,8 +102,8 @@ def test_a_code_job_deploys_from_a_laptop_the_stack_admits_and_the_nodes_fetch_i
     assert network.refused == []
     # The nodes, through their subnet, with their own identity's Reader on `code`.
     from tests.conftest import act_as_identity_of
-    from trainer.code_folder import ready
-    from trainer.grant_wait import GrantWait
+    from trainer.common.grant_wait import GrantWait
+    from trainer.launch.code_folder import ready
 
     network.caller = SUBNET
     act_as_identity_of(late.storage, monkeypatch)

@@ -93,7 +93,7 @@ def test_node_blob_grants_are_scoped_to_their_containers(mocks):
         base = "/subscriptions/sub/providers/Microsoft.Authorization/roleDefinitions/"
         reader, contributor = base + STORAGE_BLOB_DATA_READER, base + STORAGE_BLOB_DATA_CONTRIBUTOR
         assert granted["code"] == granted["datasets"] == reader
-        # The checkpoint mirror writes and prunes its copies there (trainer.checkpoint_mirror).
+        # The checkpoint mirror writes and prunes its copies there (trainer.checkpoints.mirror).
         assert granted["logs"] == granted["outputs"] == granted["checkpoints"] == contributor
         assert {c: r.rsplit("/", 1)[-1] for c, r in granted.items()} == NODE_BLOB_ROLES
 

@@ -45,7 +45,7 @@ def test_ignored_and_untracked_files_under_trainer_keep_the_tag(checkout):
 
 def test_a_change_to_a_tracked_file_changes_the_tag_committed_or_not(checkout):
     tag = content_tag(checkout)
-    with open(checkout / "trainer" / "model.py", "a") as file:
+    with open(checkout / "trainer" / "models" / "build.py", "a") as file:
         file.write("\n# changed\n")
     changed = content_tag(checkout)
     assert changed != tag  # the working tree is what the docker builder sends

@@ -63,7 +63,7 @@ def test_a_pushed_clean_commit_is_built(clone):
 
 
 def test_a_commit_not_on_the_remote_is_refused_with_one_line(clone):
-    head = commit(clone, {"trainer/model.py": "x = 1\n"}, "local only")
+    head = commit(clone, {"trainer/models/build.py": "x = 1\n"}, "local only")
     with pytest.raises(ConfigError) as refused:
         commit_to_build(clone, strict=True)
     message = str(refused.value)
@@ -75,7 +75,7 @@ def test_a_commit_not_on_the_remote_is_refused_with_one_line(clone):
 
 def test_a_commit_on_any_remote_branch_counts(clone):
     git(clone, "checkout", "-q", "-b", "feature")
-    head = commit(clone, {"trainer/model.py": "x = 2\n"}, "on a branch")
+    head = commit(clone, {"trainer/models/build.py": "x = 2\n"}, "on a branch")
     git(clone, "push", "-q", "origin", "feature")
     assert commit_to_build(clone, strict=True) == head
 
@@ -101,7 +101,7 @@ def test_changes_outside_the_image_inputs_build_the_last_input_commit(clone):
 def test_outside_a_deployment_the_same_lines_are_warnings(clone, monkeypatch):
     warnings = []
     monkeypatch.setattr(pulumi.log, "warn", lambda text, *a, **k: warnings.append(text))
-    head = commit(clone, {"trainer/model.py": "x = 3\n"}, "local only")
+    head = commit(clone, {"trainer/models/build.py": "x = 3\n"}, "local only")
     (clone / "trainer" / "loop.py").write_text("# uncommitted\n")
     assert commit_to_build(clone, strict=False) == head
     assert len(warnings) == 2
@@ -114,7 +114,7 @@ def test_a_folder_that_is_not_a_checkout_is_refused(tmp_path):
 
 
 def test_pulumi_up_refuses_before_declaring_any_resource(clone, monkeypatch):
-    commit(clone, {"trainer/model.py": "x = 4\n"}, "local only")
+    commit(clone, {"trainer/models/build.py": "x = 4\n"}, "local only")
     monkeypatch.setattr(image_module, "REPO", clone)
     monkeypatch.setattr(image_module, "deploying", lambda: True)  # as in a real `pulumi up`
 

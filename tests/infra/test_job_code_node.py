@@ -1,8 +1,9 @@
 """A job's code on the node: the job preparation task's command line run as a container runs
-it (bash, Batch's variables, a stub ``python`` recording what ran), and ``trainer.code_folder``
-for real against Azurite with the node's identity (Entra tokens, no keys): the snapshot
-downloaded, verified, unpacked and its requirements installed once per hash, pip's own first
-error line when they do not install; the launcher running the workers in the snapshot."""
+it (bash, Batch's variables, a stub ``python`` recording what ran), and
+``trainer.launch.code_folder`` for real against Azurite with the node's identity (Entra tokens, no
+keys): the snapshot downloaded, verified, unpacked and its requirements installed once per hash,
+pip's own first error line when they do not install; the launcher running the workers in the
+snapshot."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from infra.code_snapshot import snapshot
 from tests.infra.test_job_payloads import SPEC, node  # noqa: F401 (its fixture)
 from tests.support.container import recorded, run_in_container
 from tests.support.wheels import write_wheel
-from trainer import code_folder
-from trainer.code_folder import CodeError, ready
-from trainer.grant_wait import READER, GrantWait
+from trainer.common.grant_wait import READER, GrantWait
+from trainer.launch import code_folder
+from trainer.launch.code_folder import CodeError, ready
 
 SHA = "c0de" * 16
 
@@ -38,7 +39,7 @@ def test_a_job_with_code_prepares_it_first_then_stages_and_mounts_the_shared_fol
     code, stage = recorded(record)
     assert code == [
         "-m",
-        "trainer.code_folder",
+        "trainer.launch.code_folder",
         "--account-url",
         SPEC.blob_endpoint,
         "--sha256",
@@ -66,7 +67,7 @@ def test_a_failed_code_step_fails_the_preparation_before_staging(node):  # noqa:
     result = run_in_container(prep.command_line, env, workdir)
     assert result.returncode == 1
     (only,) = record.read_text().splitlines()
-    assert only.startswith("-m trainer.code_folder ")
+    assert only.startswith("-m trainer.launch.code_folder ")
 
 
 def test_the_launcher_is_told_the_code_folder_of_the_job_prep_mount(node):  # noqa: F811
@@ -82,7 +83,7 @@ def test_the_launcher_is_told_the_code_folder_of_the_job_prep_mount(node):  # no
         assert argv.index("--code-dir") < argv.index("--")
 
 
-# ------------------------------------------------------------ trainer.code_folder on Azurite
+# ------------------------------------------------------------ trainer.launch.code_folder on Azurite
 
 
 def _team_repo(tmp_path, requirements: str | None):
@@ -177,7 +178,14 @@ def test_the_command_links_the_folder_and_prints_one_line_on_failure(
     assert code_folder.cache_root() == shared / "code"
     missing = ["--account-url", azurite_entra.blob_endpoint, "--sha256", "0" * 64]
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.code_folder", *missing, "--link", str(tmp_path / "l")],
+        [
+            sys.executable,
+            "-m",
+            "trainer.launch.code_folder",
+            *missing,
+            "--link",
+            str(tmp_path / "l"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

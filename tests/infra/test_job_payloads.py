@@ -36,8 +36,8 @@ from tests.support.container import (
     stub_program,
 )
 from tests.support.fake_batch import FakeBatch
-from trainer.cli import parse
 from trainer.launch.main import build_parser as launch_parser
+from trainer.settings.flags import parse
 
 NVME_BIND = f"-v {NVME_ROOT}:{NVME_ROOT}"
 

@@ -186,7 +186,7 @@ def test_a_refresh_names_the_nodes_whose_dataset_staging_failed(cloud, warnings)
 def test_a_code_job_whose_requirements_do_not_install_is_named_with_pips_first_error(
     cloud, warnings
 ):
-    """A code job's preparation fails at its pip install (trainer.code_folder writes pip's
+    """A code job's preparation fails at its pip install (trainer.launch.code_folder writes pip's
     first ERROR line last on stderr): the refresh names that step and pip's line, not the
     dataset."""
     fake, storage, _ = cloud
@@ -218,7 +218,7 @@ def test_the_preparations_last_line_is_read_past_a_long_stderr(cloud, warnings):
 
 
 def test_a_refresh_names_the_ranks_the_run_found_slower_in_its_latest_window(cloud, warnings):
-    """``kind: straggler`` records (trainer.stragglers) reach the job's ``stragglers`` output:
+    """``kind: straggler`` records (trainer.watch.stragglers) reach the job's ``stragglers`` output:
     the latest window's only, one line each naming rank, host and how much slower."""
     fake, storage, logs = cloud
     job_id, state = _state(fake, storage, "slow")

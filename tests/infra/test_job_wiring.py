@@ -5,7 +5,7 @@ import json
 from dt_commands.plan import evaluate
 from infra.trainer_command import settings_values
 from tests.support.stacks import one, stack_values
-from trainer.cli import to_flags
+from trainer.settings.flags import to_flags
 
 
 def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_plan):

@@ -15,11 +15,11 @@ from tests.infra.test_job_code_node import _team_repo
 from tests.support.fake_imds import IDENTITY
 from tests.support.stacks import of_type
 from tests.support.storage_grants import CONTRIBUTOR, MISMATCH, READER
-from trainer.blob_folder import BlobFolder
-from trainer.code_folder import ready
-from trainer.grant_wait import READER as WAIT_READER
-from trainer.grant_wait import GrantWait
-from trainer.live_upload import container_client
+from trainer.common.blob_client import container_client
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.grant_wait import READER as WAIT_READER
+from trainer.common.grant_wait import GrantWait
+from trainer.launch.code_folder import ready
 
 ROLES = {STORAGE_BLOB_DATA_READER: READER, STORAGE_BLOB_DATA_CONTRIBUTOR: CONTRIBUTOR}
 CONTAINER_SCOPE = "/blobServices/default/containers/"
@@ -74,7 +74,7 @@ def test_the_node_still_writes_its_logs_and_results(node_storage):
     for name in ("logs", "outputs"):
         client = container_client(BlobFolder.parse(storage.folder_url(name, "job-1/")))
         client.upload_blob("job-1/probe.txt", b"written by the node", overwrite=True)
-        client.delete_blob("job-1/probe.txt")  # trainer.results deletes a stale manifest
+        client.delete_blob("job-1/probe.txt")  # trainer.outputs.results deletes a stale manifest
     assert not node_storage.grants.denied
 
 

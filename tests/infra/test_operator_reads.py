@@ -13,7 +13,7 @@ from infra.live_metrics import StorageError, blob_container, read_metrics
 from tests.support.stack_rights import blob_front, sign_in
 from tests.support.stacks import CLIENT_IP, stack_values
 from tests.support.storage_grants import FIREWALL, MISMATCH, FakeClock
-from trainer.blob_folder import BlobFolder
+from trainer.common.blob_folder import BlobFolder
 
 MEMBER = "7c2d4e6f-8a9b-4c1d-9e2f-3a4b5c6d7e8f"  # a member of the dev stack's team group
 RECORD = b'{"step": 40, "images_per_sec": 812.5}\n'

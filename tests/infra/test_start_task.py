@@ -24,7 +24,7 @@ from infra.node_checks import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS, STATE_DIR, WATC
 from infra.toolchain import MIN_DRIVER
 from tests.batch_emulator.nvme import NvmeDisks
 from tests.support.stacks import evaluate, one, stack_values
-from trainer.launch.node_check import REQUEST, VERDICT
+from trainer.launch.recheck import REQUEST, VERDICT
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,

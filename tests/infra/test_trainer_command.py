@@ -12,7 +12,7 @@ import pytest
 from infra.batch import JobSpec, launch_command, trainer_command
 from infra.trainer_command import DEFAULT_BACKEND, JOB_SET
 from infra.trainer_settings import TrainerSettings, trainer_flags
-from trainer.cli import parse, to_flags
+from trainer.settings.flags import parse, to_flags
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "trainer" / "presets").glob("*.yaml"))
 

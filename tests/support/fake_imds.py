@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from trainer.scheduled_events import EVENTS_API
+from trainer.launch.scheduled_events import EVENTS_API
 
 VM = "batch-node-7"
 # The client id of the one user-assigned identity this machine has (AZURE_CLIENT_ID on a node).

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from rank_report import params_sha256  # the sibling script (this folder is on sys.path)
 
-import trainer.run
-from trainer.config import TrainConfig
+import trainer.training.run
+import trainer.training.setup
 from trainer.data.node_memory import PREFIX
-from trainer.distributed import init_dist
+from trainer.engines.choose import init_dist
+from trainer.settings.train_config import TrainConfig
 
 _caches: dict = {}
 _seen: dict = {}
@@ -69,7 +70,7 @@ class MeasuringLoader:
 
 def main() -> None:
     report_dir, config = Path(sys.argv[1]), TrainConfig.from_mapping(json.loads(sys.argv[2]))
-    build_loaders = trainer.run.build_loaders
+    build_loaders = trainer.training.setup.build_loaders
 
     def measuring_build_loaders(*args, **kwargs):
         loaders = build_loaders(*args, **kwargs)
@@ -78,9 +79,9 @@ def main() -> None:
         loaders.train = MeasuringLoader(loaders.train)
         return loaders
 
-    trainer.run.build_loaders = measuring_build_loaders
+    trainer.training.setup.build_loaders = measuring_build_loaders
     dist = init_dist(config)
-    result = trainer.run.train(config, dist)
+    result = trainer.training.run.train(config, dist)
     report = {
         "rank": dist.rank,
         "size": dist.size,

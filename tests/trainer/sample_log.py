@@ -1,9 +1,9 @@
 """Run under horovodrun or torchrun: train, recording what every optimizer step consumed.
 
 Usage: sample_log.py REPORT_DIR CONFIG_JSON. The trainer is wrapped from outside (its train
-loader and ``trainer.loop.train_step``), so production code carries no recording hook. Each rank
-writes rank-<N>.json: its world size, the step it started and ended at, and per optimizer step
-the epoch, the learning rate the step used and the sample indices of its micro-batches.
+loader and ``trainer.training.steps.train_step``), so production code carries no recording hook.
+Each rank writes rank-<N>.json: its world size, the step it started and ended at, and per optimizer
+step the epoch, the learning rate the step used and the sample indices of its micro-batches.
 """
 
 import json
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
-import trainer.loop
-import trainer.run
-from trainer.config import TrainConfig
-from trainer.distributed import init_dist
+import trainer.training.run
+import trainer.training.setup
+import trainer.training.steps
+from trainer.engines.choose import init_dist
+from trainer.settings.train_config import TrainConfig
 
 _pending: list[tuple[int, list[int]]] = []  # (epoch, indices) of batches handed to the loop
 _steps: list[dict] = []
@@ -61,7 +62,10 @@ class RecordingLoader:
 
 def main() -> None:
     report_dir, config = Path(sys.argv[1]), TrainConfig.from_mapping(json.loads(sys.argv[2]))
-    build_loaders, train_step = trainer.run.build_loaders, trainer.loop.train_step
+    build_loaders, train_step = (
+        trainer.training.setup.build_loaders,
+        trainer.training.steps.train_step,
+    )
 
     def recording_build_loaders(*args, **kwargs):
         loaders = build_loaders(*args, **kwargs)
@@ -79,11 +83,11 @@ def main() -> None:
         )
         return train_step(parts, micro_batches)
 
-    trainer.run.build_loaders = recording_build_loaders
-    trainer.loop.train_step = recording_train_step
+    trainer.training.setup.build_loaders = recording_build_loaders
+    trainer.training.steps.train_step = recording_train_step
     dist = init_dist(config)
     logging.basicConfig(level=logging.WARNING if dist.rank else logging.INFO)  # as __main__
-    result = trainer.run.train(config, dist)
+    result = trainer.training.run.train(config, dist)
     report = {
         "rank": dist.rank,
         "size": dist.size,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trainer.model import build_model, count_parameters
+from trainer.models.build import build_model, count_parameters
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from trainer.profiling import trace_folder
+from trainer.watch.profiling import trace_folder
 
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 # rank<N>_<host>.<time in ns>.pt.trace.json (torch's tensorboard_trace_handler naming).

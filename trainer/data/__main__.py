@@ -12,15 +12,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from trainer.cli import OneLineParser, fail, int_in, number_in
+from trainer.common.cli import OneLineParser, fail, int_in, number_in
+from trainer.common.files import OutputError
+from trainer.common.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, GrantWait
 from trainer.data.errors import DataError
 from trainer.data.manifest import MAX_SHARD_MB
 from trainer.data.prepare import DEFAULT_MAX_SHORT_SIDE, DEFAULT_SHARD_MB, prepare
-from trainer.data.text import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
-from trainer.data.text import DEFAULT_VAL_FRACTION, prepare_text
+from trainer.data.text_prepare import DEFAULT_SHARD_MB as DEFAULT_TEXT_SHARD_MB
+from trainer.data.text_prepare import DEFAULT_VAL_FRACTION, prepare_text
 from trainer.data.transfer import container_client, stage, upload
-from trainer.files import OutputError
-from trainer.grant_wait import CONTRIBUTOR, GRANT_WAIT_MINUTES, READER, GrantWait
 
 # The flags' ranges: a shard up to 64 GiB, JPEG's largest side, processes and transfers at a time.
 SHARD_MB = number_in(0.0, MAX_SHARD_MB, low_open=True)

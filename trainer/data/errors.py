@@ -1,5 +1,5 @@
 """The one error every data module raises for data that cannot be used (a folder or disk that
-cannot take what a writer makes is ``trainer.files.OutputError``)."""
+cannot take what a writer makes is ``trainer.common.files.OutputError``)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.config import TrainConfig
 from trainer.data.bad_images import FIXES, BadImages, worker_error
 from trainer.data.cache import MemoryCache, Source
 from trainer.data.dataset import CheckedImageDataset, collate_images
@@ -26,11 +25,13 @@ from trainer.data.node_memory import Collectives, NodeGroup
 from trainer.data.sampler import PartSampler, RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.data.synthetic import SyntheticLoader
-from trainer.data.text import BYTE_VOCAB, SyntheticTokens, TokenDataset
+from trainer.data.text_prepare import BYTE_VOCAB
+from trainer.data.token_windows import SyntheticTokens, TokenDataset
 from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
 from trainer.data.worker_processes import forkserver
-from trainer.lm.sizes import GPT_SIZES
+from trainer.models.gpt_sizes import GPT_SIZES
+from trainer.settings.train_config import TrainConfig
 
 
 class Loader(Protocol):
@@ -59,7 +60,7 @@ class Loaders:
     bad_images: BadImages = field(default_factory=BadImages)
 
     def stop_workers(self) -> None:
-        """Stop both loaders' worker processes: the run is over (``trainer.run.train``)."""
+        """Stop both loaders' worker processes: the run is over (``trainer.training.run.train``)."""
         for loader in (self.train, self.val):
             if loader is not None:
                 loader.stop_workers()

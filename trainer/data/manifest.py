@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainer.common.files import sha256_file
 from trainer.data.errors import DataError
-from trainer.files import sha256_file
 
 MANIFEST_NAME = "manifest.json"
 # The largest shard prepare and prepare-text write (64 GiB): beyond it a size is a typo.

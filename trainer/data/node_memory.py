@@ -32,7 +32,7 @@ PREFIX = "trainer-cache"
 
 
 class Collectives(Protocol):
-    """What a ``NodeGroup`` needs of ``trainer.distributed.Dist``."""
+    """What a ``NodeGroup`` needs of ``trainer.engines.base.Dist``."""
 
     rank: int
 

@@ -28,6 +28,13 @@ from typing import TextIO
 
 from PIL import Image
 
+from trainer.common.files import (
+    OutputError,
+    ensure_writable_folder,
+    remove_partials,
+    sha256_file,
+    write_atomic,
+)
 from trainer.data.decode import check_image
 from trainer.data.errors import DataError
 from trainer.data.folder import IMAGE_SUFFIXES, scan_image_folder
@@ -41,13 +48,6 @@ from trainer.data.manifest import (
 )
 from trainer.data.transforms import lossless_short_side, short_side_shape
 from trainer.data.worker_processes import forkserver
-from trainer.files import (
-    OutputError,
-    ensure_writable_folder,
-    remove_partials,
-    sha256_file,
-    write_atomic,
-)
 
 DEFAULT_SHARD_MB = 64
 # For the standard 224 px training crops: 915.

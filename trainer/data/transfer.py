@@ -7,8 +7,8 @@ goes to a hidden temp name and is renamed only when its checksum matches, so no 
 is ever visible; a rerun skips shards that are already verified, which makes an interrupted
 transfer resumable. The manifest travels last: its presence means the shard set is complete.
 While the identity's role assignment is still propagating (up to 30 minutes; Storage answers 403
-AuthorizationPermissionMismatch) every call waits it out (``trainer.grant_wait``), then fails in
-one line naming the missing role.
+AuthorizationPermissionMismatch) every call waits it out (``trainer.common.grant_wait``), then fails
+in one line naming the missing role.
 """
 
 from __future__ import annotations
@@ -23,21 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.data.errors import DataError
-from trainer.data.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardEntry,
-    shard_is_valid,
-)
-from trainer.files import (
+from trainer.common.files import (
     OutputError,
     ensure_writable_folder,
     partial_path,
     remove_partials,
     write_atomic,
 )
-from trainer.grant_wait import CONTRIBUTOR, READER, GrantMissing, GrantWait
+from trainer.common.grant_wait import CONTRIBUTOR, READER, GrantMissing, GrantWait
+from trainer.data.errors import DataError
+from trainer.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, shard_is_valid
 
 if TYPE_CHECKING:
     from azure.storage.blob import ContainerClient

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer.common.files import sha256_file, write_atomic
 from trainer.data.manifest import MANIFEST_NAME, VERIFIED_NAME, ShardEntry
 from trainer.data.node_memory import NodeGroup, split
-from trainer.files import sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,6 @@ Kept apart from the training program, as Horovod keeps ``horovod/runner`` beside
 ``horovod.runner`` import) and ``store``, ``workers``, ``eviction``, ``records``; ``fabric`` is
 the one table per VM size, which ``infra/sizes.py`` checks against its Azure facts at import.
 
-Importing this package imports nothing else: ``infra`` reads ``trainer.launch.fabric`` in the
+Importing this package imports nothing else: ``infra`` reads ``trainer.launch.node_sizes`` in the
 Pulumi program and the dynamic provider host, which must not import torch or Horovod.
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from trainer.config import one_line
+from trainer.common.errors import one_line
 
 # Batch reserves the port in AZ_BATCH_MASTER_NODE for itself; its docs say to use MASTER_PORT
 # instead, "port 6105 is a good default choice"

@@ -1,7 +1,7 @@
 """Scheduled Events on the launcher's side: watching this VM's events (a Spot eviction,
 maintenance), approving those that take only this job's VMs once the workers checkpointed, and
 holding the VM until the platform takes it, so that Batch requeues the task without counting a
-retry. The events themselves: ``trainer.scheduled_events``.
+retry. The events themselves: ``trainer.launch.scheduled_events``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import signal
 
 from trainer.launch.batch_env import Node
 from trainer.launch.records import RunLog
+from trainer.launch.scheduled_events import IMDS, ScheduledEvents, Watcher
 from trainer.launch.store import Store
-from trainer.scheduled_events import IMDS, ScheduledEvents, Watcher
 
 # After a scheduled event's checkpoint the launcher of the VM it takes does not exit: Batch counts
 # a non-zero exit as a retry of the task (maxTaskRetryCount, infra/batch.py), while a task whose
@@ -25,8 +25,8 @@ HOLD_SECONDS = 20 * 60
 
 
 class StoreVms:
-    """The VM names of this job's nodes (``trainer.scheduled_events.JobVms``), exchanged through
-    the launchers' store: each launcher puts the name its metadata service gives
+    """The VM names of this job's nodes (``trainer.launch.scheduled_events.JobVms``), exchanged
+    through the launchers' store: each launcher puts the name its metadata service gives
     (``vm-<index>``); the watcher reads them all when an event comes. Batch tells a node the
     others' addresses (``AZ_BATCH_HOST_LIST``), not their VM names, which Scheduled Events
     lists; asking Batch's API for them would need a credential on the node. A node that has not

@@ -16,25 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.cli import fail
+from trainer.common.cli import fail
 from trainer.launch import eviction
-from trainer.launch.batch_env import (
-    LaunchError,
-    Node,
-    read_batch_environment,
-    torch_master_port,
-)
-from trainer.launch.fabric import (
-    fabric_for,
-    worker_environment,
-    workers_per_node,
-)
-from trainer.launch.node_check import check_node, wait_for_restart
+from trainer.launch.batch_env import LaunchError, Node, read_batch_environment, torch_master_port
+from trainer.launch.node_sizes import fabric_for, worker_environment, workers_per_node
 from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser, code_dir_fault
 from trainer.launch.preflight import MODES as PREFLIGHT_MODES
 from trainer.launch.preflight import Preflight, run_preflight, wanted
+from trainer.launch.recheck import check_node, wait_for_restart
 from trainer.launch.records import INTERRUPTED_EXIT, Outcome, RunLog, RunRecords, check_writable
 from trainer.launch.rendezvous import new_token, start_gloo_rendezvous
+from trainer.launch.scheduled_events import Watcher
 from trainer.launch.stop import STOP
 from trainer.launch.store import (
     MASTER_WAIT_SECONDS,
@@ -45,8 +37,7 @@ from trainer.launch.store import (
 )
 from trainer.launch.task_user import task_user_environment
 from trainer.launch.workers import TORCH_ENGINES, Workers, check_engine, supervise, worker_envs
-from trainer.live_upload import LiveUploader
-from trainer.scheduled_events import Watcher
+from trainer.outputs.live_upload import LiveUploader
 
 
 def _default_workers(vm_size: str | None) -> int:
@@ -248,7 +239,7 @@ def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) 
 
 def _checked(outcome: Outcome, node: Node, task_dir: Path | None, log: RunLog) -> Outcome:
     """A failed try's outcome once this node's watcher has checked the node: one that failed
-    keeps itself out of the pool (trainer.launch.node_check), which the outcome says."""
+    keeps itself out of the pool (trainer.launch.recheck), which the outcome says."""
     reason = check_node(task_dir, log.say)
     if reason is None:
         return outcome
@@ -259,7 +250,7 @@ def _checked(outcome: Outcome, node: Node, task_dir: Path | None, log: RunLog) -
 
 def _uploader(args, node: Node, log: RunLog) -> LiveUploader | None:
     """On the master, the live copy of a job's own command's metrics (``--metrics-upload-url``),
-    as rank 0 of the trainer makes its own (trainer.live_upload); None elsewhere."""
+    as rank 0 of the trainer makes its own (trainer.outputs.live_upload); None elsewhere."""
     if args.metrics_upload_url is None or not node.is_master:
         return None
     log.say(

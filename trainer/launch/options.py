@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.blob_folder import BlobFolder
-from trainer.cli import OneLineParser, int_in
-from trainer.config import DEFAULTS
+from trainer.common.blob_folder import BlobFolder
+from trainer.common.cli import OneLineParser, int_in
 from trainer.launch.batch_env import DEFAULT_PORT
-from trainer.launch.fabric import MAX_WORKERS_PER_NODE
+from trainer.launch.node_sizes import MAX_WORKERS_PER_NODE
 from trainer.launch.preflight import MODES as PREFLIGHT_MODES
+from trainer.settings.train_config import DEFAULTS
 
 # How often the master copies a job's own command's metrics (the trainer's default period).
 SCRIPT_UPLOAD_MINUTES = DEFAULTS.metrics_upload_minutes
@@ -93,9 +93,9 @@ def _add_script_flags(parser: OneLineParser) -> None:
     parser.add_argument(
         "--code-dir",
         type=Path,
-        help="a job's code snapshot made ready on this node (python -m trainer.code_folder): "
-        "the workers run in <code-dir>/src with it and <code-dir>/site (its requirements) "
-        "first on PYTHONPATH",
+        help="a job's code snapshot made ready on this node (python -m "
+        "trainer.launch.code_folder): the workers run in <code-dir>/src with it and "
+        "<code-dir>/site (its requirements) first on PYTHONPATH",
     )
     parser.add_argument(
         "--metrics-upload-url",
@@ -114,8 +114,8 @@ def code_dir_fault(code_dir: Path | None, env: dict[str, str]) -> str | None:
     prep = env.get("AZ_BATCH_JOB_PREP_WORKING_DIR")
     return (
         f"--code-dir={code_dir}: no such folder with src/ in it, which the job preparation "
-        "task (python -m trainer.code_folder) makes on each node before the job's task: read "
-        "its stderr.txt on this node (dt-jobs status names a failed one); "
+        "task (python -m trainer.launch.code_folder) makes on each node before the job's task: "
+        "read its stderr.txt on this node (dt-jobs status names a failed one); "
         + (
             f"AZ_BATCH_JOB_PREP_WORKING_DIR={prep}"
             if prep

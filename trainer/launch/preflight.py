@@ -19,15 +19,8 @@ import time
 from dataclasses import dataclass
 
 from trainer.launch.batch_env import Node
-from trainer.launch.fabric import fabric_for
-from trainer.launch.preflight_plan import (
-    Floors,
-    Measured,
-    Name,
-    bus_gbps,
-    judge,
-    rounds,
-)
+from trainer.launch.node_sizes import fabric_for
+from trainer.launch.preflight_plan import Floors, Measured, Name, bus_gbps, judge, rounds
 from trainer.launch.preflight_probe import RESULT, ROUND
 from trainer.launch.records import Outcome, RunLog
 from trainer.launch.stop import STOP

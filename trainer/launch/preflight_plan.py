@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from trainer.launch.fabric import fabric_for, node_floor, preflight_floor
+from trainer.launch.node_sizes import fabric_for, node_floor, preflight_floor
 
 # Without a floor of the VM size (CPU nodes, Gloo): a figure below this fraction of the median
 # of the other nodes' (or pairs') figures is slow.

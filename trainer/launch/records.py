@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from trainer.files import ensure_writable_folder, write_atomic
+from trainer.common.files import ensure_writable_folder, write_atomic
 from trainer.launch.batch_env import LaunchError, host_list
 from trainer.launch.rendezvous import publish_token, read_token
 from trainer.launch.store import POLL_SECONDS
@@ -33,7 +33,7 @@ INTERRUPTED_EXIT = 75
 NFS_CACHE_SECONDS = 60
 
 # A failed attempt's summary ends with what an operator can do about the node it names, unless a
-# node failed its own checks and keeps itself out (trainer.launch.node_check); the nodes hold
+# node failed its own checks and keeps itself out (trainer.launch.recheck); the nodes hold
 # no right over their pool (docs/jobs.md, A node that fails).
 KEEP_OUT_HINT = "to keep a sick node out of the next tries: dt-jobs keep-out --stack NAME NODE_ID"
 
@@ -47,7 +47,7 @@ class Outcome:
     code: int
     reason: str
     interrupted: bool = False
-    kept_out: str = ""  # why this node keeps itself out of the pool (trainer.launch.node_check)
+    kept_out: str = ""  # why this node keeps itself out of the pool (trainer.launch.recheck)
 
 
 class RunLog:
@@ -217,7 +217,7 @@ def _summary(
     """The attempt's exit code and its report's last line."""
     if failures:
         code, reason = failures[0]
-        # A node that keeps itself out (and did not restart in time: trainer.launch.node_check)
+        # A node that keeps itself out (and did not restart in time: trainer.launch.recheck)
         # is named once, whether or not its own failure is the first.
         hint = "; ".join(k for k in kept_out if k not in reason) if kept_out else KEEP_OUT_HINT
         hint = f"; {hint}" if hint else ""

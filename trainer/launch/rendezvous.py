@@ -1,9 +1,9 @@
 """How the node launcher's workers meet, for each engine. Horovod: the master serves Horovod's
 Gloo rendezvous, and every worker gets the variables ``horovodrun --gloo`` would set.
-torch.distributed (``trainer.config.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
+torch.distributed (``trainer.settings.choices.TORCH_DISTRIBUTED_BACKENDS``): every worker gets the
 variables ``torchrun`` would set, and rank 0 serves torch's own store (``env://``). Only the
 launcher package imports ``horovod.runner``; the workers' own communication lives in
-``trainer.distributed``.
+``trainer.engines.base``.
 Why it is built this way: docs/internals.md, `trainer/launch/rendezvous.py`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.files import open_atomic
+from trainer.common.files import open_atomic
 
 # 32 random bytes, URL-safe base64 (letters, digits, "-" and "_"): a path segment as it is.
 TOKEN_BYTES = 32
@@ -186,7 +186,7 @@ def torch_worker_env(
         "GROUP_WORLD_SIZE": str(nodes),
         # Gloo (torch's CPU collectives) uses the interface of this node's Batch address, as
         # HOROVOD_GLOO_IFACE makes Horovod's Gloo do; NCCL has its own setting from the VM size
-        # (trainer.launch.fabric).
+        # (trainer.launch.node_sizes).
         "GLOO_SOCKET_IFNAME": iface,
         "PYTHONUNBUFFERED": "1",
     }

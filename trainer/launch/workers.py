@@ -15,14 +15,14 @@ import time
 from pathlib import Path
 from typing import IO
 
-from trainer.config import TORCH_DISTRIBUTED_BACKENDS
+from trainer.common.exit_codes import WATCHDOG_EXIT
 from trainer.launch.batch_env import LaunchError, Node
 from trainer.launch.records import Outcome, RunLog
 from trainer.launch.rendezvous import gloo_worker_env, torch_worker_env
+from trainer.launch.scheduled_events import Watcher
 from trainer.launch.stop import STOP
 from trainer.launch.store import POLL_SECONDS, Store
-from trainer.scheduled_events import Watcher
-from trainer.watchdog import WATCHDOG_EXIT
+from trainer.settings.choices import TORCH_DISTRIBUTED_BACKENDS
 
 # The engines started the way torchrun starts them: the trainer's torch.distributed ones, and
 # ``torch`` for a job's own command (a torchrun-style script, Accelerate, Lightning).
@@ -161,7 +161,7 @@ def _pump(stream: IO[bytes], log: RunLog) -> None:
 
 
 def watchdog_reason(node: Node, workers: Workers, gather: float) -> str:
-    """The node's line once a worker's step watchdog fired (trainer.watchdog): which workers'
+    """The node's line once a worker's step watchdog fired (trainer.watch.watchdog): which workers'
     fired and which did not, given ``gather`` seconds to. A worker blocked in a collective
     cannot tell which peer is missing; one that did not fire (wedged below Python, or ended
     another way) is the suspect, as is the rank the flight recorders show behind."""

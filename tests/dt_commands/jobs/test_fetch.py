@@ -1,5 +1,5 @@
 """``dt-jobs fetch``: a job's results from its ``outputs_url``, uploaded by the
-trainer's own ``trainer.results.upload`` to Azurite over HTTPS and read with
+trainer's own ``trainer.outputs.results.upload`` to Azurite over HTTPS and read with
 DefaultAzureCredential (a managed identity here, as ``az login`` would be on a laptop); and the
 ``outputs_url`` the stack gives each job, under Pulumi's mocks."""
 
@@ -14,10 +14,10 @@ from dt_commands.stack_outputs import select_job
 from infra.batch import JobSpec, trainer_command
 from infra.storage import CONTAINERS
 from tests.support.stacks import one
-from trainer import results
-from trainer.blob_folder import BlobFolder
-from trainer.config import TrainConfig
-from trainer.model import build_model
+from trainer.common.blob_folder import BlobFolder
+from trainer.models.build import build_model
+from trainer.outputs import results
+from trainer.settings.train_config import TrainConfig
 
 JOB_ID = "dev-resnet-0123456789"
 

@@ -26,7 +26,7 @@ from dt_commands.stack_outputs import select_job
 from infra import credentials
 from infra.live_metrics import StorageError, blob_container
 from tests.support.ports import free_port
-from trainer.noise_scale import advice
+from trainer.watch.noise_scale import advice
 
 ENDPOINT = "platformbatch.eastus.batch.azure.com"
 

@@ -20,7 +20,7 @@ from infra import batch as batch_module
 from infra.batch import JobSpec, job_options, task_options
 from tests.support.fake_batch import FakeBatch, Request
 from tests.support.stacks import of_type
-from trainer.noise_scale import advice
+from trainer.watch.noise_scale import advice
 
 STAMP = "20261122-230000"
 STEPS = 200

@@ -15,7 +15,7 @@ from dt_commands.jobs.sweep_report import (
     steady_rate,
     write,
 )
-from trainer.noise_scale import advice
+from trainer.watch.noise_scale import advice
 
 H100 = "Standard_ND96isr_H100_v5"  # $98.32 per node-hour in infra/prices.py (2026-11)
 

@@ -22,7 +22,7 @@ from tests.batch_emulator.jobs import (
     metrics,
     run_folder,
 )
-from trainer.watchdog import WATCHDOG_EXIT
+from trainer.common.exit_codes import WATCHDOG_EXIT
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes

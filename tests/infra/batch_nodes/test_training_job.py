@@ -38,7 +38,7 @@ from tests.batch_emulator.jobs import (
 )
 from tests.batch_emulator.nfs_view import NFS_VIEW_LONG_SECONDS, NFS_VIEW_SECONDS
 from tests.batch_emulator.storage import blob
-from trainer.checkpoint import load_latest
+from trainer.checkpoints.single_file import load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
@@ -402,7 +402,7 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
 ):
     """The NFS server is lost or replaced (its checkpoints gone) while a try fails: the retry
     resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
-    (trainer.checkpoint_mirror, the job's --checkpoint-mirror-url), not from step 0."""
+    (trainer.checkpoints.mirror, the job's --checkpoint-mirror-url), not from step 0."""
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
     spec = make_spec(cpu_stack, storage, trainer_args=args)

@@ -1,6 +1,6 @@
 """The data tests use the shared dataset and Azurite fixtures in tests/conftest.py."""
 
-from trainer.config import DEFAULTS, TrainConfig
+from trainer.settings.train_config import DEFAULTS, TrainConfig
 
 
 def shard_settings(root) -> dict:

@@ -18,18 +18,18 @@ import torch
 from tests.conftest import make_dataset, tiny_config
 from tests.trainer.data.conftest import shard_config, shard_settings
 from tests.trainer.data.test_cache_scope import run_ranks
-from trainer import checkpoint
-from trainer.cli import to_flags
-from trainer.config import DEFAULTS, TrainConfig
+from trainer.checkpoints import single_file as checkpoint
+from trainer.common.files import sha256_file
 from trainer.data import DataError, build_loaders
 from trainer.data import verify as verify_module
 from trainer.data.manifest import MANIFEST_NAME, VERIFIED_NAME, Manifest, ShardEntry
 from trainer.data.node_memory import NodeGroup
 from trainer.data.shards import ShardSource
 from trainer.data.verify import verify_shards
-from trainer.distributed import LocalDist
-from trainer.files import sha256_file
-from trainer.run import train
+from trainer.engines.local import LocalDist
+from trainer.settings.flags import to_flags
+from trainer.settings.train_config import DEFAULTS, TrainConfig
+from trainer.training.run import train
 
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parents[3]

@@ -18,11 +18,11 @@ from PIL import Image
 
 from tests.conftest import tiny_config
 from tests.support.launchers import torchrun
-from trainer.config import DEFAULTS
 from trainer.data.cache import cached_shape
 from trainer.data.folder import scan_image_folder
 from trainer.data.node_memory import PREFIX, SHM_DIR
 from trainer.data.sampler import PartSampler, RankSampler
+from trainer.settings.train_config import DEFAULTS
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).

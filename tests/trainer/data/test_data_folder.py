@@ -2,12 +2,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from trainer.config import DEFAULTS
 from trainer.data import DataError, build_loaders
 from trainer.data.dataset import ImageDataset, collate_images
 from trainer.data.folder import FolderSource
 from trainer.data.transforms import random_resized_crop_box
 from trainer.data.worker_processes import forkserver
+from trainer.settings.train_config import DEFAULTS
 
 
 def folder_config(root, **extra):

@@ -15,10 +15,10 @@ import pytest
 from tests.conftest import act_as_identity_of, checksums
 from tests.support.fake_imds import IDENTITY
 from tests.support.storage_grants import MISMATCH, FakeClock
+from trainer.common.grant_wait import CONTRIBUTOR, READER, GrantWait
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME
 from trainer.data.transfer import container_client, stage, upload
-from trainer.grant_wait import CONTRIBUTOR, READER, GrantWait
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer.fs_faults import FAULTS, faulty_output, leftovers
+from trainer.common.files import OutputError
 from trainer.data.__main__ import main
 from trainer.data.manifest import MANIFEST_NAME
 from trainer.data.transfer import stage, upload
-from trainer.files import OutputError
 
 REASONS = {
     "full": "No space left on device",

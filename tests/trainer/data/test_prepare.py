@@ -6,10 +6,10 @@ import tarfile
 import pytest
 
 from tests.conftest import make_dataset
+from trainer.common.files import sha256_file
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest
 from trainer.data.prepare import prepare
-from trainer.files import sha256_file
 
 QUIET = {"log": lambda _: None}
 

@@ -11,19 +11,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainer.common.files import sha256_file
 from trainer.data.__main__ import main
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME
-from trainer.data.text import (
-    BYTE_END_OF_TEXT,
-    SyntheticTokens,
-    TokenDataset,
-    TokenManifest,
-    prepare_text,
-    read_split,
-    text_pieces,
-)
-from trainer.files import sha256_file
+from trainer.data.text_prepare import BYTE_END_OF_TEXT, prepare_text, text_pieces
+from trainer.data.token_shards import TokenManifest, open_shards
+from trainer.data.token_windows import SyntheticTokens, TokenDataset
 
 QUIET = {"log": lambda _: None}
 DOCS = {
@@ -384,9 +378,16 @@ def test_a_large_file_is_never_held_whole(tmp_path):
 def test_pieces_give_the_same_shards_as_whole_files(tmp_path, monkeypatch):
     src = _write(tmp_path / "src", {**DOCS, "long.txt": "line of text\n" * 200})
     prepare_text(src, tmp_path / "whole", shard_mb=0.001, **QUIET)
-    monkeypatch.setattr("trainer.data.text._PIECE_BYTES", 7)
+    monkeypatch.setattr("trainer.data.text_prepare._PIECE_BYTES", 7)
     prepare_text(src, tmp_path / "pieces", shard_mb=0.001, **QUIET)
     whole, pieces = TokenManifest.load(tmp_path / "whole"), TokenManifest.load(tmp_path / "pieces")
     assert pieces == whole and pieces.documents == 4
     for shard in (tmp_path / "whole").glob("*.bin"):
         assert (tmp_path / "pieces" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def read_split(folder: Path, split: str) -> np.ndarray:
+    """Every token of ``split`` in order, in memory."""
+    manifest = TokenManifest.load(folder)
+    maps = open_shards(folder, manifest, manifest.split(split, folder))
+    return np.concatenate([np.asarray(m) for m in maps])

@@ -211,6 +211,7 @@ def test_cli_rejects_a_negative_size_in_one_line(tmp_path, dataset):
         timeout=60,
     )
     assert result.returncode == 2
-    # The parser's own range (trainer.cli.int_in): one line naming the flag and what it takes.
+    # The parser's own range (trainer.common.cli.int_in): one line naming the flag and what it
+    # takes.
     assert result.stderr.startswith("error: argument --max-short-side: '-1': give an integer in")
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()

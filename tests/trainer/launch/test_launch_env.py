@@ -15,7 +15,8 @@ from trainer.launch.batch_env import (
     read_batch_environment,
     torch_master_port,
 )
-from trainer.launch.fabric import (
+from trainer.launch.main import main
+from trainer.launch.node_sizes import (
     CPU_FABRICS,
     FABRICS,
     FORBIDDEN_ON_IB,
@@ -24,7 +25,6 @@ from trainer.launch.fabric import (
     worker_environment,
     workers_per_node,
 )
-from trainer.launch.main import main
 from trainer.launch.options import build_parser
 from trainer.launch.records import (
     INTERRUPTED_EXIT,
@@ -95,15 +95,15 @@ def test_infra_sizes_refuses_at_import_a_size_the_launcher_table_lacks():
         "a and b must name the same VM sizes: Standard_Y only in a; Z only in b; add the size to "
         "both tables or remove it from both"
     )
-    script = "import trainer.launch.fabric as f; del f.FABRICS['Standard_ND96asr_v4']\n"
+    script = "import trainer.launch.node_sizes as f; del f.FABRICS['Standard_ND96asr_v4']\n"
     script += "import infra.sizes"
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode != 0
     assert (
-        "RuntimeError: infra/sizes.py SUPPORTED and trainer/launch/fabric.py FABRICS must name the "
-        "same VM sizes: Standard_ND96asr_v4 only in infra/sizes.py SUPPORTED"
+        "RuntimeError: infra/sizes.py SUPPORTED and trainer/launch/node_sizes.py FABRICS must name "
+        "the same VM sizes: Standard_ND96asr_v4 only in infra/sizes.py SUPPORTED"
     ) in result.stderr
 
 

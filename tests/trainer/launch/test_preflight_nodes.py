@@ -113,7 +113,7 @@ def test_a_node_whose_own_workers_are_slow_together_is_named(tmp_path, fabric):
 def test_the_gpu_path_times_a_nodes_gpus_together_with_nccl():
     """The probes as a GPU node runs them (NCCL, one per GPU), within one node."""
     from tests.support.ports import free_port
-    from tests.trainer.test_gpu import require_gpu
+    from tests.trainer.engines.test_gpu import require_gpu
     from trainer.launch.preflight import ITERATIONS
     from trainer.launch.preflight_plan import rounds
 

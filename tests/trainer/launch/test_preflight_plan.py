@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dt_commands.jobs.main import build_parser as jobs_parser
-from trainer.launch.fabric import node_floor, preflight_floor
+from trainer.launch.node_sizes import node_floor, preflight_floor
 from trainer.launch.preflight import wanted
 from trainer.launch.preflight_plan import (
     Floors,

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from trainer.common.exit_codes import WATCHDOG_EXIT
 from trainer.launch import workers as workers_module
 from trainer.launch.batch_env import Node
 from trainer.launch.records import RunLog
 from trainer.launch.workers import Workers, supervise
-from trainer.watchdog import WATCHDOG_EXIT
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 

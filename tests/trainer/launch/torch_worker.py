@@ -10,13 +10,13 @@ import runpy
 import sys
 from pathlib import Path
 
-import trainer.distributed
+import trainer.engines.choose
 
 VARIABLES = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
     "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME", "HOROVOD_RANK",
 )  # fmt: skip
-started_by_torchrun_variables = trainer.distributed.init_dist
+started_by_torchrun_variables = trainer.engines.choose.init_dist
 
 
 def recording_init_dist(cfg):
@@ -33,6 +33,6 @@ def recording_init_dist(cfg):
 
 
 # trainer.__main__ imports init_dist when it starts the engine, so it gets this one.
-trainer.distributed.init_dist = recording_init_dist
+trainer.engines.choose.init_dist = recording_init_dist
 sys.argv[0] = "trainer"
 runpy.run_module("trainer", run_name="__main__", alter_sys=True)
