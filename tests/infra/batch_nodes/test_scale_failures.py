@@ -47,7 +47,7 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
     make_cluster, vnet, storage, cpu_stack, tmp_path
 ):
     # The stuck model is the job's own code, as a team would give it (the image has none).
-    snap = job_code(vnet, storage, tmp_path, {"stuck_rank.py": TESTS / "stuck_rank.py"})
+    snap = job_code(vnet, storage, tmp_path, {"stuck_rank.py": TESTS / "watch" / "stuck_rank.py"})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     args = (
         "--backend", "ddp", "--model", "stuck_rank:build", "--image-size", "16",
