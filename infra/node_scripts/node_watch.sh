@@ -2,7 +2,7 @@
 # The watcher (the start task writes it to the node's OS disk and starts it as a systemd unit):
 # a root loop over the requests in the node's task folders (AZ_BATCH_TASK_DIR is
 # workitems/<job>/job-1/<task>: batch-compute-node-environment-variables.md) that a launcher
-# leaves after a failed try (trainer/launch/node_check.py). Root only removes a request (never
+# leaves after a failed try (trainer/launch/recheck.py). Root only removes a request (never
 # reads it) and answers as the folder's owner (setpriv), so nothing a task user leaves there
 # makes root write or read anywhere. The check runs under timeout with its stderr in a file: a
 # hung nvidia-smi (a GPU fallen off the bus) holds no pipe open. A node that fails is recorded

@@ -262,7 +262,7 @@ def make_cluster(vnet, storage, request):
         # Each cluster is a new stack with a new NFS share, but the storage account is shared
         # by the session's tests: without this, a job with the settings of an earlier test's job
         # (the same run folder) resumes from that job's mirrored checkpoint, as a stack whose
-        # NFS server was replaced rightly does (trainer.checkpoint_mirror), and ends at once.
+        # NFS server was replaced rightly does (trainer.checkpoints.mirror), and ends at once.
         blob(vnet, storage, "empty-container", container="checkpoints")
         base = Path(tempfile.mkdtemp(prefix="batch-nodes-"))
         os.chmod(base, 0o755)  # the Batch tree must be reachable by the task user

@@ -22,11 +22,11 @@ from pathlib import Path
 # for acdirmin..acdirmax (30..60 s), and with ``lookupcache=all`` (the default) trusts both positive
 # and negative LOOKUP results "until their parent directory's cached attributes expire": a file
 # another client created can stay invisible, a file it replaced (rename over the name, as
-# ``trainer.common.files.open_atomic`` does) can still resolve to the old file, for up to a minute. Our
-# pools mount with none of ac/actimeo/acdirmax/lookupcache set (``infra/nfs.py``: "vers=4.1,hard,
-# nconnect=8,..." for the VM, "vers=4,minorversion=1,sec=sys,nconnect=4" for Azure Files), so those
-# defaults apply. What nfs(5) does guarantee, close-to-open consistency, holds here too: a file
-# changed in place (the same inode) is the same file on every node.
+# ``trainer.common.files.open_atomic`` does) can still resolve to the old file, for up to a minute.
+# Our pools mount with none of ac/actimeo/acdirmax/lookupcache set (``infra/nfs.py``:
+# "vers=4.1,hard, nconnect=8,..." for the VM, "vers=4,minorversion=1,sec=sys,nconnect=4" for Azure
+# Files), so those defaults apply. What nfs(5) does guarantee, close-to-open consistency, holds here
+# too: a file changed in place (the same inode) is the same file on every node.
 #
 # How: each node's view is a folder of its own mirroring the export: folders copied (owner,
 # mode), files hard links to the export's inodes, so content written in place is shared at once
@@ -161,7 +161,8 @@ class NfsView:
         NFS client revalidates the cached entry with the server first (Linux fs/nfs/dir.c,
         nfs4_lookup_revalidate: "We cannot do exclusive creation on a positive dentry"), finds
         it gone and sends MKDIR; every writer of a run folder makes its folder first
-        (trainer.common.files, trainer.checkpoints.single_file), so its files land in the folder made again."""
+        (trainer.common.files, trainer.checkpoints.single_file), so its files land in the folder
+        made again."""
         parts = rel.split("/")[:-1]
         for depth in range(1, len(parts) + 1):
             folder = "/".join(parts[:depth])

@@ -79,7 +79,7 @@ def test_a_jobs_command_lines_hand_bash_one_word_and_exec_the_last_program(dev_p
     for line in (task.command_line, task.multi_instance_settings.coordination_command_line):
         assert _script_of(line).startswith("exec python -m trainer.launch ")
     preparation = _script_of(job_options(spec).job_preparation_task.command_line)
-    programs = ["trainer.code_folder"] * bool(code) + ["trainer.data"] * bool(data)
+    programs = ["trainer.launch.code_folder"] * bool(code) + ["trainer.data"] * bool(data)
     *first, last = preparation.split(" && ")
     assert [step.split()[:3] for step in first] == [["python", "-m", p] for p in programs[:-1]]
     assert last.split()[:4] == ["exec", "python", "-m", programs[-1]]

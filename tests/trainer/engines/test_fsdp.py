@@ -34,7 +34,7 @@ from trainer.settings.flags import to_flags
 # outlive its test (tests/support/process_tree.py).
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
-REPORT = str(Path(__file__).with_name("rank_report.py"))
+REPORT = str(Path(__file__).parents[1] / "rank_report.py")
 
 
 def spawn_ranks(
@@ -153,7 +153,7 @@ def test_the_results_hold_the_final_weights_gathered_from_every_ranks_shards(ref
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from tests.trainer.engines.rank_report import named_tensors_sha256
+    from tests.trainer.rank_report import named_tensors_sha256
     from trainer.data.text_prepare import BYTE_VOCAB
     from trainer.models.build import build_model
 

@@ -58,7 +58,7 @@ ENGINE_OPTIONS = {
 def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend, tmp_path, repo):
     options = ENGINE_OPTIONS[backend]
     config = small_config(tmp_path / "out", backend=backend, noise_scale_every=2, **options)
-    script = str(repo / "tests" / "trainer" / "engines" / "rank_report.py")
+    script = str(repo / "tests" / "trainer" / "rank_report.py")
     run(LAUNCHERS[backend](script, str(tmp_path), json.dumps(config)), repo)
     reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     accumulation = options.get("accumulation_steps", 1)
@@ -138,13 +138,13 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo, uninte
 
 @pytest.mark.parametrize("backend", ["horovod", "ddp"])
 def test_the_noise_scale_of_a_problem_with_a_known_answer(backend, tmp_path, repo):
-    """Linear regression with Gaussian noise (tests/trainer/watch/noise_probe.py derives the exact
+    """Linear regression with Gaussian noise (tests/trainer/noise_probe.py derives the exact
     B_simple = 17 here) measured through each engine's reduction hooks over 500 steps. The
     tolerance is the estimator's own sampling spread: over 30 seeds of a plain simulation of
     the same problem, 500 steps give 17.2 +- 1.4 (8.5 %), all within 15-19 %; the seeds here
     are fixed, and both engines measure 17.5 with them."""
     report = tmp_path / "noise.json"
-    script = str(repo / "tests" / "trainer" / "watch" / "noise_probe.py")
+    script = str(repo / "tests" / "trainer" / "noise_probe.py")
     run(LAUNCHERS[backend](script, backend, "500", str(report)), repo)
     measured = json.loads(report.read_text())
     assert measured["size"] == 2
@@ -159,16 +159,14 @@ def test_the_noise_scale_of_a_problem_with_a_known_answer(backend, tmp_path, rep
 
 @pytest.fixture(scope="module")
 def engine_probe(tmp_path_factory):
-    """tests/trainer/engines/engine_probe.py launched once per engine: each rank's report."""
+    """tests/trainer/engine_probe.py launched once per engine: each rank's report."""
     reports: dict[str, list[dict]] = {}
 
     def launch(backend: str) -> list[dict]:
         if backend not in reports:
             out = tmp_path_factory.mktemp(f"probe-{backend}")
             run(
-                LAUNCHERS[backend](
-                    str(REPO / "tests/trainer/engines/engine_probe.py"), backend, str(out)
-                ),
+                LAUNCHERS[backend](str(REPO / "tests/trainer/engine_probe.py"), backend, str(out)),
                 REPO,
             )
             reports[backend] = [json.loads((out / f"probe-{r}.json").read_text()) for r in (0, 1)]
