@@ -20,6 +20,7 @@ from infra import cost
 from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
 from infra.image_inputs import git_https_url
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
+from trainer.checkpoints.cadence import checkpoint_steps
 
 
 @dataclass(frozen=True)
@@ -128,11 +129,11 @@ def config_map(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def expected_checkpoints(trainer_config: str) -> list[int]:
-    """The steps the preset checkpoints at: every checkpoint_every, and the last step."""
+    """The steps the preset's run checkpoints at, by the trainer's own rule: every
+    checkpoint_every steps and the last (the presets' one epoch outlasts max_steps)."""
     settings = yaml.safe_load((REPO / trainer_config).read_text(encoding="utf-8"))
     every, last = int(settings.get("checkpoint_every") or 0), int(settings["max_steps"])
-    steps = list(range(every, last + 1, every)) if every else []
-    return steps if last in steps else [*steps, last]
+    return checkpoint_steps(every, last)
 
 
 def resolve_options(args: argparse.Namespace, host: Host, *, look_up: bool) -> Options:

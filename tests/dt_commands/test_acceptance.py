@@ -855,6 +855,11 @@ def test_the_cpu_preset_trains_20_steps_and_logs_the_checkpoints_the_check_reads
         "step-000000010.pt",
         "step-000000020.pt",
     ]
+    # What the check expects is what the trainer writes: one rule (trainer.checkpoints.cadence).
+    expected = expected_checkpoints("trainer/presets/acceptance-cpu.yaml")
+    assert [path.rsplit("/", 1)[1] for path, _ in written] == [
+        f"step-{step:09d}.pt" for step in expected
+    ]
     assert all(path.startswith(f"{output}/checkpoints/") for path, _ in written)
     assert sorted(p.name for p in (output / "checkpoints").glob("*.pt")) == [
         "step-000000010.pt",

@@ -1,7 +1,8 @@
 """A run's checkpoints behind one interface, ``Checkpointer``, whose format is chosen once
 (``trainer.checkpoints.choose``): one file written by rank 0 (``single_file``) when every rank
-holds the whole model, or every rank's shards (``sharded``) when the engine shards it. Writes go
-on in the background (``background``); see docs/trainer.md.
+holds the whole model, or every rank's shards (``sharded``) when the engine shards it. It decides
+when as well as how: the run says where it is, ``cadence`` says whether a checkpoint is due.
+Writes go on in the background (``background``); see docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from trainer.checkpoints import mirror as checkpoint_mirror
 from trainer.checkpoints.background import BackgroundWriter, StepFence
+from trainer.checkpoints.cadence import Moment, checkpoint_due
 from trainer.common.errors import ConfigError
 from trainer.engines.base import Dist
 from trainer.settings.train_config import DEFAULTS, TrainConfig
@@ -86,7 +88,41 @@ class Checkpointer(ABC):
         """Restore the model and optimizer from the newest valid checkpoint on every rank;
         return its path and the trainer's entries, or None when there is none."""
 
-    def save(self, step: int, *, final: bool = False) -> float:
+    def save(
+        self,
+        step: int,
+        moment: Moment = Moment.STEP,
+        *,
+        ends_epoch: bool = False,
+        stops: bool = False,
+    ) -> float | None:
+        """At ``moment`` of ``step`` (``ends_epoch``, ``stops``: the step ends the epoch, the
+        run stops after it): its checkpoint when one is due (``cadence.checkpoint_due``); the
+        stall it cost in seconds, or None when none was due. At the stop a write in flight is
+        waited for either way."""
+        every = self.cfg.checkpoint_every
+        if checkpoint_due(
+            moment, step, every=every, written=self.last_step, ends_epoch=ends_epoch, stops=stops
+        ):
+            return self._write(step, final=moment is Moment.STOP)
+        if moment is Moment.STOP:
+            self.wait()
+        return None
+
+    def wait(self) -> None:
+        """Wait for the write in flight, if any; its failure stops every rank."""
+        self._agree(self._writes.wait())
+
+    def close(self) -> None:
+        """After the run or an error: a write in flight still finishes (it is atomic and
+        complete, or it is never loaded), then its mirror's upload; nothing waits for the other
+        ranks any more."""
+        self._writes.close()
+        if self._mirror is not None:
+            self._mirror.close()
+
+    # ------------------------------------------------------------------ shared steps
+    def _write(self, step: int, *, final: bool) -> float:
         """Write the checkpoint of ``step``. Waits for the write in flight, takes a copy of the
         state (the stall training sees, returned in seconds; in the background the optimizer's
         state and parameters are copied while the next step runs, see ``StepFence``) and writes
@@ -102,27 +138,6 @@ class Checkpointer(ABC):
         self.last_step = step
         return time.monotonic() - started
 
-    def save_on_stop(self, step: int) -> float | None:
-        """At the run's end: the final checkpoint of ``step`` (its stall), unless that step's is
-        written already (an epoch end's, maybe still in flight: waited for; None)."""
-        if self.last_step == step:
-            self.wait()
-            return None
-        return self.save(step, final=True)
-
-    def wait(self) -> None:
-        """Wait for the write in flight, if any; its failure stops every rank."""
-        self._agree(self._writes.wait())
-
-    def close(self) -> None:
-        """After the run or an error: a write in flight still finishes (it is atomic and
-        complete, or it is never loaded), then its mirror's upload; nothing waits for the other
-        ranks any more."""
-        self._writes.close()
-        if self._mirror is not None:
-            self._mirror.close()
-
-    # ------------------------------------------------------------------ shared steps
     @abstractmethod
     def _start(self, step: int, trainer_state: dict[str, Any], background: bool) -> None:
         """Copy the state of ``step`` and submit its write to ``self._writes``."""

@@ -25,6 +25,7 @@ from trainer.common.files import (
     sha256_file,
     write_atomic,
 )
+from trainer.settings.train_config import global_batch
 
 SCHEMA = 1
 _NAME = re.compile(r"^step-(\d{9,})\.pt$")
@@ -171,7 +172,9 @@ def epoch_position(state: dict[str, Any]) -> tuple[int, int]:
         return int(state["epoch_offset"]), int(state["epoch_world_size"])
     saved = state["config"]
     world = int(state["world_size"])
-    per_step = int(saved["batch_size"]) * int(saved.get("accumulation_steps", 1)) * world
+    per_step = global_batch(
+        int(saved["batch_size"]), world, int(saved.get("accumulation_steps", 1))
+    )
     return int(state["step_in_epoch"]) * per_step, world
 
 

@@ -31,7 +31,7 @@ from trainer.data.transforms import normalize
 from trainer.data.verify import verify_shards
 from trainer.data.worker_processes import forkserver
 from trainer.models.gpt_sizes import GPT_SIZES
-from trainer.settings.train_config import TrainConfig
+from trainer.settings.train_config import TrainConfig, global_micro_batch
 
 
 class Loader(Protocol):
@@ -179,6 +179,16 @@ class _Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.windows[key[0]]
 
 
+def no_full_batch(data: str, sampler: RankSampler, fix: str) -> str:
+    """The one line for data that gives ``sampler`` no full batch on every worker: ``data``
+    names what was read (the setting, or the data and its size), then the batch, the workers
+    and ``fix``."""
+    return (
+        f"{data} give no full batch of {sampler.batch_size} per worker for "
+        f"{sampler.num_replicas} workers: {fix}"
+    )
+
+
 def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device) -> Loaders:
     context = cfg.context or GPT_SIZES[cfg.model].context
     if cfg.data == "tokens":
@@ -196,7 +206,8 @@ def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device
     else:
         vocab = cfg.vocab_size or BYTE_VOCAB
         train_set = SyntheticTokens(cfg.synthetic_size, context, vocab, seed=cfg.seed)
-        val_set = SyntheticTokens(cfg.batch_size * world, context, vocab, seed=cfg.seed + 1)
+        val_size = global_micro_batch(cfg.batch_size, world)  # one batch of every worker
+        val_set = SyntheticTokens(val_size, context, vocab, seed=cfg.seed + 1)
         workers = 0  # made on the fly from (seed, index): nothing to overlap
     loaders: list[TokenDeviceLoader | None] = []
     for dataset, train in ((train_set, True), (val_set, False)):
@@ -211,9 +222,11 @@ def _token_loaders(cfg: TrainConfig, rank: int, world: int, device: torch.device
         if dataset is None or sampler.batches_per_epoch == 0:
             if train:
                 raise DataError(
-                    f"{cfg.data} data: {len(train_set)} windows of {context} tokens give no "
-                    f"full batch of {cfg.batch_size} per worker for {world} workers: lower "
-                    "--batch-size or --context, or add text"
+                    no_full_batch(
+                        f"{cfg.data} data: {len(train_set)} windows of {context} tokens",
+                        sampler,
+                        "lower --batch-size or --context, or add text",
+                    )
                 )
             loaders.append(None)  # too little validation text for one batch: no evaluation
             continue
@@ -235,8 +248,7 @@ def _file_loader(
 ) -> DeviceLoader:
     if sampler.batches_per_epoch == 0:
         raise DataError(
-            f"{len(dataset)} images in {where} give no full batch of {cfg.batch_size} per "
-            f"worker for {sampler.num_replicas} workers: lower --batch-size"
+            no_full_batch(f"{len(dataset)} images in {where}", sampler, "lower --batch-size")
         )
     loader = batch_loader(
         dataset, sampler, cfg.batch_size, cfg.loader_workers, device, collate_images
@@ -338,8 +350,11 @@ def _synthetic_loaders(
     sampler = RankSampler(cfg.synthetic_size, world, rank, cfg.batch_size, seed=cfg.seed)
     if sampler.batches_per_epoch == 0:
         raise DataError(
-            f"synthetic_size={cfg.synthetic_size}: gives no full batch of {cfg.batch_size} "
-            f"per worker for {world} workers: raise it to at least {cfg.batch_size * world}"
+            no_full_batch(
+                f"synthetic_size={cfg.synthetic_size}: its samples",
+                sampler,
+                f"raise it to at least {sampler.global_micro_batch}",
+            )
         )
     common = dict(
         image_size=cfg.image_size,
@@ -349,7 +364,7 @@ def _synthetic_loaders(
     )
     train = SyntheticLoader(sampler, pool=cfg.synthetic_pool, seed=cfg.seed, **common)
     val_sampler = RankSampler(
-        max(cfg.synthetic_pool, cfg.batch_size * world),
+        max(cfg.synthetic_pool, sampler.global_micro_batch),
         world,
         rank,
         cfg.batch_size,

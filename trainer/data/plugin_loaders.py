@@ -12,7 +12,13 @@ import torch
 from torch.utils.data import Dataset
 
 from trainer.data.errors import DataError
-from trainer.data.loaders import DeviceLoader, Loaders, _one_line_errors, batch_loader
+from trainer.data.loaders import (
+    DeviceLoader,
+    Loaders,
+    _one_line_errors,
+    batch_loader,
+    no_full_batch,
+)
 from trainer.data.sampler import RankSampler
 from trainer.settings.train_config import TrainConfig
 
@@ -57,10 +63,8 @@ def plugin_loaders(
         sampler = RankSampler(size, world, rank, cfg.batch_size, shuffle=is_train, seed=cfg.seed)
         if sampler.batches_per_epoch == 0:
             split = "train" if is_train else "val"
-            raise DataError(
-                f"data={cfg.data}: its {split} set's {size} samples give no full batch of "
-                f"{cfg.batch_size} per worker for {world} workers: lower --batch-size"
-            )
+            what = f"data={cfg.data}: its {split} set's {size} samples"
+            raise DataError(no_full_batch(what, sampler, "lower --batch-size"))
         workers = cfg.loader_workers
         loader = batch_loader(_ByIndex(dataset), sampler, cfg.batch_size, workers, device)
         loaders.append(PluginDeviceLoader(loader, sampler, device, channels_last=False))

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from trainer.settings.train_config import global_micro_batch
+
 # The generator "epoch" that draws the fixed parts: no real epoch is negative.
 _LAYOUT = -1
 
@@ -26,7 +28,7 @@ class RankSampler(Sampler[tuple[int, int]]):
     of epoch e reads exactly what the uninterrupted run would have read. The epoch travels with
     each index so that datasets can derive per-sample augmentation randomness from it, which
     keeps augmentations identical however many loader workers there are or whether a run resumed.
-    The tail that does not fill a global batch is dropped so that every rank takes the same
+    The tail that does not fill one batch of every rank is dropped so that every rank takes the same
     number of steps (a rank with one batch more would wait forever in an allreduce).
     """
 
@@ -59,8 +61,9 @@ class RankSampler(Sampler[tuple[int, int]]):
         return self.per_rank // self.batch_size
 
     @property
-    def global_batch(self) -> int:
-        return self.batch_size * self.num_replicas
+    def global_micro_batch(self) -> int:
+        """Samples of the order one batch of every rank takes."""
+        return global_micro_batch(self.batch_size, self.num_replicas)
 
     @property
     def order_length(self) -> int:
@@ -70,7 +73,7 @@ class RankSampler(Sampler[tuple[int, int]]):
     @property
     def batches_left(self) -> int:
         """This rank's batches from ``offset`` to the end of the epoch."""
-        return max(0, self.order_length - self.offset) // self.global_batch
+        return max(0, self.order_length - self.offset) // self.global_micro_batch
 
     def set_epoch(
         self,
@@ -84,14 +87,14 @@ class RankSampler(Sampler[tuple[int, int]]):
 
         ``offset``: samples of the epoch's global order already trained, by every rank together
         and on any number of workers. ``skip_batches`` says the same in this rank's batches at
-        this world size (``offset = skip_batches * batch_size * num_replicas``); give one or
+        this world size (``offset = skip_batches * global_micro_batch``); give one or
         the other. ``layout_replicas``: the number of workers the epoch began on, where that
         differs from ``num_replicas`` (only ``StreamSampler``'s order depends on it).
         """
         if offset is not None and skip_batches:
             raise ValueError("give skip_batches or offset, not both")
         if offset is None:
-            offset = min(skip_batches, self.batches_per_epoch) * self.global_batch
+            offset = min(skip_batches, self.batches_per_epoch) * self.global_micro_batch
         if offset < 0:
             raise ValueError(f"offset {offset} is negative")
         self.epoch = epoch

@@ -2,7 +2,8 @@
 
 Every default lives here. A YAML file (``--config``) and the command line both end up in
 ``TrainConfig.from_mapping``; a bad value raises ``ConfigError`` with one line naming the setting,
-the value and what would be valid.
+the value and what would be valid. The batch sizes the settings sum to over the workers
+(``global_batch``, ``global_micro_batch``) are computed here, once.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class TrainConfig:
     # the token shards' manifest says, or 257 byte-level tokens for synthetic data).
     context: int | None = None
     vocab_size: int | None = None
-    # Data. ``batch_size`` is per worker; the global batch is batch_size x workers x accumulation.
+    # Data. ``batch_size`` is per worker; the global batch is batch_size x workers x accumulation
+    # (``global_batch``).
     # A built-in source (DATA_SOURCES) or a plug-in ``pkg.module:factory`` called as
     # ``factory(cfg, **data_args)``.
     data: str = "synthetic"
@@ -440,3 +442,15 @@ class TrainConfig:
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 DEFAULTS = TrainConfig()
+
+
+def global_micro_batch(batch_size: int, workers: int) -> int:
+    """One micro-batch of every worker: the samples the workers read together per forward
+    pass, and a sampler's stride through the epoch's order."""
+    return batch_size * workers
+
+
+def global_batch(batch_size: int, workers: int, accumulation_steps: int) -> int:
+    """The global batch: the samples of one optimizer step over every worker, each worker's
+    ``accumulation_steps`` micro-batches of ``batch_size``."""
+    return global_micro_batch(batch_size, workers) * accumulation_steps

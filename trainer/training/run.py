@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoints.cadence import Moment
 from trainer.checkpoints.choose import build_checkpointer
 from trainer.common.errors import ConfigError
 from trainer.engines.base import Dist, GradientProbe
 from trainer.engines.device import resolve_precision, select_device
 from trainer.outputs import results
 from trainer.outputs.metrics import MetricsWriter, Progress
-from trainer.settings.train_config import TrainConfig
+from trainer.settings.train_config import TrainConfig, global_batch
 from trainer.training.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.training.plugins import Plugins
 from trainer.training.position import RunPosition, rng_state, set_rng_state
@@ -51,7 +52,6 @@ class _Loop:
     """One invocation's training loop: what its steps count and report (``_Run.train``)."""
 
     start_step: int
-    global_batch: int
     meter: WindowMeter
     progress: Progress | None
     # --profile-steps: the profiler runs until the loop ends, so that it writes the trace of a
@@ -89,6 +89,7 @@ class _Run:
         random.seed(cfg.seed + dist.rank)
         self.loaders = build_run_loaders(cfg, dist, self.plugins, self.device, channels_last)
         self.steps_per_epoch = self.loaders.batches_per_epoch // cfg.accumulation_steps
+        self.global_batch = global_batch(cfg.batch_size, dist.size, cfg.accumulation_steps)
         if self.steps_per_epoch == 0:
             raise ConfigError(
                 f"accumulation_steps={cfg.accumulation_steps}: more than the "
@@ -202,8 +203,7 @@ class _Run:
     def _log_resize(self, saved_world: int, steps_left: int) -> None:
         """Rank 0, resuming on another number of workers: how the epoch continues."""
         pos, sampler = self.position, self.loaders.train.sampler
-        global_batch = sampler.global_batch * self.cfg.accumulation_steps
-        dropped = sampler.order_length - pos.epoch_offset - steps_left * global_batch
+        dropped = sampler.order_length - pos.epoch_offset - steps_left * self.global_batch
         spread = ""
         if self.cfg.data == "shards" and steps_left and pos.epoch_world != self.dist.size:
             spread = (
@@ -220,7 +220,7 @@ class _Run:
             pos.epoch_offset,
             sampler.order_length,
             steps_left,
-            global_batch,
+            self.global_batch,
             max(0, dropped),
             self.steps_per_epoch,
             self.schedule.peak_lr,
@@ -247,23 +247,28 @@ class _Run:
         )
 
     # ------------------------------------------------------------------ checkpoints and logs
-    def save_checkpoint(self, *, final: bool = False) -> None:
-        """A collective: this step's checkpoint (``Checkpointer.save``), or with ``final`` the
-        run's last one unless this step's is written already; the stall it cost is logged."""
+    def save_checkpoint(
+        self, moment: Moment, *, ends_epoch: bool = False, stops: bool = False
+    ) -> None:
+        """A collective: the run is at ``moment`` of this step; the checkpointer writes its
+        checkpoint when one is due (``trainer.checkpoints.cadence``); the stall it cost is
+        logged."""
         step = self.position.step
-        stall = self.checkpointer.save_on_stop(step) if final else self.checkpointer.save(step)
+        stall = self.checkpointer.save(step, moment, ends_epoch=ends_epoch, stops=stops)
         if stall is not None:
             self.log({"kind": "checkpoint", "step": step, "stall_sec": stall})
-        self.watchdog.beat()  # a save is one phase of its own (trainer.watch.watchdog)
+        if stall is not None or moment is Moment.STOP:
+            # A save, or the stop's wait for one, is a phase of its own (trainer.watch.watchdog).
+            self.watchdog.beat()
 
-    def _measure_noise_scale(self, step: int, global_batch: int) -> float | None:
+    def _measure_noise_scale(self, step: int) -> float | None:
         """After a measuring step: the workers' mean squared local gradient norm (a collective)
         and the reduced one into the estimate; logged; B_simple once it is defined."""
         probe, estimate = self.parts.probe, self.noise_scale
         assert probe is not None and estimate is not None
         local_sq = self.dist.allreduce_sum(probe.local_sq).item() / self.dist.size
         record = estimate.update(local_sq, probe.reduced_sq.item())
-        self.log({"kind": "noise", "step": step, "global_batch": global_batch, **record})
+        self.log({"kind": "noise", "step": step, "global_batch": self.global_batch, **record})
         return record.get("noise_scale")
 
     def _skipped_images(self) -> int:
@@ -296,7 +301,7 @@ class _Run:
                 if pos.step_in_epoch >= self.steps_per_epoch:
                     self._end_epoch()
             loop.stop_vote.close()  # the vote the last step started, which no step reads
-            self.save_checkpoint(final=True)
+            self.save_checkpoint(Moment.STOP)
         finally:
             self._end(loop)
         return self._result(loop)
@@ -342,7 +347,6 @@ class _Run:
         )
         return _Loop(
             start_step=pos.step,
-            global_batch=cfg.batch_size * cfg.accumulation_steps * dist.size,
             meter=meter,
             progress=progress,
             profiler=profiler,
@@ -352,30 +356,27 @@ class _Run:
         )
 
     def _after_step(self, loop: _Loop) -> bool:
-        """After each optimizer step: count it, report it, and whether training goes on (not
-        once a reason to stop holds); a periodic checkpoint when one is due."""
+        """After each optimizer step: count it, report it, its checkpoint if one is due, and
+        whether training goes on (not once a reason to stop holds)."""
         cfg, pos = self.cfg, self.position
         every = cfg.noise_scale_every
         if self.parts.measure:
-            measured = self._measure_noise_scale(pos.step + 1, loop.global_batch)
+            measured = self._measure_noise_scale(pos.step + 1)
             loop.noise_scale = measured or loop.noise_scale
         self.parts.measure = bool(every) and (pos.step + 2) % every == 0
         pos.step += 1
         pos.step_in_epoch += 1
-        pos.epoch_offset += loop.global_batch
+        pos.epoch_offset += self.global_batch
         self.watch.step_done(pos.step)  # every --straggler-every steps, a collective
         self.watchdog.beat(pos.step)
         loop.run_samples += self.throughput.samples_per_batch * cfg.accumulation_steps
         final = self._stop_reason(loop)
         self._report_step(loop, final)
+        ends_epoch = pos.step_in_epoch >= self.steps_per_epoch
+        self.save_checkpoint(Moment.STEP, ends_epoch=ends_epoch, stops=final is not None)
         if final:
             loop.stopped_by = final
             return False
-        # At an epoch's last step the epoch-end checkpoint (same step, next epoch's start)
-        # follows at once: writing this one too would only be overwritten.
-        epoch_ends = pos.step_in_epoch >= self.steps_per_epoch
-        if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0 and not epoch_ends:
-            self.save_checkpoint()
         return True
 
     def _stop_reason(self, loop: _Loop) -> str | None:
@@ -432,7 +433,7 @@ class _Run:
         pos.epoch += 1
         pos.step_in_epoch = pos.epoch_offset = 0
         pos.epoch_world = self.dist.size
-        self.save_checkpoint()
+        self.save_checkpoint(Moment.EPOCH_END)
 
     def _end(self, loop: _Loop) -> None:
         """After the loop, or an error: the profiler's trace, the checkpoint write in flight
@@ -461,7 +462,7 @@ class _Run:
             samples_per_sec=total_rate / self.dist.size,
             samples_per_sec_total=total_rate,
             unit=self.throughput.unit,
-            global_batch=loop.global_batch,
+            global_batch=self.global_batch,
             noise_scale=loop.noise_scale,
             skipped_images=self._skipped_images(),
             stragglers=self.watch.summary(),

@@ -16,7 +16,7 @@ from trainer.data.plugin_loaders import plugin_loaders
 from trainer.engines.base import Dist, GradientProbe
 from trainer.models.build import checkpoint_activations, sharding_units
 from trainer.models.gpt_sizes import GPT_SIZES, flops_per_token
-from trainer.settings.train_config import TrainConfig
+from trainer.settings.train_config import TrainConfig, global_batch
 from trainer.training.plugins import Plugins
 from trainer.watch.mfu import peak_tflops
 from trainer.watch.noise_scale import NoiseScale
@@ -92,8 +92,10 @@ def noise_probe(
             "compares each worker's gradient with their average; run 2 or more workers "
             "or set noise_scale_every=0"
         )
-    per_worker = cfg.batch_size * cfg.accumulation_steps
-    return GradientProbe(device), NoiseScale(per_worker, per_worker * dist.size)
+    # B_small: one worker's share of a step; B_big: the global batch.
+    one_worker = global_batch(cfg.batch_size, 1, cfg.accumulation_steps)
+    every_worker = global_batch(cfg.batch_size, dist.size, cfg.accumulation_steps)
+    return GradientProbe(device), NoiseScale(one_worker, every_worker)
 
 
 def start_from_weights(cfg: TrainConfig, dist: Dist, model: nn.Module) -> None:

@@ -9,8 +9,10 @@ from trainer.data.dataset import ImageDataset
 from trainer.data.folder import FolderSource
 from trainer.data.manifest import Manifest
 from trainer.data.node_memory import SHM_DIR
+from trainer.data.plugin_loaders import plugin_loaders
 from trainer.data.sampler import StreamSampler
 from trainer.data.shards import ShardSource
+from trainer.settings.train_config import DEFAULTS
 
 CPU = torch.device("cpu")
 
@@ -169,3 +171,37 @@ def test_trainer_runs_on_shards_with_the_decoded_cache(tmp_path, shards):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped_images"] for r in records if r["kind"] == "train"][-1] == 2
     assert (out / "metrics.jsonl").exists()
+
+
+def _plugin_set(size):
+    return [(torch.zeros(3), 0)] * size
+
+
+@pytest.mark.parametrize(
+    ("settings", "line"),
+    [
+        (
+            {"synthetic_size": 40},
+            "synthetic_size=40: its samples give no full batch of 8 per worker for 8 workers: "
+            "raise it to at least 64",
+        ),
+        (
+            {"model": "gpt-tiny", "synthetic_size": 40},
+            "synthetic data: 40 windows of 128 tokens give no full batch of 8 per worker for 8 "
+            "workers: lower --batch-size or --context, or add text",
+        ),
+        (
+            {"data": "team_data.sets:build"},
+            "data=team_data.sets:build: its train set's 40 samples give no full batch of 8 per "
+            "worker for 8 workers: lower --batch-size",
+        ),
+    ],
+)
+def test_data_without_a_full_batch_per_worker_is_one_line_with_the_fix(settings, line):
+    cfg = DEFAULTS.replace(batch_size=8, **settings)
+    with pytest.raises(DataError) as raised:
+        if cfg.plugin_data:
+            plugin_loaders(cfg, _plugin_set(40), None, 0, 8, CPU)
+        else:
+            build_loaders(cfg, 0, 8, CPU, False)
+    assert str(raised.value) == line

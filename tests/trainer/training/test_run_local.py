@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
 from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints.cadence import checkpoint_steps
 from trainer.common.errors import ConfigError
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
@@ -131,3 +132,25 @@ def test_a_step_ending_an_epoch_is_checkpointed_once(tmp_path, monkeypatch):
     # 64 samples / batch 8 = 8 steps per epoch; a checkpoint every 4 steps.
     train(tiny_config(tmp_path, epochs=2, checkpoint_every=4), LocalDist())
     assert written == [4, 8, 12, 16]
+
+
+@pytest.mark.parametrize(
+    ("extra", "every", "last"), [({"epochs": 2}, 3, 16), ({"max_steps": 13}, 5, 13)]
+)
+def test_a_run_checkpoints_at_the_steps_the_cadence_gives(
+    tmp_path, monkeypatch, extra, every, last
+):
+    """The steps a run writes are ``checkpoint_steps``' (what the acceptance check expects):
+    the periodic ones, each epoch's end and the stop, each step once."""
+    written = []
+    real_save = checkpoint.save
+    monkeypatch.setattr(
+        checkpoint,
+        "save",
+        lambda folder, step, state, keep: (
+            written.append(step) or real_save(folder, step, state, keep)
+        ),
+    )
+    train(tiny_config(tmp_path, checkpoint_every=every, **extra), LocalDist())
+    # 64 samples / batch 8 = 8 steps per epoch.
+    assert written == checkpoint_steps(every, last, steps_per_epoch=8)
