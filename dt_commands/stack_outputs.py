@@ -16,31 +16,9 @@ from typing import Any
 
 from infra.batch import live_folder_url
 from infra.config import SHORTHAND_JOB
+from infra.job import JOB_OUTPUTS
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import one_line
-
-# One job's outputs in the ``jobs`` map (its state and retries as of the last refresh; ``list``
-# asks Batch for the live ones); a single job's job_* outputs repeat at the top level.
-JOB_OUTPUTS = (
-    "job_id",
-    "job_state",
-    "task_state",
-    "retries",
-    "job_log_url",
-    "job_checkpoint_path",
-    "job_portal_url",
-    "node_count",
-    "metrics_url",
-    "outputs_url",
-    "step",
-    "images_per_sec",
-    "tokens_per_sec",
-    "progress_at",
-    "progress_error",
-    "pool_errors",
-    "stragglers",
-    "last_try",
-)
 
 
 class JobsError(RuntimeError):
@@ -193,6 +171,8 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
 
 def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
     """Every job of the stack, by name: the ``jobs`` map, or the single job's top-level outputs."""
+    # A job's outputs (infra.job.JOB_OUTPUTS: its state and retries as of the last refresh;
+    # ``list`` asks Batch for the live ones); a single job's job_* repeat at the top level.
     shared = {k: v for k, v in outputs.items() if k not in (*JOB_OUTPUTS, "jobs")}
     if "jobs" not in outputs:
         if not outputs.get("job_id"):

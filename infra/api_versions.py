@@ -67,9 +67,9 @@ def _sdk_module(module: str) -> str:
 
 def batch_data_plane() -> str:
     """The API version the azure-batch SDK sends jobs, tasks and node calls at."""
-    from azure.batch import _configuration
+    from infra.azure_sdk import batch_configuration
 
-    found = _DATA_PLANE.search(inspect.getsource(_configuration))
+    found = _DATA_PLANE.search(inspect.getsource(batch_configuration))
     if not found:
         raise RuntimeError("azure-batch states no default api_version in its configuration")
     return found.group(1)

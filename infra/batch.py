@@ -97,7 +97,7 @@ def endpoint_url(endpoint: str) -> str:
 @functools.cache
 def client(endpoint: str) -> Any:
     """One client per Batch account, so its pipeline reuses the token it acquired."""
-    from azure.batch import BatchClient
+    from infra.azure_sdk import BatchClient
 
     return BatchClient(endpoint=endpoint_url(endpoint), credential=credentials.credential())
 
@@ -116,7 +116,7 @@ def terminate_options() -> Any:
     Azure/azure-sdk-for-python #46815 on ``begin_reboot_node``). An empty options object is
     falsy and fails the same way, so give the reason explicitly.
     """
-    from azure.batch.models._models import BatchJobTerminateOptions
+    from infra.azure_sdk import BatchJobTerminateOptions
 
     return BatchJobTerminateOptions(termination_reason=TERMINATE_REASON)
 
@@ -134,7 +134,7 @@ def terminate_job(batch: Any, job_id: str, poll_seconds: float = 5) -> None:
     """Terminate the job and wait until it is no longer terminating; raises what Batch said.
     A terminate under way already (409 JobBeingTerminated: an earlier cancel's, or a delete's)
     is this one's work in progress: wait for it as the SDK's own poller would."""
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     try:
         poller = batch.begin_terminate_job(
@@ -158,7 +158,7 @@ def error_code(err: Any) -> str:
 def wait_while(read: Callable[[], str], state: str, poll_seconds: float, limit: float = 900.0):
     """Call ``read`` (a job's state) every ``poll_seconds`` while it says ``state``, for at most
     ``limit`` seconds; the last state read, or None once Batch no longer has the job."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     deadline = time.monotonic() + limit
     while True:
@@ -227,7 +227,7 @@ def wall_clock_limit(hours: int) -> Any:
     (Batch REST reference, JobConstraints.maxWallClockTime)."""
     from datetime import timedelta
 
-    from azure.batch import models as m
+    from infra.azure_sdk import batch_models as m
 
     return m.BatchJobConstraints(max_wall_clock_time=timedelta(hours=hours)) if hours else None
 
@@ -398,7 +398,7 @@ def dataset_folder(spec: JobSpec, *, in_preparation: bool) -> str:
 
 
 def _container(spec: JobSpec):
-    from azure.batch import models as m
+    from infra.azure_sdk import batch_models as m
 
     return m.BatchTaskContainerSettings(
         image_name=spec.image_ref,
@@ -422,7 +422,7 @@ def _container(spec: JobSpec):
 
 
 def _identity_env(spec: JobSpec):
-    from azure.batch import models as m
+    from infra.azure_sdk import batch_models as m
 
     # DefaultAzureCredential on the node picks the pool's user-assigned identity by client id.
     return [m.EnvironmentSetting(name="AZURE_CLIENT_ID", value=spec.node_identity_client_id)]
@@ -511,7 +511,7 @@ def job_options(spec: JobSpec):
     """The job: on the stack's pool, stages data first if asked. Created with ``noaction``:
     Batch counts a job without tasks as complete, so ``terminatejob`` is set only once the task
     exists (see ``TrainingJobProvider.create``)."""
-    from azure.batch import models as m
+    from infra.azure_sdk import batch_models as m
 
     preparation = None
     if spec.dataset_prefix or spec.code_sha256:
@@ -554,7 +554,7 @@ def launch_command(spec: JobSpec, *mode: str) -> list[str]:
 
 def task_options(spec: JobSpec):
     """The multi-instance task: one instance per node, ``trainer.launch`` on each."""
-    from azure.batch import models as m
+    from infra.azure_sdk import batch_models as m
 
     # Batch runs the coordination command on every node (the primary too) at once, and the
     # application command on the primary only, after every coordination command returned 0

@@ -48,12 +48,10 @@ def grant_wait() -> GrantWait:
 def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
     """The blob's URL once it holds the snapshot of ``folder`` whose hash is ``sha256``. An
     existing blob of that name is the same bytes (the name is their hash): left as it is."""
-    from azure.core.exceptions import AzureError, HttpResponseError
-    from azure.storage.blob import BlobClient
-
     from infra import credentials
     from infra.code_snapshot import SnapshotError, snapshot
     from infra.config import REPO
+    from trainer.common.azure_sdk import AzureError, BlobClient, HttpResponseError
 
     try:
         snap = snapshot(folder, REPO)
@@ -90,7 +88,7 @@ def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
 
 def _put(blob: Any, data: bytes) -> None:
     """Writes ``data`` unless the blob exists (the same bytes: its name is their hash)."""
-    from azure.core.exceptions import ResourceExistsError
+    from trainer.common.azure_sdk import ResourceExistsError
 
     with contextlib.suppress(ResourceExistsError):
         blob.upload_blob(data, overwrite=False)

@@ -50,7 +50,7 @@ def github_id_token() -> str:
         with urllib.request.urlopen(request, timeout=ID_TOKEN_TIMEOUT_SECONDS) as response:
             return json.loads(response.read())["value"]
     except (OSError, ValueError, KeyError) as err:
-        from azure.core.exceptions import ClientAuthenticationError
+        from trainer.common.azure_sdk import ClientAuthenticationError
 
         # An Azure authentication error, which every caller already reports in one line.
         raise ClientAuthenticationError(
@@ -76,12 +76,12 @@ def credential() -> Any:
     """One credential per process: each new ``DefaultAzureCredential`` probes its whole chain
     again, and the provider host serves every operation of a deployment."""
     if under_github_oidc():
-        from azure.identity import ClientAssertionCredential
+        from trainer.common.azure_sdk import ClientAssertionCredential
 
         # The function runs each time the credential needs a new Entra token.
         return ClientAssertionCredential(
             _first(TENANT_ID_VARIABLES), _first(CLIENT_ID_VARIABLES), func=github_id_token
         )
-    from azure.identity import DefaultAzureCredential
+    from trainer.common.azure_sdk import DefaultAzureCredential
 
     return DefaultAzureCredential()

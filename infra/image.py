@@ -222,7 +222,7 @@ class BuildSpec:
 
 def _client(subscription_id: str) -> Any:
     # Any: the multi-API client types each operation group as a union over API versions.
-    from azure.mgmt.containerregistry import ContainerRegistryManagementClient
+    from infra.azure_sdk import ContainerRegistryManagementClient
 
     return ContainerRegistryManagementClient(
         credentials.credential(),
@@ -244,7 +244,11 @@ def _pushed_digest(run: Any, image: str, exact: bool = False) -> str | None:
 
 
 def _transient(err: Exception) -> bool:
-    from azure.core.exceptions import HttpResponseError, ServiceRequestError, ServiceResponseError
+    from trainer.common.azure_sdk import (
+        HttpResponseError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
 
     if isinstance(err, (ServiceRequestError, ServiceResponseError)):
         return True  # no answer: a reset, a timeout, a name that did not resolve
@@ -275,7 +279,7 @@ class _Runs:
     def call(self, what: str, hint: str, operation: Any) -> Any:
         """``operation(retry_total=0)``, retried every POLL_SECONDS while it fails transiently
         and the deadline allows; any other failure is one line naming ``what``."""
-        from azure.core.exceptions import AzureError
+        from trainer.common.azure_sdk import AzureError
 
         while True:
             try:
@@ -320,8 +324,8 @@ class _Runs:
         return None
 
     def schedule(self) -> Any:
-        from azure.core.exceptions import HttpResponseError
-        from azure.mgmt.containerregistry.v2025_03_01_preview.models import TaskRunRequest
+        from infra.azure_sdk import TaskRunRequest
+        from trainer.common.azure_sdk import HttpResponseError
 
         request = TaskRunRequest(task_id=self.spec.task_id)
         try:

@@ -90,7 +90,7 @@ def _call(
     by this deployment takes minutes to reach the data plane. Then ``AccessRefused``; other
     Batch errors become one line; ``ResourceNotFoundError`` and the errors whose Batch code is
     in ``expected`` pass through for the caller."""
-    from azure.core.exceptions import AzureError, HttpResponseError, ResourceNotFoundError
+    from trainer.common.azure_sdk import AzureError, HttpResponseError, ResourceNotFoundError
 
     limit = AUTH_RETRY_SECONDS if auth_wait is None else auth_wait
 
@@ -124,7 +124,7 @@ def _call(
 
 def _seen(endpoint: str, what: str, call: Callable[[], T], **options: Any) -> T:
     """``_call`` that believes a 404 only once ``NOT_FOUND_RETRIES`` more calls got it too."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     for _ in range(NOT_FOUND_RETRIES):
         try:
@@ -134,25 +134,35 @@ def _seen(endpoint: str, what: str, call: Callable[[], T], **options: Any) -> T:
     return _call(endpoint, what, call, **options)
 
 
-OUTPUT_KEYS = (
-    "job_id",
-    "state",
-    "portal_url",
-    "log_url",
-    "metrics_url",
-    "outputs_url",
-    "checkpoint_path",
-    "task_state",
-    "retries",
-    "step",
-    "images_per_sec",
-    "tokens_per_sec",
-    "progress_at",
-    "progress_error",
-    "pool_errors",
-    "stragglers",
-    "last_try",
-)
+# A job's stack outputs, declared once: each name as the stack exports it (infra.stack) and
+# the commands read it back (dt_commands.stack_outputs), and the TrainingJob output it carries
+# (None: the job's node count, a setting rather than an output of the resource).
+JOB_OUTPUTS: dict[str, str | None] = {
+    "job_id": "job_id",
+    "job_state": "state",
+    "task_state": "task_state",
+    "retries": "retries",
+    "job_portal_url": "portal_url",
+    "job_log_url": "log_url",
+    "job_checkpoint_path": "checkpoint_path",
+    "node_count": None,
+    "metrics_url": "metrics_url",
+    "outputs_url": "outputs_url",
+    "step": "step",
+    "images_per_sec": "images_per_sec",
+    "tokens_per_sec": "tokens_per_sec",
+    # When the step above was uploaded; a refresh that could not read it says why here.
+    "progress_at": "progress_at",
+    "progress_error": "progress_error",
+    "pool_errors": "pool_errors",
+    # The ranks the run named slower than the others in its latest window.
+    "stragglers": "stragglers",
+    # How the task's last failed try ended: the node whose rank failed it, and how to keep that
+    # node out (infra.task_report).
+    "last_try": "last_try",
+}
+# The resource's outputs: what the provider fills in and keeps.
+OUTPUT_KEYS = tuple(key for key in JOB_OUTPUTS.values() if key is not None)
 # A refresh reads the job's uploaded metrics for its current step; it waits this long per try
 # for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
 PROGRESS_TIMEOUT_SECONDS = 10.0
@@ -168,7 +178,7 @@ class TrainingJobProvider(Provider):
     # pickles it by reference (module and name) into every job's ``__provider`` input.
 
     def create(self, props: dict[str, Any]) -> CreateResult:
-        from azure.batch import models as m
+        from infra.azure_sdk import batch_models as m
 
         spec = JobSpec.from_props(props)
         client = batch.client(spec.endpoint)
@@ -207,7 +217,7 @@ class TrainingJobProvider(Provider):
         these very inputs (the id hashes them). An older job that already ran is adopted as it
         is and returned: its task's record and files stay. One that ended without its task, or
         is being deleted, held nothing: it goes, and the job is added again."""
-        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+        from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
         endpoint, job_id = spec.endpoint, spec.job_id
         what, read = f"create job {job_id}", f"read job {job_id}"
@@ -285,8 +295,8 @@ class TrainingJobProvider(Provider):
         had. Batch counts the limit from the job's creation, so a running job that has run
         longer than the new limit (an upgrade's default on a job older than that) keeps its
         own: the limit would stop it at once."""
-        from azure.batch import models as m
-        from azure.core.exceptions import ResourceNotFoundError
+        from infra.azure_sdk import batch_models as m
+        from trainer.common.azure_sdk import ResourceNotFoundError
 
         spec = JobSpec.from_props(news)
         client = batch.client(spec.endpoint)
@@ -317,7 +327,7 @@ class TrainingJobProvider(Provider):
         """protectRunningJobs: a replace deletes the running job (its task checkpoints on the
         terminate first). The job's state when tasks may still run, else None; its live state
         decides, the recorded one when Batch cannot say."""
-        from azure.core.exceptions import AzureError, ResourceNotFoundError
+        from trainer.common.azure_sdk import AzureError, ResourceNotFoundError
 
         state = str(olds.get("state") or "")
         endpoint = olds.get("endpoint")
@@ -334,7 +344,7 @@ class TrainingJobProvider(Provider):
     # written by an older version of this provider, with other inputs than ``JobSpec`` has now.
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        from azure.core.exceptions import ResourceNotFoundError
+        from trainer.common.azure_sdk import ResourceNotFoundError
 
         endpoint = props["endpoint"]
         client = batch.client(endpoint)
@@ -383,7 +393,7 @@ class TrainingJobProvider(Provider):
         """Terminate the job if tasks may run, delete it, and wait until Batch no longer has it;
         a job that is gone already is fine. ``fresh``: the job was just added, so a 404 is
         believed only once it persists (``_seen``)."""
-        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+        from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
         client = batch.client(endpoint)
 
@@ -435,7 +445,7 @@ class TrainingJobProvider(Provider):
 
 
 def _add_task(spec: JobSpec, client: Any) -> None:
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     job_id = spec.job_id
     # TaskExists: the job's one task is there, added by a lost answer's retry or an older create.
@@ -502,7 +512,7 @@ def _refusal(id_: str, news: dict[str, Any], state: str, changed: list[str]) -> 
 
 def _task_or_none(client: Any, job_id: str) -> Any:
     """The job's task; None for a job whose task was never added (or was deleted)."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     try:
         return client.get_task(job_id, TASK_ID)
@@ -513,9 +523,8 @@ def _task_or_none(client: Any, job_id: str) -> Any:
 def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
     """Why the pool gives the job no nodes (infra.pool_health), one line each with the fix; a
     refresh never fails on it: what it cannot read is a warning."""
-    from azure.core.exceptions import AzureError
-
     from infra.pool_health import pool_problems
+    from trainer.common.azure_sdk import AzureError
 
     name = props.get("name") or SHORTHAND_JOB
     stack = props.get("stack")

@@ -39,7 +39,7 @@ class NotUploaded(StorageError):
 def blob_container(folder: BlobFolder, *, timeout: float | None = None) -> Any:
     """A client of the folder's container, with the one credential of this process;
     ``timeout`` bounds each connect and read (seconds)."""
-    from azure.storage.blob import ContainerClient, LinearRetry
+    from trainer.common.azure_sdk import ContainerClient, LinearRetry
 
     # Two quick retries: the SDK's default waits 15 s and more between tries, long for a
     # command someone waits on (an address missing from storageAllowedIps fails at once anyway).
@@ -58,7 +58,7 @@ def blob_container(folder: BlobFolder, *, timeout: float | None = None) -> Any:
 @contextlib.contextmanager
 def storage_errors(url: str) -> Iterator[None]:
     """The SDK's exceptions as one line naming the URL and what to do."""
-    from azure.core.exceptions import (
+    from trainer.common.azure_sdk import (
         AzureError,
         ClientAuthenticationError,
         HttpResponseError,

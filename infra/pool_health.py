@@ -66,7 +66,7 @@ def stderr_said(client: Any, pool_id: str, node_id: str, path: str) -> str:
     ``SAID_BYTES`` (pip or a failed check may write many KiB before the line that says why):
     read through the Batch file API, its size first (File - Get Properties), as `dt-jobs logs`
     reads a running task's files."""
-    from azure.core.exceptions import AzureError
+    from trainer.common.azure_sdk import AzureError
 
     try:
         size = int(client.get_node_file_properties(pool_id, node_id, path).content_length)
@@ -167,7 +167,7 @@ def pool_problems(
     # articles/batch/batch-pool-node-error-checking.md): a resize that cannot get its nodes
     # leaves the pool steady with resizeErrors; a node whose start task fails (waitForSuccess)
     # goes to starttaskfailed and is never given a task, yet bills.
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     try:
         pool = client.get_pool(pool_id)

@@ -128,9 +128,12 @@ def _fix_hint(registry_id: str) -> str:
 def arm_client() -> Any:
     """An ARM pipeline with the process's one credential (infra.credentials)."""
     # Any: ARMPipelineClient is generic over its transport's request and response types.
-    from azure.core.pipeline import policies
-    from azure.mgmt.core import ARMPipelineClient
-    from azure.mgmt.core.policies import ARMChallengeAuthenticationPolicy, ARMHttpLoggingPolicy
+    from infra.azure_sdk import (
+        ARMChallengeAuthenticationPolicy,
+        ARMHttpLoggingPolicy,
+        ARMPipelineClient,
+    )
+    from infra.azure_sdk import core_policies as policies
 
     # The policies azure-mgmt-* clients run, in their order, less proxy, tracing and hooks.
     return ARMPipelineClient(
@@ -151,9 +154,8 @@ def arm_client() -> Any:
 
 def _read_allowed(client: Any, registry_id: str) -> Any:
     """The registry's ``networkRuleBypassAllowedForTasks`` as ARM reports it (None if unset)."""
-    from azure.core.exceptions import HttpResponseError
-    from azure.core.rest import HttpRequest
-    from azure.mgmt.core.exceptions import ARMErrorFormat
+    from infra.azure_sdk import ARMErrorFormat, HttpRequest
+    from trainer.common.azure_sdk import HttpResponseError
 
     url = f"{ARM_ENDPOINT.rstrip('/')}{registry_id}"
     answer = client.send_request(
@@ -167,11 +169,8 @@ def _read_allowed(client: Any, registry_id: str) -> Any:
 def enable_task_bypass(registry_id: str) -> bool:
     """PATCH ``networkRuleBypassAllowedForTasks: true`` onto the registry, wait for ARM to
     finish, read the setting back; anything but ``true`` raises ``TaskBypassError``."""
-    from azure.core.exceptions import HttpResponseError
-    from azure.core.polling import LROPoller
-    from azure.core.rest import HttpRequest
-    from azure.mgmt.core.exceptions import ARMErrorFormat
-    from azure.mgmt.core.polling.arm_polling import ARMPolling
+    from infra.azure_sdk import ARMErrorFormat, ARMPolling, HttpRequest, LROPoller
+    from trainer.common.azure_sdk import HttpResponseError
 
     name = _registry_name(registry_id)
     url = f"{ARM_ENDPOINT.rstrip('/')}{registry_id}"
@@ -218,7 +217,7 @@ def ensure_task_bypass(registry_id: str) -> None:
     ``TaskBypass`` resource sets it only when the registry's network settings change, and an
     owner can turn it off since (portal, ``az``); the run would then fail at its push with 403
     (articles/container-registry/manage-network-bypass-policy-for-tasks.md)."""
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     name = _registry_name(registry_id)
     try:

@@ -37,9 +37,8 @@ class RegistryModeError(OneLineError):
 
 def read_mode(registry_id: str) -> str:
     """The registry's ``roleAssignmentMode`` as ARM reports it now (absent: the default)."""
-    from azure.core.exceptions import HttpResponseError
-    from azure.core.rest import HttpRequest
-    from azure.mgmt.core.exceptions import ARMErrorFormat
+    from infra.azure_sdk import ARMErrorFormat, HttpRequest
+    from trainer.common.azure_sdk import HttpResponseError
 
     url = f"{registry.ARM_ENDPOINT.rstrip('/')}{registry_id}"
     try:

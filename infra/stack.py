@@ -33,7 +33,7 @@ from infra.image import (
     commit_to_build,
 )
 from infra.image_inputs import content_tag
-from infra.job import TrainingJob, TrainingJobArgs
+from infra.job import JOB_OUTPUTS, TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.naming import Placement
 from infra.network import Network
@@ -347,30 +347,11 @@ def _job(
 
 
 def _job_outputs_of(resource: TrainingJob, nodes: int) -> dict[str, Any]:
-    """One job's stack outputs: its ids and links, its live state and progress."""
+    """One job's stack outputs (``infra.job.JOB_OUTPUTS``): its ids and links, its live state
+    and progress, its node count."""
     return {
-        "job_id": resource.job_id,
-        "job_state": resource.state,
-        "task_state": resource.task_state,
-        "retries": resource.retries,
-        "job_portal_url": resource.portal_url,
-        "job_log_url": resource.log_url,
-        "job_checkpoint_path": resource.checkpoint_path,
-        "node_count": nodes,
-        "metrics_url": resource.metrics_url,
-        "outputs_url": resource.outputs_url,
-        "step": resource.step,
-        "images_per_sec": resource.images_per_sec,
-        "tokens_per_sec": resource.tokens_per_sec,
-        # When the step above was uploaded; a refresh that could not read it says why here.
-        "progress_at": resource.progress_at,
-        "progress_error": resource.progress_error,
-        "pool_errors": resource.pool_errors,
-        # The ranks the run named slower than the others in its latest window.
-        "stragglers": resource.stragglers,
-        # How the task's last failed try ended: the node whose rank failed it, and how to keep
-        # that node out (infra.task_report).
-        "last_try": resource.last_try,
+        name: nodes if output is None else getattr(resource, output)
+        for name, output in JOB_OUTPUTS.items()
     }
 
 

@@ -19,7 +19,7 @@ def last_try_line(client: Any, job_id: str) -> str | None:
     """The report's line of the task's last finished try, from the primary's stdout.txt; None
     when there is none to read (no try ended yet, a retry started a new file, or the file is not
     readable)."""
-    from azure.core.exceptions import AzureError
+    from trainer.common.azure_sdk import AzureError
 
     try:
         size = int(client.get_task_file_properties(job_id, TASK_ID, "stdout.txt").content_length)

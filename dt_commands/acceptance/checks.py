@@ -157,9 +157,8 @@ def job(ctx: Context) -> str:
 
 def task_state(ctx: Context, job_id: str) -> str:
     """The task's state; "not added yet" while the job has none."""
-    from azure.core.exceptions import ResourceNotFoundError
-
     from infra.batch import TASK_ID
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     try:
         return batch_state(ctx.client.get_task(job_id, TASK_ID).state)
@@ -203,7 +202,7 @@ def nodes(ctx: Context) -> str:
 
 
 def logs(ctx: Context) -> str:
-    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
     url = urllib.parse.urlsplit(ctx.outputs["job_log_url"])
     account_url = f"{url.scheme}://{url.netloc}"

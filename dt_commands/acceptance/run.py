@@ -136,10 +136,10 @@ def up(ctx: Context) -> str:
 
 
 def terminate(ctx: Context) -> str:
-    from azure.core.exceptions import ResourceNotFoundError
     from pulumi.automation import ConfigValue
 
     from infra.batch import TASK_ID
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     first = ctx.outputs["job_id"]
     long_run = ctx.opts.profile.long_trainer_config
@@ -259,8 +259,7 @@ def _batch_client(endpoint: str) -> Any:
 
 
 def _logs_container(account_url: str) -> Any:
-    from azure.storage.blob import ContainerClient
-
     from infra import credentials  # the process's one credential, as the job resource's
+    from trainer.common.azure_sdk import ContainerClient
 
     return ContainerClient(account_url, "logs", credential=credentials.credential())

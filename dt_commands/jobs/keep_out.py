@@ -52,7 +52,7 @@ def run(call: Call) -> int:
     if not pool_id:
         call.err.write(f"error: job {job.job_id} names no pool; nothing to keep out of\n")
         return 2
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     try:
         return keep_out(client, pool_id, call.args.nodes, call.args.undo, call.out)
@@ -69,11 +69,13 @@ def run(call: Call) -> int:
 
 
 def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextIO) -> int:
-    from azure.batch.models import BatchNodeDisableSchedulingOptions
+    from infra.azure_sdk import batch_models
 
     # taskcompletion: a task still running there (another job's, or this job's own try) ends
     # as it would; requeue would kill it and count nothing against its retries.
-    options = BatchNodeDisableSchedulingOptions(node_disable_scheduling_option="taskcompletion")
+    options = batch_models.BatchNodeDisableSchedulingOptions(
+        node_disable_scheduling_option="taskcompletion"
+    )
     # Every node read first (disabling works only while scheduling is enabled), so a node the
     # pool does not have stops the command before any node is changed.
     enabled = {node_id: _enabled(client, pool_id, node_id) for node_id in nodes}
@@ -95,7 +97,7 @@ def keep_out(client: Any, pool_id: str, nodes: list[str], undo: bool, out: TextI
 
 
 def _enabled(client: Any, pool_id: str, node_id: str) -> bool:
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     try:
         return state_text(client.get_node(pool_id, node_id).scheduling_state) == "enabled"

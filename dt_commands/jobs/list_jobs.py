@@ -37,7 +37,7 @@ def list_jobs(
     container_for: Callable[[BlobFolder], Any] = blob_container,
 ) -> int:
     """One row per job: Batch's live state, and the step and rate rank 0 uploaded last."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     rows = [("NAME", "JOB ID", "JOB", "TASK", "NODES", "RETRIES", "STEP", "THROUGHPUT")]
     notes = []

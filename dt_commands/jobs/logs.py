@@ -96,7 +96,7 @@ def _coordination_files(client: Any, job_id: str, file_name: str) -> list[str]:
     are their stdout.txt/stderr.txt): in the task's stdout.txt before the application's, or
     in files of its own (docs/fake-readings.md). Listing the task folder (Task - List Task
     Files, one level) finds them under either; none before the task has a node (409)."""
-    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
     stem = file_name.rsplit(".", 1)[0]
     try:
@@ -127,7 +127,7 @@ def _readable_size(log: _LogFile) -> int | None:
     409 OperationInvalidForCurrentState before the task has a node (the properties call is a
     HEAD, so the answer has no error body to tell the two 409s apart; "Batch Status and Error
     Codes"; Azure/batch-shipyard convoy/batch.py waits both out the same way)."""
-    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
+    from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
     try:
         return int(log.size().content_length)

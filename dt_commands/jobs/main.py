@@ -59,7 +59,7 @@ def main(
         return sweep.run(args, extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from azure.core.exceptions import AzureError
+    from trainer.common.azure_sdk import AzureError
 
     run = {command.NAME: command.run for command in COMMANDS}[args.command]
     call = None

@@ -40,7 +40,7 @@ def run(call: Call) -> int:
 def pool_lines(client: Any, job: Any, cancel_hint: str) -> list[str]:
     """Why the job's pool gives it no nodes (infra.pool_health); a credential that may not read
     the pool gets one line saying so instead."""
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     pool_id = job.pool_info.pool_id if job.pool_info is not None else None
     if not pool_id:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.replies import send_json
 from tests.support.tls import serve_https
 
 # (method, path, query, headers, body) -> (status, response headers, JSON body or None)
@@ -39,13 +40,7 @@ def start_arm(folder: Path, handle: Handle) -> tuple[ThreadingHTTPServer, Path]:
             if status == DROP:
                 self.close_connection = True
                 return
-            data = b"" if answer is None else json.dumps(answer).encode()
-            self.send_response(status)
-            for key, value in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, answer, headers)
 
         do_GET = do_POST = do_PATCH = _serve
 
@@ -249,13 +244,7 @@ class FakeLoginServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 form = urllib.parse.parse_qs(self.rfile.read(length).decode())
-                status, body = fake.answer(self.path, form)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, *fake.answer(self.path, form))
 
             def log_message(self, *args: object) -> None:
                 pass

@@ -72,6 +72,21 @@ def test_every_job_output_names_its_progress_for_image_and_language_models(dev_p
         assert {"step", "images_per_sec", "tokens_per_sec", "outputs_url"} <= set(job), job
 
 
+def test_a_jobs_outputs_are_the_ones_declared_once(dev_plan):
+    """``infra.job.JOB_OUTPUTS`` names a job's outputs once: every output of the resource is
+    one of them, the program exports exactly those for each job (the single job's ``job_*`` at
+    the top level too), and the commands read back the same names."""
+    from dt_commands import stack_outputs
+    from infra.job import JOB_OUTPUTS, OUTPUT_KEYS, TrainingJob
+
+    declared = {name for name, kind in TrainingJob.__annotations__.items() if "Output" in kind}
+    assert set(OUTPUT_KEYS) == declared
+    assert {v for v in JOB_OUTPUTS.values() if v is not None} == declared
+    for job in dev_plan.outputs["jobs"].values():
+        assert set(job) == set(JOB_OUTPUTS)
+    assert stack_outputs.JOB_OUTPUTS is JOB_OUTPUTS
+
+
 def test_only_the_nat_gateway_has_a_public_ip(plan):
     ips = of_type(plan, "azure-native:network:PublicIPAddress")
     assert [ip.name for ip in ips] == [f"{plan.outputs['resource_group_name'][3:]}-nat-ip"]

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from tests.support.fake_entra import FakeEntra
+from tests.support.replies import send_body, send_json
 from tests.support.tls import serve_https
 
 ERROR_MESSAGES = {
@@ -94,6 +95,10 @@ def required_action(method: str, path: str) -> str:
             return "pools/read"
         return "pools/delete" if method == "DELETE" and path.count("/") == 2 else "pools/write"
     return "jobs/*"
+
+
+# What Batch's data plane answers JSON under.
+ODATA_JSON = "application/json;odata=minimalmetadata"
 
 
 @dataclass(frozen=True)
@@ -594,23 +599,11 @@ class _Handler(BaseHTTPRequestHandler):
             json.loads(raw) if raw else None,
         )
         status, body = self.batch.answer(request)
-        self.send_response(status)
-        self.send_header("request-id", str(uuid.uuid4()))
+        request_id = {"request-id": str(uuid.uuid4())}
         if isinstance(body, Raw):
-            for name, value in body.headers.items():
-                self.send_header(name, value)
-            if "Content-Length" not in body.headers:
-                self.send_header("Content-Length", str(len(body.body)))
-            self.end_headers()
-            self.wfile.write(body.body)
-            return
-        payload = json.dumps(body).encode() if body is not None else b""
-        self.send_header("Content-Length", str(len(payload)))
-        if payload:
-            self.send_header("Content-Type", "application/json;odata=minimalmetadata")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
+            send_body(self, status, body.body, {**request_id, **body.headers})
+        else:
+            send_json(self, status, body, request_id, content_type=ODATA_JSON)
 
     do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = do_HEAD = _serve
 

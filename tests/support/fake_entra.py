@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.support.replies import send_json
 from tests.support.tls import serve_https
 
 TENANT = "5d4a3c2b-1e0f-4a9b-8c7d-6e5f4a3b2c1d"
@@ -136,31 +137,23 @@ class FakeEntra:
 class _Handler(BaseHTTPRequestHandler):
     entra: FakeEntra
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         if url.path != "/github/token":
-            return self._send(404, {"message": "Not Found"})
+            return send_json(self, 404, {"message": "Not Found"})
         if self.headers.get("Authorization", "").lower() != f"bearer {REQUEST_TOKEN}":
-            return self._send(401, {"message": "Bad credentials"})
+            return send_json(self, 401, {"message": "Bad credentials"})
         audience = query.get("audience", "https://github.com/team")
-        self._send(200, {"count": 1, "value": self.entra.id_token(audience)})
+        send_json(self, 200, {"count": 1, "value": self.entra.id_token(audience)})
 
     def do_POST(self) -> None:
         url = urlsplit(self.path)
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
         form = {k: v[0] for k, v in parse_qs(raw).items()}
         if url.path != f"/{TENANT}/oauth2/v2.0/token":
-            return self._send(400, {"error": "invalid_tenant"})
-        self._send(*self.entra.exchange(form))
+            return send_json(self, 400, {"error": "invalid_tenant"})
+        send_json(self, *self.entra.exchange(form))
 
     def log_message(self, *args: object) -> None:
         pass

@@ -15,6 +15,7 @@ and Azurite with ``--oauth basic`` accepts them (it checks issuer, audience and 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from tests.support.replies import send_body
 from trainer.launch.scheduled_events import EVENTS_API
 
 VM = "batch-node-7"
@@ -82,14 +84,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, code: int, body: bytes, kind: str = "application/json") -> None:
-        try:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client stopped waiting (a late first answer)
+        # A client that stopped waiting (a late first answer) is no fault of the fake's.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            send_body(self, code, body, {"Content-Type": kind})
 
     def _route(self, method: str) -> None:
         url = urlparse(self.path)

@@ -59,6 +59,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.support.replies import send_body
+
 MISMATCH = "AuthorizationPermissionMismatch"
 MISMATCH_MESSAGE = "This request is not authorized to perform this operation using this permission."
 FIREWALL = "AuthorizationFailure"
@@ -259,15 +261,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _deny(self, code: str, message: str) -> None:
         request_id = str(uuid.uuid4())
         body = b"" if self.command == "HEAD" else error_body(code, message, request_id)
-        self.send_response(403, message)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("x-ms-error-code", code)
-        self.send_header("x-ms-request-id", request_id)
-        self.send_header("x-ms-version", self.headers.get("x-ms-version", "2021-12-02"))
-        self.send_header("Date", formatdate(usegmt=True))
-        self.end_headers()
-        self.wfile.write(body)
+        headers = {
+            "Content-Type": "application/xml",
+            "x-ms-error-code": code,
+            "x-ms-request-id": request_id,
+            "x-ms-version": self.headers.get("x-ms-version", "2021-12-02"),
+            "Date": formatdate(usegmt=True),
+        }
+        send_body(self, 403, body, headers, reason=message)
 
     def _forward(self, body: bytes) -> None:
         upstream = http.client.HTTPSConnection(

@@ -67,13 +67,12 @@ def local_copy(source: str) -> Iterator[Path]:
 
 def download(location: BlobFolder, source: str, into: Path) -> Path:
     """The blob the URL names, or every blob of the folder it names, under ``into``."""
-    from azure.core.exceptions import (
+    from trainer.common.azure_sdk import (
         ClientAuthenticationError,
         HttpResponseError,
         ResourceNotFoundError,
         ServiceRequestError,
     )
-
     from trainer.common.blob_client import container_client
 
     name = location.prefix.rstrip("/")
@@ -105,7 +104,7 @@ def _fetch(container: Any, name: str, into: Path) -> Path:
     zero-length blob with metadata ``hdi_isfolder=true`` ("directories appear in the list as
     zero-length blobs", learn.microsoft.com/azure/storage/blobs/storage-blobs-list): such a
     blob is taken for the folder it marks, never downloaded as a weights file."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     try:
         properties = container.get_blob_client(name).get_blob_properties()

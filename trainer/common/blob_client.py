@@ -16,8 +16,7 @@ RETRIES, RETRY_BACKOFF_SECONDS = 2, 2
 
 def container_client(folder: BlobFolder) -> Any:
     """A client of ``folder``'s container as rank 0 writes there."""
-    from azure.identity import DefaultAzureCredential
-    from azure.storage.blob import ContainerClient, LinearRetry
+    from trainer.common.azure_sdk import ContainerClient, DefaultAzureCredential, LinearRetry
 
     # The SDK logs every request at INFO and a failed credential chain as a multi-line
     # WARNING; the callers report each failure in one line of their own.

@@ -40,7 +40,7 @@ class GrantMissing(Exception):
 
 def is_pending(err: BaseException) -> bool:
     """Whether ``err`` is Storage's refusal of an identity without the data role."""
-    from azure.core.exceptions import HttpResponseError
+    from trainer.common.azure_sdk import HttpResponseError
 
     return (
         isinstance(err, HttpResponseError)

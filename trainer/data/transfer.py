@@ -35,7 +35,7 @@ from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, shard_is_valid
 
 if TYPE_CHECKING:
-    from azure.storage.blob import ContainerClient
+    from trainer.common.azure_sdk import ContainerClient
 
 DOWNLOAD_ATTEMPTS = 2
 
@@ -55,8 +55,7 @@ class TransferResult:
 
 def container_client(account_url: str, container: str) -> ContainerClient:
     """A container client authenticated with Entra ID (managed identity, CLI login, ...)."""
-    from azure.identity import DefaultAzureCredential
-    from azure.storage.blob import ContainerClient
+    from trainer.common.azure_sdk import ContainerClient, DefaultAzureCredential
 
     if not account_url.startswith("https://"):
         raise DataError(
@@ -72,7 +71,7 @@ def _blob_name(prefix: str, name: str) -> str:
 @contextlib.contextmanager
 def _azure_errors(where: str) -> Iterator[None]:
     """Turn the SDK's exceptions into one-line DataErrors naming what failed."""
-    from azure.core.exceptions import (
+    from trainer.common.azure_sdk import (
         ClientAuthenticationError,
         HttpResponseError,
         ResourceNotFoundError,

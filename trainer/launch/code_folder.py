@@ -24,9 +24,13 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainer.common.cli import OneLineParser
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
+
+if TYPE_CHECKING:
+    from trainer.common.azure_sdk import ContainerClient
 
 CONTAINER = "code"  # infra.storage.CONTAINERS: the deployer writes it, nodes only read it
 READY = ".ready"  # written last: a folder without it is unfinished and is rebuilt
@@ -83,20 +87,14 @@ def _reason(err: BaseException) -> str:
     return re.sub(r"<[^<>]* object at 0x[0-9a-f]+>: ", "", line)
 
 
-def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> str:
-    """Blob ``<sha256>.tar.gz`` written to ``target``; its SHA-256."""
-    from azure.core.exceptions import (
-        AzureError,
-        ClientAuthenticationError,
-        HttpResponseError,
-        ResourceNotFoundError,
-    )
-    from azure.identity import DefaultAzureCredential
-    from azure.storage.blob import ContainerClient, ExponentialRetry
+def _code_container(account_url: str) -> ContainerClient:
+    """The code container's client as a node reads it: the pool's identity, retries with
+    backoff, bounded connect and read times."""
+    from trainer.common.azure_sdk import ContainerClient, DefaultAzureCredential, ExponentialRetry
 
     # The SDK logs a failed credential chain as a multi-line warning; the error says it once.
     logging.getLogger("azure").setLevel(logging.ERROR)
-    client = ContainerClient(
+    return ContainerClient(
         account_url,
         CONTAINER,
         credential=DefaultAzureCredential(),
@@ -109,6 +107,18 @@ def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> s
         connection_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
     )
+
+
+def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> str:
+    """Blob ``<sha256>.tar.gz`` written to ``target``; its SHA-256."""
+    from trainer.common.azure_sdk import (
+        AzureError,
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+    )
+
+    client = _code_container(account_url)
     name = f"{sha256}.tar.gz"
     where = f"{client.url}/{name}"
 

@@ -157,8 +157,7 @@ def upload(
     """Rank 0: copy a complete results folder to ``destination``, the manifest last (after the
     previous one is deleted); ResultsError, one line, when it cannot. ``grant_wait``: how long
     a refusal for want of the role is waited out (default: 30 min)."""
-    from azure.core.exceptions import AzureError
-
+    from trainer.common.azure_sdk import AzureError
     from trainer.common.blob_client import container_client
 
     entries = verify(folder)  # never upload what no longer matches its manifest
@@ -183,7 +182,7 @@ def upload(
 def _send(folder: Path, destination: BlobFolder, entries: list[Entry], container: Any) -> None:
     """The old manifest deleted, every file, the manifest last (all again after a refusal:
     each upload overwrites)."""
-    from azure.core.exceptions import ResourceNotFoundError
+    from trainer.common.azure_sdk import ResourceNotFoundError
 
     manifest = destination.blob(MANIFEST)
     with suppress(ResourceNotFoundError):
