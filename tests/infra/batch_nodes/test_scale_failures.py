@@ -107,4 +107,6 @@ def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
     assert all(count < waits[slow.hostname] for count in others.values()), named
     assert f"on {slow.hostname}: data_wait_sec" in folder_logs(folder), describe(cluster, run)
     summary = json.loads((folder / "results" / "metrics.json").read_text())
-    assert [entry["host"] for entry in summary["stragglers"]] == [slow.hostname]
+    # The run's summary: the rank slow in the most windows is the slow node's, for its data.
+    top = max(summary["stragglers"], key=lambda entry: entry["windows"])
+    assert (top["host"], top["metric"]) == (slow.hostname, "data_wait_sec"), summary
