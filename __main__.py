@@ -3,7 +3,8 @@ export its outputs. The wiring lives in infra/stack.py; each concern in its own 
 
 import pulumi
 
-from infra import config, stack
+from infra import stack
+from infra.settings.stack import load
 
-for name, value in stack.declare(config.load()).items():
+for name, value in stack.declare(load()).items():
     pulumi.export(name, value)

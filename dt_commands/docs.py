@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from infra.config import REPO, load_schema, schema_default, schema_type
+from infra.settings.values import REPO, load_schema, schema_default, schema_type
 from trainer.common.cli import OneLineParser
 
 REFERENCE = REPO / "docs" / "config-reference.md"

@@ -20,7 +20,11 @@ import yaml
 from dt_commands.mocks import AzureMocks, DeclaredResource, RecordingMonitor, Registration
 from infra import api_versions, cost, prices, toolchain
 from infra.batch import NVME_ROOT
-from infra.config import PROJECT, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
+from infra.naming import PROJECT
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import SHORTHAND_JOB
+from infra.settings.stack import StackSettings
+from infra.settings.values import REPO, load_schema
 from infra.storage import SOFT_DELETE_DAYS
 from trainer.common.cli import OneLineParser, int_in
 

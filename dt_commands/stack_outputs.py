@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.batch import live_folder_url
-from infra.config import SHORTHAND_JOB
 from infra.job import JOB_OUTPUTS
+from infra.settings.jobs import SHORTHAND_JOB
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import one_line
 

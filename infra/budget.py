@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import pulumi
 from pulumi_azure_native import consumption
 
-from infra import config
-from infra.config import BudgetSettings, ConfigError
+from infra.settings import budget as budget_section
+from infra.settings.budget import BudgetSettings
+from infra.settings.checks import ConfigError
 
 BUDGET_START_PROPERTY = "timePeriod.startDate"
 # Azure's rule for a cost budget's start (Consumption REST, BudgetTimePeriod.startDate): "Future
@@ -45,7 +46,7 @@ def refuse_a_start_azure_would(args: pulumi.ResourceHookArgs) -> None:
     deployable. Runs in previews too, so `pulumi preview` and `pulumi up`'s own preview stop
     before anything is created."""
     start = str(((args.new_inputs or {}).get("timePeriod") or {}).get("startDate") or "")
-    problem = start_problem(start, config.current_month())
+    problem = start_problem(start, budget_section.current_month())
     if problem is not None:
         raise ConfigError(
             f"budgetStartMonth={start[:7]}: {problem}, which Azure refuses for a new budget "
@@ -71,7 +72,7 @@ class CostBudget(pulumi.ComponentResource):
             category=consumption.CategoryType.COST,
             time_grain=consumption.TimeGrainType.MONTHLY,
             time_period=consumption.BudgetTimePeriodArgs(
-                start_date=f"{budget.start_month or config.current_month()}-01"
+                start_date=f"{budget.start_month or budget_section.current_month()}-01"
             ),
             notifications={
                 "actual-80": _alert(80, consumption.ThresholdType.ACTUAL, budget.emails),

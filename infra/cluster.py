@@ -15,10 +15,10 @@ import pulumi
 from pulumi_azure_native import authorization, batch
 
 from infra.batch import NFS_RELATIVE_MOUNT
-from infra.config import ClusterSettings
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role
 from infra.naming import Placement
 from infra.node_checks import node_check_command
+from infra.settings.cluster import ClusterSettings
 
 POOL_ID = "ib-gpu"
 
@@ -68,7 +68,7 @@ class GpuClusterArgs:
     deployer_object_id: pulumi.Input[str]
     deployer_type: str
     subscription_id: pulumi.Input[str]
-    acceptance_profile: str = ""  # "" for team stacks (infra.config.ACCEPTANCE_PROFILES)
+    acceptance_profile: str = ""  # "" for team stacks (infra.settings.stack.ACCEPTANCE_PROFILES)
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -268,7 +268,7 @@ def scale_settings(cluster: ClusterSettings) -> batch.ScaleSettingsArgs:
     asked for through the low-priority fields: since March 2026 "any use of Low-priority
     properties in the Azure Batch API or SDK will automatically translate into Spot-based
     compute node allocations" in Batch-managed accounts (Azure/Batch #196, 2026-02-25, read
-    2026-11-28). All Spot or all dedicated, never both (infra.config StackSettings._check_spot)."""
+    2026-11-28). All Spot or all dedicated, never both (infra.settings.cluster)."""
     spot = cluster.node_count if cluster.spot else 0
     if cluster.scale_mode == "fixed":
         return batch.ScaleSettingsArgs(

@@ -50,7 +50,7 @@ def upload(folder: str, sha256: str, blob_endpoint: str) -> str:
     existing blob of that name is the same bytes (the name is their hash): left as it is."""
     from infra import credentials
     from infra.code_snapshot import SnapshotError, snapshot
-    from infra.config import REPO
+    from infra.settings.values import REPO
     from trainer.common.azure_sdk import AzureError, BlobClient, HttpResponseError
 
     try:

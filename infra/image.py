@@ -24,13 +24,14 @@ from pulumi.dynamic import CreateResult, DiffResult
 from pulumi_azure_native import authorization, containerregistry
 
 from infra import credentials
-from infra.config import ConfigError, ImageSettings
 from infra.dynamic import OneLineError, Provider, changed_inputs
 from infra.identity import ACR_PULL, ACR_PUSH, assign_role
 from infra.image_inputs import DOCKERFILE, IMAGE_INPUTS, REPO
 from infra.naming import Placement
 from infra.registry import Registry, ensure_task_bypass
 from infra.registry_mode import RegistryPullRole, RegistryPullRoleArgs
+from infra.settings.checks import ConfigError
+from infra.settings.image import ImageSettings
 from infra.toolchain import base_reference
 
 IMAGE_REPOSITORY = "trainer"

@@ -1,6 +1,7 @@
 """Which addresses an allow-list (storageAllowedIps, registryAllowedIps) may admit: public
 ones, in ranges no wider than a /16. Pure (no Pulumi): shared by the stack settings
-(``infra.config``) and the policy pack (``policy/rules.py``), so the two can never disagree."""
+(``infra.settings.network``) and the policy pack (``policy/rules.py``), so the two can never
+disagree."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ from infra.batch import (
     terminate_options,
     wall_clock_limit,
 )
-from infra.config import SHORTHAND_JOB
 from infra.dynamic import OneLineError, Provider
+from infra.settings.jobs import SHORTHAND_JOB
 from infra.task_report import last_try_line
 from trainer.common.errors import first_line, one_line
 

@@ -1,7 +1,7 @@
 """Names and tags. Every name carries team and stack so stacks never collide.
 
 A table of facts: it imports no setting, component or tool (ARCHITECTURE.md); a function that
-needs a setting takes its value, and ``infra.config`` checks the settings against these rules."""
+needs a setting takes its value, and ``infra.settings`` checks the settings against these rules."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pulumi
 from pulumi_azure_native import network
 
-from infra.config import NetworkSettings
 from infra.naming import Placement
+from infra.settings.network import NetworkSettings
 
 NFS_PORTS = ["111", "2049"]
 

@@ -16,8 +16,9 @@ import pulumi
 from pulumi_azure_native import compute, network, storage
 
 from infra.cloud_init import MOUNT_POINT, ready_command, render_nfs_cloud_init
-from infra.config import NetworkSettings, NfsSettings
 from infra.naming import Placement
+from infra.settings.network import NetworkSettings
+from infra.settings.nfs import NfsSettings
 
 NFS_SHARE = "shared"
 ADMIN_USER = "nfsadmin"

@@ -1,7 +1,7 @@
 """The whole environment for one stack: components in dependency order, then its outputs.
 
 ``declare`` reads as the list of steps; each step hands a component its own section of the
-settings (``infra.config``) and the outputs of the components it depends on.
+settings (``infra.settings``) and the outputs of the components it depends on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.code_upload import CONTAINER as CODE_CONTAINER
 from infra.code_upload import CodeUpload, CodeUploadArgs
-from infra.config import SHORTHAND_JOB, ConfigError, JobSettings, StackSettings, secret_setting
 from infra.identity import (
     STORAGE_BLOB_DATA_CONTRIBUTOR,
     Identities,
@@ -39,6 +38,10 @@ from infra.naming import Placement
 from infra.network import Network
 from infra.nfs import NfsArgs, NfsServer
 from infra.registry import Registry, RegistryArgs
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import SHORTHAND_JOB, JobSettings
+from infra.settings.secrets import secret_setting
+from infra.settings.stack import StackSettings
 from infra.storage import CONTAINERS, OPERATOR_CONTAINERS, BlobReader, Storage, StorageArgs
 from infra.trainer_settings import trainer_flags
 

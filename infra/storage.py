@@ -206,7 +206,7 @@ def _network_rules(args: StorageArgs) -> storage.NetworkRuleSetArgs:
             for subnet_id in args.subnet_ids
         ],
         # The machines that upload datasets and read job logs from outside the VNet
-        # (storageAllowedIps; infra/config.py checks Azure's rules for them).
+        # (storageAllowedIps; infra/settings/network.py checks Azure's rules for them).
         ip_rules=[
             storage.IPRuleArgs(i_p_address_or_range=ip, action=storage.Action.ALLOW)
             for ip in args.allowed_ips

@@ -1,5 +1,5 @@
 """A job's trainer settings: its YAML file, read and validated by the trainer once when the
-stack's settings load (``infra.config``); the job's flags are rendered from the validated
+stack's settings load (``infra.settings.jobs``); the job's flags are rendered from the validated
 settings (``trainer_flags``, by ``infra.trainer_command``). The file chooses the engine
 (``backend``): horovod (the job's default) or a torch.distributed one (ddp, fsdp); ``local``
 cannot use a pool's nodes and is refused."""
@@ -21,7 +21,7 @@ __all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "trainer_f
 
 
 class TrainerSettingsError(ValueError):
-    """The file cannot be read or the trainer refuses it; ``infra.config`` names the key."""
+    """The file cannot be read or the trainer refuses it; ``infra.settings.jobs`` names the key."""
 
 
 @dataclass(frozen=True)

@@ -200,7 +200,7 @@ def _spot_pool_whole_and_checkpointed(
     """A pool's Spot nodes (Batch's low-priority fields, Spot since March 2026: Azure/Batch
     #196, read 2026-11-28) are all of it: whether one InfiniBand job may span Spot and
     dedicated nodes is not documented; and a Spot pool checkpoints, as an eviction restarts the
-    job (infra.config StackSettings._check_spot)."""
+    job (infra.settings.cluster ClusterSettings._check_spot)."""
     spot, dedicated = _pool_nodes(args.props, "LowPriority"), _pool_nodes(args.props, "Dedicated")
     if spot and dedicated:
         report(
@@ -283,7 +283,7 @@ def _storage_ip_rules(args: ResourceValidationArgs, report: ReportViolation) -> 
 @_for("azure-native:containerregistry:Registry")
 def _registry_ip_rules(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Registry IP rules name public addresses (they filter the public endpoint only; private
-    traffic comes through a private endpoint) no wider than a /16 (infra.config.
+    traffic comes through a private endpoint) no wider than a /16 (infra.ip_rules.
     MIN_ALLOWED_PREFIX), so 0.0.0.0/0 cannot undo the default-deny rule set
     (articles/container-registry/container-registry-access-selected-networks.md)."""
     for violation in _ip_rule_violations(args.props, "registry", storage=False):

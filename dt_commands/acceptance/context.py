@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from dt_commands.acceptance.options import Options
 from dt_commands.acceptance.profiles import Check
-from infra.config import StackSettings
+from infra.settings.stack import StackSettings
 from trainer.common.errors import one_line
 
 POLL_SECONDS = 30.0

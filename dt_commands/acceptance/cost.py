@@ -7,8 +7,8 @@ import math
 
 from dt_commands.acceptance.profiles import Profile
 from infra import cost, prices
-from infra.config import StackSettings
 from infra.image import BUILD_AGENT_CPUS
+from infra.settings.stack import StackSettings
 
 # What the dry run assumes the ACR Task build takes (not a measurement; Horovod's NCCL build
 # dominates it); a real run counts its `pulumi up`, which holds the build, as an upper bound.

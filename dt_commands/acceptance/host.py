@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dt_commands.acceptance.errors import InputError, Unavailable
-from infra.config import acr_image
+from infra.settings.image import acr_image
 from trainer.common.errors import one_line
 
 

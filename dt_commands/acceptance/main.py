@@ -16,7 +16,7 @@ from dt_commands.acceptance.options import Options, resolve_options, stack_value
 from dt_commands.acceptance.plan import describe, plan_targets
 from dt_commands.acceptance.profiles import PROFILES
 from dt_commands.acceptance.run import Acceptance, _batch_client, _logs_container, open_stack
-from infra.config import ConfigError
+from infra.settings.checks import ConfigError
 from trainer.common.cli import OneLineParser
 from trainer.common.errors import one_line
 

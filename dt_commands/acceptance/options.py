@@ -17,8 +17,11 @@ from dt_commands.acceptance.errors import InputError, Unavailable
 from dt_commands.acceptance.host import Host, reused_registry
 from dt_commands.acceptance.profiles import PROFILES, Profile
 from infra import cost
-from infra.config import PROJECT, REPO, ConfigError, StackSettings, load_schema
 from infra.image_inputs import git_https_url
+from infra.naming import PROJECT
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import REPO, load_schema
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
 from trainer.checkpoints.cadence import checkpoint_steps
 

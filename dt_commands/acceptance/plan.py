@@ -11,7 +11,8 @@ from typing import Any, TextIO
 from dt_commands.acceptance.cost import assumed_cost_lines, target_text
 from dt_commands.acceptance.options import Options, expected_checkpoints, validated
 from dt_commands.acceptance.profiles import CHECKS, POLICY_PACK
-from infra.config import PROJECT, REPO
+from infra.naming import PROJECT
+from infra.settings.values import REPO
 
 BATCH_ACCOUNT_TYPE = "azure-native:batch:BatchAccount"
 ROOT_STACK_TYPE = "pulumi:pulumi:Stack"

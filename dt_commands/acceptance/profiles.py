@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from infra.config import REPO
+from infra.settings.values import REPO
 
 # Every `pulumi up` of the run applies the program's own policy pack, every guardrail mandatory.
 POLICY_PACK = REPO / "policy"

@@ -17,8 +17,8 @@ from dt_commands.acceptance.errors import CheckFailed
 from dt_commands.acceptance.host import run_command
 from dt_commands.acceptance.options import Options, config_map, validated
 from dt_commands.acceptance.profiles import CHECKS, POLICY_PACK
-from infra.config import PROJECT, REPO
-from infra.naming import prefix
+from infra.naming import PROJECT, prefix
+from infra.settings.values import REPO
 
 JOB_TYPE = "pulumi-python:dynamic:Resource"  # TrainingJob's type token (infra/job.py)
 RUNNING_WAIT_SECONDS = 1800.0

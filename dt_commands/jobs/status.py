@@ -10,8 +10,8 @@ from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
 from infra.batch import TASK_ID, WALL_CLOCK_EXPIRY, state_text, wall_clock_text
-from infra.config import MAX_WALL_CLOCK_HOURS
 from infra.pool_health import pool_problems
+from infra.settings.jobs import MAX_WALL_CLOCK_HOURS
 from infra.task_report import last_try_line
 
 NAME = "status"

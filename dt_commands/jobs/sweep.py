@@ -21,8 +21,12 @@ from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
 from infra.batch import TASK_ID, JobSpec, state_text
-from infra.config import MAX_NODES, REPO, SHORTHAND_JOB, ConfigError, StackSettings, load_schema
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
+from infra.settings.checks import ConfigError
+from infra.settings.cluster import MAX_NODES
+from infra.settings.jobs import SHORTHAND_JOB
+from infra.settings.stack import StackSettings
+from infra.settings.values import REPO, load_schema
 from infra.trainer_settings import JOB_BACKENDS
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.cli import fail, int_in, number_in

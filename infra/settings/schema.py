@@ -1,17 +1,14 @@
 """One declaration per stack setting: ``setting(key, default, description)`` on a section field.
 
-The fields of infra.config's sections declare each setting once; its type comes from the field's
-annotation. Pulumi.yaml's ``config:`` block, which the Pulumi CLI validates stack config against,
-is written from these declarations (``python -m infra.config --write``), never by hand.
+The fields of the sections (``infra.settings.network``, ``cluster``, ...) declare each setting
+once; its type comes from the field's annotation. ``schema_of`` gives the ``config:`` schema they
+declare, which ``infra.settings.pulumi_yaml`` writes into Pulumi.yaml, never by hand.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
-
-import yaml
 
 # A field's annotation (a string: the modules use postponed annotations) -> its schema type.
 _TYPES = {
@@ -21,7 +18,6 @@ _TYPES = {
     "tuple[str, ...]": "array",
     "Mapping[str, Any]": "object",
 }
-BLOCK_START = "config:\n"
 
 
 @dataclass(frozen=True)
@@ -82,37 +78,3 @@ def schema_of(*classes: type) -> dict[str, dict[str, Any]]:
 
 def notes_of(*classes: type) -> dict[str, str]:
     return {d.key: d.note for cls in classes for _, d in declared(cls) if d.note}
-
-
-def _scalar(value: Any) -> str:
-    if value == "":
-        return '""'
-    if isinstance(value, (list, dict)):
-        return json.dumps(value)
-    return (
-        yaml.safe_dump(value, width=float("inf"), allow_unicode=True)
-        .removesuffix("\n...\n")
-        .rstrip("\n")
-    )
-
-
-def render_block(project: str, schema: dict[str, dict[str, Any]], notes: dict[str, str]) -> str:
-    """Pulumi.yaml's ``config:`` block for ``schema``, in the file's own layout."""
-    lines = [BLOCK_START.rstrip("\n")]
-    for key, spec in schema.items():
-        lines += [f"  # {line}" for line in notes.get(key, "").splitlines()]
-        lines.append(f"  {project}:{key}:")
-        for name, value in spec.items():
-            if name == "items":
-                lines += ["    items:", f"      type: {value['type']}"]
-            else:
-                lines.append(f"    {name}: {_scalar(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def with_block(text: str, block: str) -> str:
-    """Pulumi.yaml's ``text`` with its ``config:`` block (the file's last) replaced."""
-    head, found, _ = text.partition(f"\n{BLOCK_START}")
-    if not found:
-        raise ValueError("Pulumi.yaml has no top-level config: block")
-    return f"{head}\n{block}"

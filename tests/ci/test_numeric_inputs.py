@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from dt_commands import plan
-from infra.config import ConfigError, StackSettings, load_schema, schema_type
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema, schema_type
 from tests.support.stacks import REPO
 from trainer.settings.train_config import TrainConfig
 

@@ -14,8 +14,9 @@ from docker_image.reference import Reference, ReferenceInvalidFormat
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 
-from infra.config import StackSettings, load_schema
 from infra.image_inputs import IMAGE_INPUTS
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from infra.toolchain import CUDA, MIN_DRIVER, base_reference, cuda_of_base
 from tests.support.stacks import stack_values
 

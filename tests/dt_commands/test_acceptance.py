@@ -713,7 +713,7 @@ def test_bad_input_exits_2_with_one_line_before_anything_is_created(
 def test_a_checkout_the_acr_builder_cannot_build_is_refused_before_anything_is_created(
     tmp_path, capsys
 ):
-    from infra.config import ConfigError
+    from infra.settings.checks import ConfigError
 
     def refuse() -> None:
         raise ConfigError("imageBuilder=acr: commit 1234 is not on the remote; push it first")

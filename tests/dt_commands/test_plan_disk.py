@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dt_commands.plan import disk_lines
 from infra import toolchain
-from infra.config import StackSettings, load_schema
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.support.stacks import stack_values
 
 

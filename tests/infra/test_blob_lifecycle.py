@@ -19,7 +19,9 @@ import re
 import pytest
 
 from dt_commands.plan import evaluate, render
-from infra.config import ConfigError, StackSettings, load_schema
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from infra.storage import CONTAINERS
 from tests.support.stacks import one, stack_values
 

@@ -14,7 +14,9 @@ import pytest
 from dt_commands.mocks import DEPLOYER_OBJECT_ID
 from dt_commands.plan import evaluate
 from infra.code_snapshot import snapshot
-from infra.config import ConfigError, StackSettings, load_schema
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.support.fake_imds import IDENTITY
 from tests.support.stack_rights import blob_front, sign_in
 from tests.support.stacks import CLIENT_IP, REPO, stack_values

@@ -20,8 +20,8 @@ PLACE = Placement("rg-unit", "eastus", {"team": "unit"})
 
 @pulumi.runtime.test
 def test_network_chains_subnets_and_scopes_nfs(mocks):
-    from infra.config import NetworkSettings
     from infra.network import Network
+    from infra.settings.network import NetworkSettings
 
     cidrs = NetworkSettings(
         vnet_cidr="10.1.0.0/16",

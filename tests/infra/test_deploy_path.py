@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 
 from dt_commands.plan import evaluate, render
-from infra import config as config_module
 from infra.budget import BUDGET_START_PROPERTY
 from infra.cloud_init import ready_command
-from infra.config import ConfigError, StackSettings, load_schema
 from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
 from infra.nfs import CUSTOM_DATA_PROPERTY
+from infra.settings import budget as budget_section
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.infra.fake_arm import arm_creates_budget
 from tests.support.stacks import STACKS, of_type, one, stack_values
 
@@ -147,7 +149,7 @@ def test_jobs_that_ci_deploys_need_a_team_group_to_operate_them(monkeypatch):
 
 def test_a_budget_starts_this_month_and_never_moves_afterwards(monkeypatch, plan):
     budget = one(plan, "azure-native:consumption:Budget")
-    assert budget.inputs["timePeriod"]["startDate"] == f"{config_module.current_month()}-01"
+    assert budget.inputs["timePeriod"]["startDate"] == f"{budget_section.current_month()}-01"
     assert plan.options[budget.name].ignore_changes == [BUDGET_START_PROPERTY]
     assert _at(budget.inputs, BUDGET_START_PROPERTY)
 
@@ -173,7 +175,7 @@ def _engine_creates(hook, budget) -> None:
 def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatch):
     """The month after the budget was made, its start month has passed: an update of the stack
     (no create of the budget) must still evaluate, and the start is not sent again."""
-    monkeypatch.setattr(config_module, "current_month", lambda: "2027-01")
+    monkeypatch.setattr(budget_section, "current_month", lambda: "2027-01")
     plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": "2026-12"})
     _, budget = _budget_hook(plan)  # checked by the engine only before it creates the budget
     assert budget.inputs["timePeriod"]["startDate"] == "2026-12-01"
@@ -191,7 +193,7 @@ def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatc
     ],
 )
 def test_a_new_budget_is_created_only_with_a_start_azure_takes(monkeypatch, start_month, today):
-    monkeypatch.setattr(config_module, "current_month", lambda: today[:7])
+    monkeypatch.setattr(budget_section, "current_month", lambda: today[:7])
     plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": start_month})
     hook, budget = _budget_hook(plan)
     start = budget.inputs["timePeriod"]["startDate"]
@@ -206,7 +208,7 @@ def test_a_new_budget_is_created_only_with_a_start_azure_takes(monkeypatch, star
 
 
 def test_an_empty_start_month_creates_the_budget_in_the_month_it_is_made(monkeypatch):
-    monkeypatch.setattr(config_module, "current_month", lambda: "2027-03")
+    monkeypatch.setattr(budget_section, "current_month", lambda: "2027-03")
     hook, budget = _budget_hook(evaluate("dev", stack_values("dev")))
     assert budget.inputs["timePeriod"]["startDate"] == "2027-03-01"
     _engine_creates(hook, budget)

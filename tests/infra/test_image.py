@@ -8,10 +8,12 @@ import pytest
 from dt_commands.mocks import SUBSCRIPTION_ID, _fake_digest
 from dt_commands.plan import evaluate
 from infra import image as image_module
-from infra.config import PROJECT, ConfigError, secret_setting
 from infra.identity import ACR_PUSH
 from infra.image import ACR_TOKEN_USER
 from infra.image_inputs import REPO, content_tag
+from infra.naming import PROJECT
+from infra.settings.checks import ConfigError
+from infra.settings.secrets import secret_setting
 from tests.support.stacks import CLIENT_IP, of_type, one, stack_values
 
 SECRET_ENVELOPE = "4dabf18193072939515e22adb298388d"

@@ -10,8 +10,9 @@ import logging
 import pytest
 
 from dt_commands.plan import Plan, evaluate
-from infra.config import ConfigError, StackSettings
 from infra.identity import ACR_PULL
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
 from tests.support.stacks import of_type, one, stack_values
 
 SUB = "00000000-0000-0000-0000-00000000abcd"

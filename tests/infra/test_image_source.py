@@ -11,8 +11,9 @@ from dt_commands.mocks import AzureMocks
 from dt_commands.plan import evaluate
 from infra import image as image_module
 from infra import stack as stack_module
-from infra.config import PROJECT, ConfigError
 from infra.image import commit_to_build, source_state
+from infra.naming import PROJECT
+from infra.settings.checks import ConfigError
 from tests.support.stacks import stack_values
 
 FILES = {

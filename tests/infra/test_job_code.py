@@ -15,7 +15,8 @@ from dt_commands import preview_jobs
 from dt_commands.plan import evaluate, render
 from infra.batch import JobSpec
 from infra.code_snapshot import snapshot
-from infra.config import ConfigError, job_settings
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import job_settings
 from tests.dt_commands.test_preview_jobs import _digest
 from tests.infra.test_job_payloads import SPEC
 from tests.support.stacks import CLIENT_IP, REPO, dt_plan_of_jobs, of_type, stack_values
@@ -149,10 +150,10 @@ def _team_repo(root: Path, link: str) -> Path:
 def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
     tmp_path, monkeypatch, capsys, link
 ):
-    # dt-plan as it runs, in-process, on a repository of the test's own (infra.config.REPO).
+    # dt-plan as it runs, in-process, on a repository of the test's own (infra.settings.jobs.REPO).
     from dt_commands.plan import main
 
-    monkeypatch.setattr("infra.config.REPO", _team_repo(tmp_path / "repo", link))
+    monkeypatch.setattr("infra.settings.jobs.REPO", _team_repo(tmp_path / "repo", link))
     stack_file = tmp_path / "Pulumi.mine.yaml"
     stack_file.write_text(
         "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"

@@ -351,7 +351,8 @@ def test_a_stack_that_chooses_no_engine_or_horovod_keeps_todays_command_line_and
 
 
 def test_a_stack_that_chooses_backend_local_is_refused_in_one_line(tmp_path):
-    from infra.config import ConfigError, job_settings
+    from infra.settings.checks import ConfigError
+    from infra.settings.jobs import job_settings
 
     path = tmp_path / "local.yaml"
     path.write_text("model: tiny\nbackend: local\n", encoding="utf-8")

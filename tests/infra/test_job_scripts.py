@@ -11,8 +11,9 @@ import pytest
 
 from dt_commands.plan import evaluate, render
 from infra.batch import JobSpec, task_options, trainer_command
-from infra.config import ConfigError, job_settings
 from infra.job import JobError, TrainingJobProvider
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import job_settings
 from tests.infra.test_job_payloads import SPEC
 from tests.support.container import one_node_pool, run_in_container
 from tests.support.stacks import CLIENT_IP, dt_plan_of_jobs, of_type, stack_values

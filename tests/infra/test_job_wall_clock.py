@@ -14,8 +14,9 @@ import pytest
 from dt_commands.jobs.status import status
 from dt_commands.plan import evaluate, render
 from infra.batch import TASK_ID, job_options
-from infra.config import ConfigError, job_settings
 from infra.job import TrainingJobProvider
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import job_settings
 from tests.infra.test_job_payloads import SPEC, StaticToken, _spec, batch  # noqa: F401
 from tests.infra.test_job_upgrade import STATES, todays_inputs
 from tests.support.stacks import stack_values

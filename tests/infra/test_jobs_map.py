@@ -11,8 +11,10 @@ import pytest
 from dt_commands.plan import evaluate
 from infra import batch as batch_module
 from infra.batch import JobSpec
-from infra.config import ConfigError, StackSettings, load_schema
 from infra.job import JobError, TrainingJobProvider
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.support.stacks import of_type, one, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"

@@ -8,7 +8,6 @@ import uuid
 
 from dt_commands.mocks import DEPLOYER_OBJECT_ID, SUBSCRIPTION_ID
 from dt_commands.plan import evaluate
-from infra.config import current_month
 from infra.identity import (
     ACR_PULL,
     ACR_PUSH,
@@ -17,6 +16,7 @@ from infra.identity import (
     STORAGE_BLOB_DATA_READER,
 )
 from infra.naming import REQUIRED_TAGS, TAGGABLE
+from infra.settings.budget import current_month
 from infra.storage import CONTAINERS, OPERATOR_CONTAINERS
 from tests.support.stacks import of_type, one, stack_values
 

@@ -11,7 +11,9 @@ import pytest
 
 from infra import credentials
 from infra import image as image_module
-from infra.config import ConfigError, StackSettings, load_schema
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.infra.fake_arm import FakeLoginServer
 from tests.support.stacks import CLIENT_IP, stack_values
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError, job_settings
 from infra.runnable import missing, what_runs
+from infra.settings.checks import ConfigError
+from infra.settings.jobs import job_settings
 from tests.support.stacks import REPO, dt_plan_of_jobs
 
 TORCHRUN = "examples/torchrun_ddp"
@@ -106,7 +107,7 @@ def test_a_trainer_jobs_plugin_from_the_repository_needs_the_code_folder_holding
     from types import SimpleNamespace
 
     from infra.code_snapshot import snapshot
-    from infra.config import JobSettings, _check_runnable
+    from infra.settings.jobs import JobSettings, _check_runnable
 
     settings = {"model": "examples.custom_model.model:build", "data": "synthetic"}
     trainer = SimpleNamespace(config=SimpleNamespace(loss="", metric="", **settings))

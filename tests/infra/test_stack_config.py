@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from infra.config import ConfigError, StackSettings
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
 from infra.toolchain import BASE_OS, os_of_base
 from tests.support.stacks import REPO, STACKS, stack_values
 
@@ -44,22 +45,23 @@ def test_every_schema_key_has_a_description(schema):
 def test_pulumi_yaml_config_block_is_written_from_the_declarations(schema):
     """Pulumi.yaml (what the CLI validates stack config against) says exactly what the section
     fields declare: same keys, types, defaults and descriptions, in the generator's layout."""
-    from infra import config
-    from infra.schema import render_block, with_block
+    from infra.naming import PROJECT
+    from infra.settings import pulumi_yaml
+    from infra.settings.pulumi_yaml import render_block, with_block
+    from infra.settings.schema import notes_of
+    from infra.settings.stack import DECLARING
 
-    assert schema == config.declared_schema()
-    text = config.PROJECT_FILE.read_text(encoding="utf-8")
-    block = render_block(
-        config.PROJECT, config.declared_schema(), config.notes_of(*config.DECLARING)
-    )
-    assert with_block(text, block) == text, "run: python -m infra.config --write"
+    assert schema == pulumi_yaml.declared_schema()
+    text = pulumi_yaml.PROJECT_FILE.read_text(encoding="utf-8")
+    block = render_block(PROJECT, pulumi_yaml.declared_schema(), notes_of(*DECLARING))
+    assert with_block(text, block) == text, "run: python -m infra.settings --write"
 
 
 def test_the_generator_rewrites_a_drifted_pulumi_yaml(tmp_path, monkeypatch, capsys):
     """A default edited by hand in Pulumi.yaml disagrees with its declaration until
-    `python -m infra.config --write` writes the block again; the rest of the file stays."""
-    from infra import config
-    from infra.config import load_schema
+    `python -m infra.settings --write` writes the block again; the rest of the file stays."""
+    from infra.settings import pulumi_yaml as config
+    from infra.settings.values import load_schema
 
     drifted = tmp_path / "Pulumi.yaml"
     text = config.PROJECT_FILE.read_text(encoding="utf-8")
@@ -76,8 +78,10 @@ def test_the_generator_rewrites_a_drifted_pulumi_yaml(tmp_path, monkeypatch, cap
 
 def test_each_setting_reaches_the_field_that_declares_it(schema):
     """from_mapping reads every declared field from its own key (camelCase -> field once)."""
-    from infra.config import DECLARING, JobInputs, SecretSettings
-    from infra.schema import declared
+    from infra.settings.jobs import JobInputs
+    from infra.settings.schema import declared
+    from infra.settings.secrets import SecretSettings
+    from infra.settings.stack import DECLARING
 
     s = settings(schema, osDiskSizeGb=200, nfsDiskCount=6, budgetEmails='["a@b.io"]', budget=5)
     assert (s.cluster.os_disk_size_gb, s.nfs.disk_count) == (200, 6)
@@ -102,7 +106,7 @@ def test_each_setting_reaches_the_field_that_declares_it(schema):
 
 
 def schema_defaults(schema):
-    from infra.config import schema_default
+    from infra.settings.values import schema_default
 
     return {key: schema_default(spec) for key, spec in schema.items()}
 

@@ -5,7 +5,7 @@ stack, and on hand-made resources for what counts as production."""
 import pytest
 import yaml
 
-from infra.config import REPO
+from infra.settings.values import REPO
 from policy.rules import JOB, POOL
 from tests.policy.test_rules import check_stack
 

@@ -12,7 +12,7 @@ import pytest
 
 from dt_commands.mocks import DeclaredResource
 from dt_commands.plan import Plan, evaluate, read_stack_file
-from infra.config import load_schema
+from infra.settings.values import load_schema
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("dev", "vision-prod")

@@ -229,7 +229,7 @@ def test_a_pool_asking_for_low_priority_nodes_gets_spot_nodes(pool_spec, spot_cp
 
 def test_a_stack_still_setting_spot_nodes_is_told_what_replaced_it():
     from dt_commands.plan import evaluate
-    from infra.config import ConfigError
+    from infra.settings.checks import ConfigError
     from tests.support.stacks import stack_values
 
     with pytest.raises(ConfigError) as refused:

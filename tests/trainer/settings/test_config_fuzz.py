@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dt_commands import plan as plan_module
-from infra.config import ConfigError, StackSettings, load_schema
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from infra.settings.values import load_schema
 from tests.support.stacks import stack_values
 from trainer.common.errors import ConfigError as TrainerConfigError
 from trainer.settings.flags import parse

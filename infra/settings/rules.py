@@ -1,0 +1,85 @@
+"""The rules that span sections, each taking the sections it relates: the acceptance size against
+the profile, the region against the pool's size, the compute subnet against the pool, the
+registry against the machine that pushes, and the jobs against the pool, the network and
+``replaceJobs``. A section checks its own fields (``check()``); ``StackSettings`` runs both."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from infra.settings.checks import ConfigError
+from infra.settings.cluster import ClusterSettings
+from infra.settings.image import ImageSettings
+from infra.settings.jobs import JobSettings
+from infra.settings.network import NetworkSettings
+from infra.sizes import CPU_ACCEPTANCE
+
+
+def check_acceptance_size(profile: str, cluster: ClusterSettings) -> None:
+    """The CPU size exists for acceptance stacks only: any other stack that names it gets the
+    same error as any other non-InfiniBand size (``ClusterSettings.check``)."""
+    if profile == "cpu" and cluster.vm_size not in CPU_ACCEPTANCE:
+        raise ConfigError(
+            f"vmSize={cluster.vm_size}: acceptanceProfile cpu runs on the CPU acceptance size; "
+            f"use {', '.join(CPU_ACCEPTANCE)}"
+        )
+
+
+def check_location(location: str, cluster: ClusterSettings) -> None:
+    if location not in cluster.gpu.regions:
+        raise ConfigError(
+            f"location={location}: {cluster.vm_size} is not offered there "
+            f"in our table; use one of {', '.join(sorted(cluster.gpu.regions))}"
+        )
+
+
+def check_subnet_room(network: NetworkSettings, cluster: ClusterSettings) -> None:
+    """Azure keeps 5 addresses per subnet; Batch needs one per node plus headroom for replacing
+    nodes."""
+    compute, max_nodes = network.compute_subnet, cluster.node_count
+    if compute.num_addresses - 5 < 2 * max_nodes:
+        raise ConfigError(
+            f"computeSubnetCidr={compute}: too small for {max_nodes} nodes; use a larger range"
+        )
+
+
+def check_image_push(image: ImageSettings, network: NetworkSettings) -> None:
+    """The docker builder pushes, and its token exchange comes, from this machine, which the
+    registry's network rules admit only through registryAllowedIps (infra/registry.py)."""
+    if image.builds and image.builder == "docker" and not network.registry_allowed_ips:
+        raise ConfigError(
+            "imageBuilder=docker: the image is pushed from the machine running pulumi up, "
+            "and the registry's firewall admits no such address (registryAllowedIps is "
+            "empty); add its public address to registryAllowedIps, or use imageBuilder acr"
+        )
+
+
+def check_jobs(
+    jobs: Sequence[JobSettings],
+    cluster: ClusterSettings,
+    network: NetworkSettings,
+    replace_jobs: Sequence[str],
+) -> None:
+    names = [job.name for job in jobs]
+    pool_nodes = cluster.node_count
+    for job in jobs:
+        if job.nodes > pool_nodes:
+            raise ConfigError(
+                f"jobs.{job.name}.nodes={job.nodes}: the pool has {pool_nodes} nodes "
+                "(nodeCount); use at most that many"
+            )
+        # `pulumi up` uploads the code into the data account, whose firewall admits only
+        # these addresses and the VNet (infra/code_upload.py).
+        if job.code is not None and not network.storage_allowed_ips:
+            raise ConfigError(
+                f"jobs.{job.name}.code={job.code.folder!r}: `pulumi up` uploads it to the "
+                "data storage account, whose firewall admits no deployer's address "
+                "(storageAllowedIps is empty); add the public address of the machine "
+                "that runs `pulumi up` to storageAllowedIps"
+            )
+    unknown = sorted(set(replace_jobs) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"replaceJobs={list(replace_jobs)}: no job named {unknown[0]!r}; the "
+            f"stack's jobs are {', '.join(names) or 'none'}"
+        )
