@@ -1,6 +1,7 @@
 """The checks a trainer setting's value goes through, each failing in one line that names the
-setting, the value and what would be valid: choices, ranges, plug-in references, an
-``--init-from`` source, a profiler window, and a YAML or flag value coerced to its field's type."""
+setting, the value and what would be valid: choices, ranges, plug-in references and their
+arguments, an ``--init-from`` source, a profiler window, and a YAML or flag value coerced to its
+field's type."""
 
 from __future__ import annotations
 
@@ -41,6 +42,17 @@ def check_plugin_ref(name: str, value: str) -> None:
         raise ConfigError(
             f"{name}={shown(value)}: a plug-in is pkg.module:function (for example "
             f"{PLUGIN_EXAMPLE})"
+        )
+
+
+def check_plugin_args(name: str, args: Any, owner: str, owner_value: str) -> None:
+    """A plug-in's keyword arguments: a mapping, given only to a plug-in."""
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ConfigError(f"{name}={shown(args)}: expected a mapping of keyword arguments")
+    if args and not is_plugin_ref(owner_value):
+        raise ConfigError(
+            f"{name}={shown(args)}: only a plug-in {owner} (pkg.module:factory) takes "
+            "arguments; delete the setting"
         )
 
 
