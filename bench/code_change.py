@@ -57,7 +57,7 @@ def measure_round(make_cluster, vnet, storage, cpu_stack, folder) -> dict[str, f
     upload_seconds = upload_snapshot(vnet, storage, folder, snap)
     uploaded = time.monotonic()
     command = ("python", "train.py", "--steps", "100000")
-    spec = make_spec(cpu_stack, storage, trainer_args=(), command=command, engine="torch",
+    spec = make_spec(cpu_stack, storage, trainer={}, command=command, engine="torch",
                      code_sha256=snap.sha256)  # fmt: skip
     run = submit(cluster, spec)
     run_dir = run_folder(cluster, spec)

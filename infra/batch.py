@@ -24,7 +24,7 @@ from infra import credentials
 from infra.cloud_init import RUNS_DIR
 from infra.node_scripts import in_bash
 from infra.sizes import size_of
-from infra.trainer_command import JobSet, commands, script_commands
+from infra.trainer_command import JobSet, commands, script_commands, trainer_flags
 
 TASK_ID = "train"  # the multi-instance task in every job
 # Where every node mounts the shared file system, under $AZ_BATCH_NODE_MOUNTS_DIR (the pool's
@@ -192,8 +192,8 @@ class JobFields(Generic[S]):
     node_identity_id: S
     node_identity_client_id: S
     blob_endpoint: S  # https://<account>.blob.core.windows.net/
-    # python -m trainer flags of the job's trainer settings, without those the job sets itself
-    # (infra.trainer_command.settings_flags)
+    # python -m trainer flags of the job's own trainer settings (trainer_settings' flags:
+    # infra.trainer_command.trainer_flags), which the job's id and run folder hash
     trainer_args: tuple[str, ...]
     dataset_prefix: str  # "" trains on what trainer_args say; else staged shards
     # A job of the stack's `jobs` map; "" for the one job of the submitJob shorthand. Left out
@@ -213,11 +213,18 @@ class JobFields(Generic[S]):
     # How long the job may run, in hours from its creation (Batch's constraints.maxWallClockTime;
     # 0: no limit). Not part of the job's identity: a new limit is applied to the job in place.
     max_wall_clock_hours: int = 0
+    # The job's own trainer settings as data (infra.trainer_command.JobTrainer), from which the
+    # commands are rendered: the same facts as trainer_args, so neither part of the job's
+    # identity nor compared by the provider's diff (an older stack's state has none: ``()``).
+    trainer_settings: tuple[tuple[str, str | bool], ...] = ()
 
 
 # Fields a job changes in place (Job - Update) rather than by a new job: neither its id nor
 # its run folder depends on them.
 NOT_THE_IDENTITY = ("max_wall_clock_hours",)
+# Fields that restate others (trainer_settings: the data trainer_args render), so that a job
+# whose state predates them is the same job.
+RESTATED = ("trainer_settings",)
 
 
 def wall_clock_limit(hours: int) -> Any:
@@ -270,7 +277,7 @@ class JobSpec(JobFields[str]):
         values = asdict(self)
         for field_ in fields(self):
             at_default = field_.default is not MISSING and values[field_.name] == field_.default
-            if at_default or field_.name in NOT_THE_IDENTITY:
+            if at_default or field_.name in (*NOT_THE_IDENTITY, *RESTATED):
                 del values[field_.name]
         return values
 
@@ -321,6 +328,7 @@ class JobSpec(JobFields[str]):
         # A field this version added is absent from older state: its default, as then.
         values = {f.name: props.get(f.name, f.default) for f in fields(cls)}
         values["trainer_args"] = tuple(values["trainer_args"])
+        values["trainer_settings"] = tuple(tuple(pair) for pair in values["trainer_settings"] or ())
         values["command"] = tuple(values["command"] or ())
         values["node_count"] = int(values["node_count"])
         values["max_wall_clock_hours"] = int(values["max_wall_clock_hours"] or 0)
@@ -448,7 +456,14 @@ def worker_commands(spec: JobSpec) -> tuple[list[str], list[str]]:
     (``infra.trainer_command``)."""
     if spec.command:
         return script_commands(spec.command, spec.engine, job_set(spec))
-    return commands(spec.trainer_args, job_set(spec))
+    if trainer_flags(spec.trainer_settings) != spec.trainer_args:
+        # Inputs written by a version before trainer_settings (a job's new inputs always hold
+        # them): its commands cannot be told from its flags without reading them back.
+        raise ValueError(
+            f"job {spec.job_id}: its trainer_settings do not render its trainer_args; run "
+            "`pulumi up` with this version"
+        )
+    return commands(spec.trainer_settings, job_set(spec))
 
 
 def trainer_command(spec: JobSpec) -> list[str]:

@@ -20,6 +20,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
 from infra import batch
 from infra.batch import (
     NOT_THE_IDENTITY,
+    RESTATED,
     RUNNING_STATES,
     TASK_ID,
     JobFields,
@@ -267,7 +268,11 @@ class TrainingJobProvider(Provider):
         # every released shape). ``protect_running`` is this deployment's permission and the
         # outputs are Batch's: neither is the job.
         old, new = JobSpec.from_props(olds), JobSpec.from_props(news)
-        changed = [f.name for f in fields(JobSpec) if getattr(old, f.name) != getattr(new, f.name)]
+        changed = [
+            f.name
+            for f in fields(JobSpec)
+            if f.name not in RESTATED and getattr(old, f.name) != getattr(new, f.name)
+        ]
         # A new wall-clock limit is set on the job in place (``update``); only a removed one
         # needs a new job (Job - Update documents no way to clear it).
         in_place = [key for key in changed if key in NOT_THE_IDENTITY and getattr(new, key)]
@@ -659,6 +664,7 @@ class TrainingJob(pulumi.dynamic.Resource):
         props["endpoint"] = pulumi.Output.from_input(args.endpoint).apply(batch.endpoint_url)
         props["trainer_args"] = list(args.trainer_args)
         props["command"] = list(args.command)
+        props["trainer_settings"] = [list(pair) for pair in args.trainer_settings]
         props.update({key: None for key in OUTPUT_KEYS})
         super().__init__(
             TrainingJobProvider(),

@@ -43,7 +43,8 @@ from infra.settings.jobs import SHORTHAND_JOB, JobSettings
 from infra.settings.secrets import secret_setting
 from infra.settings.stack import StackSettings
 from infra.storage import CONTAINERS, OPERATOR_CONTAINERS, BlobReader, Storage, StorageArgs
-from infra.trainer_settings import trainer_flags
+from infra.trainer_command import trainer_flags
+from infra.trainer_settings import job_settings
 
 
 def declare(s: StackSettings) -> dict[str, Any]:
@@ -315,6 +316,7 @@ def _job(
 ) -> dict[str, Any]:
     """Submit one job of the stack; its outputs."""
     shorthand = job.name == SHORTHAND_JOB
+    trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
     resource = TrainingJob(
         # The shorthand's job keeps the name (and so the URN) it had before the jobs map.
         f"{stem}-job" if shorthand else f"{stem}-job-{job.name}",
@@ -330,7 +332,7 @@ def _job(
             node_identity_id=ids.nodes.id,
             node_identity_client_id=ids.nodes.client_id,
             blob_endpoint=store.blob_endpoint,
-            trainer_args=trainer_flags(job.trainer, job.dataset_prefix) if job.trainer else (),
+            trainer_args=trainer_flags(trainer),
             dataset_prefix=job.dataset_prefix,
             name="" if shorthand else job.name,
             priority=job.priority,
@@ -338,6 +340,7 @@ def _job(
             engine=job.engine,
             code_sha256=job.code.sha256 if job.code else "",
             max_wall_clock_hours=job.max_wall_clock_hours,
+            trainer_settings=trainer,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
         # Data-plane calls need the deployer's Batch roles to exist first; the nodes fetch

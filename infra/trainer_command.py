@@ -1,12 +1,15 @@
 """What a job gives ``python -m trainer`` and its launcher: which trainer settings the job sets
-itself (``JOB_SET``), the flags of the job's validated trainer settings (its ``trainer_args``),
-and the trainer's and the launcher's command lines, rendered once from one mapping; or, for a
-job that runs its own command (``script_argv``), that command and the launcher's flags for it
-(``script_commands``). Pure: no Azure SDK, no torch (the job provider's host imports it).
+itself (``JOB_SET``), the job's own validated trainer settings as data (``JobTrainer``, and the
+flags they render, its ``trainer_args``), and the trainer's and the launcher's command lines,
+rendered once from those settings and the job-set ones; or, for a job that runs its own command
+(``script_argv``), that command and the launcher's flags for it (``script_commands``). Nothing
+here reads a rendered command line back. Pure: no Azure SDK, no torch (the job provider's host
+imports it).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,24 +58,35 @@ def script_argv(value: Any) -> tuple[str, ...]:
     return tuple(words)
 
 
-def settings_values(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> dict[str, Any]:
+# A job's own trainer settings as data (the TrainingJob's ``trainer_settings``): (setting, value)
+# pairs in the file's order, each value spelled as its flag carries it (text, or a switch's
+# bool), so that they cross Pulumi's engine unchanged (it makes every number a float and keeps
+# no order of a map's keys) and render the job's flags (its ``trainer_args``) exactly.
+JobTrainer = tuple[tuple[str, str | bool], ...]
+
+
+def job_trainer(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> JobTrainer:
     """The file's settings the job passes on (``values``, in the file's order, less ``JOB_SET``,
     ``STAGED_DATA_SET`` when ``staged``, and the default engine), each as the trainer validated
-    it (``config``) and spelled so that the trainer reads it back as that (``_spelled``)."""
+    it (``config``) and spelled so that the trainer reads it back as that (``_spelled``). A
+    setting whose flag renders nothing (None, an empty mapping) is left out, as from the flags."""
     left_out = JOB_SET + (STAGED_DATA_SET if staged else ())
-    passed: dict[str, Any] = {}
+    passed: list[tuple[str, str | bool]] = []
     for raw_key, raw in values.items():
         key = str(raw_key).replace("-", "_")
         if key in left_out or (key == "backend" and config.backend == DEFAULT_BACKEND):
             continue
-        passed[key] = _spelled(key, raw, getattr(config, key))
-    return passed
+        spelled = _spelled(key, raw, getattr(config, key))
+        if spelled is not None:
+            passed.append((key, spelled))
+    return tuple(passed)
 
 
-def _spelled(key: str, raw: Any, validated: Any) -> Any:
+def _spelled(key: str, raw: Any, validated: Any) -> str | bool | None:
     """``validated`` as a flag's value: the file's own spelling when the trainer reads it back
     as ``validated`` (so ``lr: 1e-3`` stays ``1e-3``: a job's id and run folder hash its flags),
-    else the validated value's (``pin_memory: "off"`` is ``--no-pin-memory``)."""
+    else the validated value's (``pin_memory: "off"`` is ``--no-pin-memory``); None when the
+    flag would render nothing."""
     if isinstance(validated, bool) or validated is None:
         return validated
     text = ",".join(str(v) for v in raw) if isinstance(raw, list | tuple) else str(raw)
@@ -81,12 +95,21 @@ def _spelled(key: str, raw: Any, validated: Any) -> Any:
             return text
     except TrainerConfigError:
         pass
-    return ",".join(str(v) for v in validated) if isinstance(validated, tuple) else validated
+    if isinstance(validated, dict):  # the flag carries the mapping as JSON (to_flags)
+        return json.dumps(validated, sort_keys=True) if validated else None
+    return ",".join(str(v) for v in validated) if isinstance(validated, tuple) else str(validated)
 
 
-def settings_flags(values: Mapping[str, Any], config: TrainConfig, staged: bool) -> tuple[str, ...]:
-    """The job's ``python -m trainer`` flags from its file (the TrainingJob's ``trainer_args``)."""
-    return tuple(to_flags(settings_values(values, config, staged)))
+def trainer_flags(settings: JobTrainer) -> tuple[str, ...]:
+    """The ``python -m trainer`` flags of a job's own settings (the TrainingJob's
+    ``trainer_args``, which its id and run folder hash)."""
+    return tuple(to_flags(dict(settings)))
+
+
+def with_settings(settings: JobTrainer, **changed: str | None) -> JobTrainer:
+    """``settings`` with each of ``changed`` set to its value (None: left out), at the end."""
+    kept = [(key, value) for key, value in settings if key not in changed]
+    return (*kept, *((key, value) for key, value in changed.items() if value is not None))
 
 
 @dataclass(frozen=True)
@@ -100,11 +123,11 @@ class JobSet:
     dataset_dir: str = ""  # the staged dataset's folder on the node; "" when none is staged
     checkpoint_mirror_url: str = ""  # where rank 0 mirrors the run's checkpoints; "": off
 
-    def values(self, trainer_args: Sequence[str]) -> dict[str, Any]:
-        """The job-set settings for a job with ``trainer_args``, none of which those carry,
-        in the command line's order."""
+    def values(self, own: Mapping[str, Any]) -> dict[str, Any]:
+        """The job-set settings for a job whose own settings are ``own``, none of which those
+        hold, in the command line's order."""
         given: dict[str, Any] = {}
-        if not _sets(trainer_args, "backend"):
+        if "backend" not in own:
             given["backend"] = DEFAULT_BACKEND
         if self.dataset_dir:
             given.update(data="shards", data_dir=self.dataset_dir)
@@ -119,37 +142,20 @@ class JobSet:
         # hold it to; nor on a size this version does not know (an older stack's), which the
         # launcher refuses on the node with a one-line error.
         floor = preflight_floor(self.vm_size) if self.vm_size in SIZES else 0.0
-        if floor > 0 and not _sets(trainer_args, "preflight_min_busbw"):
+        if floor > 0 and "preflight_min_busbw" not in own:
             given["preflight_min_busbw"] = floor
         return given
 
 
-def _sets(trainer_args: Sequence[str], key: str) -> bool:
-    """Whether the job's own flags (``settings_flags``) carry ``key``."""
-    flag = "--" + key.replace("_", "-")
-    return any(word == flag or word.startswith(f"{flag}=") for word in trainer_args)
-
-
-def _engine(trainer_args: Sequence[str], given: Mapping[str, Any]) -> str:
-    """The job's engine: the default it sets, else the one its flags name."""
-    if "backend" in given:
-        return str(given["backend"])
-    for index, word in enumerate(trainer_args):
-        if word == "--backend" and index + 1 < len(trainer_args):
-            return trainer_args[index + 1]
-        if word.startswith("--backend="):
-            return word.partition("=")[2]
-    raise ValueError("trainer_args name no engine")  # _sets said they did
-
-
-def commands(trainer_args: Sequence[str], job: JobSet) -> tuple[list[str], list[str]]:
-    """(the trainer's complete command, the launcher's flags), from one mapping: the job's
-    flags and the job-set settings. The launcher is told the engine and the run folder; it
-    never reads the trainer's command."""
-    given = job.values(trainer_args)
-    trainer = ["python", "-m", "trainer", *trainer_args, *to_flags(given)]
-    launcher = ["--backend", _engine(trainer_args, given), "--run-dir", given["output_dir"]]
-    return trainer, launcher
+def commands(settings: JobTrainer, job: JobSet) -> tuple[list[str], list[str]]:
+    """(the trainer's complete command, the launcher's flags), from the job's own settings and
+    the job-set ones. The launcher is told the engine and the run folder; it never reads the
+    trainer's command."""
+    own = dict(settings)
+    given = job.values(own)
+    trainer = ["python", "-m", "trainer", *to_flags(own), *to_flags(given)]
+    engine = str(own.get("backend", given.get("backend")))
+    return trainer, ["--backend", engine, "--run-dir", given["output_dir"]]
 
 
 def script_commands(

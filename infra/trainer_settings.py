@@ -1,6 +1,7 @@
 """A job's trainer settings: its YAML file, read and validated by the trainer once when the
-stack's settings load (``infra.settings.jobs``); the job's flags are rendered from the validated
-settings (``trainer_flags``, by ``infra.trainer_command``). The file chooses the engine
+stack's settings load (``infra.settings.jobs``); what the job passes on is those validated
+settings as data (``job_settings``: ``infra.trainer_command.JobTrainer``), from which its flags
+are rendered. The file chooses the engine
 (``backend``): horovod (the job's default) or a torch.distributed one (ddp, fsdp); ``local``
 cannot use a pool's nodes and is refused."""
 
@@ -13,11 +14,11 @@ from typing import Any
 
 import yaml
 
-from infra.trainer_command import DEFAULT_BACKEND, JOB_BACKENDS, settings_flags
+from infra.trainer_command import DEFAULT_BACKEND, JOB_BACKENDS, JobTrainer, job_trainer
 from trainer.common.errors import ConfigError as TrainerConfigError
 from trainer.settings.train_config import TrainConfig
 
-__all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "trainer_flags"]
+__all__ = ["JOB_BACKENDS", "TrainerSettings", "TrainerSettingsError", "job_settings"]
 
 
 class TrainerSettingsError(ValueError):
@@ -62,7 +63,8 @@ class TrainerSettings:
         return cls(path, values, config)
 
 
-def trainer_flags(settings: TrainerSettings, dataset_prefix: str = "") -> tuple[str, ...]:
-    """The job's ``python -m trainer`` flags (the TrainingJob's ``trainer_args``): the file's
-    settings as the trainer validated them, less those the job sets itself."""
-    return settings_flags(settings.values, settings.config, staged=bool(dataset_prefix))
+def job_settings(settings: TrainerSettings, dataset_prefix: str = "") -> JobTrainer:
+    """The job's own trainer settings (the TrainingJob's ``trainer_settings``, which render its
+    ``trainer_args``): the file's settings as the trainer validated them, less those the job
+    sets itself."""
+    return job_trainer(settings.values, settings.config, staged=bool(dataset_prefix))

@@ -27,6 +27,7 @@ from infra.settings.cluster import MAX_NODES
 from infra.settings.jobs import SHORTHAND_JOB
 from infra.settings.stack import StackSettings
 from infra.settings.values import REPO, load_schema
+from infra.trainer_command import JobTrainer, trainer_flags, with_settings
 from infra.trainer_settings import JOB_BACKENDS
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.cli import fail, int_in, number_in
@@ -35,19 +36,20 @@ from trainer.common.errors import one_line
 from trainer.common.values import shown
 from trainer.launch.node_sizes import MAX_WORKERS_PER_NODE, workers_per_node
 from trainer.settings.choices import MAX_STEPS
-from trainer.settings.flags import parse
+from trainer.settings.flags import Request, parse
 from trainer.settings.train_config import TrainConfig
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 POLL_SECONDS = 30.0
 DEFAULT_TIMEOUT_MINUTES = 180.0  # a pool scaling up from zero takes minutes before training
 LOCAL_HOST = "127.0.0.1"
-# The sweep sets these for every run: the steps (--steps) and, locally, the run folder.
-STEP_FLAGS = ("--max-steps", "--run-steps")
-LOCAL_OWNED_FLAGS = (*STEP_FLAGS, "--output-dir")
+# The sweep sets these trainer settings for every run: the steps (--steps) and, locally, the run
+# folder.
+STEP_SETTINGS = ("max_steps", "run_steps")
+LOCAL_OWNED = (*STEP_SETTINGS, "output_dir")
 # The gradient noise scale compares each worker's gradient with the reduced one: a one-worker run
-# has only one (trainer.watch.noise_scale.NoiseScale needs two batch sizes): its run leaves it out.
-NOISE_FLAG = "--noise-scale-every"
+# has only one (trainer.watch.noise_scale.NoiseScale needs two batch sizes): its run turns it off.
+NOISE_OFF = ("--noise-scale-every", "0")
 # Which Batch job states mean the sweep job is over (its task ended: terminatejob).
 DONE_STATE = "completed"
 STOP_SECONDS = 60
@@ -136,28 +138,14 @@ def epoch_samples(cfg: TrainConfig, given: int | None) -> int:
     return cfg.synthetic_size * cfg.context
 
 
-def without_flags(flags: Sequence[str], names: Sequence[str]) -> list[str]:
-    """``flags`` less each of ``names`` with its value (``--flag V`` or ``--flag=V``)."""
-    kept: list[str] = []
-    skip = False
-    for word in flags:
-        if skip:
-            skip = False
-        elif word in names:
-            skip = True
-        elif not word.startswith(tuple(f"{name}=" for name in names)):
-            kept.append(word)
-    return kept
+def with_steps(settings: JobTrainer, steps: int) -> JobTrainer:
+    """A job's own trainer settings with ``max_steps`` in place of their own step limits."""
+    return with_settings(settings, run_steps=None, max_steps=str(steps))
 
 
-def with_steps(flags: Sequence[str], steps: int) -> tuple[str, ...]:
-    """The trainer flags with ``--max-steps steps`` in place of their own step limits."""
-    return (*without_flags(flags, STEP_FLAGS), "--max-steps", str(steps))
-
-
-def _trainer_config(flags: Sequence[str], where: str) -> TrainConfig:
+def _trainer_request(flags: Sequence[str], where: str) -> Request:
     try:
-        return parse(list(flags)).config
+        return parse(list(flags))
     except TrainerConfigError as err:
         raise SweepError(f"{where}: {err}") from None
 
@@ -232,6 +220,13 @@ def deployed_spec(state: dict[str, Any], stack: str, job: str | None) -> JobSpec
                 f"stack={stack}: the job {resource.get('urn')} in the state has inputs this "
                 "version cannot read; run `pulumi up` with this version first"
             ) from None
+        if trainer_flags(spec.trainer_settings) != spec.trainer_args:
+            # Written before jobs carried their settings as data: the first `pulumi up` with
+            # this version records them (an unchanged job is kept, not replaced).
+            raise SweepError(
+                f"stack={stack}: the job {resource.get('urn')} in the state has no trainer "
+                "settings this version can read; run `pulumi up` with this version first"
+            )
         specs[spec.name or SHORTHAND_JOB] = spec
     names = ", ".join(sorted(specs))
     if not specs:
@@ -250,8 +245,13 @@ def sweep_spec(spec: JobSpec, nodes: int, steps: int, stamp: str) -> JobSpec:
     job id and the run folder new (``JobSpec.job_id``, ``run_name``): a sweep never resumes
     the stack's run or an earlier sweep's."""
     name = f"{spec.name or SHORTHAND_JOB}-sweep-{stamp}-{nodes}n"
+    settings = with_steps(spec.trainer_settings, steps)
     return replace(
-        spec, node_count=nodes, trainer_args=with_steps(spec.trainer_args, steps), name=name
+        spec,
+        node_count=nodes,
+        trainer_settings=settings,
+        trainer_args=trainer_flags(settings),
+        name=name,
     )
 
 
@@ -259,6 +259,7 @@ def _props(spec: JobSpec) -> dict[str, Any]:
     """A spec as the job resource's provider receives it (lists, as Pulumi passes them)."""
     props: dict[str, Any] = {f.name: getattr(spec, f.name) for f in fields(spec)}
     props["trainer_args"] = list(spec.trainer_args)
+    props["trainer_settings"] = [list(pair) for pair in spec.trainer_settings]
     return props
 
 
@@ -350,7 +351,10 @@ def sweep_stack(args: argparse.Namespace, out: Any, stamp: str) -> int:
             f"most {most} nodes (nodeCount); sweep at most that many"
         )
     spec = deployed_spec(read_state(args.stack, args.state_file), args.stack, args.job)
-    cfg = _trainer_config(with_steps(spec.trainer_args, args.steps), f"job {spec.job_id}")
+    try:
+        cfg = TrainConfig.from_mapping(dict(with_steps(spec.trainer_settings, args.steps)))
+    except TrainerConfigError as err:
+        raise SweepError(f"job {spec.job_id}: {err}") from None
     samples = epoch_samples(cfg, args.epoch_samples)
     report = _report_folder(args.report, f"{args.stack}-{stamp}")
     _check_plotting()
@@ -455,14 +459,15 @@ def sweep_local(args: argparse.Namespace, flags: Sequence[str], out: Any, stamp:
         raise SweepError("--local runs on this machine: give --workers (not --nodes/--job)")
     if args.workers is None:
         raise SweepError("--workers: required with --local, e.g. --workers 1,2")
-    owned = [w for w in flags if w.split("=")[0] in LOCAL_OWNED_FLAGS]
+    given = _trainer_request(flags, "trainer flags").flagged
+    owned = [key for key in LOCAL_OWNED if key in given]
     if owned:
         raise SweepError(
-            f"{owned[0].split('=')[0]}: the sweep sets it for each run; use --steps (and "
+            f"--{owned[0].replace('_', '-')}: the sweep sets it for each run; use --steps (and "
             "--report for where the report goes)"
         )
     flags = [*flags, "--max-steps", str(args.steps)]
-    cfg = _trainer_config(flags, "trainer flags")
+    cfg = _trainer_request(flags, "trainer flags").config
     if cfg.backend not in JOB_BACKENDS:
         raise SweepError(
             f"backend={cfg.backend}: the sweep runs the node launcher, which starts "
@@ -475,7 +480,7 @@ def sweep_local(args: argparse.Namespace, flags: Sequence[str], out: Any, stamp:
     units: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="sweep-") as temp:
         for workers in args.workers:
-            run_flags = flags if workers > 1 else without_flags(flags, [NOISE_FLAG])
+            run_flags = flags if workers > 1 else [*flags, *NOISE_OFF]
             out.write(f"workers={workers}: training {args.steps} steps\n")
             out.flush()
             records = run_local(run_flags, workers, Path(temp))

@@ -12,24 +12,26 @@ import subprocess
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from infra.batch import JobSpec, job_options, task_options
 from infra.code_snapshot import CodeSnapshot, snapshot
+from infra.trainer_command import job_trainer, trainer_flags
 from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.job_run import JobRun
 from tests.batch_emulator.storage import Storage, blob
 from tests.batch_emulator.vnet import VNet
 from tests.support.wheels import write_wheel
 from trainer.checkpoints.single_file import list_checkpoints
+from trainer.settings.train_config import TrainConfig
 
-# The stack's trainer arguments for a tiny run (16 px images, the tiny CNN).
-TINY = (
-    "--model", "tiny", "--num-classes", "5", "--image-size", "16", "--batch-size", "2",
-    "--synthetic-size", "64", "--synthetic-pool", "16", "--warmup-epochs", "1",
-    "--loader-workers", "0", "--log-every", "1",
-)  # fmt: skip
+# The trainer settings of a tiny run (16 px images, the tiny CNN).
+TINY = {
+    "model": "tiny", "num_classes": 5, "image_size": 16, "batch_size": 2, "synthetic_size": 64,
+    "synthetic_pool": 16, "warmup_epochs": 1, "loader_workers": 0, "log_every": 1,
+}  # fmt: skip
 # The longest a test waits for one stage of a run (a start, a checkpoint, a retry).
 RUN_SECONDS = 180
 REQUIREMENT = "./wheels/team_dep-0.1-py3-none-any.whl\n"  # the team's own wheel, no index
@@ -48,11 +50,17 @@ def booted(make_cluster, stack, nodes: int = 2, **options) -> Cluster:
     return cluster
 
 
-def make_spec(stack, storage, **changes) -> JobSpec:
-    """The stack's TrainingJob inputs, with the emulated storage account and the changes."""
+def make_spec(stack, storage, trainer: dict[str, Any] | None = None, **changes) -> JobSpec:
+    """The stack's TrainingJob inputs, with the emulated storage account and the changes; with
+    ``trainer``, the job's own trainer settings are those (validated and spelled as a stack's
+    trainer file is: ``infra.trainer_command.job_trainer``)."""
     values = {f.name: stack.job_props[f.name] for f in fields(JobSpec)}
     values.update(blob_endpoint=storage.blob_endpoint, dataset_prefix="")
     values.update(changes)
+    if trainer is not None:
+        staged = bool(values["dataset_prefix"])
+        settings = job_trainer(trainer, TrainConfig.from_mapping(trainer), staged)
+        values.update(trainer_settings=settings, trainer_args=trainer_flags(settings))
     values["trainer_args"] = list(values["trainer_args"])
     return JobSpec.from_props(values)
 

@@ -26,6 +26,7 @@ from infra.batch import (
     trainer_command,
 )
 from infra.job import JobError, TrainingJobProvider
+from infra.trainer_command import JobTrainer, trainer_flags
 from tests.support.container import (
     base_path,
     container_argv,
@@ -41,6 +42,8 @@ from trainer.settings.flags import parse
 
 NVME_BIND = f"-v {NVME_ROOT}:{NVME_ROOT}"
 
+# The job's own trainer settings, as a stack's trainer file gives them (infra.trainer_command).
+OWN = (("model", "resnet50"), ("batch_size", "256"), ("fp16_allreduce", True))
 SPEC = JobSpec(
     stack="vision-prod",
     endpoint="https://visionbatch.eastus.batch.azure.com",
@@ -53,13 +56,19 @@ SPEC = JobSpec(
     node_identity_id="/subscriptions/s/resourceGroups/rg/providers/x/userAssignedIdentities/n",
     node_identity_client_id="11111111-2222-3333-4444-555555555555",
     blob_endpoint="https://visiondata.blob.core.windows.net/",
-    trainer_args=("--model", "resnet50", "--batch-size", "256", "--fp16-allreduce"),
+    trainer_args=trainer_flags(OWN),
     dataset_prefix="",
+    trainer_settings=OWN,
 )
 
 
 def _spec(**changes) -> JobSpec:
     return JobSpec(**{**SPEC.__dict__, **changes})
+
+
+def _trained(settings: JobTrainer, **changes) -> JobSpec:
+    """SPEC with ``settings`` as the job's own trainer settings (and the flags they render)."""
+    return _spec(trainer_settings=settings, trainer_args=trainer_flags(settings), **changes)
 
 
 # ---------------------------------------------------------------- payloads
@@ -118,7 +127,7 @@ def test_job_ids_change_with_any_input_and_checkpoints_follow_the_training_setti
     new_image = _spec(image_ref=SPEC.image_ref.replace("a", "b"))
     assert new_image.job_id != SPEC.job_id
     assert new_image.run_name == SPEC.run_name  # new code resumes the same run
-    more_epochs = _spec(trainer_args=("--epochs", "100"))
+    more_epochs = _trained((("epochs", "100"),))
     assert more_epochs.run_name != SPEC.run_name
     assert len(SPEC.job_id) <= 64
 
@@ -133,14 +142,12 @@ def test_the_trainer_command_carries_the_sizes_preflight_floor_unless_it_sets_on
         "--preflight-min-busbw",
         "126.0",
     ]
-    own = _spec(vm_size="Standard_ND96asr_v4", trainer_args=("--preflight-min-busbw", "10"))
+    own = _trained((("preflight_min_busbw", "10"),), vm_size="Standard_ND96asr_v4")
     assert trainer_command(own).count("--preflight-min-busbw") == 1  # an explicit floor wins
     assert "10" in trainer_command(own) and "126.0" not in trainer_command(own)
-    own = _spec(vm_size="Standard_ND96asr_v4", trainer_args=("--preflight-min-busbw=10",))
-    assert not any(word == "--preflight-min-busbw" for word in trainer_command(own))
     assert trainer_command(SPEC)[-2:] == ["--preflight-min-busbw", "245.0"]
     assert "--preflight-min-busbw" not in trainer_command(_spec(vm_size="Standard_D2ds_v5"))
-    with_own = _spec(trainer_args=("--preflight-min-busbw", "0"))
+    with_own = _trained((("preflight_min_busbw", "0"),))
     assert trainer_command(with_own).count("--preflight-min-busbw") == 1
 
 
@@ -277,7 +284,7 @@ def test_a_cpu_node_runs_one_gloo_worker_without_nccl_or_a_preflight_floor(tmp_p
     """The CPU size's task command lines run as a node runs them, the launcher for real."""
     from tests.trainer.launch.launch_nodes import free_port, held_port
 
-    spec = _spec(vm_size="Standard_D2ds_v5", node_count=1, trainer_args=("--model", "tiny"))
+    spec = _trained((("model", "tiny"),), vm_size="Standard_D2ds_v5", node_count=1)
     task = task_options(spec)
     with held_port() as batch_port:
         env, workdir, ran = one_node_pool(
@@ -306,9 +313,9 @@ def _trainer_file(tmp_path, text: str):
 
 
 def _spec_of(settings, **changes) -> JobSpec:
-    from infra.trainer_settings import trainer_flags
+    from infra.trainer_settings import job_settings
 
-    return _spec(trainer_args=trainer_flags(settings), **changes)
+    return _trained(job_settings(settings), **changes)
 
 
 def test_a_stack_that_chooses_ddp_runs_the_launcher_on_a_ddp_trainer(node):

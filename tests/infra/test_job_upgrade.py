@@ -3,8 +3,8 @@ provider wrote (tests/infra/job_states/<commit>.json: its inputs and outputs as 
 keeps them, numbers as floats and sequences as lists) diffs as no change against the same job's
 settings sent with today's fields (every field JobSpec has, lists and floats as the engine
 sends them, the wall-clock limit as those jobs had it: none; the default limit an upgrade
-brings is set in place, tests/infra/test_job_wall_clock.py), and a real change still
-replaces it."""
+brings is set in place, tests/infra/test_job_wall_clock.py; and the job's settings as data,
+which no earlier shape had), and a real change still replaces it."""
 
 from __future__ import annotations
 
@@ -17,8 +17,12 @@ import pytest
 
 from infra.batch import JobSpec
 from infra.job import TrainingJobProvider
+from infra.trainer_command import trainer_flags
 
 STATES = sorted((Path(__file__).parent / "job_states").glob("*.json"))
+# The trainer settings every recorded job was made from (its trainer_args render them), as
+# today's program sends them beside the flags (infra.trainer_command.JobTrainer).
+RECORDED_SETTINGS = [["model", "resnet50"], ["epochs", "90"], ["batch_size", "256"]]
 
 
 def _as_the_engine_sends(value: Any) -> Any:
@@ -35,7 +39,7 @@ def todays_inputs(old_inputs: dict[str, Any]) -> dict[str, Any]:
     at its default where the stack sets nothing new."""
     spec = JobSpec.from_props(old_inputs)
     values = {f.name: _as_the_engine_sends(getattr(spec, f.name)) for f in fields(JobSpec)}
-    return {**values, "protect_running": True}
+    return {**values, "trainer_settings": RECORDED_SETTINGS, "protect_running": True}
 
 
 @pytest.mark.parametrize("state_file", STATES, ids=[p.stem for p in STATES])
@@ -43,6 +47,7 @@ def test_an_earlier_providers_state_diffs_as_no_change(state_file):
     state = json.loads(state_file.read_text())
     olds = {**state["inputs"], **state["outputs"]}
     news = todays_inputs(state["inputs"])
+    assert trainer_flags(JobSpec.from_props(news).trainer_settings) == tuple(news["trainer_args"])
     diff = TrainingJobProvider().diff(state["outputs"]["job_id"], olds, news)
     assert diff.changes is False, f"{state['what']}: replaces {diff.replaces}"
 

@@ -3,7 +3,7 @@
 import json
 
 from dt_commands.plan import evaluate
-from infra.trainer_command import settings_values
+from infra.trainer_command import job_trainer
 from tests.support.stacks import one, stack_values
 from trainer.settings.flags import to_flags
 
@@ -24,9 +24,11 @@ def test_job_takes_the_image_digest_and_the_pool_and_waits_for_the_cluster(dev_p
     )
     assert job.inputs["node_identity_client_id"] == f"client-{nodes.name}"
     trainer = s.jobs[0].trainer
-    assert job.inputs["trainer_args"] == to_flags(
-        settings_values(trainer.values, trainer.config, staged=bool(s.jobs[0].dataset_prefix))
-    )
+    own = job_trainer(trainer.values, trainer.config, staged=bool(s.jobs[0].dataset_prefix))
+    # The settings cross Pulumi's engine as data (pairs of text or a switch's bool, in the
+    # file's order) and render the flags the job's id hashes.
+    assert job.inputs["trainer_settings"] == [list(pair) for pair in own] != []
+    assert job.inputs["trainer_args"] == to_flags(dict(own))
     assert job.inputs["dataset_prefix"] == ""
     assert job.inputs["blob_endpoint"].endswith(".blob.core.windows.net/")
     assert dev_plan.depends_on[job.name] == ["platform-dev"]  # the GpuCluster component

@@ -229,6 +229,7 @@ def _inputs(fake: FakeBatch, stack: str, **changes: Any) -> dict[str, Any]:
         "blob_endpoint": "https://data.blob.core.windows.net/",
         "trainer_args": ["--model", "resnet50", "--epochs", "90"],
         "dataset_prefix": "",
+        "trainer_settings": [["model", "resnet50"], ["epochs", "90"]],
         **changes,
     }
     return {**values, "__provider": _provider()}

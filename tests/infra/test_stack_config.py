@@ -315,7 +315,8 @@ def test_acceptance_profile_mistakes_are_one_line_errors(schema, changes, names,
 
 
 def test_the_trainer_file_is_read_once_and_the_job_sets_its_own_flags(schema, tmp_path):
-    from infra.trainer_settings import TrainerSettings, trainer_flags
+    from infra.trainer_command import trainer_flags
+    from infra.trainer_settings import TrainerSettings, job_settings
 
     (tmp_path / "t.yaml").write_text(
         "model: resnet18\ndata: folder\ndata_dir: /d\nbackend: ddp\noutput_dir: o\n"
@@ -326,11 +327,11 @@ def test_the_trainer_file_is_read_once_and_the_job_sets_its_own_flags(schema, tm
     (tmp_path / "t.yaml").unlink()  # the settings hold what was read and validated
     assert (trainer.config.model, trainer.config.epochs) == ("resnet18", 2)
     # The file chooses the engine (ddp here); the job owns the run folder.
-    assert trainer_flags(trainer) == (
+    assert trainer_flags(job_settings(trainer)) == (
         "--model", "resnet18", "--data", "folder", "--data-dir", "/d", "--backend", "ddp",
         "--epochs", "2", "--warmup-epochs", "1",
     )  # fmt: skip
-    assert trainer_flags(trainer, "imagenet") == (
+    assert trainer_flags(job_settings(trainer, "imagenet")) == (
         "--model", "resnet18", "--backend", "ddp", "--epochs", "2", "--warmup-epochs", "1",
     )  # fmt: skip
     job = settings(schema).jobs[0]

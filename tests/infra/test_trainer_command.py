@@ -1,7 +1,7 @@
-"""The job's trainer settings cross once: the flags come from the validated settings, read back by
-the trainer as those settings; the job-set keys appear once; the launcher's flags come from the
-same mapping; and every flag a stack rendered before stays byte-identical (job ids and run
-folders hash them)."""
+"""The job's trainer settings cross as data: the flags come from the validated settings, read back
+by the trainer as those settings; the job-set keys appear once; the trainer's and the launcher's
+commands are rendered from the settings, never read back from flags; and every flag a stack
+rendered before stays byte-identical (job ids and run folders hash them)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.batch import JobSpec, launch_command, trainer_command
-from infra.trainer_command import DEFAULT_BACKEND, JOB_SET
-from infra.trainer_settings import TrainerSettings, trainer_flags
+from infra.trainer_command import DEFAULT_BACKEND, JOB_SET, JobTrainer, trainer_flags
+from infra.trainer_settings import TrainerSettings, job_settings
 from trainer.settings.flags import parse, to_flags
 
 PRESETS = sorted((Path(__file__).resolve().parents[2] / "trainer" / "presets").glob("*.yaml"))
@@ -22,7 +22,7 @@ def _settings(tmp_path: Path, text: str) -> TrainerSettings:
     return TrainerSettings.read("t.yaml", tmp_path)
 
 
-def _spec(trainer_args: tuple[str, ...], dataset_prefix: str = "") -> JobSpec:
+def _spec(settings: JobTrainer, dataset_prefix: str = "") -> JobSpec:
     return JobSpec(
         stack="dev",
         endpoint="https://b.eastus.batch.azure.com",
@@ -35,8 +35,9 @@ def _spec(trainer_args: tuple[str, ...], dataset_prefix: str = "") -> JobSpec:
         node_identity_id="/identities/n",
         node_identity_client_id="client",
         blob_endpoint="https://data.example/",
-        trainer_args=trainer_args,
+        trainer_args=trainer_flags(settings),
         dataset_prefix=dataset_prefix,
+        trainer_settings=settings,
     )
 
 
@@ -57,7 +58,7 @@ def _before(settings: TrainerSettings, staged: bool) -> tuple[str, ...]:
 def test_every_presets_flags_are_byte_identical_to_what_stacks_rendered_before(preset, staged):
     settings = TrainerSettings.read(preset.name, preset.parent)
     prefix = "imagenet" if staged else ""
-    assert trainer_flags(settings, prefix) == _before(settings, staged)
+    assert trainer_flags(job_settings(settings, prefix)) == _before(settings, staged)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +76,7 @@ def test_every_presets_flags_are_byte_identical_to_what_stacks_rendered_before(p
 )
 def test_the_flags_are_the_validated_settings_in_the_files_spelling(tmp_path, text, flags):
     settings = _settings(tmp_path, text)
-    assert trainer_flags(settings) == flags
+    assert trainer_flags(job_settings(settings)) == flags
     read_back = parse(list(flags)).config
     for key in settings.values:
         name = key.replace("-", "_")
@@ -91,12 +92,12 @@ def test_job_set_keys_of_the_file_are_left_out_and_the_command_names_each_settin
         "checkpoint_mirror_url: https://a.blob.core.windows.net/checkpoints/z/\n"
     )
     settings = _settings(tmp_path, text)
-    flags = trainer_flags(settings)
-    assert flags == ("--model", "tiny", "--backend", "ddp")
+    own = job_settings(settings)
+    assert trainer_flags(own) == ("--model", "tiny", "--backend", "ddp")
     assert set(JOB_SET) == {
         "output_dir", "metrics_upload_url", "outputs_url", "checkpoint_mirror_url"
     }  # fmt: skip
-    spec = _spec(flags)
+    spec = _spec(own)
     command = trainer_command(spec)
     named = [word for word in command if word.startswith("--")]
     assert len(named) == len(set(named)), named  # one mapping: no setting twice
@@ -111,9 +112,9 @@ def test_job_set_keys_of_the_file_are_left_out_and_the_command_names_each_settin
     assert config.backend == "ddp"
 
 
-@pytest.mark.parametrize(("flags", "engine"), [((), "horovod"), (("--backend", "fsdp"), "fsdp")])
-def test_the_launcher_is_told_the_trainers_engine_and_run_folder(flags, engine):
-    spec = _spec(("--model", "tiny", *flags), dataset_prefix="imagenet")
+@pytest.mark.parametrize(("own", "engine"), [((), "horovod"), ((("backend", "fsdp"),), "fsdp")])
+def test_the_launcher_is_told_the_trainers_engine_and_run_folder(own, engine):
+    spec = _spec((("model", "tiny"), *own), dataset_prefix="imagenet")
     launch = launch_command(spec, "--report")
     split = launch.index("--")
     launcher, trainer = launch[:split], launch[split + 1 :]
@@ -121,3 +122,18 @@ def test_the_launcher_is_told_the_trainers_engine_and_run_folder(flags, engine):
     assert config.backend == engine and config.data == "shards"
     given = dict(zip(launcher[5::2], launcher[6::2], strict=False))
     assert given["--backend"] == engine and given["--run-dir"] == config.output_dir
+
+
+def test_the_settings_as_data_are_not_the_jobs_identity_and_must_render_its_flags():
+    """A job whose state predates its settings as data is the same job (its id and run folder
+    hash only its flags); its commands are never read back from those flags."""
+    own = (("model", "tiny"), ("backend", "ddp"), ("fp16_allreduce", False))
+    spec = _spec(own)
+    assert spec.trainer_args == ("--model", "tiny", "--backend", "ddp", "--no-fp16-allreduce")
+    from dataclasses import replace
+
+    older = replace(spec, trainer_settings=())
+    assert (older.job_id, older.run_name) == (spec.job_id, spec.run_name)
+    with pytest.raises(ValueError, match="run `pulumi up` with this version"):
+        trainer_command(older)
+    assert trainer_command(spec)[3:8] == list(spec.trainer_args)

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 class Request:
     config: TrainConfig
     dry_run: bool
+    flagged: frozenset[str] = frozenset()  # the settings the flags themselves give
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -87,8 +88,10 @@ def parse(argv: Sequence[str] | None = None) -> Request:
     values: dict[str, Any] = {}
     if "config" in namespace:
         values.update(_read_yaml(namespace["config"]))
-    values.update({k: v for k, v in namespace.items() if k in FIELD_NAMES})
-    return Request(TrainConfig.from_mapping(values), bool(namespace.get("dry_run")))
+    flagged = {k: v for k, v in namespace.items() if k in FIELD_NAMES}
+    values.update(flagged)
+    config = TrainConfig.from_mapping(values)
+    return Request(config, bool(namespace.get("dry_run")), frozenset(flagged))
 
 
 def to_flags(values: dict[str, Any]) -> list[str]:

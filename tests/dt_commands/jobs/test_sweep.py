@@ -100,8 +100,13 @@ def pool(tmp_path, entra_env, monkeypatch, stack_spec):
 def _expected(spec: JobSpec, nodes: int) -> JobSpec:
     """The stack's job with only nodes, steps and name changed."""
     args = (*spec.trainer_args, "--max-steps", str(STEPS))
+    settings = (*spec.trainer_settings, ("max_steps", str(STEPS)))
     return replace(
-        spec, node_count=nodes, trainer_args=args, name=f"default-sweep-{STAMP}-{nodes}n"
+        spec,
+        node_count=nodes,
+        trainer_args=args,
+        trainer_settings=settings,
+        name=f"default-sweep-{STAMP}-{nodes}n",
     )
 
 
@@ -292,6 +297,19 @@ def test_a_state_file_without_the_job_is_one_line_and_exit_2(tmp_path, capsys, s
         code = exit_.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_a_job_deployed_before_its_settings_were_data_is_one_line_naming_the_fix(pool, capsys):
+    """State an earlier version wrote has the job's flags only: the sweep does not read them
+    back; one `pulumi up` records the settings (and replaces no job: test_job_upgrade)."""
+    state = json.loads(pool.state.read_text())
+    (resource,) = state["deployment"]["resources"]
+    del resource["inputs"]["trainer_settings"]
+    pool.state.write_text(json.dumps(state))
+    code, out, err = _sweep(capsys, pool, "--nodes", "1", "--steps", str(STEPS))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "no trainer settings this version can read; run `pulumi up` with this version" in err
+    assert pool.fake.calls() == []  # nothing submitted
 
 
 def _stub_pulumi(folder: Path, script: str) -> str:

@@ -25,7 +25,7 @@ def test_close_ends_a_run_still_going_and_a_rejoining_node_starts_nothing(
     make_cluster, vnet, storage, cpu_stack
 ):
     cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill")
-    run = submit(cluster, make_spec(cpu_stack, storage, trainer_args=(*TINY, "--epochs", "4000")))
+    run = submit(cluster, make_spec(cpu_stack, storage, trainer={**TINY, "epochs": 4000}))
     wait_for(lambda: len(run.running) == 2, 60, "the coordination commands", cluster, run)
     idle = next(n for n in cluster.nodes if n not in run.nodes)
     cluster._take(idle, "Reboot")  # it would run its start task again REJOIN_SECONDS later

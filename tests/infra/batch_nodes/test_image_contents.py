@@ -33,7 +33,7 @@ PROBE = (
 def test_a_workers_container_holds_the_image_and_not_the_checkout(make_cluster, storage, cpu_stack):
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     command = ("python", "-c", PROBE)
-    spec = make_spec(cpu_stack, storage, trainer_args=(), command=command, engine="torch")
+    spec = make_spec(cpu_stack, storage, trainer={}, command=command, engine="torch")
     run = submit(cluster, spec)
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code) == ("completed", 0), describe(cluster, run)

@@ -66,7 +66,7 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     command = ("python", "train.py", "--steps", "100000", "--checkpoint-every", "5")
     spec = make_spec(
-        cpu_stack, storage, trainer_args=(), command=command, engine="torch",
+        cpu_stack, storage, trainer={}, command=command, engine="torch",
         code_sha256=snap.sha256,
     )  # fmt: skip
     run = submit(cluster, spec)
@@ -110,12 +110,12 @@ def test_plugins_from_a_snapshot_train_on_two_nodes_with_the_trainer(
     files = {f"custom_model/{p.name}": p for p in example.glob("*.py")}
     snap = _upload(vnet, storage, tmp_path, "team", files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (
-        "--model", "custom_model.model:build", "--data", "custom_model.data:build",
-        "--num-classes", "3", "--batch-size", "8", "--max-steps", "6", "--epochs", "9",
-        "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
-    )  # fmt: skip
-    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
+    args = {
+        "model": "custom_model.model:build", "data": "custom_model.data:build",
+        "num_classes": 3, "batch_size": 8, "max_steps": 6, "epochs": 9, "warmup_epochs": 1,
+        "loader_workers": 0, "log_every": 1,
+    }  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer=args, code_sha256=snap.sha256)
     run = submit(cluster, spec)
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)

@@ -44,7 +44,7 @@ class _Printed(io.StringIO):
 @pytest.mark.parametrize("reading", COORDINATION_OUTPUTS)
 def test_logs_follow_every_nodes_live_output(make_cluster, storage, cpu_stack, tmp_path, reading):
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill", coordination_output=reading)
-    spec = make_spec(cpu_stack, storage, trainer_args=(*TINY, "--max-steps", "8", "--epochs", "9"))
+    spec = make_spec(cpu_stack, storage, trainer={**TINY, "max_steps": 8, "epochs": 9})
     run = submit(cluster, spec)
     api = EmulatedBatchApi(tmp_path / "batch-api", cluster, run)
     try:

@@ -81,7 +81,7 @@ def test_a_jobs_preparation_stages_its_dataset_on_the_array(
     cluster = booted(make_cluster, gpu_stack, nodes=1)
     node = cluster.nodes[0]
     spec = make_spec(
-        gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), dataset_prefix=prefix,
+        gpu_stack, storage, trainer={**TINY, "max_steps": 2}, dataset_prefix=prefix,
         node_count=1,
     )  # fmt: skip
     run = submit(cluster, spec)

@@ -30,10 +30,7 @@ pytestmark = pytest.mark.processes
 
 TESTS = REPO / "tests" / "trainer"  # where the tests' own plug-ins live
 
-SMALL = (
-    "--num-classes", "3", "--batch-size", "8", "--warmup-epochs", "1", "--loader-workers", "0",
-    "--epochs", "9",
-)  # fmt: skip
+SMALL = {"num_classes": 3, "batch_size": 8, "warmup_epochs": 1, "loader_workers": 0, "epochs": 9}
 
 
 def _submit(cluster, spec, env: dict[str, str]):
@@ -50,12 +47,12 @@ def test_a_rank_blocked_in_a_collective_is_named_and_the_retry_resumes(
     # The stuck model is the job's own code, as a team would give it (the image has none).
     snap = job_code(vnet, storage, tmp_path, {"stuck_rank.py": TESTS / "watch" / "stuck_rank.py"})
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (
-        "--backend", "ddp", "--model", "stuck_rank:build", "--image-size", "16",
-        "--synthetic-size", "256", *SMALL, "--max-steps", "8", "--checkpoint-every", "2",
-        "--log-every", "1", "--step-timeout-minutes", "0.15",
-    )  # fmt: skip
-    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
+    args = {
+        "backend": "ddp", "model": "stuck_rank:build", "image_size": 16, "synthetic_size": 256,
+        **SMALL, "max_steps": 8, "checkpoint_every": 2, "log_every": 1,
+        "step_timeout_minutes": 0.15,
+    }  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer=args, code_sha256=snap.sha256)
     # Rank 1 (torch ranks the master's workers first: rank 1 is the other node's) blocks in a
     # recv nobody answers at its third step, after the step-2 checkpoint, on the first try only.
     run = _submit(cluster, spec, {"STUCK_RANK": "1", "STUCK_STEP": "3"})
@@ -86,12 +83,12 @@ def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
     files["slow_node_data.py"] = TESTS / "slow_node_data.py"
     snap = job_code(vnet, storage, tmp_path, files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (
-        "--model", "examples.custom_model.model:build",
-        "--data", "slow_node_data:build", "--data-args", "{seconds: 0.02}",
-        *SMALL, "--max-steps", "16", "--straggler-every", "4", "--log-every", "4",
-    )  # fmt: skip
-    spec = make_spec(cpu_stack, storage, trainer_args=args, code_sha256=snap.sha256)
+    args = {
+        "model": "examples.custom_model.model:build", "data": "slow_node_data:build",
+        "data_args": {"seconds": 0.02}, **SMALL, "max_steps": 16, "straggler_every": 4,
+        "log_every": 4,
+    }  # fmt: skip
+    spec = make_spec(cpu_stack, storage, trainer=args, code_sha256=snap.sha256)
     run = _submit(cluster, spec, {})
     assert run.wait(RUN_SECONDS), describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)

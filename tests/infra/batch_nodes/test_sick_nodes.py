@@ -39,12 +39,12 @@ pytestmark = pytest.mark.processes
 
 
 # Longer than any test waits: a test ends the job itself.
-LONG_RUN = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
+LONG_RUN = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
 
 
 def _checkpointed_run(cluster: Cluster, stack, storage) -> tuple[JobRun, Path]:
     """A LONG_RUN job on two of the cluster's nodes, once it wrote a checkpoint; its folder."""
-    spec = make_spec(stack, storage, trainer_args=LONG_RUN)
+    spec = make_spec(stack, storage, trainer=LONG_RUN)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
     wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
@@ -87,7 +87,7 @@ def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
     out = io.StringIO()
     assert keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out) == 0
     assert f"node {sick.id} takes no new task" in out.getvalue()
-    again = submit(cluster, make_spec(cpu_stack, storage, trainer_args=LONG_RUN))
+    again = submit(cluster, make_spec(cpu_stack, storage, trainer=LONG_RUN))
     wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
     assert sick not in again.nodes and len(again.nodes) == 2, describe(cluster, again)
     wait_for(lambda: "resumed from" in folder_logs(folder, current_attempt(folder)),

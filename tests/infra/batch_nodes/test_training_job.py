@@ -43,10 +43,10 @@ from trainer.checkpoints.single_file import load_latest
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
 
-SHARDS = (
-    "--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "2",
-    "--warmup-epochs", "1", "--loader-workers", "0", "--log-every", "1",
-)  # fmt: skip
+SHARDS = {
+    "model": "tiny", "num_classes": 3, "image_size": 16, "batch_size": 2, "warmup_epochs": 1,
+    "loader_workers": 0, "log_every": 1,
+}  # fmt: skip
 
 
 def uploaded(vnet, storage, spec: JobSpec) -> dict[str, str]:
@@ -77,11 +77,11 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared,
                      nfs_view=(0, bound))  # fmt: skip
     if data == "synthetic":
-        args, prefix = (*TINY, "--max-steps", "6", "--epochs", "9"), ""
+        args, prefix = {**TINY, "max_steps": 6, "epochs": 9}, ""
     else:
         prefix = request.getfixturevalue("dataset_prefix")
-        args = (*SHARDS, "--max-steps", "6", "--epochs", "9")
-    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=prefix)
+        args = {**SHARDS, "max_steps": 6, "epochs": 9}
+    spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=prefix)
     run = submit(cluster, spec)
     # A node whose preparation failed never gets the task: with two nodes the job would wait
     # forever, so that is a failure now.
@@ -147,7 +147,7 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(
     outputs = {n.index: (n.startup_dir / "stderr.txt").read_text()[-1500:] for n in cluster.nodes}
     assert [n.state for n in cluster.nodes] == ["idle", "starttaskfailed", "idle"], outputs
     assert said in outputs[1], outputs[1]
-    spec = make_spec(gpu_stack, storage, trainer_args=(*TINY, "--max-steps", "2"), node_count=3)
+    spec = make_spec(gpu_stack, storage, trainer={**TINY, "max_steps": 2}, node_count=3)
     run = submit(cluster, spec)
     # Three instances wanted, two usable nodes: the task is never scheduled, it stays active.
     assert not run.wait(3), describe(cluster, run)
@@ -161,8 +161,8 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     make_cluster, storage, cpu_stack
 ):
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+    spec = make_spec(cpu_stack, storage, trainer=args)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
     wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
@@ -203,8 +203,8 @@ def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     the primary on a node that was not the master. The spare stages the dataset first (node-
     local staging does not travel) and the retry resumes from the checkpoint on the share."""
     cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
-    args = (*SHARDS, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args, dataset_prefix=dataset_prefix)
+    args = {**SHARDS, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+    spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=dataset_prefix)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
     wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
@@ -258,8 +258,8 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
     assert (cpu_stack.pool.spot_nodes, cpu_stack.pool.dedicated_nodes) == (2, 0)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
     assert all(node.spot for node in cluster.nodes)
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+    spec = make_spec(cpu_stack, storage, trainer=args)
     run = submit(cluster, spec)
     folder = run_folder(cluster, spec)
     attempt = None
@@ -339,8 +339,8 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     launcher must have one from its first instant, also while it still waits for the master's
     rendezvous (frozen here), and then must not start workers it would have to stop."""
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+    spec = make_spec(cpu_stack, storage, trainer=args)
     folder = run_folder(cluster, spec)
 
     # Kill: SIGKILL to every process of the task, at once, mid-run.
@@ -404,8 +404,8 @@ def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
     resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
     (trainer.checkpoints.mirror, the job's --checkpoint-mirror-url), not from step 0."""
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = (*TINY, "--max-steps", "4000", "--epochs", "4000", "--checkpoint-every", "2")
-    spec = make_spec(cpu_stack, storage, trainer_args=args)
+    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+    spec = make_spec(cpu_stack, storage, trainer=args)
     folder = run_folder(cluster, spec)
     mirror = spec.checkpoint_mirror_url.split("/checkpoints/", 1)[1]
     wiped: list[int] = []

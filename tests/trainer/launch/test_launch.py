@@ -190,6 +190,7 @@ def test_the_jobs_task_command_lines_train_then_report_on_a_one_node_pool(tmp_pa
         blob_endpoint="https://data.example/",
         trainer_args=("--model", "tiny", "--epochs", "1"),
         dataset_prefix="",
+        trainer_settings=(("model", "tiny"), ("epochs", "1")),
     )
     task = task_options(spec)
     with held_port() as batch_port:
