@@ -120,7 +120,7 @@ class AzureMocks(pulumi.runtime.Mocks):
 
             return {"mode": LEGACY, "role": PULL_ROLES[LEGACY]}
         if typ == "pulumi-python:dynamic/acr:ImageBuild":
-            # What infra.image.run_build returns once the run pushed the image.
+            # What infra.image_build.run_build returns once the run pushed the image.
             return {"run_id": "ca1", "status": "Succeeded", "digest": _fake_digest(inputs["image"])}
         if typ == "docker-build:index:Image":
             return {"digest": _fake_digest(str(inputs.get("tags")))}

@@ -24,14 +24,9 @@ from infra.identity import (
     container_scope,
     deployer_principal_type,
 )
-from infra.image import (
-    PullSource,
-    ReusedImage,
-    TrainerImage,
-    TrainerImageArgs,
-    commit_to_build,
-)
+from infra.image import PullSource, ReusedImage, TrainerImage, TrainerImageArgs
 from infra.image_inputs import content_tag
+from infra.image_source import commit_to_build
 from infra.job import JOB_OUTPUTS, TrainingJob, TrainingJobArgs
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.naming import Placement
@@ -137,7 +132,7 @@ def _nfs(stem: str, at: Placement, s: StackSettings, net: Network) -> NfsServer:
 def _commit_to_build(s: StackSettings) -> str:
     """The commit the acr builder builds ("" for docker or an imageRef); a real `pulumi up`
     refuses uncommitted image inputs and a commit the remote lacks
-    (infra.image.commit_to_build)."""
+    (infra.image_source.commit_to_build)."""
     return commit_to_build() if s.image.builder == "acr" and not s.image.ref else ""
 
 

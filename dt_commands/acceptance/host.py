@@ -35,7 +35,7 @@ def _public_ip() -> str:
 def _check_source() -> None:
     """The acr builder builds the deployed commit: refuse uncommitted or unpushed image inputs
     now (``ConfigError``), as `pulumi up` would, before anything is created."""
-    from infra.image import commit_to_build
+    from infra.image_source import commit_to_build
 
     commit_to_build(strict=True)
 

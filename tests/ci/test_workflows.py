@@ -322,7 +322,7 @@ def test_deploy_waits_for_environment_approval_and_applies_policies():
 
 
 def test_the_deploy_outlasts_the_longest_image_build_it_allows():
-    from infra.image import BUILD_TIMEOUT_SECONDS, QUEUE_GRACE_SECONDS
+    from infra.image_build import BUILD_TIMEOUT_SECONDS, QUEUE_GRACE_SECONDS
 
     deploy = yaml.safe_load((REPO / ".github/workflows/deploy.yml").read_text())
     up = deploy["jobs"]["up"]

@@ -11,6 +11,7 @@ from infra import image as image_module
 from infra.identity import ACR_PUSH
 from infra.image import ACR_TOKEN_USER
 from infra.image_inputs import REPO, content_tag
+from infra.image_source import source_state
 from infra.naming import PROJECT
 from infra.settings.checks import ConfigError
 from infra.settings.secrets import secret_setting
@@ -44,7 +45,7 @@ def test_acr_builder_declares_a_named_task_with_its_own_identity(dev_plan):
     s = dev_plan.settings
     task = one(dev_plan, TASK).inputs
     registry = one(dev_plan, "azure-native:containerregistry:Registry").inputs
-    commit = image_module.source_state().commit
+    commit = source_state().commit
     assert task["taskName"] == "build-trainer"
     assert task["registryName"] == registry["registryName"]
     assert task["resourceGroupName"] == "rg-platform-dev"

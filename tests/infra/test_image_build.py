@@ -3,20 +3,16 @@ against a fake ARM endpoint (HTTPS on 127.0.0.1 with a self-signed certificate t
 REQUESTS_CA_BUNDLE), which records what the client sends and answers like ACR's run API."""
 
 import base64
+import pickle
 import re
 import subprocess
 import sys
 
 import pytest
 
-from infra import image as image_module
+from infra import image_build as build_module
 from infra import registry as registry_module
-from infra.image import (
-    RUN_API_VERSION,
-    BuildSpec,
-    ImageBuildError,
-    ImageBuildProvider,
-)
+from infra.image_build import RUN_API_VERSION, BuildSpec, ImageBuildError, ImageBuildProvider
 from infra.registry import TaskBypassError
 from tests.infra.fake_arm import (
     BYPASS_PATCH,
@@ -180,9 +176,9 @@ def arm(tmp_path, monkeypatch):
     fake = FakeArm()
     with serving_arm(tmp_path, monkeypatch, fake.serve) as base:
         fake.registry.base = base
-        monkeypatch.setattr(image_module, "ARM_ENDPOINT", base)
+        monkeypatch.setattr(build_module, "ARM_ENDPOINT", base)
         monkeypatch.setattr(registry_module, "ARM_ENDPOINT", base)
-        monkeypatch.setattr(image_module, "POLL_SECONDS", 0)
+        monkeypatch.setattr(build_module, "POLL_SECONDS", 0)
         monkeypatch.setattr(registry_module, "POLL_SECONDS", 0)
         yield fake
 
@@ -344,15 +340,15 @@ def test_a_poll_refused_for_good_is_one_line_naming_the_run(arm):
 
 def test_polls_failing_until_the_deadline_end_in_one_line(arm, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(image_module, "time", clock)
-    monkeypatch.setattr(image_module, "POLL_SECONDS", 600)
+    monkeypatch.setattr(build_module, "time", clock)
+    monkeypatch.setattr(build_module, "POLL_SECONDS", 600)
     unavailable = (503, _error("ServiceUnavailable", "The service is temporarily unavailable."))
     arm.failures = [unavailable] * 1000
     with pytest.raises(ImageBuildError) as failed:
         ImageBuildProvider().create(_props())
     message = str(failed.value)
     assert "\n" not in message and "run ca7" in message and "503" in message
-    assert clock.now > image_module.BUILD_TIMEOUT_SECONDS  # it waited out the deadline
+    assert clock.now > build_module.BUILD_TIMEOUT_SECONDS  # it waited out the deadline
     assert len(arm.of("POST")) == 1
 
 
@@ -385,13 +381,16 @@ def test_the_provider_is_pickled_by_reference():
     from pulumi.dynamic.dynamic import serialize_provider
 
     pickled = base64.b64decode(serialize_provider(ImageBuildProvider()))
-    assert b"infra.image" in pickled and b"ImageBuildProvider" in pickled
+    assert b"infra.image_build" in pickled and b"ImageBuildProvider" in pickled
     assert len(pickled) < 200  # a reference, not the class's code
+    # Stacks deployed before the build moved to its own module name it by the old path: their
+    # refresh and destroy unpickle that reference (pickle's GLOBAL opcode, as dill writes it).
+    assert pickle.loads(b"cinfra.image\nImageBuildProvider\n.") is ImageBuildProvider
 
 
 def test_importing_the_provider_module_loads_no_azure_sdk():
     code = (
-        "import sys, infra.image; "
+        "import sys, infra.image, infra.image_build; "
         "print([m for m in sys.modules if m.startswith(('azure.mgmt', 'azure.identity'))])"
     )
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

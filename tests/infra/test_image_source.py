@@ -9,9 +9,9 @@ import pytest
 
 from dt_commands.mocks import AzureMocks
 from dt_commands.plan import evaluate
-from infra import image as image_module
+from infra import image_source as source_module
 from infra import stack as stack_module
-from infra.image import commit_to_build, source_state
+from infra.image_source import commit_to_build, source_state
 from infra.naming import PROJECT
 from infra.settings.checks import ConfigError
 from tests.support.stacks import stack_values
@@ -59,7 +59,7 @@ def clone(tmp_path) -> Path:
 
 def test_a_pushed_clean_commit_is_built(clone):
     head = git(clone, "rev-parse", "HEAD")
-    assert source_state(clone) == image_module.SourceState(commit=head, dirty=False, pushed=True)
+    assert source_state(clone) == source_module.SourceState(commit=head, dirty=False, pushed=True)
     assert commit_to_build(clone, strict=True) == head
 
 
@@ -116,8 +116,8 @@ def test_a_folder_that_is_not_a_checkout_is_refused(tmp_path):
 
 def test_pulumi_up_refuses_before_declaring_any_resource(clone, monkeypatch):
     commit(clone, {"trainer/models/build.py": "x = 4\n"}, "local only")
-    monkeypatch.setattr(image_module, "REPO", clone)
-    monkeypatch.setattr(image_module, "deploying", lambda: True)  # as in a real `pulumi up`
+    monkeypatch.setattr(source_module, "REPO", clone)
+    monkeypatch.setattr(source_module, "deploying", lambda: True)  # as in a real `pulumi up`
 
     def too_early(*args, **kwargs):
         raise AssertionError("a resource was declared before the source check")
@@ -131,4 +131,4 @@ def test_pulumi_up_refuses_before_declaring_any_resource(clone, monkeypatch):
 def test_mocks_and_previews_are_not_deployments(preview):
     # Under Pulumi's mocks (the offline plan, the tests) and in previews nothing is built.
     pulumi.runtime.set_mocks(AzureMocks(), project=PROJECT, stack="dev", preview=preview)
-    assert image_module.deploying() is False
+    assert source_module.deploying() is False

@@ -31,7 +31,7 @@ from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
 from infra.batch import TASK_ID, JobSpec
-from infra.image import ImageBuildProvider
+from infra.image_build import ImageBuildProvider
 from infra.job import TrainingJobProvider
 from infra.registry import TaskBypassProvider
 from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
@@ -88,9 +88,9 @@ def _dict(struct: struct_pb2.Struct) -> dict[str, Any]:
 # The providers that call ARM build its URL from a module constant: this host's ARM is the fake.
 ARM_HERE = """
 if os.environ.get("FAKE_ARM"):
-    import infra.image, infra.registry
+    import infra.image_build, infra.registry
 
-    infra.image.ARM_ENDPOINT = infra.registry.ARM_ENDPOINT = os.environ["FAKE_ARM"]
+    infra.image_build.ARM_ENDPOINT = infra.registry.ARM_ENDPOINT = os.environ["FAKE_ARM"]
 """
 
 
