@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.batch import live_folder_url
-from infra.job import JOB_OUTPUTS
+from infra.job_outputs import JOB_OUTPUTS
 from infra.settings.jobs import SHORTHAND_JOB
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import one_line
@@ -171,7 +171,7 @@ def _job(stack: str, name: str, shared: dict[str, Any], own: Any, where: str) ->
 
 def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
     """Every job of the stack, by name: the ``jobs`` map, or the single job's top-level outputs."""
-    # A job's outputs (infra.job.JOB_OUTPUTS: its state and retries as of the last refresh;
+    # A job's outputs (infra.job_outputs.JOB_OUTPUTS: its state and retries as of the last refresh;
     # ``list`` asks Batch for the live ones); a single job's job_* repeat at the top level.
     shared = {k: v for k, v in outputs.items() if k not in (*JOB_OUTPUTS, "jobs")}
     if "jobs" not in outputs:

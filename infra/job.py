@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
@@ -25,149 +23,31 @@ from infra.batch import (
     TASK_ID,
     JobFields,
     JobSpec,
-    error_code,
     job_options,
-    live_folder_url,
     poll_succeeded,
     state_text,
     task_options,
     terminate_options,
     wall_clock_limit,
 )
-from infra.dynamic import OneLineError, Provider
+from infra.batch_calls import AccessRefused, JobError, batch_call, batch_call_seen
+from infra.dynamic import Provider
+from infra.job_outputs import (
+    OUTPUT_KEYS,
+    hours_since,
+    job_outputs,
+    metrics_folder_url,
+    read_progress,
+)
 from infra.settings.jobs import SHORTHAND_JOB
 from infra.task_report import last_try_line
-from trainer.common.errors import first_line, one_line
+from trainer.common.errors import first_line
 
-T = TypeVar("T")
-# New role assignments take minutes to reach Batch's data plane: until then it answers 403
-# (401 while a token is not accepted yet). Retry those with growing pauses for this long.
-AUTH_RETRY_SECONDS = 600.0
-FIRST_AUTH_RETRY_SECONDS = 2.0
-MAX_AUTH_RETRY_SECONDS = 60.0
 POLL_SECONDS = 5
 DELETE_WAIT_SECONDS = 900.0
-# Batch's control plane is eventually consistent and documents no window: a job can be 404
-# JobNotFound right after its add succeeded (microsoft/CromwellOnAzure #483 retries Job - Get
-# on JobNotFound after the commit). A 404 for a job this provider just made, or one a refresh
-# finds missing, is believed only after this many further reads this far apart.
-NOT_FOUND_RETRIES = 4
-NOT_FOUND_PAUSE_SECONDS = 2.0
 # The 409s that mean the work is done or under way already, not a failure (Batch error codes,
 # BatchErrorCode in the REST reference): a retried add meets what its lost answer made.
 TERMINATE_UNDER_WAY = ("JobBeingTerminated", "JobCompleted")
-
-
-class JobError(OneLineError):
-    """A Batch call failed; one line naming the job, the call and the fix."""
-
-
-class AccessRefused(JobError):
-    """Batch kept refusing the caller (401/403) for as long as the call would wait."""
-
-    def __init__(self, refusal: str, waited: float) -> None:
-        self.refusal = refusal  # "Batch at <endpoint> refused to <what> (<status> <code>)"
-        super().__init__(
-            f"{refusal} for {waited:.0f} s: give the deployer a Batch data-plane role on the "
-            "account (e.g. Azure Batch Job Submitter), wait for the role assignment to "
-            "propagate, then run `pulumi up` again"
-        )
-
-
-def _error_code(err: Any) -> str:
-    model = getattr(err, "model", None)
-    return str(getattr(model, "code", None) or getattr(err, "reason", None) or "no code")
-
-
-def _call(
-    endpoint: str,
-    what: str,
-    call: Callable[[], T],
-    auth_wait: float | None = None,
-    expected: tuple[str, ...] = (),
-) -> T:
-    """``call()``, retrying Batch's authorization failures (401/403) with exponential backoff
-    for up to ``auth_wait`` seconds (default ``AUTH_RETRY_SECONDS``): a role assignment made
-    by this deployment takes minutes to reach the data plane. Then ``AccessRefused``; other
-    Batch errors become one line; ``ResourceNotFoundError`` and the errors whose Batch code is
-    in ``expected`` pass through for the caller."""
-    from trainer.common.azure_sdk import AzureError, HttpResponseError, ResourceNotFoundError
-
-    limit = AUTH_RETRY_SECONDS if auth_wait is None else auth_wait
-
-    delay = FIRST_AUTH_RETRY_SECONDS
-    waited = 0.0
-    while True:
-        try:
-            return call()
-        except ResourceNotFoundError:
-            raise
-        except HttpResponseError as err:
-            if error_code(err) in expected:
-                raise
-            if err.status_code not in (401, 403):
-                raise JobError(f"{what} at {endpoint} failed: {first_line(err)}") from None
-            refused = (
-                f"Batch at {endpoint} refused to {what} ({err.status_code} {_error_code(err)})"
-            )
-            if waited + delay > limit:
-                raise AccessRefused(refused, waited) from None
-            pulumi.log.warn(
-                f"{refused}; a new role assignment can take minutes to propagate: "
-                f"retrying in {delay:g} s"
-            )
-            time.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, MAX_AUTH_RETRY_SECONDS)
-        except AzureError as err:
-            raise JobError(f"{what} at {endpoint} failed: {first_line(err)}") from None
-
-
-def _seen(endpoint: str, what: str, call: Callable[[], T], **options: Any) -> T:
-    """``_call`` that believes a 404 only once ``NOT_FOUND_RETRIES`` more calls got it too."""
-    from trainer.common.azure_sdk import ResourceNotFoundError
-
-    for _ in range(NOT_FOUND_RETRIES):
-        try:
-            return _call(endpoint, what, call, **options)
-        except ResourceNotFoundError:
-            time.sleep(NOT_FOUND_PAUSE_SECONDS)
-    return _call(endpoint, what, call, **options)
-
-
-# A job's stack outputs, declared once: each name as the stack exports it (infra.stack) and
-# the commands read it back (dt_commands.stack_outputs), and the TrainingJob output it carries
-# (None: the job's node count, a setting rather than an output of the resource).
-JOB_OUTPUTS: dict[str, str | None] = {
-    "job_id": "job_id",
-    "job_state": "state",
-    "task_state": "task_state",
-    "retries": "retries",
-    "job_portal_url": "portal_url",
-    "job_log_url": "log_url",
-    "job_checkpoint_path": "checkpoint_path",
-    "node_count": None,
-    "metrics_url": "metrics_url",
-    "outputs_url": "outputs_url",
-    "step": "step",
-    "images_per_sec": "images_per_sec",
-    "tokens_per_sec": "tokens_per_sec",
-    # When the step above was uploaded; a refresh that could not read it says why here.
-    "progress_at": "progress_at",
-    "progress_error": "progress_error",
-    "pool_errors": "pool_errors",
-    # The ranks the run named slower than the others in its latest window.
-    "stragglers": "stragglers",
-    # How the task's last failed try ended: the node whose rank failed it, and how to keep that
-    # node out (infra.task_report).
-    "last_try": "last_try",
-}
-# The resource's outputs: what the provider fills in and keeps.
-OUTPUT_KEYS = tuple(key for key in JOB_OUTPUTS.values() if key is not None)
-# A refresh reads the job's uploaded metrics for its current step; it waits this long per try
-# for a storage account it cannot reach (not in storageAllowedIps from here), then goes on.
-PROGRESS_TIMEOUT_SECONDS = 10.0
-UNITS = ("images", "tokens")  # what a run's rate counts (infra.live_metrics.rate_key)
 
 
 class TrainingJobProvider(Provider):
@@ -193,7 +73,7 @@ class TrainingJobProvider(Provider):
             # Batch's REST reference (Job - Add, onAllTasksComplete): a job without tasks counts
             # as complete, so create it with noaction and switch to terminatejob once the tasks
             # are added; the job then ends when its task does.
-            _seen(
+            batch_call_seen(
                 spec.endpoint,
                 f"update job {job_id}",
                 lambda: client.update_job(
@@ -207,7 +87,7 @@ class TrainingJobProvider(Provider):
             except JobError as cleanup:
                 pulumi.log.warn(f"job {job_id} was left behind: {cleanup}")
             raise
-        job = _seen(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
+        job = batch_call_seen(spec.endpoint, f"read job {job_id}", lambda: client.get_job(job_id))
         return CreateResult(job_id, {**props, **job_outputs(spec, state_text(job.state))})
 
     @classmethod
@@ -224,17 +104,17 @@ class TrainingJobProvider(Provider):
         what, read = f"create job {job_id}", f"read job {job_id}"
 
         def now() -> str:
-            return state_text(_call(endpoint, read, lambda: client.get_job(job_id)).state)
+            return state_text(batch_call(endpoint, read, lambda: client.get_job(job_id)).state)
 
         for _ in range(4):  # at most: terminating, completed (deleted), gone, added
             try:
                 add = lambda: client.create_job(job_options(spec))  # noqa: E731
-                _call(endpoint, what, add, expected=("JobExists",))
+                batch_call(endpoint, what, add, expected=("JobExists",))
                 return None
             except HttpResponseError:
                 pass
             try:
-                job = _seen(endpoint, read, lambda: client.get_job(job_id))
+                job = batch_call_seen(endpoint, read, lambda: client.get_job(job_id))
             except ResourceNotFoundError:
                 continue  # deleted since: add it again
             if foreign := _foreign(spec, job):
@@ -249,7 +129,7 @@ class TrainingJobProvider(Provider):
             if state in ("terminating", "deleting"):
                 batch.wait_while(now, state, POLL_SECONDS, DELETE_WAIT_SECONDS)
                 continue
-            task = _call(
+            task = batch_call(
                 endpoint, f"read task of job {job_id}", lambda: _task_or_none(client, job_id)
             )
             if task is not None:
@@ -306,12 +186,12 @@ class TrainingJobProvider(Provider):
         spec = JobSpec.from_props(news)
         client = batch.client(spec.endpoint)
         try:
-            job = _seen(spec.endpoint, f"read job {id_}", lambda: client.get_job(id_))
+            job = batch_call_seen(spec.endpoint, f"read job {id_}", lambda: client.get_job(id_))
         except ResourceNotFoundError:
             job = None
         state = state_text(job.state) if job is not None else str(olds.get("state") or "")
         if job is not None and state in RUNNING_STATES:
-            ran = _hours_since(getattr(job, "creation_time", None))
+            ran = hours_since(getattr(job, "creation_time", None))
             if ran is not None and ran >= spec.max_wall_clock_hours:
                 pulumi.log.warn(
                     f"job {id_} has run {ran:.0f} h, past its new wall-clock limit of "
@@ -321,7 +201,9 @@ class TrainingJobProvider(Provider):
             else:
                 limit = wall_clock_limit(spec.max_wall_clock_hours)
                 update = m.BatchJobUpdateOptions(constraints=limit)
-                _seen(spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, update))
+                batch_call_seen(
+                    spec.endpoint, f"update job {id_}", lambda: client.update_job(id_, update)
+                )
         # The job as it was (its outputs, and the image it runs, which a protected running job
         # keeps: ``diff``) with its new limit.
         kept = {key: olds[key] for key in (*OUTPUT_KEYS, "image_ref") if key in olds}
@@ -357,8 +239,10 @@ class TrainingJobProvider(Provider):
         # Batch role (a colleague's preview of a stack CI deployed), who still gets a preview.
         try:
             # Not gone on the first 404: a refresh right after create may not see the job yet.
-            job = _seen(endpoint, f"read job {id_}", lambda: client.get_job(id_), auth_wait=0)
-            task = _call(
+            job = batch_call_seen(
+                endpoint, f"read job {id_}", lambda: client.get_job(id_), auth_wait=0
+            )
+            task = batch_call(
                 endpoint,
                 f"read task of job {id_}",
                 lambda: _task_or_none(client, id_),
@@ -383,9 +267,9 @@ class TrainingJobProvider(Provider):
                 # last refresh read stays until another try has ended.
                 live["last_try"] = last_try_line(client, id_) or props.get("last_try")
         # State written before metrics_url was an output has the log URL it derives from.
-        if metrics_url := props.get("metrics_url") or _metrics_url(props.get("log_url")):
+        if metrics_url := props.get("metrics_url") or metrics_folder_url(props.get("log_url")):
             live["metrics_url"] = metrics_url
-            live.update(_progress(id_, metrics_url, props))
+            live.update(read_progress(id_, metrics_url, props))
         if props.get("pool_id"):
             live["pool_errors"] = _pool_errors(client, id_, props)
         return ReadResult(id_, {**props, **live})
@@ -397,21 +281,21 @@ class TrainingJobProvider(Provider):
     def _delete(endpoint: str, job_id: str, fresh: bool = False) -> None:
         """Terminate the job if tasks may run, delete it, and wait until Batch no longer has it;
         a job that is gone already is fine. ``fresh``: the job was just added, so a 404 is
-        believed only once it persists (``_seen``)."""
+        believed only once it persists (``batch_call_seen``)."""
         from trainer.common.azure_sdk import HttpResponseError, ResourceNotFoundError
 
         client = batch.client(endpoint)
 
         def read() -> str:
             return state_text(
-                _call(endpoint, f"read job {job_id}", lambda: client.get_job(job_id)).state
+                batch_call(endpoint, f"read job {job_id}", lambda: client.get_job(job_id)).state
             )
 
         try:
-            state = _seen(endpoint, f"read job {job_id}", read) if fresh else read()
+            state = batch_call_seen(endpoint, f"read job {job_id}", read) if fresh else read()
             if state in RUNNING_STATES:
                 try:
-                    poller = _call(
+                    poller = batch_call(
                         endpoint,
                         f"terminate job {job_id}",
                         lambda: client.begin_terminate_job(
@@ -429,7 +313,7 @@ class TrainingJobProvider(Provider):
                     return
             if state != "deleting":
                 try:
-                    poller = _call(
+                    poller = batch_call(
                         endpoint,
                         f"delete job {job_id}",
                         lambda: client.begin_delete_job(job_id, polling_interval=POLL_SECONDS),
@@ -455,7 +339,7 @@ def _add_task(spec: JobSpec, client: Any) -> None:
     job_id = spec.job_id
     # TaskExists: the job's one task is there, added by a lost answer's retry or an older create.
     with contextlib.suppress(HttpResponseError):
-        _seen(
+        batch_call_seen(
             spec.endpoint,
             f"add task {TASK_ID} to job {job_id}",
             lambda: client.create_task(job_id, task_options(spec)),
@@ -542,87 +426,6 @@ def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
     for line in problems:
         pulumi.log.warn(f"job {job_id}: {line}")
     return problems
-
-
-def job_outputs(spec: JobSpec, state: str) -> dict[str, str]:
-    """What a job resource outputs beside its inputs, in ``state``: the provider's create and
-    the offline plan's mocks (dt_commands.mocks) both answer with it."""
-    return {
-        "job_id": spec.job_id,
-        "state": state,
-        "portal_url": spec.portal_url,
-        "log_url": spec.log_url,
-        "metrics_url": spec.metrics_url,
-        "outputs_url": spec.outputs_url,
-        "checkpoint_path": spec.checkpoint_path,
-    }
-
-
-def _metrics_url(log_url: Any) -> str | None:
-    return live_folder_url(log_url) if isinstance(log_url, str) and log_url else None
-
-
-def _hours_since(moment: Any) -> float | None:
-    """Hours from ``moment`` (a datetime Batch reported) to now; None when Batch gave none."""
-    if not isinstance(moment, datetime):
-        return None
-    return (_now() - moment).total_seconds() / 3600
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _progress(job_id: str, metrics_url: str, recorded: dict[str, Any]) -> dict[str, Any]:
-    """The job's last logged step and images/s, from what its rank 0 uploaded, and when that
-    was uploaded (``progress_at``); nothing before the first upload. A refresh never fails on
-    its metrics: when storage refuses, the recorded step stays, ``progress_error`` says why it
-    is not current, and a warning gives its age."""
-    from infra.live_metrics import (
-        NotUploaded,
-        StorageError,
-        blob_container,
-        latest_progress_and_stragglers,
-    )
-    from trainer.common.blob_folder import BlobFolder
-
-    try:
-        folder = BlobFolder.parse(metrics_url)
-        container = blob_container(folder, timeout=PROGRESS_TIMEOUT_SECONDS)
-        latest = latest_progress_and_stragglers(container, folder)
-    except NotUploaded:
-        return {"progress_error": None}
-    except (StorageError, ValueError) as err:
-        pulumi.log.warn(f"job {job_id}: no current step: {err}{_staleness(recorded)}")
-        return {"progress_error": one_line(str(err))}
-    if latest is None:
-        return {"progress_error": None}
-    (step, rate, unit, uploaded), stragglers = latest  # unit: images, or tokens for an LM's run
-    return {
-        "step": step,
-        "stragglers": stragglers,
-        **({} if rate is None else {f"{unit}_per_sec": round(rate, 1)}),
-        "progress_at": None if uploaded is None else uploaded.astimezone(UTC).isoformat(),
-        "progress_error": None,
-    }
-
-
-def _staleness(recorded: dict[str, Any]) -> str:
-    """What the recorded step and rate are, and how old: '; step 40 and 120.0 images/s are as
-    of <time> (3 h 5 min ago)'; nothing without a recorded step."""
-    if recorded.get("step") is None:
-        return ""
-    rates = [f"{recorded[f'{u}_per_sec']} {u}/s" for u in UNITS if recorded.get(f"{u}_per_sec")]
-    shown = " and ".join([f"step {recorded['step']}", *rates[:1]])
-    verb = "are" if rates else "is"
-    try:
-        at = datetime.fromisoformat(str(recorded.get("progress_at")))
-    except ValueError:
-        return f"; {shown} {verb} from an earlier refresh (time unknown)"
-    minutes = max(0, int((_now() - at).total_seconds() // 60))
-    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
-    age = " ".join(f"{n} {u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "min")) if n)
-    return f"; {shown} {verb} as of {recorded['progress_at']} ({age or '0 min'} ago)"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from infra.identity import (
 from infra.image import PullSource, ReusedImage, TrainerImage, TrainerImageArgs
 from infra.image_inputs import content_tag
 from infra.image_source import commit_to_build
-from infra.job import JOB_OUTPUTS, TrainingJob, TrainingJobArgs
+from infra.job import TrainingJob, TrainingJobArgs
+from infra.job_outputs import JOB_OUTPUTS
 from infra.monitoring import Monitoring, MonitoringArgs
 from infra.naming import Placement
 from infra.network import Network
@@ -348,8 +349,8 @@ def _job(
 
 
 def _job_outputs_of(resource: TrainingJob, nodes: int) -> dict[str, Any]:
-    """One job's stack outputs (``infra.job.JOB_OUTPUTS``): its ids and links, its live state
-    and progress, its node count."""
+    """One job's stack outputs (``infra.job_outputs.JOB_OUTPUTS``): its ids and links, its live
+    state and progress, its node count."""
     return {
         name: nodes if output is None else getattr(resource, output)
         for name, output in JOB_OUTPUTS.items()

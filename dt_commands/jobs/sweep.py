@@ -501,7 +501,7 @@ def sweep_local(args: argparse.Namespace, flags: Sequence[str], out: Any, stamp:
 
 def run(args: argparse.Namespace, trainer_flags: Sequence[str], out: Any = None) -> int:
     """``dt-jobs sweep``: every error is one line; bad input exits 2 before anything runs."""
-    from infra.job import JobError
+    from infra.batch_calls import JobError
     from trainer.common.azure_sdk import AzureError
 
     out = out or sys.stdout

@@ -13,6 +13,7 @@ from azure.batch import models as m
 from azure.core.credentials import AccessToken
 
 from infra import batch as batch_module
+from infra import batch_calls as calls_module
 from infra import credentials
 from infra import job as job_module
 from infra.batch import (
@@ -25,7 +26,8 @@ from infra.batch import (
     task_options,
     trainer_command,
 )
-from infra.job import JobError, TrainingJobProvider
+from infra.batch_calls import JobError
+from infra.job import TrainingJobProvider
 from infra.trainer_command import JobTrainer, trainer_flags
 from tests.support.container import (
     base_path,
@@ -461,10 +463,10 @@ def batch(tmp_path, monkeypatch):
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(fake.ca_path))
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setattr(credentials, "credential", StaticToken)
-    monkeypatch.setattr(job_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
-    monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 0.1)
+    monkeypatch.setattr(calls_module, "FIRST_AUTH_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(calls_module, "AUTH_RETRY_SECONDS", 0.1)
     monkeypatch.setattr(job_module, "POLL_SECONDS", 0)
-    monkeypatch.setattr(job_module, "NOT_FOUND_PAUSE_SECONDS", 0)
+    monkeypatch.setattr(calls_module, "NOT_FOUND_PAUSE_SECONDS", 0)
     batch_module.client.cache_clear()
     yield fake
     fake.close()
@@ -564,7 +566,7 @@ def test_a_rejected_task_or_update_deletes_the_job_it_left(batch, failing):
 def test_authorization_failures_are_retried_with_backoff_and_logged(batch, monkeypatch):
     warnings: list[str] = []
     monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warnings.append(message))
-    monkeypatch.setattr(job_module, "AUTH_RETRY_SECONDS", 10.0)
+    monkeypatch.setattr(calls_module, "AUTH_RETRY_SECONDS", 10.0)
     batch.fail("POST", "/jobs", 403, "AuthorizationFailure", times=2)
     batch.fail("POST", f"/jobs/{_at(batch).job_id}/tasks", 401, "InvalidAuthenticationToken")
     assert TrainingJobProvider().create(_props(batch)).id == _at(batch).job_id

@@ -14,6 +14,7 @@ import pytest
 
 from infra import batch as batch_module
 from infra import job as job_module
+from infra import job_outputs as outputs_module
 from infra.batch import TASK_ID
 from infra.job import TrainingJobProvider
 from tests.infra.test_job_payloads import _spec
@@ -132,7 +133,7 @@ def test_a_failed_progress_read_keeps_the_last_step_marked_with_its_age(
     before = TrainingJobProvider().read(job_id, state).outs
     uploaded = datetime.fromisoformat(before["progress_at"])
     # Three hours later this machine can no longer reach the account.
-    monkeypatch.setattr(job_module, "_now", lambda: uploaded + timedelta(hours=3, minutes=5))
+    monkeypatch.setattr(outputs_module, "utc_now", lambda: uploaded + timedelta(hours=3, minutes=5))
     closed = f"https://127.0.0.1:{free_port()}/devstoreaccount1/logs/{job_id}/live/"
     outs = TrainingJobProvider().read(job_id, {**before, "metrics_url": closed}).outs
     assert (outs["step"], outs["images_per_sec"]) == (40, 120.0)

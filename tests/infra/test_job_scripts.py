@@ -11,7 +11,8 @@ import pytest
 
 from dt_commands.plan import evaluate, render
 from infra.batch import JobSpec, task_options, trainer_command
-from infra.job import JobError, TrainingJobProvider
+from infra.batch_calls import JobError
+from infra.job import TrainingJobProvider
 from infra.settings.checks import ConfigError
 from infra.settings.jobs import job_settings
 from tests.infra.test_job_payloads import SPEC

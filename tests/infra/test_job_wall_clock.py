@@ -148,6 +148,7 @@ def test_a_job_older_than_its_new_limit_keeps_its_own(batch, monkeypatch):  # no
     """Batch counts the limit from the job's creation: set on a job that ran longer, it would
     stop the job at once. Such a job keeps its own; the warning says why."""
     from infra import job as job_module
+    from infra import job_outputs as outputs_module
 
     told: list[str] = []
     monkeypatch.setattr(
@@ -156,7 +157,7 @@ def test_a_job_older_than_its_new_limit_keeps_its_own(batch, monkeypatch):  # no
     spec = _spec(endpoint=batch.url)
     batch.add_job(spec.job_id, "active")
     batch.jobs[spec.job_id]["creationTime"] = "2026-11-01T00:00:00Z"
-    monkeypatch.setattr(job_module, "_now", lambda: datetime(2026, 11, 10, tzinfo=UTC))
+    monkeypatch.setattr(outputs_module, "utc_now", lambda: datetime(2026, 11, 10, tzinfo=UTC))
     olds = {**spec.__dict__, "trainer_args": list(spec.trainer_args), "job_id": spec.job_id}
     news = {**olds, "max_wall_clock_hours": float(WEEK)}
     updated = TrainingJobProvider().update(spec.job_id, olds, news)

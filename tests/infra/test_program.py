@@ -73,11 +73,12 @@ def test_every_job_output_names_its_progress_for_image_and_language_models(dev_p
 
 
 def test_a_jobs_outputs_are_the_ones_declared_once(dev_plan):
-    """``infra.job.JOB_OUTPUTS`` names a job's outputs once: every output of the resource is
+    """``infra.job_outputs.JOB_OUTPUTS`` names a job's outputs once: every output of the resource is
     one of them, the program exports exactly those for each job (the single job's ``job_*`` at
     the top level too), and the commands read back the same names."""
     from dt_commands import stack_outputs
-    from infra.job import JOB_OUTPUTS, OUTPUT_KEYS, TrainingJob
+    from infra.job import TrainingJob
+    from infra.job_outputs import JOB_OUTPUTS, OUTPUT_KEYS
 
     declared = {name for name, kind in TrainingJob.__annotations__.items() if "Output" in kind}
     assert set(OUTPUT_KEYS) == declared

@@ -99,9 +99,9 @@ if os.environ.get("FAKE_ARM"):
 # on after a number of reads, not of seconds (terminating_reads, deleting_reads, hide), so this
 # host reads again at once and a test waits for no clock.
 FAST_POLLS = """
-import infra.job
+import infra.batch_calls, infra.job
 
-infra.job.POLL_SECONDS = infra.job.NOT_FOUND_PAUSE_SECONDS = 0.05
+infra.job.POLL_SECONDS = infra.batch_calls.NOT_FOUND_PAUSE_SECONDS = 0.05
 """
 
 
