@@ -125,8 +125,8 @@ class AzureMocks(pulumi.runtime.Mocks):
         if typ == "docker-build:index:Image":
             return {"digest": _fake_digest(str(inputs.get("tags")))}
         if typ == "pulumi-python:dynamic:Resource" and "trainer_args" in inputs:
-            from infra.batch import JobSpec
             from infra.job_outputs import job_outputs
+            from infra.job_spec import JobSpec
 
             return job_outputs(JobSpec.from_props(inputs), "active")
         if typ == "azure-native:network:PublicIPAddress":

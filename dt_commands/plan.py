@@ -164,7 +164,7 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
     """Each job and the run folder it trains in: the same training settings resume the same
     folder after a replace; other settings start a fresh run in another one. With
     ``deployed`` (job name -> its deployed run folder), each job says which it does."""
-    from infra.batch import JobSpec, wall_clock_text
+    from infra.job_spec import JobSpec, wall_clock_text
 
     specs = [
         JobSpec.from_props(r.inputs)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.batch import run_folder, run_name
 from infra.job import KEEPS_IMAGE
+from infra.job_spec import run_folder, run_name
 from trainer.common.cli import OneLineParser, fail
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.batch import live_folder_url
 from infra.job_outputs import JOB_OUTPUTS
+from infra.job_spec import live_folder_url
 from infra.settings.jobs import SHORTHAND_JOB
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import one_line

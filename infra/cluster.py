@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_azure_native import authorization, batch
 
-from infra.batch import NFS_RELATIVE_MOUNT
 from infra.identity import BATCH_JOB_SUBMITTER, assign_role
+from infra.job_spec import NFS_RELATIVE_MOUNT
 from infra.naming import Placement
 from infra.node_checks import node_check_command
 from infra.settings.cluster import ClusterSettings

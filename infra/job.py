@@ -17,18 +17,13 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
 
 from infra import batch
 from infra.batch import (
-    NOT_THE_IDENTITY,
-    RESTATED,
     RUNNING_STATES,
     TASK_ID,
-    JobFields,
-    JobSpec,
     job_options,
     poll_succeeded,
     state_text,
     task_options,
     terminate_options,
-    wall_clock_limit,
 )
 from infra.batch_calls import AccessRefused, JobError, batch_call, batch_call_seen
 from infra.dynamic import Provider
@@ -39,6 +34,7 @@ from infra.job_outputs import (
     metrics_folder_url,
     read_progress,
 )
+from infra.job_spec import NOT_THE_IDENTITY, RESTATED, JobFields, JobSpec, wall_clock_limit
 from infra.settings.jobs import SHORTHAND_JOB
 from infra.task_report import last_try_line
 from trainer.common.errors import first_line
@@ -430,7 +426,7 @@ def _pool_errors(client: Any, job_id: str, props: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class TrainingJobArgs(JobFields[pulumi.Input[str]]):
-    """A job's fields (``infra.batch.JobFields``; the resources' properties may be Outputs)."""
+    """A job's fields (``infra.job_spec.JobFields``; the resources' properties may be Outputs)."""
 
     # protectRunningJobs and not in replaceJobs: a change that would replace the job while it
     # runs stops the preview or update instead.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pulumi
 
-from infra.batch import JobSpec, live_folder_url
+from infra.job_spec import JobSpec, live_folder_url
 from trainer.common.errors import one_line
 
 # A job's stack outputs, declared once: each name as the stack exports it (infra.stack) and

@@ -13,8 +13,9 @@ the scripts it writes and runs); this module fills it with the numbers and paths
 
 from __future__ import annotations
 
-from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
+from infra.batch import NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_DIR, RUNS_MODE
+from infra.job_spec import NFS_RELATIVE_MOUNT
 from infra.node_scripts import in_bash, render
 from infra.toolchain import CUDA, MIN_DRIVER
 from trainer.launch.recheck import RECORD_SECONDS, REQUEST, VERDICT

@@ -9,7 +9,8 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
-from infra.batch import TASK_ID, WALL_CLOCK_EXPIRY, state_text, wall_clock_text
+from infra.batch import TASK_ID, state_text
+from infra.job_spec import WALL_CLOCK_EXPIRY, wall_clock_text
 from infra.pool_health import pool_problems
 from infra.settings.jobs import MAX_WALL_CLOCK_HOURS
 from infra.task_report import last_try_line

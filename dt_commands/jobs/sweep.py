@@ -20,7 +20,8 @@ from typing import Any
 from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
-from infra.batch import TASK_ID, JobSpec, state_text
+from infra.batch import TASK_ID, state_text
+from infra.job_spec import JobSpec
 from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
 from infra.settings.checks import ConfigError
 from infra.settings.cluster import MAX_NODES

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import job_options, task_options
 from infra.code_snapshot import CodeSnapshot, snapshot
+from infra.job_spec import JobSpec
 from infra.trainer_command import job_trainer, trainer_flags
 from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.job_run import JobRun

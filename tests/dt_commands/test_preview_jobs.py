@@ -17,8 +17,8 @@ import pytest
 
 from dt_commands import preview_jobs
 from dt_commands.plan import evaluate
-from infra.batch import JobSpec
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from tests.support.stacks import of_type, stack_values
 
 JOB = "pulumi-python:dynamic:Resource"

@@ -13,8 +13,8 @@ import pytest
 
 from dt_commands import preview_jobs
 from dt_commands.plan import evaluate, render
-from infra.batch import JobSpec
 from infra.code_snapshot import snapshot
+from infra.job_spec import JobSpec
 from infra.settings.checks import ConfigError
 from infra.settings.jobs import job_settings
 from tests.dt_commands.test_preview_jobs import _digest

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from infra.batch import NVME_ROOT, JobSpec, has_nvme, job_options, task_options
+from infra.batch import NVME_ROOT, has_nvme, job_options, task_options
 from infra.code_snapshot import snapshot
+from infra.job_spec import JobSpec
 from tests.infra.test_job_payloads import SPEC, node  # noqa: F401 (its fixture)
 from tests.support.container import recorded, run_in_container
 from tests.support.wheels import write_wheel

@@ -21,13 +21,13 @@ from infra.batch import (
     CPU_CONTAINER_RUN_OPTIONS,
     NVME_ROOT,
     TASK_ID,
-    JobSpec,
     job_options,
     task_options,
     trainer_command,
 )
 from infra.batch_calls import JobError
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from infra.trainer_command import JobTrainer, trainer_flags
 from tests.support.container import (
     base_path,

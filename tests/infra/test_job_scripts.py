@@ -10,9 +10,10 @@ import json
 import pytest
 
 from dt_commands.plan import evaluate, render
-from infra.batch import JobSpec, task_options, trainer_command
+from infra.batch import task_options, trainer_command
 from infra.batch_calls import JobError
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from infra.settings.checks import ConfigError
 from infra.settings.jobs import job_settings
 from tests.infra.test_job_payloads import SPEC

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from infra.batch import JobSpec
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from infra.trainer_command import trainer_flags
 
 STATES = sorted((Path(__file__).parent / "job_states").glob("*.json"))

@@ -10,9 +10,9 @@ import pytest
 
 from dt_commands.plan import evaluate
 from infra import batch as batch_module
-from infra.batch import JobSpec
 from infra.batch_calls import JobError
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from infra.settings.checks import ConfigError
 from infra.settings.stack import StackSettings
 from infra.settings.values import load_schema

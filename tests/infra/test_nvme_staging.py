@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from dt_commands.plan import disk_lines
-from infra.batch import NVME_ROOT, JobSpec, job_options, task_options, trainer_command
+from infra.batch import NVME_ROOT, job_options, task_options, trainer_command
+from infra.job_spec import JobSpec
 from infra.sizes import SUPPORTED
 from tests.support.stacks import evaluate, one, stack_values
 

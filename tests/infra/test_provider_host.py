@@ -30,9 +30,10 @@ from pulumi.runtime import rpc
 from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-from infra.batch import TASK_ID, JobSpec
+from infra.batch import TASK_ID
 from infra.image_build import ImageBuildProvider
 from infra.job import TrainingJobProvider
+from infra.job_spec import JobSpec
 from infra.registry import TaskBypassProvider
 from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
 from tests.support.fake_batch import FakeBatch

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import job_options, task_options
 from infra.cloud_init import ready_command, render_nfs_cloud_init, render_ready_gate
+from infra.job_spec import JobSpec
 from infra.node_checks import node_check_command
 from infra.sizes import CPU_ACCEPTANCE, SUPPORTED
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import NFS_RELATIVE_MOUNT, NVME_DEVICE, NVME_ROOT
+from infra.batch import NVME_DEVICE, NVME_ROOT
 from infra.cloud_init import RUNS_MODE
+from infra.job_spec import NFS_RELATIVE_MOUNT
 from infra.node_checks import CPU_SKIP_MESSAGE, IB_WAIT_SECONDS, STATE_DIR, WATCH_UNIT
 from infra.toolchain import MIN_DRIVER
 from tests.batch_emulator.nvme import NvmeDisks

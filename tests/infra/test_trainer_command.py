@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import JobSpec, launch_command, trainer_command
+from infra.batch import launch_command, trainer_command
+from infra.job_spec import JobSpec
 from infra.trainer_command import DEFAULT_BACKEND, JOB_SET, JobTrainer, trainer_flags
 from infra.trainer_settings import TrainerSettings, job_settings
 from trainer.settings.flags import parse, to_flags

@@ -11,7 +11,8 @@ import pytest
 
 from dt_commands.jobs import main as dt_jobs
 from dt_commands.stack_outputs import select_job
-from infra.batch import JobSpec, trainer_command
+from infra.batch import trainer_command
+from infra.job_spec import JobSpec
 from infra.storage import CONTAINERS
 from tests.support.stacks import one
 from trainer.common.blob_folder import BlobFolder

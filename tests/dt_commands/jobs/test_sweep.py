@@ -17,7 +17,8 @@ from azure.core.exceptions import ResourceExistsError
 from dt_commands.jobs import main as dt_jobs
 from dt_commands.jobs import sweep
 from infra import batch as batch_module
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import job_options, task_options
+from infra.job_spec import JobSpec
 from tests.support.fake_batch import FakeBatch, Request
 from tests.support.stacks import of_type
 from trainer.watch.noise_scale import advice

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import JobSpec
+from infra.job_spec import JobSpec
 from tests.batch_emulator.job_run import JobRun
 from tests.batch_emulator.jobs import (
     RUN_SECONDS,

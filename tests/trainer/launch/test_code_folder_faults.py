@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from infra.batch import JobSpec, job_options, task_options
+from infra.batch import job_options, task_options
+from infra.job_spec import JobSpec
 from tests.infra.test_job_payloads import SPEC
 from tests.support.container import REPO, base_path, one_node_pool, run_in_container
 from tests.support.fake_imds import IDENTITY

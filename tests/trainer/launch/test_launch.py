@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.batch import JobSpec, task_options
+from infra.batch import task_options
+from infra.job_spec import JobSpec
 from tests.support.container import one_node_pool, run_in_container
 from tests.support.fake_imds import event as fake_event
 from tests.support.fake_imds import serving
