@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -17,51 +13,33 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dt_commands.jobs.sweep_inputs import SweepError, check_plotting, epoch_samples, report_folder
+from dt_commands.jobs.sweep_local import sweep_local
 from dt_commands.jobs.sweep_report import ReportError, Run, Sweep, write
 from dt_commands.stack_outputs import JobsError, pulumi_stack
 from infra import batch
 from infra.batch import TASK_ID, state_text
 from infra.job_spec import JobSpec
-from infra.live_metrics import StorageError, blob_container, parse_records, read_metrics
+from infra.live_metrics import StorageError, blob_container, read_metrics
 from infra.settings.checks import ConfigError
 from infra.settings.cluster import MAX_NODES
 from infra.settings.jobs import SHORTHAND_JOB
 from infra.settings.stack import StackSettings
 from infra.settings.values import REPO, load_schema
 from infra.trainer_command import JobTrainer, trainer_flags, with_settings
-from infra.trainer_settings import JOB_BACKENDS
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.cli import fail, int_in, number_in
 from trainer.common.errors import ConfigError as TrainerConfigError
-from trainer.common.errors import one_line
 from trainer.common.values import shown
 from trainer.launch.node_sizes import MAX_WORKERS_PER_NODE, workers_per_node
 from trainer.settings.choices import MAX_STEPS
-from trainer.settings.flags import Request, parse
 from trainer.settings.train_config import TrainConfig
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 POLL_SECONDS = 30.0
 DEFAULT_TIMEOUT_MINUTES = 180.0  # a pool scaling up from zero takes minutes before training
-LOCAL_HOST = "127.0.0.1"
-# The sweep sets these trainer settings for every run: the steps (--steps) and, locally, the run
-# folder.
-STEP_SETTINGS = ("max_steps", "run_steps")
-LOCAL_OWNED = (*STEP_SETTINGS, "output_dir")
-# The gradient noise scale compares each worker's gradient with the reduced one: a one-worker run
-# has only one (trainer.watch.noise_scale.NoiseScale needs two batch sizes): its run turns it off.
-NOISE_OFF = ("--noise-scale-every", "0")
 # Which Batch job states mean the sweep job is over (its task ended: terminatejob).
 DONE_STATE = "completed"
-STOP_SECONDS = 60
-
-
-class SweepError(RuntimeError):
-    """A one-line reason the sweep cannot run; ``code`` 2 for bad input, 1 for the environment."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(one_line(message))
-        self.code = code
 
 
 # ---------------------------------------------------------------------- options
@@ -119,55 +97,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return sub
 
 
-def epoch_samples(cfg: TrainConfig, given: int | None) -> int:
-    """Samples in one epoch: ``--epoch-samples``, else the synthetic data's size."""
-    if given is not None:
-        return given
-    if cfg.data != "synthetic":
-        unit = "tokens" if cfg.language_model else "images"
-        raise SweepError(
-            f"--epoch-samples: needed with data={cfg.data}: give the {unit} in one epoch of "
-            "your dataset (1281167 for ImageNet-1k's training images)"
-        )
-    if not cfg.language_model:
-        return cfg.synthetic_size
-    if cfg.context is None:
-        raise SweepError(
-            f"--epoch-samples: needed for {cfg.model} without --context: give the tokens in "
-            f"one epoch ({cfg.synthetic_size} synthetic samples x the tokens in each)"
-        )
-    return cfg.synthetic_size * cfg.context
-
-
 def with_steps(settings: JobTrainer, steps: int) -> JobTrainer:
     """A job's own trainer settings with ``max_steps`` in place of their own step limits."""
     return with_settings(settings, run_steps=None, max_steps=str(steps))
-
-
-def _trainer_request(flags: Sequence[str], where: str) -> Request:
-    try:
-        return parse(list(flags))
-    except TrainerConfigError as err:
-        raise SweepError(f"{where}: {err}") from None
-
-
-def _check_plotting() -> None:
-    """Before any run: the report's figure needs matplotlib (the project's infra extra)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise SweepError(
-            "matplotlib is not installed: the report's figure needs it (pip install "
-            "'.[infra]'); nothing was started",
-            1,
-        ) from None
-
-
-def _report_folder(given: Path | None, name: str) -> Path:
-    folder = given or Path("runs", "sweep", name)
-    if folder.exists():
-        raise SweepError(f"report={folder}: exists already; give a new folder with --report")
-    return folder
 
 
 def _stamp() -> str:
@@ -357,8 +289,8 @@ def sweep_stack(args: argparse.Namespace, out: Any, stamp: str) -> int:
     except TrainerConfigError as err:
         raise SweepError(f"job {spec.job_id}: {err}") from None
     samples = epoch_samples(cfg, args.epoch_samples)
-    report = _report_folder(args.report, f"{args.stack}-{stamp}")
-    _check_plotting()
+    report = report_folder(args.report, f"{args.stack}-{stamp}")
+    check_plotting()
     specs = [sweep_spec(spec, nodes, args.steps, stamp) for nodes in args.nodes]
     submitted: list[Submitted] = []
     try:
@@ -384,117 +316,6 @@ def sweep_stack(args: argparse.Namespace, out: Any, stamp: str) -> int:
         epoch_samples=samples,
         runs=tuple(run for run, _ in measured),
         vm_size=spec.vm_size,
-    )
-    out.write(f"report: {write(sweep, report)}/report.md\n")
-    return 0
-
-
-# ---------------------------------------------------------------------- this machine
-def local_command(flags: Sequence[str], workers: int, output_dir: Path) -> list[str]:
-    """The node launcher over the trainer, as a job's node runs it (``infra.batch``)."""
-    trainer = [sys.executable, "-m", "trainer", *flags, "--output-dir", str(output_dir)]
-    launch = [sys.executable, "-m", "trainer.launch", "--node-ip", LOCAL_HOST]
-    return [*launch, "--workers-per-node", str(workers), "--", *trainer]
-
-
-def local_env(rendezvous_port: int) -> dict[str, str]:
-    """One simulated Batch node on 127.0.0.1 (the launcher's multi-instance variables)."""
-    return {
-        **os.environ,
-        "AZ_BATCH_HOST_LIST": LOCAL_HOST,
-        # The port beside the master's address is Batch's own; the launcher never uses it.
-        "AZ_BATCH_MASTER_NODE": f"{LOCAL_HOST}:{rendezvous_port + 2}",
-        "AZ_BATCH_IS_CURRENT_NODE_MASTER": "true",
-        "MASTER_PORT": str(rendezvous_port),
-        # One thread per worker, so N workers use N cores as N GPUs would (unless set).
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-    }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind((LOCAL_HOST, 0))
-        return probe.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the launcher (it forwards it to its workers); SIGKILL to the whole group if
-    they outstay the grace period."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def run_local(flags: Sequence[str], workers: int, folder: Path) -> list[dict[str, Any]]:
-    """One run under the launcher; its metrics records."""
-    output_dir = folder / f"workers-{workers}"
-    log_path = folder / f"workers-{workers}.log"
-    with open(log_path, "wb") as log:  # a file, never an unread pipe: the workers would block
-        process = subprocess.Popen(
-            local_command(flags, workers, output_dir),
-            cwd=REPO,
-            env=local_env(_free_port()),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the sweep, which stops the run
-        )
-        try:
-            code = process.wait()
-        finally:
-            _stop(process)
-    if code != 0:
-        lines = log_path.read_text(errors="replace").strip().splitlines() or ["no output"]
-        errors = [line for line in lines if "error" in line.lower()] or lines
-        raise SweepError(f"workers={workers}: the run failed (exit {code}): {errors[-1]}", 1)
-    return parse_records((output_dir / "metrics.jsonl").read_bytes())
-
-
-def sweep_local(args: argparse.Namespace, flags: Sequence[str], out: Any, stamp: str) -> int:
-    if args.nodes is not None or args.job is not None or args.state_file is not None:
-        raise SweepError("--local runs on this machine: give --workers (not --nodes/--job)")
-    if args.workers is None:
-        raise SweepError("--workers: required with --local, e.g. --workers 1,2")
-    given = _trainer_request(flags, "trainer flags").flagged
-    owned = [key for key in LOCAL_OWNED if key in given]
-    if owned:
-        raise SweepError(
-            f"--{owned[0].replace('_', '-')}: the sweep sets it for each run; use --steps (and "
-            "--report for where the report goes)"
-        )
-    flags = [*flags, "--max-steps", str(args.steps)]
-    cfg = _trainer_request(flags, "trainer flags").config
-    if cfg.backend not in JOB_BACKENDS:
-        raise SweepError(
-            f"backend={cfg.backend}: the sweep runs the node launcher, which starts "
-            f"{', '.join(JOB_BACKENDS)} workers; choose one of them"
-        )
-    samples = epoch_samples(cfg, args.epoch_samples)
-    report = _report_folder(args.report, f"local-{stamp}")
-    _check_plotting()
-    runs: list[Run] = []
-    units: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix="sweep-") as temp:
-        for workers in args.workers:
-            run_flags = flags if workers > 1 else [*flags, *NOISE_OFF]
-            out.write(f"workers={workers}: training {args.steps} steps\n")
-            out.flush()
-            records = run_local(run_flags, workers, Path(temp))
-            run, unit = Run.from_records(workers, workers, records, f"workers={workers}")
-            out.write(f"workers={workers}: {run.samples_per_sec:.1f} {unit}/s\n")
-            runs.append(run)
-            units.add(unit)
-    sweep = Sweep(
-        title=f"local CPU, {cfg.model}, batch {cfg.batch_size} per worker, {cfg.backend}",
-        axis="workers",
-        unit=units.pop(),
-        epoch_samples=samples,
-        runs=tuple(runs),
     )
     out.write(f"report: {write(sweep, report)}/report.md\n")
     return 0
