@@ -84,26 +84,26 @@ class Manifest:
 
     @classmethod
     def load(cls, folder: Path) -> Manifest:
-        path = folder / MANIFEST_NAME
-        if not path.is_file():
-            raise DataError(
-                f"{path} does not exist: prepare the dataset with "
-                f"`dt-data prepare SRC_DIR {folder}`"
-            )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = getattr(err, "strerror", None) or "not UTF-8 text"
-            raise DataError(
-                f"{path}: cannot read it ({reason}); prepare the dataset again"
-            ) from None
-        return cls.from_json(text, str(path))
+        return cls.from_json(*read_manifest(folder, "dataset", f"dt-data prepare SRC_DIR {folder}"))
 
     def split(self, name: str, folder: Path) -> SplitEntry:
         entry = self.splits.get(name)
         if entry is None or not entry.shards:
             raise DataError(f"{folder / MANIFEST_NAME} has no {name} shards")
         return entry
+
+
+def read_manifest(folder: Path, what: str, prepare: str) -> tuple[str, str]:
+    """The text of ``folder``'s manifest and its path (to name it in errors); a missing or
+    unreadable one is one line saying to prepare the ``what`` (``prepare``: the command)."""
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise DataError(f"{path} does not exist: prepare the {what} with `{prepare}`")
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or "not UTF-8 text"
+        raise DataError(f"{path}: cannot read it ({reason}); prepare the {what} again") from None
 
 
 def shard_is_valid(path: Path, shard: ShardEntry) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.errors import DataError
-from trainer.data.manifest import MANIFEST_NAME
+from trainer.data.manifest import MANIFEST_NAME, read_manifest
 
 FORMAT = "distributed-training-tokens/1"
 
@@ -93,17 +93,7 @@ class TokenManifest:
 
     @classmethod
     def load(cls, folder: Path) -> TokenManifest:
-        path = folder / MANIFEST_NAME
-        if not path.is_file():
-            raise DataError(
-                f"{path} does not exist: prepare the text with `dt-data prepare-text SRC {folder}`"
-            )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            reason = getattr(err, "strerror", None) or "not UTF-8 text"
-            raise DataError(f"{path}: cannot read it ({reason}); prepare the text again") from None
-        return cls.from_json(text, str(path))
+        return cls.from_json(*read_manifest(folder, "text", f"dt-data prepare-text SRC {folder}"))
 
     def split(self, name: str, folder: Path) -> TokenSplit:
         entry = self.splits.get(name)
