@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from bench.common import save
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.common.cli import OneLineParser
 from trainer.models.build import build_model
 
@@ -34,11 +34,11 @@ def main() -> None:
         folder = Path(temp)
         for step in range(1, args.repeat + 1):
             started = time.perf_counter()
-            path = checkpoint.save(folder, step, state, keep=1)
+            path = single_file.save(folder, step, state, keep=1)
             saves.append(time.perf_counter() - started)
             size = path.stat().st_size
             started = time.perf_counter()
-            checkpoint.load(path)
+            single_file.load(path)
             loads.append(time.perf_counter() - started)
     results = {
         "size_mb": size / 2**20,

@@ -75,14 +75,14 @@ def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
     checkpoints more or less often changes nothing a run computes)."""
     # A session fixture, so the worker-fault and signal tests of every folder share one run.
     from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
-    from trainer.checkpoints import single_file as checkpoint
+    from trainer.checkpoints import single_file
     from trainer.settings.flags import to_flags
 
     output = tmp_path_factory.mktemp("uninterrupted") / "out"
     command = horovodrun("-m", "trainer", *to_flags(small_config(output, **SIGNAL_RUN)))
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    found = checkpoint.load_latest(output / "checkpoints")
+    found = single_file.load_latest(output / "checkpoints")
     assert found is not None
     return found[1]
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from tests.support.launchers import BIN, REPO, read_metrics
 from trainer.checkpoints import sharded as sharded_checkpoint
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.outputs import results
 
 DOCS = REPO / "docs" / "trainer.md"
@@ -52,7 +52,7 @@ def run(words: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def final_checkpoint(output: Path) -> dict:
-    found = checkpoint.load_latest(output / "checkpoints")
+    found = single_file.load_latest(output / "checkpoints")
     assert found is not None
     return found[1]
 

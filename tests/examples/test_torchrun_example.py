@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.support.launchers import BIN, REPO
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 
 # The documented command (docs/jobs.md, Your own script), as a user types it.
 DOCUMENTED = "torchrun --standalone --nproc_per_node 2 examples/torchrun_ddp/train.py"
@@ -90,7 +90,7 @@ def test_a_run_folder_holding_the_trainers_checkpoint_is_refused_in_one_line(tmp
     """docs/jobs.md's laptop command once used `make demo`'s run folder: the example then loaded
     the demo's ResNet checkpoint into its own model and every rank died in load_state_dict."""
     run_dir = tmp_path / "run"
-    trainers = checkpoint.save(
+    trainers = single_file.save(
         run_dir / "checkpoints", 40, {"model": {"fc.weight": torch.zeros(10, 512)}}, keep=2
     )
     before = trainers.read_bytes()

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from trainer.checkpoints import sharded as sharded_checkpoint
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
@@ -177,8 +177,8 @@ def read_weights(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]
 def _read_torch(source: str, path: Path) -> tuple[dict[str, torch.Tensor], str]:
     kind = "torch state dict"
     try:
-        if checkpoint.checksum_path(path).is_file():
-            state: Any = checkpoint.load(path)  # a run's checkpoint: its SHA-256 checked
+        if single_file.checksum_path(path).is_file():
+            state: Any = single_file.load(path)  # a run's checkpoint: its SHA-256 checked
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:

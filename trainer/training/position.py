@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 
 
 def rng_state() -> dict[str, Any]:
@@ -66,7 +66,7 @@ class RunPosition:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Read a checkpoint's position (older checkpoints lack the offsets; see
-        ``checkpoint.epoch_position``)."""
+        ``single_file.epoch_position``)."""
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         self.step_in_epoch = int(state["step_in_epoch"])
-        self.epoch_offset, self.epoch_world = checkpoint.epoch_position(state)
+        self.epoch_offset, self.epoch_world = single_file.epoch_position(state)

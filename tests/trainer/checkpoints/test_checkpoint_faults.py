@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.trainer.fs_faults import file_size_limit, fill, read_only, tmpfs
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.checkpoints.single_file import checksum_path
 from trainer.settings.flags import to_flags
@@ -33,8 +33,8 @@ def _state(value: float) -> dict:
 @pytest.fixture
 def two_checkpoints(tmp_path):
     folder = tmp_path / "checkpoints"
-    checkpoint.save(folder, 1, _state(1.0), keep=5)
-    newest = checkpoint.save(folder, 2, _state(2.0), keep=5)
+    single_file.save(folder, 1, _state(1.0), keep=5)
+    newest = single_file.save(folder, 2, _state(2.0), keep=5)
     return folder, newest
 
 
@@ -46,7 +46,7 @@ def test_flipped_bytes_are_caught_by_the_checksum_and_the_previous_one_is_used(
     data[len(data) // 2] ^= 0x01  # inside the tensor bytes: torch.load alone would not notice
     newest.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
-        path, state = checkpoint.load_latest(folder)
+        path, state = single_file.load_latest(folder)
     assert path.name == "step-000000001.pt" and state["step"] == 1
     assert "skipping unreadable checkpoint" in caplog.text and "checksum mismatch" in caplog.text
 
@@ -55,7 +55,7 @@ def test_a_truncated_newest_checkpoint_falls_back(two_checkpoints, caplog):
     folder, newest = two_checkpoints
     newest.write_bytes(newest.read_bytes()[:100])
     with caplog.at_level(logging.WARNING):
-        path, _ = checkpoint.load_latest(folder)
+        path, _ = single_file.load_latest(folder)
     assert path.name == "step-000000001.pt"
 
 
@@ -63,7 +63,7 @@ def test_a_checkpoint_without_its_checksum_is_not_trusted(two_checkpoints, caplo
     folder, newest = two_checkpoints
     checksum_path(newest).unlink()
     with caplog.at_level(logging.WARNING):
-        path, _ = checkpoint.load_latest(folder)
+        path, _ = single_file.load_latest(folder)
     assert path.name == "step-000000001.pt" and ".sha256 file is missing" in caplog.text
 
 
@@ -81,10 +81,10 @@ def test_no_usable_checkpoint_at_all_means_a_fresh_start(tmp_path):
 
 def test_full_disk_while_checkpointing_is_a_clear_error_and_keeps_the_previous(small_disk):
     folder = small_disk / "checkpoints"
-    checkpoint.save(folder, 1, _state(1.0), keep=5)
+    single_file.save(folder, 1, _state(1.0), keep=5)
     fill(small_disk, room=2048)
     with pytest.raises(CheckpointError) as failure:
-        checkpoint.save(folder, 2, _state(2.0), keep=5)
+        single_file.save(folder, 2, _state(2.0), keep=5)
     message = str(failure.value)
     assert "No space left on device" in message and "\n" not in message
     assert "step-000000001.pt is intact" in message
@@ -92,25 +92,25 @@ def test_full_disk_while_checkpointing_is_a_clear_error_and_keeps_the_previous(s
         "step-000000001.pt",
         "step-000000001.pt.sha256",
     ]  # no temp files left behind
-    assert checkpoint.load_latest(folder)[1]["step"] == 1
+    assert single_file.load_latest(folder)[1]["step"] == 1
 
 
 def test_a_write_that_fails_midway_keeps_the_previous_checkpoint(tmp_path):
     folder = tmp_path / "checkpoints"
-    checkpoint.save(folder, 1, _state(1.0), keep=5)
+    single_file.save(folder, 1, _state(1.0), keep=5)
     size = (folder / "step-000000001.pt").stat().st_size
     with file_size_limit(size // 2), pytest.raises(CheckpointError, match="File too large"):
-        checkpoint.save(folder, 2, _state(2.0), keep=5)
+        single_file.save(folder, 2, _state(2.0), keep=5)
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
-    assert checkpoint.load_latest(folder)[1]["step"] == 1
+    assert single_file.load_latest(folder)[1]["step"] == 1
 
 
 def test_read_only_checkpoint_folder_is_a_clear_error(two_checkpoints):
     folder, _ = two_checkpoints
     with read_only(folder), pytest.raises(CheckpointError) as failure:
-        checkpoint.save(folder, 3, _state(3.0), keep=5)
+        single_file.save(folder, 3, _state(3.0), keep=5)
     assert "step-000000002.pt is intact" in str(failure.value)
-    assert checkpoint.load_latest(folder)[1]["step"] == 2
+    assert single_file.load_latest(folder)[1]["step"] == 2
 
 
 def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(small_disk):
@@ -119,7 +119,7 @@ def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(s
     args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(config)]
     first = subprocess.run([*args, "--run-steps", "3"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    before = checkpoint.list_checkpoints(output / "checkpoints")
+    before = single_file.list_checkpoints(output / "checkpoints")
     # Room for metrics and TensorBoard events (a few KiB), not for a checkpoint (about 60 KiB).
     fill(small_disk, room=32 * 1024)
     second = subprocess.run(args, capture_output=True, text=True, timeout=300)
@@ -127,8 +127,8 @@ def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(s
     errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "No space left on device" in errors[0], second.stderr[-3000:]
     assert "Traceback" not in second.stderr
-    assert checkpoint.list_checkpoints(output / "checkpoints") == before
-    assert checkpoint.load_latest(output / "checkpoints") is not None
+    assert single_file.list_checkpoints(output / "checkpoints") == before
+    assert single_file.load_latest(output / "checkpoints") is not None
 
 
 @pytest.mark.parametrize("blocker", ["a file", "a read-only folder"])
@@ -155,19 +155,19 @@ def test_a_folder_where_the_checkpoint_or_its_sidecar_goes_is_named_as_the_fix(
     two_checkpoints, blocked
 ):
     folder, _ = two_checkpoints
-    final = checkpoint.checkpoint_path(folder, 3)
-    (final if blocked == "checkpoint" else checkpoint.checksum_path(final)).mkdir()
+    final = single_file.checkpoint_path(folder, 3)
+    (final if blocked == "checkpoint" else single_file.checksum_path(final)).mkdir()
     with pytest.raises(CheckpointError) as failure:
-        checkpoint.save(folder, 3, _state(3.0), keep=5)
+        single_file.save(folder, 3, _state(3.0), keep=5)
     message = str(failure.value)
     assert "step-000000002.pt is intact" in message and "remove the folder" in message
-    assert checkpoint.load_latest(folder)[1]["step"] == 2
+    assert single_file.load_latest(folder)[1]["step"] == 2
 
 
 def test_a_folder_named_like_the_newest_checkpoint_is_not_called_intact(two_checkpoints):
     folder, _ = two_checkpoints
-    (checkpoint.checkpoint_path(folder, 9)).mkdir()  # not a checkpoint: never listed
-    assert [s for s, _ in checkpoint.list_checkpoints(folder)] == [2, 1]
+    (single_file.checkpoint_path(folder, 9)).mkdir()  # not a checkpoint: never listed
+    assert [s for s, _ in single_file.list_checkpoints(folder)] == [2, 1]
     with read_only(folder), pytest.raises(CheckpointError) as failure:
-        checkpoint.save(folder, 3, _state(3.0), keep=5)
+        single_file.save(folder, 3, _state(3.0), keep=5)
     assert "step-000000002.pt is intact" in str(failure.value)

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import tiny_config as base_config
 from tests.support.ports import free_port
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.checkpoints.mirror import MANIFEST_SUFFIX, CheckpointMirror
 from trainer.common import blob_client
 from trainer.common.blob_folder import BlobFolder
@@ -36,13 +36,13 @@ def _content(container, name):
 
 
 def _weights(output_dir):
-    _, state = checkpoint.load_latest(output_dir / "checkpoints")
+    _, state = single_file.load_latest(output_dir / "checkpoints")
     return state["model"], state["optimizer"]
 
 
 def _save(folder, step):
     state = {"step": step, "model": {"w": torch.full((4,), float(step))}}
-    return checkpoint.save(folder, step, state, keep=100)
+    return single_file.save(folder, step, state, keep=100)
 
 
 def test_a_run_mirrors_its_checkpoints_verified_and_keeps_the_newest_n(tmp_path, entra_env, logs):
@@ -86,7 +86,7 @@ def test_a_checkpoint_pruned_locally_mid_upload_leaves_no_blob_behind(tmp_path, 
     mirror = CheckpointMirror(BlobFolder.parse(entra_env.folder_url(logs.container_name, "p/")), 5)
     folder = tmp_path / "checkpoints"
     pruned = _save(folder, 12)
-    pruned.unlink()  # as checkpoint.save's pruning would, the sidecar still there
+    pruned.unlink()  # as single_file.save's pruning would, the sidecar still there
     assert mirror.upload(pruned) is False
     assert _blobs(logs, "p/") == []
     assert mirror.upload(_save(folder, 18)) is True
@@ -126,7 +126,7 @@ def test_a_newer_local_checkpoint_wins_over_the_mirror(tmp_path, entra_env, logs
     _save(tmp_path / "b", 3)
     with caplog.at_level(logging.INFO):
         assert mirror.fetch_newer(tmp_path / "b", 3, "pt") is None
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "b")] == [3]
+    assert [s for s, _ in single_file.list_checkpoints(tmp_path / "b")] == [3]
     assert any("newest step 2; resuming from" in r.getMessage() for r in caplog.records)
 
 
@@ -152,7 +152,7 @@ def test_a_corrupted_mirrored_blob_is_skipped_with_a_warning(tmp_path, entra_env
         "step-000000001.pt",
         "step-000000001.pt.sha256",
     ]
-    assert checkpoint.load(path)["step"] == 1
+    assert single_file.load(path)["step"] == 1
 
 
 def test_an_unreachable_mirror_is_one_warning_and_the_run_trains_and_resumes_locally(

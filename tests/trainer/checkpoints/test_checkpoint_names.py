@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.checkpoints import sharded as sharded_checkpoint
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 
 
 def _state(step: int) -> dict:
@@ -38,12 +38,12 @@ def test_an_unusable_entry_at_the_newest_name_is_named_and_the_previous_one_used
     tmp_path, caplog, kind
 ):
     folder = tmp_path / "checkpoints"
-    checkpoint.save(folder, 1, _state(1), keep=5)
-    newest = checkpoint.checkpoint_path(folder, 2)
+    single_file.save(folder, 1, _state(1), keep=5)
+    newest = single_file.checkpoint_path(folder, 2)
     words = _make(kind, newest)
     with caplog.at_level(logging.WARNING, logger="trainer.checkpoints.single_file"):
-        path, state = checkpoint.load_latest(folder)
-    assert state["step"] == 1 and path == checkpoint.checkpoint_path(folder, 1)
+        path, state = single_file.load_latest(folder)
+    assert state["step"] == 1 and path == single_file.checkpoint_path(folder, 1)
     [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert str(newest) in line and words in line and "\n" not in line
 

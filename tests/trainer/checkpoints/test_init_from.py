@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import tiny_config as base_config
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
 from trainer.settings.flags import to_flags
@@ -37,7 +37,7 @@ def source(tmp_path_factory) -> dict:
     state dict in every other format, beside a fresh model's."""
     folder = tmp_path_factory.mktemp("source")
     train(tiny_config(folder / "run", max_steps=2), LocalDist())
-    _, state = checkpoint.load_latest(folder / "run" / "checkpoints")
+    _, state = single_file.load_latest(folder / "run" / "checkpoints")
     weights = state["model"]
     torch.save(weights, folder / "plain.pt")
     torch.save({"state_dict": {f"module.{k}": v for k, v in weights.items()}}, folder / "ddp.pt")
@@ -54,7 +54,7 @@ def source(tmp_path_factory) -> dict:
     return {
         "folder": folder,
         "weights": weights,
-        "checkpoint": checkpoint.list_checkpoints(folder / "run" / "checkpoints")[0][1],
+        "checkpoint": single_file.list_checkpoints(folder / "run" / "checkpoints")[0][1],
     }
 
 
@@ -103,7 +103,7 @@ def test_relaxed_loads_what_matches_and_reports_the_rest_in_one_line(source, tmp
 def test_the_runs_own_checkpoint_wins_over_init_from(source, tmp_path, capsys):
     output = tmp_path / "run"
     train(tiny_config(output, max_steps=1), LocalDist())
-    own = checkpoint.load_latest(output / "checkpoints")
+    own = single_file.load_latest(output / "checkpoints")
     path = source["folder"] / "plain.pt"
     weights = started(tiny_config(output, max_steps=2, init_from=str(path)))
     for key, tensor in own[1]["model"].items():

@@ -288,7 +288,7 @@ def test_a_run_saving_in_the_background_writes_what_a_synchronous_run_writes(tmp
     """End to end, in one process: checkpoints copied while the next step runs, then written
     and read back by trainer.checkpoints.single_file, equal a synchronous run's, bit for bit."""
     from tests.conftest import tiny_config
-    from trainer.checkpoints import single_file as checkpoint
+    from trainer.checkpoints import single_file
     from trainer.settings.train_config import DEFAULTS
     from trainer.training.run import train
 
@@ -308,7 +308,7 @@ def test_a_run_saving_in_the_background_writes_what_a_synchronous_run_writes(tmp
         train(cfg, LocalDist())
         folder = tmp_path / mode / "checkpoints"
         saved[mode] = {
-            step: checkpoint.load(path) for step, path in checkpoint.list_checkpoints(folder)
+            step: single_file.load(path) for step, path in single_file.list_checkpoints(folder)
         }
     assert sorted(saved["background"]) == [3, 6, 7]  # mid-run (overlapped), then the last
     for step, state in saved["sync"].items():

@@ -18,7 +18,7 @@ import torch
 from tests.conftest import make_dataset, tiny_config
 from tests.trainer.data.conftest import shard_config, shard_settings
 from tests.trainer.data.test_cache_scope import run_ranks
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.common.files import sha256_file
 from trainer.data import DataError, build_loaders
 from trainer.data import verify as verify_module
@@ -163,7 +163,7 @@ def test_a_corrupt_jpeg_with_loader_workers_exits_2_with_one_line_and_no_orphans
     # stay until torch's watchdog notices its parent is gone (it polls every 5 s).
     _, alive = psutil.wait_procs(left, timeout=2)
     assert alive == [], f"loader workers outlived the run: {alive}"
-    assert checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints") == []
+    assert single_file.list_checkpoints(tmp_path / "run" / "checkpoints") == []
 
 
 def _flip_a_bit(shards: Path) -> Path:

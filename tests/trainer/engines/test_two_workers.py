@@ -21,7 +21,7 @@ from tests.support.launchers import (
     small_config,
     torchrun,
 )
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.engines.cpu_affinity import cpu_share
 from trainer.settings.choices import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
 from trainer.settings.flags import to_flags
@@ -123,14 +123,14 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo, uninte
     launcher.wait(timeout=60)
     output = log_path.read_text()
     assert launcher.returncode == 0, output[-3000:]
-    stopped_at = checkpoint.list_checkpoints(tmp_path / "split" / "checkpoints")[0][0]
+    stopped_at = single_file.list_checkpoints(tmp_path / "split" / "checkpoints")[0][0]
     assert 5 <= stopped_at < total, "the signal must land before the run would have ended"
     assert "stopped by signal" in output
 
     resumed = run(horovodrun(*trainer_args(interrupted)), repo)
     assert f"at step {stopped_at}" in resumed.stdout
     full = uninterrupted_signal_run
-    _, split = checkpoint.load_latest(tmp_path / "split" / "checkpoints")
+    _, split = single_file.load_latest(tmp_path / "split" / "checkpoints")
     assert full["step"] == split["step"] == total
     for name, tensor in full["model"].items():
         assert torch.allclose(tensor.double(), split["model"][name].double(), atol=1e-6), name

@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.trainer.fs_faults import FAULTS, faulty_output, fill, leftovers, tmpfs
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
@@ -101,12 +101,12 @@ def test_checkpoint_save_in_a_faulty_folder_is_one_line_and_leaves_no_part(tmp_p
     state = {"step": 1, "model": {"w": torch.zeros(64 * 1024)}}  # 256 KiB: more than the room
     with faulty_output(tmp_path, fault) as out:
         with pytest.raises(CheckpointError) as failure:
-            checkpoint.save(out / "checkpoints", 1, state, keep=2)
+            single_file.save(out / "checkpoints", 1, state, keep=2)
         message = str(failure.value)
         assert "\n" not in message and EXPECTED[fault][0] in message, message
         assert "there is no earlier one" in message
         assert leftovers(out) == []
-        assert checkpoint.load_latest(out / "checkpoints") is None
+        assert single_file.load_latest(out / "checkpoints") is None
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -156,7 +156,7 @@ def test_a_run_resumed_onto_a_full_disk_stops_in_one_line_and_keeps_its_checkpoi
 
         first = trainer()
         assert first.returncode == 0, first.stderr[-3000:]
-        saved = checkpoint.list_checkpoints(out / "checkpoints")
+        saved = single_file.list_checkpoints(out / "checkpoints")
         assert [step for step, _ in saved] == [2]
         fill(disk, room=0)
         resumed = trainer()
@@ -166,8 +166,8 @@ def test_a_run_resumed_onto_a_full_disk_stops_in_one_line_and_keeps_its_checkpoi
         assert errors == [resumed.stderr.strip().splitlines()[-1]], resumed.stderr[-3000:]
         assert errors[0].startswith(f"error: cannot write {out / 'tensorboard'}: No space left")
         assert "free space" in errors[0]
-        assert checkpoint.list_checkpoints(out / "checkpoints") == saved
-        found = checkpoint.load_latest(out / "checkpoints")
+        assert single_file.list_checkpoints(out / "checkpoints") == saved
+        found = single_file.load_latest(out / "checkpoints")
         assert found is not None and found[1]["step"] == 2
 
 
@@ -197,7 +197,7 @@ def test_a_tensorboard_disk_filling_up_mid_run_stops_the_run_with_its_last_check
     # The step whose TensorBoard record failed (its metrics.jsonl line was written first).
     stopped = max(r["step"] for r in records if r["kind"] == "train")
     assert 2 <= stopped < 640 // 8, "the run stopped part-way"
-    found = checkpoint.load_latest(out / "checkpoints")
+    found = single_file.load_latest(out / "checkpoints")
     assert found is not None  # the newest, complete and verified: what a rerun resumes from
     assert found[1]["step"] % 2 == 0 and 0 <= stopped - found[1]["step"] <= 2, stopped
 

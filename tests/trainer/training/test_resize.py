@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import tiny_config
 from tests.support.launchers import horovodrun, read_metrics, small_config, torchrun
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.data.sampler import RankSampler, StreamSampler
 from trainer.data.shards import ShardSource
 from trainer.settings.train_config import DEFAULTS
@@ -58,7 +58,7 @@ def steps_of(reports, epoch):
 
 
 def newest_checkpoint(output_dir):
-    found = checkpoint.load_latest(output_dir / "checkpoints")
+    found = single_file.load_latest(output_dir / "checkpoints")
     assert found is not None, f"no checkpoint in {output_dir}"
     return found[1]
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import tiny_config as base_config
 from tests.trainer.traces import recorded_steps
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 from trainer.checkpoints.cadence import checkpoint_steps
 from trainer.common.errors import ConfigError
 from trainer.engines.local import LocalDist
@@ -24,7 +24,7 @@ def tiny_config(output_dir, **extra):
 
 
 def final_weights(output_dir):
-    _, state = checkpoint.load_latest(output_dir / "checkpoints")
+    _, state = single_file.load_latest(output_dir / "checkpoints")
     return state["model"]
 
 
@@ -39,7 +39,7 @@ def test_two_step_run_writes_metrics_tensorboard_and_checkpoint(tmp_path):
     assert records[-1]["stall_sec"] > 0
     assert {"step", "epoch", "loss", "lr", "images_per_sec"} <= set(last)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [2]
+    assert [s for s, _ in single_file.list_checkpoints(tmp_path / "checkpoints")] == [2]
     assert result.samples_per_sec > 0
     # The results: the final checkpoint's weights, loadable into a fresh model.
     cfg = tiny_config(tmp_path, max_steps=2, log_every=5)
@@ -90,7 +90,7 @@ def test_stop_request_checkpoints_at_the_current_step(tmp_path):
     stop.requested = True  # as the SIGTERM handler would
     result = train(tiny_config(tmp_path), LocalDist(), stop)
     assert (result.step, result.stopped_by) == (1, "signal")
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == [1]
+    assert [s for s, _ in single_file.list_checkpoints(tmp_path / "checkpoints")] == [1]
 
 
 def test_resume_with_another_model_is_refused(tmp_path):
@@ -121,9 +121,9 @@ def test_a_step_ending_an_epoch_is_checkpointed_once(tmp_path, monkeypatch):
     """checkpoint_every landing on an epoch's last step: only the epoch-end checkpoint is
     written (the periodic one would be overwritten at once: a wasted write of the whole state)."""
     written = []
-    real_save = checkpoint.save
+    real_save = single_file.save
     monkeypatch.setattr(
-        checkpoint,
+        single_file,
         "save",
         lambda folder, step, state, keep: (
             written.append(step) or real_save(folder, step, state, keep)
@@ -143,9 +143,9 @@ def test_a_run_checkpoints_at_the_steps_the_cadence_gives(
     """The steps a run writes are ``checkpoint_steps``' (what the acceptance check expects):
     the periodic ones, each epoch's end and the stop, each step once."""
     written = []
-    real_save = checkpoint.save
+    real_save = single_file.save
     monkeypatch.setattr(
-        checkpoint,
+        single_file,
         "save",
         lambda folder, step, state, keep: (
             written.append(step) or real_save(folder, step, state, keep)

@@ -18,7 +18,7 @@ from tests.support.launchers import (
     torchrun,
 )
 from tests.trainer.engines.test_two_workers import run, trainer_args, worker_processes
-from trainer.checkpoints import single_file as checkpoint
+from trainer.checkpoints import single_file
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).
@@ -56,7 +56,7 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
     assert len(workers) == 2
     last_logged = max(r["step"] for r in read_metrics(tmp_path / "killed"))
     complete = max(
-        (step for step, _ in checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")),
+        (step for step, _ in single_file.list_checkpoints(tmp_path / "killed" / "checkpoints")),
         default=0,
     )
     workers[-1].kill()
@@ -65,7 +65,7 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
     for worker in workers:
         assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
 
-    saved = checkpoint.list_checkpoints(tmp_path / "killed" / "checkpoints")[0][0]
+    saved = single_file.list_checkpoints(tmp_path / "killed" / "checkpoints")[0][0]
     # Nothing complete is lost; at most one interval, and the one whose save was still being
     # written in the background when the worker died (a loaded machine saw step 8's in flight).
     assert saved >= complete
@@ -73,7 +73,7 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
     resumed = run(horovodrun(*trainer_args(config)), repo)
     assert f"at step {saved}" in resumed.stdout
     expected = uninterrupted_signal_run
-    _, got = checkpoint.load_latest(tmp_path / "killed" / "checkpoints")
+    _, got = single_file.load_latest(tmp_path / "killed" / "checkpoints")
     assert expected["step"] == got["step"] == TOTAL
     for name, tensor in expected["model"].items():
         assert torch.allclose(tensor.double(), got["model"][name].double(), atol=1e-6), name
@@ -93,7 +93,7 @@ def test_sigterm_to_all_workers_checkpoints_and_exits_0_within_30s(tmp_path, rep
     output = log_path.read_text()
     assert launcher.returncode == 0, output[-3000:]
     assert output.count("stopped by signal") >= 1
-    stopped = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
+    stopped = single_file.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
     assert 5 <= stopped < TOTAL  # written at the stop, not at an epoch end
 
 
@@ -120,7 +120,7 @@ def test_workers_whose_launcher_is_killed_stop_instead_of_training_on(tmp_path, 
     _, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"workers outlived their launcher: {alive}\n{log_path.read_text()[-3000:]}"
     if backend == "ddp":
-        stopped = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
+        stopped = single_file.list_checkpoints(tmp_path / "run" / "checkpoints")[0][0]
         assert 3 <= stopped < TOTAL
         assert "stopped by signal" in log_path.read_text()
 
