@@ -2,7 +2,7 @@
 and InfiniBand settings, and the bus bandwidth a healthy pool reaches between nodes and within
 one (NVLink), whose fraction is the preflight's floor. ``infra/sizes.py`` keeps only the Azure
 facts of the same sizes (vCPUs, Batch image, regions) and checks at import that it names exactly
-these; the job (``infra/job.py``) puts the floor on the trainer's command line, and the
+these; the job (``infra/trainer_command.py``) puts the floor on the trainer's command line, and the
 launcher's preflight holds nodes and pairs to both. Standard library only: the Pulumi program
 and the dynamic provider host import this module.
 Why it is built this way: docs/internals.md, `trainer/launch/node_sizes.py`."""
