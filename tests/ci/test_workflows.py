@@ -19,6 +19,7 @@ import yaml
 from _pytest.mark.expression import Expression  # what -m compiles its expression with
 
 from dt_commands.stacks import all_stacks, changed_stacks, job_stacks
+from tests.support.bounds import STUCK_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
@@ -182,12 +183,6 @@ sys.exit(int(os.environ.get("STUB_EXIT_" + name, "0")))
 """
 
 
-# How long these tests wait for a stub script to do what it must: a bound for a stuck script,
-# never a pace. They run beside the multi-process runs at nice 19, where a busy machine may
-# give their processes a few percent of a core (``make test``'s pass beside).
-STUCK = 600
-
-
 def _stub_checkout(tmp_path: Path) -> Path:
     """scripts/run_tests.sh in a checkout of its own whose .venv/bin/pytest is STUB_PYTEST, and
     whose Makefile's lint runs it too (as ``pytest lint``: recorded as the lint)."""
@@ -216,7 +211,7 @@ def test_make_test_runs_the_processes_at_normal_priority_and_the_rest_beside_at_
     if failing:
         env[f"STUB_EXIT_{failing}"] = "1"
     done = subprocess.run(["bash", str(root / "scripts" / "run_tests.sh")], env=env,
-                          capture_output=True, text=True, timeout=STUCK)  # fmt: skip
+                          capture_output=True, text=True, timeout=STUCK_SECONDS)  # fmt: skip
     assert (done.returncode != 0) == bool(failing), done.stdout + done.stderr
     out = done.stdout
     assert out.index("processes says hello") < out.index("lint says hello"), out
@@ -252,6 +247,14 @@ def _processes(*pids: int) -> list[psutil.Process]:
     return found
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT as a terminal's foreground job has it: at its default. A test run started in the
+    background of a script (a CI runner's, ``nohup ... &``) inherits it ignored, and bash can
+    neither trap nor reset a signal ignored on entry (bash(1), SIGNALS): Ctrl-C would then never
+    reach the script's trap, and the check would hang for a reason of its caller's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("interrupted", ["lint", "one_process"])
 def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_path, interrupted):
     """Ctrl-C in a terminal (SIGINT to the script's process group) stops the runs in the
@@ -261,22 +264,23 @@ def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_p
     root = _stub_checkout(tmp_path)
     # The passes sleep until interrupted (far longer than any test waits), so the end the test
     # sees is the interrupt's.
-    env = {**os.environ, "STUB_DIR": str(tmp_path), "STUB_SLEEP_processes": str(10 * STUCK),
-           f"STUB_SLEEP_{interrupted}": str(10 * STUCK), "TMPDIR": str(tmp_path)}  # fmt: skip
+    asleep = str(10 * STUCK_SECONDS)
+    env = {**os.environ, "STUB_DIR": str(tmp_path), "STUB_SLEEP_processes": asleep,
+           f"STUB_SLEEP_{interrupted}": asleep, "TMPDIR": str(tmp_path)}  # fmt: skip
     script = subprocess.Popen(["bash", str(root / "scripts" / "run_tests.sh")], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)  # fmt: skip
+                              start_new_session=True, preexec_fn=_as_from_a_terminal)  # fmt: skip
     started: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + STUCK
+        deadline = time.monotonic() + STUCK_SECONDS
         while not all((tmp_path / f"{name}.json").exists() for name in ("processes", interrupted)):
             assert time.monotonic() < deadline and script.poll() is None, "the passes never started"
             time.sleep(0.05)
         beside = json.loads((tmp_path / f"{interrupted}.json").read_text())
         started = _processes(beside["pid"], beside["child"])
         os.killpg(script.pid, signal.SIGINT)
-        assert script.wait(timeout=STUCK) != 0
-        _, alive = psutil.wait_procs(started, timeout=STUCK)
+        assert script.wait(timeout=STUCK_SECONDS) != 0
+        _, alive = psutil.wait_procs(started, timeout=STUCK_SECONDS)
         assert not alive, alive
     finally:  # a failed check leaves no sleeping pass behind
         with contextlib.suppress(ProcessLookupError):
@@ -409,7 +413,7 @@ def test_changed_runs_git_and_prints_the_stacks(tmp_path):
     subprocess.run([*git, "commit", "-qam", "change"], check=True)
     result = subprocess.run(
         [sys.executable, "-m", "dt_commands.stacks", "changed", "HEAD~1"],
-        cwd=repo, capture_output=True, text=True, timeout=STUCK,
+        cwd=repo, capture_output=True, text=True, timeout=STUCK_SECONDS,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == ["dev", "vision-prod"]
@@ -423,7 +427,7 @@ def test_bad_stacks_commands_are_one_line_errors():
     ):
         result = subprocess.run(
             [sys.executable, "-m", "dt_commands.stacks", *argv],
-            cwd=REPO, capture_output=True, text=True, timeout=STUCK,
+            cwd=REPO, capture_output=True, text=True, timeout=STUCK_SECONDS,
         )  # fmt: skip
         assert result.returncode == 2 and message in result.stderr
         assert result.stderr.count("\n") == 1 and not result.stdout
