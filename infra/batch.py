@@ -21,7 +21,7 @@ from infra import credentials
 from infra.job_spec import NFS_RELATIVE_MOUNT, JobSpec, wall_clock_limit
 from infra.node_scripts import in_bash
 from infra.sizes import size_of
-from infra.trainer_command import JobSet, commands, script_commands, trainer_flags
+from infra.trainer_command import JobSet, commands, script_commands
 
 TASK_ID = "train"  # the multi-instance task in every job
 # Batch's own default reason; also what makes the terminate request sendable (terminate_options).
@@ -263,9 +263,8 @@ def worker_commands(spec: JobSpec) -> tuple[list[str], list[str]]:
     (``infra.trainer_command``)."""
     if spec.command:
         return script_commands(spec.command, spec.engine, job_set(spec))
-    if trainer_flags(spec.trainer_settings) != spec.trainer_args:
-        # Inputs written by a version before trainer_settings (a job's new inputs always hold
-        # them): its commands cannot be told from its flags without reading them back.
+    if not spec.settings_render_flags:
+        # Its commands cannot be told from its flags without reading them back.
         raise ValueError(
             f"job {spec.job_id}: its trainer_settings do not render its trainer_args; run "
             "`pulumi up` with this version"

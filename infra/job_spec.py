@@ -12,6 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Generic, TypeVar
 
 from infra.cloud_init import RUNS_DIR
+from infra.trainer_command import trainer_flags
 
 # Where every node mounts the shared file system, under $AZ_BATCH_NODE_MOUNTS_DIR (the pool's
 # mountConfiguration, infra/cluster.py).
@@ -129,6 +130,13 @@ class JobSpec(JobFields[str]):
             if at_default or field_.name in (*NOT_THE_IDENTITY, *RESTATED):
                 del values[field_.name]
         return values
+
+    @property
+    def settings_render_flags(self) -> bool:
+        """Whether the job's trainer settings render its trainer flags. Inputs written by a
+        version before jobs carried their settings as data do not (a job's new inputs always
+        do): the first `pulumi up` with this version records them, keeping an unchanged job."""
+        return trainer_flags(self.trainer_settings) == tuple(self.trainer_args)
 
     @property
     def job_id(self) -> str:

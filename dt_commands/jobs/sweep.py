@@ -153,9 +153,7 @@ def deployed_spec(state: dict[str, Any], stack: str, job: str | None) -> JobSpec
                 f"stack={stack}: the job {resource.get('urn')} in the state has inputs this "
                 "version cannot read; run `pulumi up` with this version first"
             ) from None
-        if trainer_flags(spec.trainer_settings) != spec.trainer_args:
-            # Written before jobs carried their settings as data: the first `pulumi up` with
-            # this version records them (an unchanged job is kept, not replaced).
+        if not spec.settings_render_flags:
             raise SweepError(
                 f"stack={stack}: the job {resource.get('urn')} in the state has no trainer "
                 "settings this version can read; run `pulumi up` with this version first"
