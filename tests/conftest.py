@@ -70,9 +70,10 @@ def write_image_folder(root: Path, classes: int = 3, per_class: int = 6, size: i
 
 @pytest.fixture(scope="session")
 def uninterrupted_signal_run(tmp_path_factory) -> dict[str, Any]:
-    """The final checkpoint of ``SIGNAL_RUN`` run straight through on two Horovod workers:
-    what every interrupted and resumed run of it must end with (run once per session; saving
-    checkpoints more or less often changes nothing a run computes)."""
+    """The final checkpoint of ``SIGNAL_RUN`` run straight through on two Horovod workers, and
+    at full speed: what every interrupted and resumed run of it, paced, must end with (run once
+    per session; neither the pace of the batches nor saving checkpoints more or less often
+    changes anything a run computes)."""
     # A session fixture, so the worker-fault and signal tests of every folder share one run.
     from tests.support.launchers import REPO, SIGNAL_RUN, horovodrun, small_config
     from trainer.checkpoints import single_file

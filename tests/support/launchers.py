@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import tiny_config
+from trainer.settings.flags import to_flags
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -40,18 +41,26 @@ def torchrun(*python_args: str, workers: int = 2) -> list[str]:
     ]
 
 
-# ResNet-18 at 32 px on two Horovod workers: steps slow enough (~0.1 s) to land a signal
-# mid-epoch. 2 epochs of 12 steps.
-SIGNAL_RUN = dict(
-    model="resnet18",
-    image_size=32,
-    batch_size=8,
-    synthetic_size=192,
-    epochs=2,
-    log_every=1,
-    backend="horovod",
-)
+PACED_TRAINER = REPO / "tests" / "support" / "paced_trainer.py"
+
+
+def paced_trainer(config: dict, seconds: float, ranks: str = "every") -> list[str]:
+    """Python's arguments for ``dt-train`` with ``config``, the batches of ``ranks`` (a rank's
+    number, ``every`` or ``none``) arriving ``seconds`` late (``paced_trainer.py``)."""
+    return [str(PACED_TRAINER), ranks, str(seconds), *to_flags(config)]
+
+
+# The tiny CNN on two Horovod workers, every batch 0.2 s late: steps slow enough to land a
+# signal mid-epoch, at almost no CPU (ResNet-18 at 32 px made them slow by computing, at twice
+# the CPU of the whole run). 2 epochs of 12 steps.
+SIGNAL_RUN = dict(batch_size=8, synthetic_size=192, epochs=2, log_every=1, backend="horovod")
 SIGNAL_RUN_STEPS = 2 * (192 // 2 // 8)  # 24
+SIGNAL_STEP_SECONDS = 0.2
+
+
+def signal_run(config: dict) -> list[str]:
+    """Python's arguments for a run of ``SIGNAL_RUN``'s pace."""
+    return paced_trainer(config, SIGNAL_STEP_SECONDS)
 
 
 def small_config(output_dir: Path, **extra) -> dict:

@@ -18,13 +18,13 @@ from tests.support.launchers import (
     SIGNAL_RUN_STEPS,
     horovodrun,
     read_metrics,
+    signal_run,
     small_config,
     torchrun,
 )
 from trainer.checkpoints import single_file
 from trainer.engines.cpu_affinity import cpu_share
 from trainer.settings.choices import GLOO_CPU_CYCLE_MS, GLOO_CPU_FUSION_MB
-from trainer.settings.flags import to_flags
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).
@@ -87,10 +87,6 @@ def test_ranks_end_with_identical_parameters_and_equal_averaged_metrics(backend,
     assert all(r["global_batch"] == global_batch and r["grad_trace"] > 0 for r in noise)
 
 
-def trainer_args(config: dict) -> list[str]:
-    return ["-m", "trainer", *to_flags(config)]
-
-
 def worker_processes(launcher: psutil.Process) -> list[psutil.Process]:
     return [
         p
@@ -107,7 +103,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo, uninte
     log_path = tmp_path / "interrupted.log"
     with open(log_path, "w") as log_file:
         launcher = subprocess.Popen(
-            horovodrun(*trainer_args(interrupted)),
+            horovodrun(*signal_run(interrupted)),
             cwd=repo,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -127,7 +123,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, repo, uninte
     assert 5 <= stopped_at < total, "the signal must land before the run would have ended"
     assert "stopped by signal" in output
 
-    resumed = run(horovodrun(*trainer_args(interrupted)), repo)
+    resumed = run(horovodrun(*signal_run(interrupted)), repo)
     assert f"at step {stopped_at}" in resumed.stdout
     full = uninterrupted_signal_run
     _, split = single_file.load_latest(tmp_path / "split" / "checkpoints")

@@ -14,10 +14,11 @@ from tests.support.launchers import (
     SIGNAL_RUN_STEPS,
     horovodrun,
     read_metrics,
+    signal_run,
     small_config,
     torchrun,
 )
-from tests.trainer.engines.test_two_workers import run, trainer_args, worker_processes
+from tests.trainer.engines.test_two_workers import run, worker_processes
 from trainer.checkpoints import single_file
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
@@ -32,7 +33,7 @@ def _start(config, tmp_path, repo, name, launch=horovodrun):
     log_path = tmp_path / f"{name}.log"
     with open(log_path, "w") as log_file:  # a file: an unread pipe would block the workers
         launcher = subprocess.Popen(
-            launch(*trainer_args(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
+            launch(*signal_run(config)), cwd=repo, stdout=log_file, stderr=subprocess.STDOUT
         )
     return launcher, log_path
 
@@ -70,7 +71,7 @@ def test_sigkill_of_one_worker_ends_the_run_and_the_rerun_matches(
     # written in the background when the worker died (a loaded machine saw step 8's in flight).
     assert saved >= complete
     assert last_logged - saved <= 2 * COMMON["checkpoint_every"]
-    resumed = run(horovodrun(*trainer_args(config)), repo)
+    resumed = run(horovodrun(*signal_run(config)), repo)
     assert f"at step {saved}" in resumed.stdout
     expected = uninterrupted_signal_run
     _, got = single_file.load_latest(tmp_path / "killed" / "checkpoints")

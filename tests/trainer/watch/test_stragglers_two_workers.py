@@ -10,8 +10,7 @@ import subprocess
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.support.launchers import REPO, horovodrun, read_metrics, small_config
-from trainer.settings.flags import to_flags
+from tests.support.launchers import REPO, horovodrun, paced_trainer, read_metrics, small_config
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).
@@ -21,11 +20,10 @@ pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_proces
 EVERY = 4
 
 
-def train(tmp_path, slow_rank: int, seconds: float = 0.0):
+def train(tmp_path, slow_rank: str, seconds: float = 0.0):
     out = tmp_path / "out"
     config = small_config(out, backend="horovod", straggler_every=EVERY, log_every=8)
-    script = str(REPO / "tests" / "trainer" / "watch" / "slow_rank.py")
-    command = horovodrun(script, str(slow_rank), str(seconds), *to_flags(config))
+    command = horovodrun(*paced_trainer(config, seconds, ranks=slow_rank))
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((out / "results" / "metrics.json").read_text())
@@ -33,7 +31,7 @@ def train(tmp_path, slow_rank: int, seconds: float = 0.0):
 
 
 def test_a_rank_with_a_slow_loader_is_named_with_its_host_and_margin(tmp_path):
-    out, output, summary = train(tmp_path, slow_rank=1, seconds=0.15)
+    out, output, summary = train(tmp_path, slow_rank="1", seconds=0.15)
     host = socket.gethostname()
     records = [r for r in read_metrics(out) if r.get("kind") == "straggler"]
     assert records, output[-3000:]
@@ -49,7 +47,7 @@ def test_a_rank_with_a_slow_loader_is_named_with_its_host_and_margin(tmp_path):
 
 
 def test_a_run_without_a_slow_rank_names_none(tmp_path):
-    out, output, summary = train(tmp_path, slow_rank=-1)
+    out, output, summary = train(tmp_path, slow_rank="none")
     assert [r for r in read_metrics(out) if r.get("kind") == "straggler"] == []
     assert summary["stragglers"] == [] and "straggler" not in output
     assert not [r for r in read_metrics(out) if r.get("kind") == "gpu"]  # CPUs: no samples

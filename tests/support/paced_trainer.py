@@ -1,9 +1,10 @@
-"""Run under horovodrun or torchrun: ``dt-train`` with one rank's data loader made slow.
+"""Run under horovodrun or torchrun: ``dt-train`` with some ranks' batches arriving late.
 
-Usage: slow_rank.py RANK SECONDS TRAINER_FLAGS... Rank RANK (-1: none) sleeps SECONDS before
-each training batch, as a rank reading from a slow disk or a starved loader would; the trainer
-itself runs unchanged (``trainer.__main__.main``), so its records and last lines are the real
-ones.
+Usage: paced_trainer.py RANKS SECONDS TRAINER_FLAGS... The ranks RANKS (a rank's number,
+``every`` or ``none``) sleep SECONDS before each training batch, as a rank reading from a slow
+disk or a starved loader would. A run paced on every rank has steps that take wall time at
+almost no CPU: slow enough to land a signal mid-epoch. The trainer itself runs unchanged
+(``trainer.__main__.main``), so its records and last lines are the real ones.
 """
 
 import sys
@@ -32,10 +33,10 @@ class SlowBatches:
         return getattr(self.inner, name)
 
 
-def slowed(build_loaders, slow_rank: int, seconds: float):
+def slowed(build_loaders, ranks: str, seconds: float):
     def build(cfg, rank, *args, **kwargs):
         loaders = build_loaders(cfg, rank, *args, **kwargs)
-        if rank == slow_rank:
+        if ranks == "every" or ranks == str(rank):
             loaders.train = SlowBatches(loaders.train, seconds)
         return loaders
 
@@ -43,8 +44,8 @@ def slowed(build_loaders, slow_rank: int, seconds: float):
 
 
 if __name__ == "__main__":
-    slow_rank, seconds = int(sys.argv[1]), float(sys.argv[2])
+    ranks, seconds = sys.argv[1], float(sys.argv[2])
     trainer.training.setup.build_loaders = slowed(
-        trainer.training.setup.build_loaders, slow_rank, seconds
+        trainer.training.setup.build_loaders, ranks, seconds
     )
     sys.exit(main(sys.argv[3:]))
