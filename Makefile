@@ -6,7 +6,7 @@ PROFILE ?= cpu
 # Where the slow builds are cached, outside the checkout, so fresh clones reuse them.
 CACHE_DIR ?= $(or $(DT_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/distributed-training)
 
-.PHONY: demo test lint setup gpu-wheel bench azure-check
+.PHONY: demo test lint setup gpu-wheel image bench azure-check
 
 HOROVOD_PATCHES := $(wildcard scripts/horovod-patches/*.patch)
 
@@ -27,6 +27,12 @@ $(GPU_WHEEL_STAMP): $(SETUP_STAMP) scripts/build_gpu_wheel.sh scripts/build_horo
 	mv $@.tmp $@
 
 gpu-wheel: $(GPU_WHEEL_STAMP)
+
+# The trainer image, built here from docker/Dockerfile as ACR Tasks builds it for a stack, its
+# smoke test included (scripts/build_image.sh: buildah and a Debian base made with mmdebstrap, no
+# Docker engine; as root). Layers and the base are cached outside the checkout.
+image: $(SETUP_STAMP)
+	bash scripts/build_image.sh "$(CACHE_DIR)"
 
 demo: $(SETUP_STAMP)
 	bash scripts/demo.sh

@@ -9,12 +9,20 @@ from dataclasses import dataclass
 
 from infra.settings.checks import ConfigError
 from infra.settings.schema import setting
-from infra.toolchain import APT_FAMILIES, BASE_OS, CUDA, cuda_of_base, os_of_base
+from infra.toolchain import (
+    APT_FAMILIES,
+    BASE_IMAGE,
+    BASE_OS,
+    BASE_PYTHON,
+    CUDA,
+    cuda_of_base,
+    os_of_base,
+)
 
 IMAGE_BUILDERS = ("acr", "docker")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _GIT_URL = re.compile(r"^https://[^\s#]+\.git$")
-# [registry[:port]/]repository:tag; Docker Hub's official images have no namespace (ubuntu:22.04).
+# [registry[:port]/]repository:tag; Docker Hub's official images have no namespace (debian:13-slim).
 _IMAGE_REF = re.compile(r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9._/-]+:[A-Za-z0-9._-]+$")
 # An image in an Azure container registry: <name>.azurecr.io/<repository>[:<tag>][@<digest>]
 # (registry names: 5-50 letters and digits; login servers are lowercase).
@@ -58,9 +66,9 @@ class ImageSettings:
     )
     base: str = setting(
         "imageBase",
-        "ubuntu:22.04",
-        "Base of both stages of the trainer image - Ubuntu 22.04 (Python 3.11 from its "
-        "archive); torch 2.13.0's own wheels bring CUDA 13.0, so no CUDA base is needed "
+        BASE_IMAGE,
+        "Base of both stages of the trainer image - Debian 13 (Python 3.13 from its archive); "
+        "torch 2.13.0's own wheels bring CUDA 13.0, so no CUDA base is needed "
         "(infra/toolchain.py).",
     )
     base_digest: str = setting(
@@ -114,21 +122,21 @@ class ImageSettings:
         if not _IMAGE_REF.match(self.base):
             raise ConfigError(
                 f"imageBase={self.base!r}: give [<registry>/]<repository>:<tag>, "
-                "for example ubuntu:22.04"
+                f"for example {BASE_IMAGE}"
             )
         cuda = cuda_of_base(self.base)
         if cuda is not None and cuda != CUDA:
             raise ConfigError(
                 f"imageBase={self.base}: CUDA {cuda}, but torch's wheel is built for CUDA "
-                f"{CUDA}; use ubuntu:22.04 (torch's wheels bring CUDA) or a CUDA {CUDA}.x base"
+                f"{CUDA}; use {BASE_IMAGE} (torch's wheels bring CUDA)"
             )
         base_os = os_of_base(self.base)
         if base_os is not None and base_os != BASE_OS:
             manager = "apt" if base_os.startswith(APT_FAMILIES) else "apt, which it does not have"
             raise ConfigError(
                 f"imageBase={self.base}: a {base_os} image, but the trainer image installs "
-                f"{BASE_OS}'s packages with {manager} (python3.11, the InfiniBand user space: "
-                f"docker/Dockerfile); use an {BASE_OS} base such as ubuntu:22.04"
+                f"{BASE_OS}'s packages with {manager} ({BASE_PYTHON}, the InfiniBand user space: "
+                f"docker/Dockerfile); use a {BASE_OS} base such as {BASE_IMAGE}"
             )
         if self.base_digest and not _DIGEST.match(self.base_digest):
             raise ConfigError(

@@ -59,6 +59,8 @@ KNOWN_BASES: dict[str, ImageConfig] = {
         ),
     ),
     "ubuntu": ImageConfig(cmd=("bash",), env=(("PATH", DEFAULT_PATH),)),
+    # docker-library's debian images: CMD ["bash"], Docker's default PATH.
+    "debian": ImageConfig(cmd=("bash",), env=(("PATH", DEFAULT_PATH),)),
 }
 
 

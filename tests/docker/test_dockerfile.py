@@ -114,7 +114,7 @@ def test_the_region_decoder_is_built_from_the_copied_sources_and_checked():
     # The runtime takes the library where the trainer loads it (sys.prefix/lib/trainer), has
     # libjpeg-turbo's runtime library, and the smoke test loads the decoder after USER.
     assert "COPY --from=builder /build/libjpeg_region.so /opt/venv/lib/trainer/" in runtime
-    assert re.search(r"apt-get install[^&]*\blibjpeg-turbo8\b", runtime)
+    assert re.search(r"apt-get install[^&]*\blibjpeg62-turbo\b", runtime)
     assert runtime.index("ENV PYTHONPATH=/opt/trainer") < runtime.index("USER 1000:1000")
     assert runtime.index("USER 1000:1000") < runtime.index("r.available()")
 

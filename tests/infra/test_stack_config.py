@@ -4,7 +4,7 @@ import pytest
 
 from infra.settings.checks import ConfigError
 from infra.settings.stack import StackSettings
-from infra.toolchain import BASE_OS, os_of_base
+from infra.toolchain import BASE_OS, BASE_PYTHON, os_of_base
 from tests.support.stacks import REPO, STACKS, stack_values
 
 VALID = {
@@ -189,13 +189,14 @@ INVALID = [
     ({"imageSourceRepo": "git@github.com:o/r"}, "imageSourceRepo='git@github.com:o/r'", ".git URL"),
     ({"imageBase": "cuda"}, "imageBase='cuda'", "[<registry>/]<repository>:<tag>"),
     ({"imageBaseDigest": "sha256:abc"}, "imageBaseDigest='sha256:abc'", "64 hex"),
-    # The image installs Ubuntu 22.04's packages with apt (docker/Dockerfile).
+    # The image installs Debian 13's packages with apt (docker/Dockerfile).
     (
         {"imageBase": "nvidia/cuda:13.0.1-devel-ubi9"},
         "imageBase=nvidia/cuda:13.0.1-devel-ubi9: a ubi9 image",
-        "use an ubuntu22.04 base such as ubuntu:22.04",
+        "use a debian13 base such as debian:13-slim",
     ),
-    ({"imageBase": "ubuntu:24.04"}, "imageBase=ubuntu:24.04: a ubuntu24.04 image", "ubuntu:22.04"),
+    ({"imageBase": "ubuntu:22.04"}, "imageBase=ubuntu:22.04: a ubuntu22.04 image", "13-slim"),
+    ({"imageBase": "debian:12-slim"}, "imageBase=debian:12-slim: a debian12 image", "python3.13"),
     ({"imageBase": "rockylinux:9"}, "imageBase=rockylinux:9: a rockylinux9 image", "apt"),
     (
         {"imageBase": "nvidia/cuda:13.0.1-cudnn-devel-rockylinux9"},
@@ -205,7 +206,7 @@ INVALID = [
     (
         {"imageBase": "nvidia/cuda:13.0.1-devel-ubuntu24.04"},
         "imageBase=nvidia/cuda:13.0.1-devel-ubuntu24.04: a ubuntu24.04 image",
-        "use an ubuntu22.04 base",
+        "use a debian13 base",
     ),
     ({"datasetPrefix": "../etc"}, "datasetPrefix='../etc'", "dt-data upload"),
     ({"trainerConfig": "missing.yaml"}, "trainerConfig=missing.yaml: cannot read", "No such"),
@@ -237,14 +238,16 @@ def test_every_invalid_value_names_key_value_and_fix(schema, changes, names, fix
 @pytest.mark.parametrize(
     "base",
     [
-        "ubuntu:22.04",
-        "docker.io/library/ubuntu:22.04",
-        "nvidia/cuda:13.0.1-cudnn-devel-ubuntu22.04",
-        # A base of one's own whose tag names no OS: the build itself tells.
+        "debian:13-slim",
+        "debian:13",
+        "docker.io/library/debian:13-slim",
+        # A base named by its code name, or of one's own whose tag names no OS: the build
+        # itself tells.
+        "debian:trixie-slim",
         "teamacr.azurecr.io/cuda-base:2026-11-v2",
     ],
 )
-def test_an_ubuntu_22_04_base_or_one_that_names_no_os_is_accepted(schema, base):
+def test_a_debian_13_base_or_one_that_names_no_os_is_accepted(schema, base):
     assert settings(schema, imageBase=base).image.base == base
 
 
@@ -252,7 +255,7 @@ def test_the_default_bases_run_the_os_the_image_installs_packages_for(schema):
     dockerfile = (REPO / "docker/Dockerfile").read_text()
     (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
     assert os_of_base(default) == os_of_base(schema["imageBase"]["default"]) == BASE_OS
-    assert "apt-get install" in dockerfile and "python3.11" in dockerfile
+    assert "apt-get install" in dockerfile and f"{BASE_PYTHON} -m venv" in dockerfile
 
 
 def test_team_is_required(schema):
