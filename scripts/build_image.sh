@@ -48,6 +48,13 @@ mkdir -p "$base_dir"
 certificates=$(cat /usr/local/share/ca-certificates/*.crt 2>/dev/null | sha256sum | cut -c1-12)
 rootfs="$base_dir/debian-$suite-minbase-$certificates.tar"
 base="localhost/distributed-training/debian:$suite-$certificates"
+# Nothing half-made stays behind: a root file system being written, a container being filled.
+container=
+cleanup() {
+  rm -f "$rootfs.tmp"
+  [ -z "$container" ] || buildah rm "$container" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 if [ -z "$(find "$rootfs" -mtime -7 2>/dev/null)" ]; then
   rm -f "$base_dir"/debian-"$suite"-minbase-*.tar
   # shellcheck disable=SC2016  # $1 is mmdebstrap's, the root being made
@@ -62,7 +69,6 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   buildah add "$container" "$rootfs" / >/dev/null
   buildah config --cmd '["bash"]' "$container"
   buildah commit --quiet "$container" "$base" >/dev/null
-  buildah rm "$container" >/dev/null
 fi
 
 tag=$(.venv/bin/python -c 'from infra.image_inputs import content_tag; print(content_tag())')

@@ -142,3 +142,12 @@ def test_missing_tools_without_root_are_one_line(tmp_path):
         "make image: buildah and mmdebstrap are missing; run as root to install them with apt\n"
     )
     assert calls == []
+
+
+def test_a_failed_base_leaves_no_half_made_root_file_system(tmp_path):
+    # mmdebstrap dies after writing part of its output (the archive unreachable mid-way).
+    stubs = {**STUBS, "mmdebstrap": RECORDING + 'echo partial > "${@: -2:1}"; exit 1\n'}
+    done, calls = _run(tmp_path, _root(tmp_path), stubs=stubs)
+    assert done.returncode == 1, done
+    assert list((tmp_path / "cache" / "image").iterdir()) == []
+    assert not [c for c in calls if c.startswith("buildah")]
