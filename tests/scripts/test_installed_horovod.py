@@ -34,8 +34,8 @@ def test_the_installed_horovod_has_pytorch_gloo_the_blocking_wait_and_the_wake()
 
 def test_a_host_whose_name_does_not_resolve_gets_an_error_naming_it_not_a_crash():
     """Gloo's lookup of the host's own name (patch 06): hvd.init() on a host whose name resolves
-    nowhere (a new UTS namespace with a made-up name; the Batch emulator's and buildah's
-    containers are such hosts) died of SIGSEGV before the patch."""
+    nowhere (a new UTS namespace with a made-up name; buildah's containers are such hosts)
+    died of SIGSEGV in the image before the patch."""
     if os.geteuid() != 0:
         pytest.skip("a host name of its own needs a UTS namespace: needs root")
     init = f"{shlex.quote(sys.executable)} -c 'import horovod.torch as hvd; hvd.init()'"
