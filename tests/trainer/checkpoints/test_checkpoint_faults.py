@@ -13,7 +13,10 @@ from tests.trainer.fs_faults import file_size_limit, fill, read_only, tmpfs
 from trainer.checkpoints import single_file
 from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.checkpoints.single_file import checksum_path
+from trainer.engines.local import LocalDist
 from trainer.settings.flags import to_flags
+from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import train
 
 # The trainer runs here are single processes; none of them may leave one behind.
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -67,16 +70,17 @@ def test_a_checkpoint_without_its_checksum_is_not_trusted(two_checkpoints, caplo
     assert path.name == "step-000000001.pt" and ".sha256 file is missing" in caplog.text
 
 
-def test_no_usable_checkpoint_at_all_means_a_fresh_start(tmp_path):
+def test_no_usable_checkpoint_at_all_means_a_fresh_start(tmp_path, caplog):
+    """The checkpoint judged unusable by the run itself, in this process (the command's
+    "started at" is the result's start_step; its log is what caplog holds)."""
     output = tmp_path / "run"
     (output / "checkpoints").mkdir(parents=True)
     (output / "checkpoints" / "step-000000004.pt").write_bytes(b"garbage")
-    config = tiny_config(output, epochs=1)
-    args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(config)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "started at 0" in result.stdout
-    assert "skipping unreadable checkpoint" in result.stderr
+    config = DEFAULTS.replace(**tiny_config(output, backend="local", epochs=1))
+    with caplog.at_level(logging.WARNING):
+        result = train(config, LocalDist())
+    assert result.start_step == 0 and result.step == 64 // 8, result
+    assert "skipping unreadable checkpoint" in caplog.text
 
 
 def test_full_disk_while_checkpointing_is_a_clear_error_and_keeps_the_previous(small_disk):
@@ -115,11 +119,14 @@ def test_read_only_checkpoint_folder_is_a_clear_error(two_checkpoints):
 
 def test_trainer_on_a_full_disk_exits_1_with_one_line_and_keeps_its_checkpoint(small_disk):
     output = small_disk / "run"
-    config = tiny_config(output, epochs=2, checkpoint_every=3)
-    args = [sys.executable, "-m", "trainer", "--backend", "local", *to_flags(config)]
-    first = subprocess.run([*args, "--run-steps", "3"], capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
+    config = tiny_config(output, backend="local", epochs=2, checkpoint_every=3)
+    # The first 3 steps (and their checkpoint) in process: only the run that meets the full
+    # disk needs to be the command.
+    first = train(DEFAULTS.replace(**config, run_steps=3), LocalDist())
+    assert first.step == 3, first
     before = single_file.list_checkpoints(output / "checkpoints")
+    assert [step for step, _ in before] == [3]
+    args = [sys.executable, "-m", "trainer", *to_flags(config)]
     # Room for metrics and TensorBoard events (a few KiB), not for a checkpoint (about 60 KiB).
     fill(small_disk, room=32 * 1024)
     second = subprocess.run(args, capture_output=True, text=True, timeout=300)

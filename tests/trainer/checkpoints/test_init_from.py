@@ -1,10 +1,16 @@
 """``--init-from``: a fresh run starts from weights in each format, from a local path or a Blob
 URL (Azurite over HTTPS with the managed identity's tokens, as on a node); strict refuses keys
 that do not match, relaxed reports them in one line; the run's own checkpoint wins; a bad
-source is one line, exit 2 (an environment fault exit 1), with nothing written."""
+source is one line, exit 2 (an environment fault exit 1), with nothing written.
+
+Each refusal is decided in this process (``refused``: the run set up and resumed until the
+weights are refused, then the command's own ``fail``); ``python -m trainer`` itself runs once per
+exit code, for a damaged sharded checkpoint (exit 2) and unreachable storage (exit 1): each
+``python -m trainer`` pays seconds of torch's import for a one-line answer."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import shutil
 import subprocess
@@ -17,6 +23,8 @@ from safetensors.torch import save_file
 
 from tests.conftest import tiny_config as base_config
 from trainer.checkpoints import single_file
+from trainer.checkpoints.init_from import InitError
+from trainer.common.cli import fail
 from trainer.engines.local import LocalDist
 from trainer.models.build import build_model
 from trainer.settings.flags import to_flags
@@ -137,11 +145,42 @@ BAD = [
 ]
 
 
+def refused(cfg, capsys, caplog) -> subprocess.CompletedProcess[str]:
+    """How ``python -m trainer`` would end for ``cfg``, whose --init-from source is refused,
+    decided in this process: the run set up and resumed (as ``started`` does) until it raises
+    the InitError, which is then given to the command's ``fail`` with its exit code, as
+    trainer/__main__.py does. stderr: what was logged (the command logs to stderr) and written
+    there on the way, then that line. That the command itself ends so:
+    test_the_command_ends_a_refused_source_with_its_one_line_and_exit_2 and
+    test_unreachable_storage_is_an_environment_fault_exit_1."""
+    capsys.readouterr()  # what the test printed before: not this run's
+    with caplog.at_level(logging.INFO):
+        start = len(caplog.records)
+        run = _Run(cfg, LocalDist(), StopRequest())
+        try:
+            with pytest.raises(InitError) as error:
+                run.resume()
+        finally:
+            run.checkpointer.close()
+        # The command's log level: INFO (trainer/__main__.py, logging.basicConfig).
+        logged = "".join(
+            f"{record.getMessage()}\n"
+            for record in caplog.records[start:]
+            if record.levelno >= logging.INFO
+        )
+    with pytest.raises(SystemExit) as exit_:
+        fail(str(error.value), error.value.exit_code)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([], exit_.value.code, captured.out, logged + captured.err)
+
+
 @pytest.mark.parametrize(("name", "expected"), BAD)
-def test_a_bad_source_is_one_line_exit_2_and_nothing_written(source, tmp_path, name, expected):
+def test_a_bad_source_is_one_line_exit_2_and_nothing_written(
+    source, tmp_path, capsys, caplog, name, expected
+):
     output = tmp_path / "run"
-    done = _trainer(base_config(output, backend="local", init_from=str(source["folder"] / name)))
-    _one_line_exit(done, 2, expected)
+    cfg = tiny_config(output, init_from=str(source["folder"] / name))
+    _one_line_exit(refused(cfg, capsys, caplog), 2, expected)
     assert not output.exists()
 
 
@@ -161,30 +200,50 @@ DAMAGED = {
 }
 
 
-@pytest.mark.parametrize("damage", DAMAGED)
-def test_a_damaged_sharded_checkpoint_is_one_line_exit_2_and_nothing_written(
-    source, tmp_path, damage
-):
-    """torch reports a folder it cannot read with a CheckpointException, which is no
-    ``Exception`` (a BaseException carrying each rank's traceback): one line all the same."""
+def _damaged_copy(source: dict, tmp_path: Path, damage: str) -> Path:
+    """A copy of the source's sharded checkpoint with ``damage`` done to it (DAMAGED)."""
     folder = tmp_path / "step-000000002.dcp"
     shutil.copytree(source["folder"] / "step-000000002.dcp", folder)
-    name, change, expected = DAMAGED[damage]
+    name, change, _ = DAMAGED[damage]
     data = change((folder / name).read_bytes())
     if data is None:
         (folder / name).unlink()
     else:
         (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_a_damaged_sharded_checkpoint_is_one_line_exit_2_and_nothing_written(
+    source, tmp_path, capsys, caplog, damage
+):
+    """torch reports a folder it cannot read with a CheckpointException, which is no
+    ``Exception`` (a BaseException carrying each rank's traceback): one line all the same."""
+    folder = _damaged_copy(source, tmp_path, damage)
+    output = tmp_path / "run"
+    done = refused(tiny_config(output, init_from=str(folder)), capsys, caplog)
+    _one_line_exit(done, 2, f"init_from={folder}: ", DAMAGED[damage][2], "copy the folder again")
+    assert not output.exists()
+
+
+def test_the_command_ends_a_refused_source_with_its_one_line_and_exit_2(source, tmp_path):
+    """``python -m trainer`` itself, for the refusals above that are decided in process: a
+    shard torch cannot read (its CheckpointException, a BaseException, must not escape as a
+    traceback) is one line on stderr, exit 2, nothing written."""
+    folder = _damaged_copy(source, tmp_path, "truncated shard")
     output = tmp_path / "run"
     done = _trainer(base_config(output, backend="local", init_from=str(folder)))
-    _one_line_exit(done, 2, f"init_from={folder}: ", expected, "copy the folder again")
+    _one_line_exit(done, 2, f"init_from={folder}: ", "cannot read its shards", "copy the folder")
     assert not output.exists()
 
 
 # ---------------------------------------------------------------------- Blob storage
-def test_weights_and_a_sharded_checkpoint_from_blob_urls(source, tmp_path, entra_env):
+def test_weights_and_a_sharded_checkpoint_from_blob_urls(
+    source, tmp_path, entra_env, capsys, caplog
+):
     """A file's URL and a folder's URL (a prefix: Blob storage has no folders), read with the
-    managed identity's tokens."""
+    managed identity's tokens (``entra_env``: this process's), by a one-step run each, here in
+    process; ``python -m trainer`` reads a URL in the exit-1 test below."""
     weights = entra_env.container("weights-init-from")
     weights.create_container()
     try:
@@ -199,12 +258,12 @@ def test_weights_and_a_sharded_checkpoint_from_blob_urls(source, tmp_path, entra
         ):
             url = entra_env.folder_url("weights-init-from", blob)
             run = tmp_path / kind.replace(" ", "-")
-            done = _trainer(base_config(run, backend="local", max_steps=1, init_from=url))
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-            assert f"init_from={url}: started from 14 tensors ({kind})" in done.stdout
+            result = train(tiny_config(run, max_steps=1, init_from=url), LocalDist())
+            assert result.step == 1, result  # the run trained from them
+            assert f"init_from={url}: started from 14 tensors ({kind})" in capsys.readouterr().out
         missing = entra_env.folder_url("weights-init-from", "team/other.safetensors")
         output = tmp_path / "missing"
-        done = _trainer(base_config(output, backend="local", init_from=missing))
+        done = refused(tiny_config(output, init_from=missing), capsys, caplog)
         _one_line_exit(done, 2, "no blob or folder of that name")
         assert not output.exists()
     finally:

@@ -20,9 +20,12 @@ from trainer.checkpoints import single_file
 from trainer.checkpoints.checkpointer import CheckpointError
 from trainer.common.files import OutputError
 from trainer.data.__main__ import main as data_main
+from trainer.engines.local import LocalDist
 from trainer.outputs import results
 from trainer.outputs.metrics import MetricsWriter
 from trainer.settings.flags import to_flags
+from trainer.settings.train_config import DEFAULTS
+from trainer.training.run import train
 
 # What each fault's one line must say: the reason and the first words of its fix.
 EXPECTED = {
@@ -148,18 +151,20 @@ def test_a_run_resumed_onto_a_full_disk_stops_in_one_line_and_keeps_its_checkpoi
     repo = Path(__file__).resolve().parents[3]
     with tmpfs(tmp_path / "disk", size="16m") as disk:
         out = disk / "run"
-        command = [sys.executable, "-m", "trainer"]
-        command += to_flags(tiny_config(out, backend="local", run_steps=2))
-
-        def trainer() -> subprocess.CompletedProcess[str]:
-            return subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
-
-        first = trainer()
-        assert first.returncode == 0, first.stderr[-3000:]
+        config = tiny_config(out, backend="local", run_steps=2)
+        # The first run in process: only the resumed one needs to be the command.
+        first = train(DEFAULTS.replace(**config), LocalDist())
+        assert first.step == 2, first
         saved = single_file.list_checkpoints(out / "checkpoints")
         assert [step for step, _ in saved] == [2]
         fill(disk, room=0)
-        resumed = trainer()
+        resumed = subprocess.run(
+            [sys.executable, "-m", "trainer", *to_flags(config)],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert resumed.returncode == 1, resumed.stdout[-2000:] + resumed.stderr[-3000:]
         assert "Traceback" not in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
         errors = [line for line in resumed.stderr.splitlines() if line.startswith("error: ")]
