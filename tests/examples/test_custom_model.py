@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.support.launchers import BIN, REPO, read_metrics
+from tests.support.process_tree import RUN_TAG, check_none_left, new_tag
 from trainer.checkpoints import sharded as sharded_checkpoint
 from trainer.checkpoints import single_file
 from trainer.outputs import results
@@ -57,16 +58,37 @@ def final_checkpoint(output: Path) -> dict:
     return found[1]
 
 
-def test_the_documented_command_trains_checkpoints_and_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> dict:
+    """The documented command run once as written, to its end (4 epochs, 128 steps): its
+    output, its run folder and its final checkpoint. Read by
+    ``test_the_documented_command_trains_checkpoints_and_resumes_exactly`` (what it logged,
+    evaluated and saved; the end an interrupted run must reach) and by
+    ``test_the_plugins_under_fsdp_start_from_another_runs_weights`` (the results' weights the
+    FSDP and DDP runs start from)."""
+    words = documented_command()
+    cwd = tmp_path_factory.mktemp("straight")
+    # Tagged as a test's own runs are (no_leftover_processes): none of its processes may
+    # outlive it, whichever test builds it.
+    with pytest.MonkeyPatch.context() as env:
+        tag = new_tag()
+        env.setenv(RUN_TAG, tag)
+        done = run(words, cwd)
+        check_none_left(tag)
+    output = cwd / words[words.index("--output-dir") + 1]
+    return {"stdout": done.stdout, "output": output, "final": final_checkpoint(output)}
+
+
+def test_the_documented_command_trains_checkpoints_and_resumes_exactly(tmp_path, straight_run):
     words = documented_command()
     output = Path(words[words.index("--output-dir") + 1])
 
-    straight = run(words, tmp_path / "straight")
-    assert "stopped by epochs" in straight.stdout and "2 worker(s)" in straight.stdout
-    full = final_checkpoint(tmp_path / "straight" / output)
-    evals = [r for r in read_metrics(tmp_path / "straight" / output) if r["kind"] == "eval"]
+    stdout = straight_run["stdout"]
+    assert "stopped by epochs" in stdout and "2 worker(s)" in stdout
+    full = straight_run["final"]
+    evals = [r for r in read_metrics(straight_run["output"]) if r["kind"] == "eval"]
     assert len(evals) == 4 and evals[-1]["val_loss"] < evals[0]["val_loss"]
-    assert results.is_complete(tmp_path / "straight" / output / "results")
+    assert results.is_complete(straight_run["output"] / "results")
 
     # Interrupted mid-epoch (step 50 of 128: epoch 1, step 18 of 32), then rerun as documented.
     paused = run([*words, "--run-steps", "50"], tmp_path / "split")
@@ -79,11 +101,11 @@ def test_the_documented_command_trains_checkpoints_and_resumes_exactly(tmp_path)
         assert torch.equal(tensor, split["model"][name]), name
 
 
-def test_the_plugins_under_fsdp_start_from_another_runs_weights(tmp_path):
+def test_the_plugins_under_fsdp_start_from_another_runs_weights(tmp_path, straight_run):
     words = documented_command()
     output = Path(words[words.index("--output-dir") + 1])
-    run([*words, "--max-steps", "4"], tmp_path / "source")
-    weights = tmp_path / "source" / output / "results" / "model.safetensors"
+    # Any finished run's weights will do: the straight run's, which the other test needs too.
+    weights = straight_run["output"] / "results" / "model.safetensors"
 
     start = ["--init-from", str(weights), "--max-steps", "2"]
     done = run([*words, "--backend", "fsdp", *start], tmp_path / "fsdp")

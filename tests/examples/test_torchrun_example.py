@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from tests.support.launchers import BIN, REPO
+from tests.support.process_tree import RUN_TAG, check_none_left, new_tag
 from trainer.checkpoints import single_file
 
 # The documented command (docs/jobs.md, Your own script), as a user types it.
@@ -45,25 +47,45 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines]
 
 
-def test_the_documented_command_trains_checkpoints_and_resumes(tmp_path):
-    run_dir = tmp_path / "run"
-    out = _run(run_dir, "--steps", "6", "--checkpoint-every", "3")
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> dict:
+    """The documented command's first run in a fresh run folder, 6 steps with a checkpoint
+    every 3: its output and its folder, left as the run left it. Read by
+    ``test_the_documented_command_trains_and_checkpoints`` (what the run wrote) and copied by
+    ``test_a_rerun_resumes_and_a_sigterm_to_one_worker_stops_every_rank_at_one_step``, whose
+    signalled run is the rerun (a retried task) that resumes from it."""
+    run_dir = tmp_path_factory.mktemp("first") / "run"
+    # Tagged as a test's own runs are (no_leftover_processes): none of its processes may
+    # outlive it, whichever test builds it.
+    with pytest.MonkeyPatch.context() as env:
+        tag = new_tag()
+        env.setenv(RUN_TAG, tag)
+        out = _run(run_dir, "--steps", "6", "--checkpoint-every", "3")
+        check_none_left(tag)
+    return {"out": out, "run_dir": run_dir}
+
+
+def test_the_documented_command_trains_and_checkpoints(first_run):
+    out, run_dir = first_run["out"], first_run["run_dir"]
     assert "training steps 1..6 on 2 workers" in out and "done at step 6" in out
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step-00000003.pt", "step-00000006.pt"]
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
-    # A second run (a retried task) continues from the newest checkpoint.
-    out = _run(run_dir, "--steps", "8", "--checkpoint-every", "3")
-    assert "training steps 7..8 on 2 workers" in out
-    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-def test_a_sigterm_to_one_worker_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path):
+def test_a_rerun_resumes_and_a_sigterm_to_one_worker_stops_every_rank_at_one_step(
+    first_run, tmp_path
+):
+    """A second run in the first run's folder (a retried task) continues from the newest of its
+    checkpoints; signalled, it stops every rank at one step with a checkpoint, which the next
+    run continues from. (One run is both the rerun and the signalled one: each run is a whole
+    torchrun job to start, and the resume needs none of its own.)"""
     run_dir = tmp_path / "run"
+    shutil.copytree(first_run["run_dir"], run_dir)
     process = _start(run_dir, "--steps", "100000", "--step-seconds", "0.05")
     try:
-        while not (run_dir / "metrics.jsonl").exists() or len(_steps(run_dir)) < 3:
+        while _steps(run_dir)[-1] < 6 + 3:  # 3 steps of its own, after the first run's 6
             assert process.poll() is None, process.stdout.read()
             time.sleep(0.1)
         workers = [
@@ -79,11 +101,15 @@ def test_a_sigterm_to_one_worker_stops_every_rank_at_one_step_with_a_checkpoint(
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, out
+    # It resumed from step 6, the newer of the first run's two checkpoints.
+    assert "training steps 7..100000 on 2 workers" in out
     stopped = _steps(run_dir)[-1]
     assert f"stopped by a signal at step {stopped}: checkpointed" in out
     assert (run_dir / "checkpoints" / f"step-{stopped:08d}.pt").is_file()
     out = _run(run_dir, "--steps", str(stopped + 1))
     assert f"training steps {stopped + 1}..{stopped + 1}" in out
+    # Each run appended its own steps to the folder's records, none twice.
+    assert _steps(run_dir) == list(range(1, stopped + 2))
 
 
 def test_a_run_folder_holding_the_trainers_checkpoint_is_refused_in_one_line(tmp_path):
