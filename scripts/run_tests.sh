@@ -15,6 +15,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# Both passes at once keep more threads wanting a core than there are cores. torch's OpenMP
+# threads (GNU libgomp) spin up to 300,000 times at each barrier before they sleep when
+# OMP_WAIT_POLICY is unset (libgomp's manual, GOMP_SPINCOUNT, read 2026-11-29), CPU the other
+# pass then lacks; PASSIVE makes a waiting thread sleep at once. It changes how threads wait,
+# never what they compute. Every test process and what it starts inherits it.
+export OMP_WAIT_POLICY=PASSIVE
+
 processes=(-m processes tests)
 one_process=(-n 2 -m "not processes" tests)
 
