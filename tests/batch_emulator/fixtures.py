@@ -250,6 +250,20 @@ def dataset_prefix(vnet, storage, tmp_path_factory) -> str:
 
 
 # --- pools ---
+def new_cluster(vnet: VNet, storage: Storage, stack: Stack, **options: Any) -> tuple[Cluster, Path]:
+    """A pool of ``stack``'s nodes, not booted yet, in a folder of its own (returned too)."""
+    # Each cluster is a new stack with a new NFS share, but the storage account is shared by the
+    # session's tests: without this, a job with the settings of an earlier test's job (the same
+    # run folder) resumes from that job's mirrored checkpoint, as a stack whose NFS server was
+    # replaced rightly does (trainer.checkpoints.mirror), and ends at once.
+    blob(vnet, storage, "empty-container", container="checkpoints")
+    base = Path(tempfile.mkdtemp(prefix="batch-nodes-"))
+    os.chmod(base, 0o755)  # the Batch tree must be reachable by the task user
+    cluster = Cluster(base, vnet, stack.pool, stack.image, stack.nfs, storage, stack.identities,
+                      **options)  # fmt: skip
+    return cluster, base
+
+
 @pytest.fixture
 def make_cluster(vnet, storage, request):
     """``make_cluster(stack, lifecycle=..., ib_down={node: port}, kernel_log={node: text},
@@ -259,23 +273,7 @@ def make_cluster(vnet, storage, request):
     def make(stack: Stack, **options: Any) -> Cluster:
         ib_down: dict[int, str] = options.pop("ib_down", {})
         kernel_log: dict[int, str] = options.pop("kernel_log", {})
-        # Each cluster is a new stack with a new NFS share, but the storage account is shared
-        # by the session's tests: without this, a job with the settings of an earlier test's job
-        # (the same run folder) resumes from that job's mirrored checkpoint, as a stack whose
-        # NFS server was replaced rightly does (trainer.checkpoints.mirror), and ends at once.
-        blob(vnet, storage, "empty-container", container="checkpoints")
-        base = Path(tempfile.mkdtemp(prefix="batch-nodes-"))
-        os.chmod(base, 0o755)  # the Batch tree must be reachable by the task user
-        cluster = Cluster(
-            base,
-            vnet,
-            stack.pool,
-            stack.image,
-            stack.nfs,
-            storage,
-            stack.identities,
-            **options,
-        )
+        cluster, base = new_cluster(vnet, storage, stack, **options)
         for index, port in ib_down.items():
             cluster.nodes[index].ib_ports[port] = ("1: DOWN", "InfiniBand")
         for index, text in kernel_log.items():

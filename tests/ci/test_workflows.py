@@ -295,14 +295,23 @@ def test_an_interrupted_make_test_stops_the_pass_beside_and_leaves_nothing(tmp_p
 
 
 # What starts a real multi-process run in a test: the two-worker launchers, the simulated
-# launch nodes, the node emulator's pools, and the shared run of two Horovod workers.
+# launch nodes, the node emulator's pools, the shared run of two Horovod workers, and the runs
+# on emulated nodes that tests of several files read (tests/infra/batch_nodes/shared_runs.py).
 STARTS_PROCESSES = {
     "tests.support.launchers": {"horovodrun", "torchrun"},
     "tests.trainer.launch.launch_nodes": {"start_nodes"},
     "tests.batch_emulator.cluster": {"Cluster"},
     "tests.batch_emulator.job_run": {"JobRun"},
 }
-PROCESS_FIXTURES = {"make_cluster", "uninterrupted_signal_run"}
+PROCESS_FIXTURES = {
+    "make_cluster",
+    "uninterrupted_signal_run",
+    "shared_pools",
+    "run_under_kill",
+    "run_under_survive_shared_node",
+    "run_under_survive_shared_task",
+    "retried_elsewhere_then_kept_out",
+}
 
 
 def starts_processes(source: str) -> bool:

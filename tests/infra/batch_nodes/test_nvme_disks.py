@@ -92,5 +92,7 @@ def test_a_jobs_preparation_stages_its_dataset_on_the_array(
     assert data is not None and (data / "datasets" / prefix / "manifest.json").is_file()
     prep_dir = run.prep_dir(node)
     assert prep_dir and not (prep_dir / "wd" / "datasets").exists()  # not on the temp disk
-    run.terminate()
+    # Only ends the run: no grace to wait out, while the task's eight workers (one per GPU of
+    # the size) would import torch.
+    run.terminate("kill")
     run.wait(30)

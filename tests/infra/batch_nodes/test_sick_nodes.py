@@ -6,15 +6,12 @@ the operator (``dt-jobs keep-out``, Batch's disable scheduling)."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from dt_commands.jobs.keep_out import keep_out
-from tests.batch_emulator.batch_api import NodeScheduling
 from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.job_run import JobRun
 from tests.batch_emulator.jobs import (
@@ -52,48 +49,31 @@ def _checkpointed_run(cluster: Cluster, stack, storage) -> tuple[JobRun, Path]:
 
 
 def test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries(
-    make_cluster, storage, cpu_stack, monkeypatch
+    retried_elsewhere_then_kept_out,
 ):
-    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill")
-    # The primary's output as each try ends (a retry on the same node writes it again).
-    reports: list[str] = []
-    original = JobRun._try
-
-    def keep_the_report(self, attempt, instances):
-        result = original(self, attempt, instances)
-        path = self.task_dir(self.master) / "stdout.txt"
-        reports.append(path.read_text() if path.exists() else "")
-        return result
-
-    monkeypatch.setattr(JobRun, "_try", keep_the_report)
-    run, folder = _checkpointed_run(cluster, cpu_stack, storage)
-    sick = next(n for n in run.nodes if n is not run.master)
-    first = current_attempt(folder)
-    os.kill(worker_pids(cluster, run, sick.index)[0], signal.SIGKILL)
-    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
-
+    """conftest.py's retried_elsewhere_then_kept_out: on three nodes, a worker of the first try
+    died (Batch retried the run on the other nodes; it was terminated), then the operator kept
+    its node out and ran the job again."""
+    retried = retried_elsewhere_then_kept_out
+    cluster, sick, folder = retried.cluster, retried.sick, retried.folder
     # Every node's log names the node whose worker died, by address and Batch node id; the
     # try's report (the primary's output) ends with what the operator can do about it.
     named = f"node {sick.ip} ({sick.id}) worker 0 exited with -9"
-    logs = folder_logs(folder, first)
+    logs = folder_logs(folder, retried.first_attempt)
     assert logs.count(named) >= 2, logs  # its own launcher's line and the master's
-    report = reports[0]
+    report = retried.reports[0]
     assert f"failed: {named}" in report and KEEP_OUT_HINT in report, report
 
-    # The operator keeps it out and runs the job again (pulumi up --replace): the job's nodes
-    # are the two others, and it resumes from the newest checkpoint.
-    run.terminate()
-    assert run.wait(60), describe(cluster, run)
-    out = io.StringIO()
-    assert keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out) == 0
-    assert f"node {sick.id} takes no new task" in out.getvalue()
-    again = submit(cluster, make_spec(cpu_stack, storage, trainer=LONG_RUN))
-    wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
-    assert sick not in again.nodes and len(again.nodes) == 2, describe(cluster, again)
-    wait_for(lambda: "resumed from" in folder_logs(folder, current_attempt(folder)),
-              RUN_SECONDS, "the rerun's resume", cluster, again)  # fmt: skip
-    again.terminate("kill")
-    assert again.wait(60), describe(cluster, again)
+    # The operator kept it out and ran the job again (pulumi up --replace): the job's nodes
+    # were the two others, and it resumed from the newest checkpoint.
+    assert retried.ended_after_terminate, describe(cluster, retried.run)
+    assert retried.keep_out_code == 0
+    assert f"node {sick.id} takes no new task" in retried.keep_out_output
+    again = retried.again
+    nodes = retried.again_nodes
+    assert sick not in nodes and len(nodes) == 2, describe(cluster, again)
+    assert "resumed from" in folder_logs(folder, retried.again_attempt), describe(cluster, again)
+    assert retried.again_ended, describe(cluster, again)
 
 
 # ext4 after an I/O error on the node's disk (fs/ext4/super.c): the node fails whatever it runs.

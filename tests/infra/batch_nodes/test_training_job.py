@@ -14,12 +14,12 @@ import json
 import os
 import shutil
 import signal
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from infra.job_spec import JobSpec
+from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.job_run import JobRun
 from tests.batch_emulator.jobs import (
     RUN_SECONDS,
@@ -36,64 +36,30 @@ from tests.batch_emulator.jobs import (
     wait_for,
     worker_pids,
 )
-from tests.batch_emulator.nfs_view import NFS_VIEW_LONG_SECONDS, NFS_VIEW_SECONDS
 from tests.batch_emulator.storage import blob
+from tests.infra.batch_nodes.shared_runs import FINISHED_RUN_FIXTURES, FinishedRun, trains
 from trainer.checkpoints.single_file import load_latest
 
 # Real processes on emulated nodes: make test runs these one at a time.
 pytestmark = pytest.mark.processes
 
-SHARDS = {
-    "model": "tiny", "num_classes": 3, "image_size": 16, "batch_size": 2, "warmup_epochs": 1,
-    "loader_workers": 0, "log_every": 1,
-}  # fmt: skip
-
-
-def uploaded(vnet, storage, spec: JobSpec) -> dict[str, str]:
-    names = blob(vnet, storage, "list", container="logs", prefix=f"{spec.job_id}/")
-    return {
-        name.rsplit("/", 1)[1]: blob(vnet, storage, "download", container="logs", blob=name)
-        for name in names
-    }
-
 
 # Both container lifecycles (does what the coordination command leaves running survive it?),
 # each with a full run: the synthetic data under the stricter one, the staged dataset under the
-# other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py).
-@pytest.mark.parametrize(
-    ("lifecycle", "data", "shared"),
-    [
-        pytest.param("kill", "synthetic", "node", id="kill"),
-        pytest.param("survive", "shards", "node", id="survive-shared-node"),
-        pytest.param("survive", "shards", "task", id="survive-shared-task"),
-    ],
-)
-def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
-    make_cluster, vnet, storage, cpu_stack, lifecycle, data, shared, request
-):
-    # The stricter lifecycle's run also takes the long NFS delays: a report that read the other
-    # node's outcome before it could be in its view fails there first.
-    bound = NFS_VIEW_LONG_SECONDS if lifecycle == "kill" else NFS_VIEW_SECONDS
-    cluster = booted(make_cluster, cpu_stack, lifecycle=lifecycle, shared=shared,
-                     nfs_view=(0, bound))  # fmt: skip
-    if data == "synthetic":
-        args, prefix = {**TINY, "max_steps": 6, "epochs": 9}, ""
-    else:
-        prefix = request.getfixturevalue("dataset_prefix")
-        args = {**SHARDS, "max_steps": 6, "epochs": 9}
-    spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=prefix)
-    run = submit(cluster, spec)
+# other, and under both readings of the "Shared" bind mount (SHARED_READINGS in batch.py). Each
+# run is a session-scoped fixture (conftest.py, READINGS) that test_job_logs.py reads too.
+@pytest.mark.parametrize("readings", list(FINISHED_RUN_FIXTURES))
+def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(readings, request):
+    finished: FinishedRun = request.getfixturevalue(FINISHED_RUN_FIXTURES[readings])
+    cluster, run, folder = finished.cluster, finished.run, finished.folder
     # A node whose preparation failed never gets the task: with two nodes the job would wait
     # forever, so that is a failure now.
-    wait_for(lambda: run.finished.is_set() or run.prep_failed(), RUN_SECONDS, "the run's end",
-              cluster, run)  # fmt: skip
     assert not run.prep_failed(), describe(cluster, run)
-    assert run.wait(RUN_SECONDS), describe(cluster, run)
+    assert finished.ended_in_time, describe(cluster, run)
     assert (run.state, run.exit_code, len(run.tries)) == ("completed", 0, 1), describe(cluster, run)
-    folder = run_folder(cluster, spec)
     assert checkpoint_steps(folder), describe(cluster, run)
     assert metrics(folder)[-1]["step"] == 6
-    logs = uploaded(vnet, storage, spec)
+    logs = finished.uploaded
     # The task's output files, and rank 0's live metrics (the job's --metrics-upload-url, as
     # the node's managed identity) with its TensorBoard events.
     assert {"stdout.txt", "stderr.txt", "metrics.jsonl"} <= set(logs), logs
@@ -102,9 +68,7 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     assert live == metrics(folder)  # the final upload: the whole file as it ended
     # The finished run's results, uploaded by rank 0 as the node's identity to the job's
     # --outputs-url (what `dt-jobs fetch` downloads): every file of its results/ folder.
-    job_prefix = f"{spec.job_id}/"
-    results = blob(vnet, storage, "list", container="outputs", prefix=job_prefix)
-    assert sorted(name.removeprefix(job_prefix) for name in results) == sorted(
+    assert sorted(finished.results) == sorted(
         path.name for path in (folder / "results").iterdir()
     ), describe(cluster, run)
     output = logs["stdout.txt"] + logs["stderr.txt"]
@@ -113,7 +77,8 @@ def test_two_node_run_completes_with_checkpoints_metrics_and_every_nodes_logs(
     for node in run.nodes:
         assert f"[launch {node.ip}]" in output + folder_logs(folder), output
     assert "done: step 6" in output + folder_logs(folder), output
-    if data == "shards":
+    if finished.readings.data == "shards":
+        prefix = finished.dataset_prefix
         for node in run.nodes:
             assert run.prep_exit[node.index] == 0
             # Staged into the preparation's working folder (infra.batch.STAGE_ROOT), not the
@@ -158,91 +123,47 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(
 
 
 def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks(
-    make_cluster, storage, cpu_stack
+    retried_elsewhere_then_kept_out,
 ):
-    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
-    spec = make_spec(cpu_stack, storage, trainer=args)
-    run = submit(cluster, spec)
-    folder = run_folder(cluster, spec)
-    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
-
-    # A worker on the non-primary node dies: the try fails within a minute, every node's part
-    # of it stops (batch-mpi.md: a subtask failure fails the task) and Batch retries.
-    subtask = next(n for n in run.nodes if n is not run.master)
-    workers = worker_pids(cluster, run, subtask.index)
-    assert workers, describe(cluster, run)
-    killed_at = time.monotonic()
-    os.kill(workers[0], signal.SIGKILL)
-    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    retried = retried_elsewhere_then_kept_out
+    cluster, run, folder = retried.cluster, retried.run, retried.folder
+    # A worker on the non-primary node died: the try failed within a minute and Batch retried.
     assert run.tries[0].exit_code != 0, describe(cluster, run)
-    assert time.monotonic() - killed_at < 60
+    assert retried.failed_after < 60
 
-    # The retry resumes from the newest checkpoint on the share.
-    resumed = len(metrics(folder))
-    wait_for(lambda: len(metrics(folder)) > resumed + 1, RUN_SECONDS, "retry steps", cluster, run)
-    attempt = current_attempt(folder)
+    # The retry resumed from the newest checkpoint on the share.
+    attempt = retried.retry_attempt
     assert "resumed from" in folder_logs(folder, attempt), folder_logs(folder, attempt)
 
-    # A terminate reaches every rank, which checkpoint and stop.
-    before = checkpoint_steps(folder)[0]
-    run.terminate()
-    assert run.wait(60), describe(cluster, run)
+    # The terminate reached every rank, which checkpointed and stopped.
+    assert retried.ended_after_terminate, describe(cluster, run)
     assert run.terminated and len(run.tries) == 2, describe(cluster, run)
     logs = folder_logs(folder, attempt)
     assert logs.count("forwarding to the workers so they checkpoint") == 2, logs
     assert "stopped by signal" in logs, logs
-    assert checkpoint_steps(folder)[0] > before, logs
+    assert checkpoint_steps(folder)[0] > retried.newest_before_terminate, logs
 
 
 def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
-    make_cluster, storage, cpu_stack, dataset_prefix
+    retried_elsewhere_then_kept_out,
 ):
     """Batch may retry a task on other nodes (tests/batch_emulator/placement.py, ``move``): a
     worker dies on the subtask's node; the retry leaves that node out, takes the spare node and puts
     the primary on a node that was not the master. The spare stages the dataset first (node-
     local staging does not travel) and the retry resumes from the checkpoint on the share."""
-    cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
-    args = {**SHARDS, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
-    spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=dataset_prefix)
-    run = submit(cluster, spec)
-    folder = run_folder(cluster, spec)
-    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
-    first, old_master = list(run.nodes), run.master
-    assert old_master is not None
-    (spare,) = [n for n in cluster.nodes if n not in first]
-    assert run.prep_exit.get(spare.index) is None  # not prepared: the task never ran there
-    subtask = next(n for n in first if n is not old_master)
-    run.leave_out = subtask
-    os.kill(worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
-    wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
+    retried = retried_elsewhere_then_kept_out
+    cluster, run, spare = retried.cluster, retried.run, retried.spare
+    assert retried.spare_prepared_first is None  # not prepared: the task never ran there
     assert run.tries[0].exit_code != 0 and not run.tries[0].recovered, describe(cluster, run)
-
-    attempt = current_attempt(folder)
-    wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "retry steps",
-              cluster, run)  # fmt: skip
-    placed = ({n.index for n in run.nodes}, run.master and run.master.index)
-    assert placed == ({old_master.index, spare.index}, spare.index), describe(cluster, run)
+    expected = ({retried.old_master.index, spare.index}, spare.index)
+    assert retried.placed == expected, describe(cluster, run)
     assert run.prep_exit[spare.index] == 0, describe(cluster, run)
     prep_dir = run.prep_dir(spare)
-    assert prep_dir and (prep_dir / "wd/datasets" / dataset_prefix / "manifest.json").is_file()
-    logs = folder_logs(folder, current_attempt(folder))
+    manifest = Path("wd/datasets") / retried.dataset_prefix / "manifest.json"
+    assert prep_dir and (prep_dir / manifest).is_file()
+    logs = folder_logs(retried.folder, retried.retry_attempt)
     assert "resumed from" in logs, logs
-    run.terminate("kill")  # only ends the run: no grace to wait out
-    assert run.wait(60), describe(cluster, run)
-
-
-def _trains(folder: Path, after_attempt: str | None, metrics_before: int):
-    """A condition: a try later than ``after_attempt`` runs and has logged a step."""
-
-    def condition() -> bool:
-        try:
-            attempt = current_attempt(folder)
-        except (OSError, ValueError):
-            return False
-        return attempt != after_attempt and len(metrics(folder)) > metrics_before
-
-    return condition
+    assert retried.ended_after_terminate, describe(cluster, run)
 
 
 def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_still_uses_one(
@@ -274,7 +195,7 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
         ("Terminate", [], 60),
     ]
     for index, (kind, others, notice) in enumerate(plan):
-        wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
+        wait_for(trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, f"try {index}",
                   cluster, run)  # fmt: skip
         attempt = current_attempt(folder)
         victim = next(n for n in run.nodes if n is not run.master)
@@ -296,7 +217,7 @@ def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_stil
     assert "not approving Reboot" in folder_logs(folder)
 
     # A real failure still counts: a worker dies, the try fails, Batch retries it.
-    wait_for(_trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
+    wait_for(trains(folder, attempt, len(metrics(folder))), RUN_SECONDS, "try 4", cluster, run)
     subtask = next(n for n in run.nodes if n is not run.master)
     os.kill(worker_pids(cluster, run, subtask.index)[0], signal.SIGKILL)
     wait_for(lambda: len(run.tries) > 4, 60, "the failure", cluster, run)
@@ -329,8 +250,159 @@ def _launcher(run: JobRun, node_index: int) -> int | None:
     return pid if b"trainer.launch" in argv else None
 
 
+@dataclass
+class ThreeRuns:
+    """The same job three times on one pool: its first run (a try failed, its share wiped
+    before the retry, the retry killed), a second run stopped early, a third that resumed."""
+
+    cluster: Cluster
+    folder: Path
+    # The first run: a worker killed, the share wiped before the retry, the retry killed.
+    first: JobRun
+    wiped: list[int]  # the checkpoints' steps the wipe removed
+    retry_attempt: str
+    retry_steps: list[int]  # the retry's training steps, once it logged one
+    first_killed: bool  # the first run ended within 60 s of the terminate (kill)
+    newest: tuple[Path, dict] | None  # the newest checkpoint the kill left
+    # The second run, stopped while its non-primary launcher waited for the master.
+    second: JobRun
+    subtask: int  # the second run's non-primary node
+    stopping: str  # the terminate's event for that node's container
+    second_events: list[str]  # the pool's events from the second run's submission to its end
+    second_ended: bool  # it ended within 60 s of the terminate (stop)
+    subtask_output: str  # what the subtask's container wrote (stdout.txt and stderr.txt)
+    subtask_workers: list[int]  # the subtask's workers once it ended
+    newest_after_second: Path | None  # the newest checkpoint once it ended
+    # The third run, once it resumed from the checkpoint the kill left.
+    third: JobRun
+    resumed: str  # how its log names that checkpoint
+    third_ended: bool  # it ended within 60 s of the terminate (kill)
+
+
+@pytest.fixture(scope="module")
+def share_wiped_kill_stop_resume(shared_pools, vnet, storage, cpu_stack) -> ThreeRuns:
+    """One job (TINY, checkpoints every two steps) on two nodes, three times:
+
+    1. a worker dies and the NFS server is lost or replaced (its checkpoints gone) before the
+       retry, which resumes from the checkpoint rank 0 mirrored to the checkpoints container
+       (trainer.checkpoints.mirror, the job's --checkpoint-mirror-url); once the retry wrote
+       two checkpoints, a terminate under ``kill`` (SIGKILL to every process, mid-run);
+    2. the job again, terminated under ``stop`` while its non-primary launcher waits for the
+       master's rendezvous (the master frozen);
+    3. the job again, until it resumed from the checkpoint the kill left; then a kill.
+
+    Read by test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror (1) and
+    test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_meeting_the_others
+    (the kill of 1, then 2 and 3)."""
+    with shared_pools.make_cluster() as make_cluster:
+        cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+        args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
+        spec = make_spec(cpu_stack, storage, trainer=args)
+        folder = run_folder(cluster, spec)
+
+        # 1. The share wiped between the tries, the retry killed.
+        mirror = spec.checkpoint_mirror_url.split("/checkpoints/", 1)[1]
+        wiped: list[int] = []
+        first_try_rows: list[int] = []
+        original = JobRun._try
+
+        def wipe_before_the_retry(self, attempt, instances):
+            if attempt == 1:  # every process of the failed try has stopped: the share is replaced
+                cluster.sync_nfs()
+                wiped.extend(checkpoint_steps(folder))
+                first_try_rows.append(len(metrics(folder)))
+                shutil.rmtree(folder / "checkpoints")
+            return original(self, attempt, instances)
+
+        def mirrored():
+            names = blob(vnet, storage, "list", container="checkpoints", prefix=mirror)
+            return [n for n in names if n.endswith(".mirror.json")]
+
+        # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is
+        # kept and appended to; the failed try may have stopped right at that checkpoint, so the
+        # retry's lines are told apart by where the failed try's ended, not by a step going back).
+        def retry_steps() -> list[int]:
+            rows = metrics(folder)[first_try_rows[0] :]
+            return [r["step"] for r in rows if r.get("kind") == "train"]
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(JobRun, "_try", wipe_before_the_retry)
+            first = submit(cluster, spec)
+            wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, first)
+            subtask = next(n for n in first.nodes if n is not first.master)
+            workers = worker_pids(cluster, first, subtask.index)
+            assert workers, describe(cluster, first)
+            os.kill(workers[0], signal.SIGKILL)
+            wait_for(lambda: len(first.tries) >= 1, 60, "the try's failure", cluster, first)
+            # The wipe is done as the retry starts, a moment after the failed try ended.
+            wait_for(lambda: first_try_rows, 60, "the share's wipe", cluster, first)
+            wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "the retry's checkpoint",
+                     cluster, first)  # fmt: skip
+            retry_attempt = current_attempt(folder)
+            wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, first)
+            steps = retry_steps()
+            # Kill: SIGKILL to every process of the task, at once, mid-run.
+            wait_for(lambda: len(checkpoint_steps(folder)) >= 2, RUN_SECONDS, "checkpoints",
+                     cluster, first)  # fmt: skip
+            first.terminate("kill")
+            first_killed = first.wait(60)
+        newest = load_latest(folder / "checkpoints")
+        assert newest is not None, describe(cluster, first)
+
+        # 2. Stop while the non-primary launcher waits for the primary's rendezvous.
+        seen = len(cluster.events)  # the first run's events before
+        second = submit(cluster, spec)
+        wait_for(lambda: second.master is not None and len(second.running) == 2, RUN_SECONDS,
+                 "the coordination commands", cluster, second)  # fmt: skip
+        assert second.master is not None
+        master = second.master.index
+        waiting_node = next(n.index for n in second.nodes if n is not second.master)
+        wait_for(lambda: _launcher(second, master) is not None, 60, "the launcher", cluster,
+                 second)  # fmt: skip
+        master_pid = _launcher(second, master)
+        assert master_pid is not None
+        os.kill(master_pid, signal.SIGSTOP)
+        stopping = f"terminate: SIGTERM to coord-n{waiting_node}"
+        try:
+            wait_for(lambda: _launcher(second, waiting_node) is not None, RUN_SECONDS,
+                     "the launcher", cluster, second)  # fmt: skip
+            waiting = _launcher(second, waiting_node)
+            assert waiting is not None
+            what = "a SIGTERM handler in the launcher waiting for the master"
+            wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, second)
+            second.terminate("stop")
+            wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
+                     cluster, second)  # fmt: skip
+        finally:
+            os.kill(master_pid, signal.SIGCONT)
+        second_ended = second.wait(60)
+        # What the second run left, read before the third's try empties the task folders.
+        task_dir = second.task_dir(cluster.nodes[waiting_node])
+        output = (task_dir / "stdout.txt").read_text() + (task_dir / "stderr.txt").read_text()
+        second_events = cluster.events[seen:]
+        subtask_workers = worker_pids(cluster, second, waiting_node)
+        after_second = load_latest(folder / "checkpoints")
+
+        # 3. The next run resumes from the checkpoint the kill left.
+        third = submit(cluster, spec)
+        resumed = f"{newest[0].name} at step {int(newest[1]['step'])} "  # as the node sees it
+        wait_for(lambda: resumed in folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
+                 cluster, third)  # fmt: skip
+        third.terminate("kill")  # only ends the run: no grace to wait out
+        third_ended = third.wait(60)
+    return ThreeRuns(
+        cluster=cluster, folder=folder, first=first, wiped=wiped,
+        retry_attempt=retry_attempt, retry_steps=steps,
+        first_killed=first_killed, newest=newest, second=second, subtask=waiting_node,
+        stopping=stopping, second_events=second_events, second_ended=second_ended,
+        subtask_output=output, subtask_workers=subtask_workers,
+        newest_after_second=after_second[0] if after_second else None, third=third,
+        resumed=resumed, third_ended=third_ended,
+    )  # fmt: skip
+
+
 def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_meeting_the_others(
-    make_cluster, storage, cpu_stack
+    share_wiped_kill_stop_resume,
 ):
     """Batch documents no signal for a terminate (``STOP_MODES`` in
     tests/batch_emulator/job_run.py): both readings. Under ``kill`` nothing can react: the newest
@@ -338,117 +410,40 @@ def test_a_kill_keeps_the_last_checkpoint_and_a_stop_reaches_a_launcher_still_me
     only the container's first process gets SIGTERM, and only if it has a handler (PID 1): the
     launcher must have one from its first instant, also while it still waits for the master's
     rendezvous (frozen here), and then must not start workers it would have to stop."""
-    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
-    spec = make_spec(cpu_stack, storage, trainer=args)
-    folder = run_folder(cluster, spec)
+    runs = share_wiped_kill_stop_resume
+    cluster = runs.cluster
+    # Kill: SIGKILL to every process of the task, at once, mid-run (the first run's retry).
+    assert runs.first_killed and runs.first.terminated, describe(cluster, runs.first)
+    assert runs.newest is not None, describe(cluster, runs.first)
 
-    # Kill: SIGKILL to every process of the task, at once, mid-run.
-    run = submit(cluster, spec)
-    wait_for(lambda: len(checkpoint_steps(folder)) >= 2, RUN_SECONDS, "checkpoints", cluster, run)
-    run.terminate("kill")
-    assert run.wait(60) and run.terminated, describe(cluster, run)
-    newest = load_latest(folder / "checkpoints")
-    assert newest is not None, describe(cluster, run)
-    kept = int(newest[1]["step"])
+    # Stop while the non-primary launcher waited for the primary's rendezvous.
+    second = runs.second
+    assert runs.second_ended and second.terminated, describe(cluster, second)
+    stop = next(e for e in runs.second_events if runs.stopping in e)
+    assert "sent to PID 1" in stop, describe(cluster, second)
+    assert "before the workers started" in runs.subtask_output, describe(cluster, second)
+    killed = f"terminate: SIGKILL to coord-n{runs.subtask}"
+    assert killed not in "\n".join(runs.second_events), describe(cluster, second)
+    assert not runs.subtask_workers
+    assert runs.newest_after_second == runs.newest[0], describe(cluster, second)
 
-    # Stop while the non-primary launcher waits for the primary's rendezvous.
-    seen = len(cluster.events)  # the kill's events before
-    run = submit(cluster, spec)
-    wait_for(lambda: run.master is not None and len(run.running) == 2, RUN_SECONDS,
-              "the coordination commands", cluster, run)  # fmt: skip
-    assert run.master is not None
-    master = run.master.index
-    subtask = next(n.index for n in run.nodes if n is not run.master)
-    wait_for(lambda: _launcher(run, master) is not None, 60, "the launcher", cluster, run)
-    master_pid = _launcher(run, master)
-    assert master_pid is not None
-    os.kill(master_pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: _launcher(run, subtask) is not None, RUN_SECONDS, "the launcher",
-                  cluster, run)  # fmt: skip
-        waiting = _launcher(run, subtask)
-        assert waiting is not None
-        what = "a SIGTERM handler in the launcher waiting for the master"
-        wait_for(lambda: _catches(waiting, signal.SIGTERM), 60, what, cluster, run)
-        run.terminate("stop")
-        stopping = f"terminate: SIGTERM to coord-n{subtask}"
-        wait_for(lambda: any(stopping in e for e in cluster.events[seen:]), 30, "the stop",
-                  cluster, run)  # fmt: skip
-    finally:
-        os.kill(master_pid, signal.SIGCONT)
-    assert run.wait(60) and run.terminated, describe(cluster, run)
-    stop = next(e for e in cluster.events[seen:] if stopping in e)
-    assert "sent to PID 1" in stop, describe(cluster, run)
-    output = (run.task_dir(cluster.nodes[subtask]) / "stdout.txt").read_text()
-    output += (run.task_dir(cluster.nodes[subtask]) / "stderr.txt").read_text()
-    assert "before the workers started" in output, describe(cluster, run)
-    killed = f"terminate: SIGKILL to coord-n{subtask}"
-    assert killed not in "\n".join(cluster.events[seen:]), describe(cluster, run)
-    assert not worker_pids(cluster, run, subtask)
-    assert load_latest(folder / "checkpoints")[0] == newest[0], describe(cluster, run)
-
-    # The next run resumes from the checkpoint the kill left.
-    run = submit(cluster, spec)
-    resumed = f"{newest[0].name} at step {kept} "  # the path as the node sees it ends so
-    wait_for(lambda: resumed in folder_logs(folder), RUN_SECONDS, f"resumed from {resumed}",
-              cluster, run)  # fmt: skip
-    run.terminate("kill")
-    assert run.wait(60), describe(cluster, run)
+    # The next run resumed from the checkpoint the kill left.
+    assert runs.resumed in folder_logs(runs.folder), describe(cluster, runs.third)
+    assert runs.third_ended, describe(cluster, runs.third)
 
 
 def test_a_share_wiped_between_tries_resumes_from_the_checkpoint_mirror(
-    make_cluster, vnet, storage, cpu_stack, monkeypatch
+    share_wiped_kill_stop_resume,
 ):
     """The NFS server is lost or replaced (its checkpoints gone) while a try fails: the retry
     resumes from the checkpoint the job's rank 0 mirrored to the checkpoints container
     (trainer.checkpoints.mirror, the job's --checkpoint-mirror-url), not from step 0."""
-    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
-    args = {**TINY, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
-    spec = make_spec(cpu_stack, storage, trainer=args)
-    folder = run_folder(cluster, spec)
-    mirror = spec.checkpoint_mirror_url.split("/checkpoints/", 1)[1]
-    wiped: list[int] = []
-    first_try_rows: list[int] = []  # how many lines of metrics.jsonl the failed try wrote
-    original = JobRun._try
-
-    def wipe_before_the_retry(self, attempt, instances):
-        if attempt == 1:  # every process of the failed try has stopped: the share is replaced
-            cluster.sync_nfs()
-            wiped.extend(checkpoint_steps(folder))
-            first_try_rows.append(len(metrics(folder)))
-            shutil.rmtree(folder / "checkpoints")
-        return original(self, attempt, instances)
-
-    monkeypatch.setattr(JobRun, "_try", wipe_before_the_retry)
-    run = submit(cluster, spec)
-
-    def mirrored():
-        names = blob(vnet, storage, "list", container="checkpoints", prefix=mirror)
-        return [n for n in names if n.endswith(".mirror.json")]
-
-    wait_for(mirrored, RUN_SECONDS, "a mirrored checkpoint", cluster, run)
-    subtask = next(n for n in run.nodes if n is not run.master)
-    workers = worker_pids(cluster, run, subtask.index)
-    assert workers, describe(cluster, run)
-    os.kill(workers[0], signal.SIGKILL)
-    wait_for(lambda: len(run.tries) >= 1, 60, "the try's failure", cluster, run)
-    wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "the retry's checkpoint", cluster, run)
-    attempt = current_attempt(folder)
-    logs = folder_logs(folder, attempt)
-    assert wiped, describe(cluster, run)
+    runs = share_wiped_kill_stop_resume
+    logs = folder_logs(runs.folder, runs.retry_attempt)
+    assert runs.wiped, describe(runs.cluster, runs.first)
     assert "resuming from the mirror's step-" in logs, logs
     resumed = int(logs.split("resuming from the mirror's step-", 1)[1][:9])
-    assert 0 < resumed <= wiped[0]  # at most the steps since the last mirrored checkpoint lost
-
-    # The retry's first step is the one after the mirrored checkpoint's (metrics.jsonl is kept
-    # and appended to; the failed try may have stopped right at that checkpoint, so the retry's
-    # lines are told apart by where the failed try's ended, not by a step going back).
-    def retry_steps() -> list[int]:
-        rows = metrics(folder)[first_try_rows[0] :]
-        return [r["step"] for r in rows if r.get("kind") == "train"]
-
-    wait_for(retry_steps, RUN_SECONDS, "the retry's steps", cluster, run)
-    assert retry_steps()[0] == resumed + 1, retry_steps()
-    run.terminate("kill")  # only ends the run: no grace to wait out
-    assert run.wait(60), describe(cluster, run)
+    assert 0 < resumed <= runs.wiped[0]  # at most the steps since the last mirrored checkpoint lost
+    # The retry's first step is the one after the mirrored checkpoint's.
+    assert runs.retry_steps[0] == resumed + 1, runs.retry_steps
+    assert runs.first_killed, describe(runs.cluster, runs.first)
