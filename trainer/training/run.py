@@ -20,7 +20,7 @@ import torch
 from trainer.checkpoints.cadence import Moment
 from trainer.checkpoints.choose import build_checkpointer
 from trainer.common.errors import ConfigError
-from trainer.engines.base import Dist, GradientProbe
+from trainer.engines.base import Dist, GradientProbe, is_peer_failure
 from trainer.engines.device import resolve_precision, select_device
 from trainer.outputs import results
 from trainer.outputs.metrics import MetricsWriter, Progress
@@ -302,6 +302,12 @@ class _Run:
                     self._end_epoch()
             loop.stop_vote.close()  # the vote the last step started, which no step reads
             self.save_checkpoint(Moment.STOP)
+        except BaseException as err:
+            # Another worker died (its watchdog fired, or it crashed): this rank's record of
+            # its collectives is half of what says who waited for whom.
+            if is_peer_failure(err):
+                self.watchdog.keep_engine_view()
+            raise
         finally:
             self._end(loop)
         return self._result(loop)

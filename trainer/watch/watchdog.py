@@ -164,11 +164,28 @@ class StepWatchdog:
             if self.check():
                 return
 
+    def keep_engine_view(self) -> str | None:
+        """Write the engine's record of this rank's collectives where a firing writes it, and
+        say what it holds and where (None: the engine keeps no such record). Also for a rank
+        that stops because another worker did: whichever rank's watchdog (or crash) ended the
+        run first, each rank's record is there to compare."""
+        view = engine_view(self.backend)
+        if view is None:
+            return None
+        kind, text = view
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{self._stem}.collectives.json"
+        path.write_text(text, encoding="utf-8")
+        return f"{kind}: {collectives_summary(text)}, in {path}"
+
+    @property
+    def _stem(self) -> str:
+        return f"rank-{self.rank}-{self.host}"  # a host name may hold dots: no with_suffix
+
     def _fire(self, idle: float, limit: float) -> None:
         """The stacks, the engine's view and one line; then the worker exits."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        stem = f"rank-{self.rank}-{self.host}"  # a host name may hold dots: no with_suffix
-        stacks = self.folder / f"{stem}.stacks.txt"
+        stacks = self.folder / f"{self._stem}.stacks.txt"
         with open(stacks, "w", encoding="utf-8") as out:
             out.write(
                 f"rank {self.rank} on {self.host}: no step completed for {idle:.1f} s "
@@ -178,12 +195,9 @@ class StepWatchdog:
             out.flush()
             faulthandler.dump_traceback(out, all_threads=True)
         where = f"stacks in {stacks}"
-        view = engine_view(self.backend)
-        if view is not None:
-            kind, text = view
-            path = self.folder / f"{stem}.collectives.json"
-            path.write_text(text, encoding="utf-8")
-            where += f"; {kind}: {collectives_summary(text)}, in {path}"
+        kept = self.keep_engine_view()
+        if kept is not None:
+            where += f"; {kept}"
         elif self.backend == "horovod":
             where += "; collectives: Horovod's stall inspector lines in rank 0's log"
         print(

@@ -1,6 +1,7 @@
 """Workers killed or stopped in a 2-worker Horovod run on 127.0.0.1: nothing hangs, the rerun
 resumes from the last checkpoint and ends with the weights of an uninterrupted run."""
 
+import json
 import signal
 import subprocess
 import time
@@ -137,3 +138,6 @@ def test_a_ddp_rank_killed_leaves_the_survivor_one_line_not_a_traceback(tmp_path
     assert launcher.returncode != 0
     assert "another worker stopped (its log says why)" in output
     assert "[rank0]: Traceback" not in output, output[-3000:]
+    # The survivor kept its record of the collectives, as a rank whose watchdog fired does.
+    (dump,) = (tmp_path / "run" / "watchdog").glob("rank-*.collectives.json")
+    assert "pg_status" in json.loads(dump.read_text())

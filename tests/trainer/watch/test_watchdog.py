@@ -163,3 +163,46 @@ def test_a_closed_watchdog_never_fires(tmp_path, minutes):
     clock.now += 10**6
     assert not dog.check() and exits == []
     assert not os.path.exists(tmp_path / "watchdog")
+
+
+def test_kept_without_firing_the_engine_view_is_where_a_firing_writes_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(watchdog, "engine_view", lambda backend: ("flight recorder", FR_DUMP))
+    dog, _, exits = make(tmp_path, backend="ddp")
+    said = dog.keep_engine_view()
+    dumped = tmp_path / "watchdog" / "rank-3-node-7.internal.collectives.json"
+    assert said == f"flight recorder: group 0: #1 enqueued, #1 completed, in {dumped}"
+    assert dumped.read_text() == FR_DUMP and exits == []  # nothing fired, nothing exits
+    monkeypatch.undo()  # Horovod's engine keeps no record a worker can read
+    assert make(tmp_path / "hvd", backend="horovod")[0].keep_engine_view() is None
+
+
+@pytest.mark.parametrize(
+    ("error", "kept"),
+    [
+        # Gloo's words when the other end of a collective went away (trainer.engines.base).
+        (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), True),
+        (ValueError("a bug of this rank's own"), False),
+    ],
+)
+def test_a_rank_that_stops_because_another_worker_did_keeps_its_engine_view(
+    tmp_path, monkeypatch, error, kept
+):
+    """Two workers stuck in a collective: whichever watchdog fires first ends the other's
+    collective, which then stops with a peer failure before its own watchdog fires; its record
+    is still written, the half that says who waited for whom (test_watchdog_two_workers.py)."""
+    from tests.conftest import tiny_config
+    from trainer.engines.local import LocalDist
+    from trainer.settings.train_config import DEFAULTS
+    from trainer.training import run
+
+    monkeypatch.setattr(watchdog, "engine_view", lambda backend: ("flight recorder", FR_DUMP))
+
+    def collective_fails(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(run, "train_one_epoch", collective_fails)
+    cfg = DEFAULTS.replace(**tiny_config(tmp_path / "run", backend="local"))
+    with pytest.raises(type(error)):
+        run.train(cfg, LocalDist())
+    dumps = list((tmp_path / "run" / "watchdog").glob("rank-0-*.collectives.json"))
+    assert [d.read_text() for d in dumps] == ([FR_DUMP] if kept else [])

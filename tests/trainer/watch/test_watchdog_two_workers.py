@@ -1,7 +1,9 @@
 """Two real DDP workers on 127.0.0.1, one blocked inside a collective (tests/trainer/
 stuck_rank.py): the step watchdog (trainer/watch/watchdog.py) fires on its limit, names the stuck
 ranks in one line each, writes stacks that name the blocking frame and the flight recorder's
-collectives, exits 86; the retry resumes from the last checkpoint and finishes."""
+collectives, exits 86; the retry resumes from the last checkpoint and finishes. Both ranks'
+watchdogs come due together: the one that fires second may find its collective already failed
+by the other's exit, and then keeps its record as a rank stopped by a peer failure does."""
 
 from __future__ import annotations
 
