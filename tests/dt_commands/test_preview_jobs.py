@@ -35,6 +35,24 @@ def _jobs(jobs: dict, **more) -> dict[str, dict]:
     return {r.name: r.inputs for r in of_type(plan, JOB) if "trainer_args" in r.inputs}
 
 
+SMALL_ON_TWO_NODES = {**TWO_JOBS, "small": {**TWO_JOBS["small"], "nodes": 2}}
+
+
+@pytest.fixture(scope="module")
+def two_jobs() -> dict[str, dict]:
+    """The job inputs of the dev stack with ``TWO_JOBS``, under mocks once for this module: the
+    deployed side ("before") of every digest here. Read by the replaced, fresh-run,
+    added/removed, CLI and kept-running tests; none changes the inputs (each builds new dicts)."""
+    return _jobs(TWO_JOBS)
+
+
+@pytest.fixture(scope="module")
+def small_on_two_nodes() -> dict[str, dict]:
+    """The job inputs after ``small`` goes to two nodes (``SMALL_ON_TWO_NODES``), under mocks
+    once for this module; read by the replaced-job test and the CLI test."""
+    return _jobs(SMALL_ON_TWO_NODES)
+
+
 def _state(inputs: dict, *, deployed: bool) -> dict:
     outputs = dict(inputs)
     if deployed:  # what create() returned for these inputs
@@ -74,9 +92,8 @@ def _digest(before: dict[str, dict], after: dict[str, dict]) -> dict:
     return {"steps": steps, "changeSummary": {}}
 
 
-def test_one_changed_job_of_two_is_the_one_replace_and_it_resumes():
-    before = _jobs(TWO_JOBS)
-    after = _jobs({**TWO_JOBS, "small": {**TWO_JOBS["small"], "nodes": 2}})
+def test_one_changed_job_of_two_is_the_one_replace_and_it_resumes(two_jobs, small_on_two_nodes):
+    before, after = two_jobs, small_on_two_nodes
     changes = preview_jobs.job_changes(_digest(before, after))
     assert [(c.name, c.change, c.reasons) for c in changes] == [
         ("small", "replaced", ("node count changed",))
@@ -97,8 +114,8 @@ def test_a_command_with_a_pipe_stays_in_its_table_cell():
     assert row.endswith("| `python x.py 'a\\|b'` |") and row.count(" | ") == 4
 
 
-def test_new_trainer_settings_say_the_job_starts_a_fresh_run():
-    before = _jobs(TWO_JOBS)
+def test_new_trainer_settings_say_the_job_starts_a_fresh_run(two_jobs):
+    before = two_jobs
     after = _jobs({**TWO_JOBS, "resnet": {"trainerConfig": "trainer/presets/demo.yaml"}})
     (change,) = preview_jobs.job_changes(_digest(before, after))
     old = JobSpec.from_props(before["platform-dev-job-resnet"]).checkpoint_path
@@ -109,8 +126,8 @@ def test_new_trainer_settings_say_the_job_starts_a_fresh_run():
     )
 
 
-def test_added_and_removed_jobs_are_listed_and_no_change_says_so():
-    before = _jobs(TWO_JOBS)
+def test_added_and_removed_jobs_are_listed_and_no_change_says_so(two_jobs):
+    before = two_jobs
     after = _jobs({"resnet": TWO_JOBS["resnet"], "extra": TWO_JOBS["small"]})
     changes = preview_jobs.job_changes(_digest(before, after))
     assert sorted((c.name, c.change) for c in changes) == [
@@ -121,9 +138,10 @@ def test_added_and_removed_jobs_are_listed_and_no_change_says_so():
     assert "No training job is created, replaced or deleted." in preview_jobs.render("dev", [])
 
 
-def test_the_cli_prints_markdown_and_bad_files_are_one_line_errors(tmp_path, capsys):
-    before = _jobs(TWO_JOBS)
-    after = _jobs({**TWO_JOBS, "small": {**TWO_JOBS["small"], "nodes": 2}})
+def test_the_cli_prints_markdown_and_bad_files_are_one_line_errors(
+    two_jobs, small_on_two_nodes, tmp_path, capsys
+):
+    before, after = two_jobs, small_on_two_nodes
     path = tmp_path / "preview.json"
     path.write_text(json.dumps(_digest(before, after)))
     assert preview_jobs.main(["--stack", "dev", str(path)]) == 0
@@ -143,7 +161,7 @@ def test_the_cli_prints_markdown_and_bad_files_are_one_line_errors(tmp_path, cap
     assert exited.value.code == 1 and "cannot read it" in capsys.readouterr().err
 
 
-def test_a_running_job_that_keeps_its_image_is_listed_as_kept(monkeypatch):
+def test_a_running_job_that_keeps_its_image_is_listed_as_kept(two_jobs, monkeypatch):
     from infra import batch as batch_module
     from infra import job as job_module
 
@@ -151,7 +169,7 @@ def test_a_running_job_that_keeps_its_image_is_listed_as_kept(monkeypatch):
         def get_job(self, job_id):
             return type("Job", (), {"state": "active"})()
 
-    before = _jobs(TWO_JOBS)["platform-dev-job-resnet"]
+    before = two_jobs["platform-dev-job-resnet"]
     after = {**before, "image_ref": before["image_ref"] + "-rebuilt", "protect_running": True}
     monkeypatch.setattr(batch_module, "client", lambda endpoint: Batch())
     warned: list[str] = []

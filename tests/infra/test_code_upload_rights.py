@@ -35,6 +35,14 @@ def _values(allowed_ips: list[str]) -> dict:
     }
 
 
+@pytest.fixture(scope="module")
+def code_stack_plan():
+    """The documented code job's stack, admitting ``CLIENT_IP``, evaluated under mocks once for
+    this module: the stack both deploy tests (through ``stack_storage``) and the non-preview
+    case of the grant test read (blob_front and the asserts only read it)."""
+    return evaluate("dev", _values([CLIENT_IP]))
+
+
 @pytest.fixture
 def laptop(tmp_path, monkeypatch):
     """This process deploys from a laptop signed in with `az login` as the deployer."""
@@ -47,9 +55,9 @@ def laptop(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def stack_storage(late_grants_on, laptop, monkeypatch):
-    """The planned stack's Storage: its declared rights, late, behind its firewall; the
-    upload's wait on a fake clock."""
+def stack_storage(late_grants_on, laptop, code_stack_plan, monkeypatch):
+    """The planned stack's Storage (``code_stack_plan``): its declared rights, late, behind its
+    firewall; the upload's wait on a fake clock. Call it with the address requests come from."""
     from infra import code_upload
     from trainer.common.grant_wait import GrantWait
 
@@ -65,10 +73,9 @@ def stack_storage(late_grants_on, laptop, monkeypatch):
 
     monkeypatch.setattr(code_upload, "grant_wait", grant_wait)
 
-    def deploy(allowed_ips: list[str], caller: str):
-        plan = evaluate("dev", _values(allowed_ips))
+    def deploy(caller: str):
         network = blob_front(
-            plan,
+            code_stack_plan,
             late.grants,
             propagation_s=PROPAGATION_S,
             aliases={NODES: IDENTITY},
@@ -94,7 +101,7 @@ def _upload(late):
 def test_a_code_job_deploys_from_a_laptop_the_stack_admits_and_the_nodes_fetch_it(
     stack_storage, tmp_path, monkeypatch
 ):
-    late, network, waits = stack_storage([CLIENT_IP], CLIENT_IP)
+    late, network, waits = stack_storage(CLIENT_IP)
     snap, made = _upload(late)
     assert made.outs["url"].endswith(f"/code/{snap.blob_name}")
     assert late.storage.container("code").download_blob(snap.blob_name).readall() == snap.data
@@ -123,7 +130,7 @@ def test_a_code_job_deploys_from_a_laptop_the_stack_admits_and_the_nodes_fetch_i
 def test_a_runner_outside_the_storage_firewall_is_one_line_naming_the_setting(stack_storage):
     from infra.code_upload import CodeUploadError
 
-    late, network, waits = stack_storage([CLIENT_IP], "203.0.113.200")
+    late, network, waits = stack_storage("203.0.113.200")
     with pytest.raises(CodeUploadError) as refused:
         _upload(late)
     message = str(refused.value)
@@ -141,8 +148,11 @@ def test_a_code_job_in_a_stack_that_admits_no_address_is_refused_when_planned():
 
 
 @pytest.mark.parametrize("preview", [True, False])
-def test_the_code_stack_grants_the_deployer_the_code_container_before_the_upload(preview):
-    plan = evaluate("dev", _values([CLIENT_IP]), preview=preview)
+def test_the_code_stack_grants_the_deployer_the_code_container_before_the_upload(request, preview):
+    if preview:
+        plan = evaluate("dev", _values([CLIENT_IP]), preview=True)
+    else:
+        plan = request.getfixturevalue("code_stack_plan")
     (grant,) = [r for r in plan.resources if r.name == "platform-dev-deployer-code"]
     assert grant.inputs["principalId"] == DEPLOYER_OBJECT_ID
     assert grant.inputs["principalType"] == "User"

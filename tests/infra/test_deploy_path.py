@@ -4,9 +4,11 @@ acts on, preview mode with unknown outputs, and the config rules that stand in f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from dt_commands.plan import evaluate, render
+from dt_commands.plan import Plan, evaluate, render
 from infra.budget import BUDGET_START_PROPERTY
 from infra.cloud_init import ready_command
 from infra.identity import BATCH_JOB_SUBMITTER, deployer_principal_type
@@ -154,6 +156,26 @@ def test_a_budget_starts_this_month_and_never_moves_afterwards(monkeypatch, plan
     assert _at(budget.inputs, BUDGET_START_PROPERTY)
 
 
+@pytest.fixture(scope="module")
+def budget_plan() -> Callable[[str, str], Plan]:
+    """The dev stack with ``budgetStartMonth`` set, evaluated under mocks while
+    ``current_month`` answers ``month``: at most once per (start month, month) for this module.
+    The past-start test and the first case of the start-Azure-takes test ask for the same
+    (2026-12 in 2027-01); the tests only read the plan, and run the budget's hook under their
+    own ``current_month``."""
+    plans: dict[tuple[str, str], Plan] = {}
+
+    def plan(start_month: str, month: str) -> Plan:
+        if (start_month, month) not in plans:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(budget_section, "current_month", lambda: month)
+                values = {**stack_values("dev"), "budgetStartMonth": start_month}
+                plans[start_month, month] = evaluate("dev", values)
+        return plans[start_month, month]
+
+    return plan
+
+
 def _budget_hook(plan):
     """The hook the engine runs before it creates the budget, and the budget's inputs."""
     budget = one(plan, "azure-native:consumption:Budget")
@@ -172,11 +194,11 @@ def _engine_creates(hook, budget) -> None:
     hook(ResourceHookArgs(urn, "", budget.name, budget.typ, new_inputs=budget.inputs))
 
 
-def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatch):
+def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatch, budget_plan):
     """The month after the budget was made, its start month has passed: an update of the stack
     (no create of the budget) must still evaluate, and the start is not sent again."""
     monkeypatch.setattr(budget_section, "current_month", lambda: "2027-01")
-    plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": "2026-12"})
+    plan = budget_plan("2026-12", "2027-01")
     _, budget = _budget_hook(plan)  # checked by the engine only before it creates the budget
     assert budget.inputs["timePeriod"]["startDate"] == "2026-12-01"
     assert plan.options[budget.name].ignore_changes == [BUDGET_START_PROPERTY]
@@ -192,9 +214,11 @@ def test_a_past_budget_start_month_keeps_an_existing_stack_deployable(monkeypatc
         ("2026-01", "2027-01-01"),
     ],
 )
-def test_a_new_budget_is_created_only_with_a_start_azure_takes(monkeypatch, start_month, today):
+def test_a_new_budget_is_created_only_with_a_start_azure_takes(
+    monkeypatch, budget_plan, start_month, today
+):
     monkeypatch.setattr(budget_section, "current_month", lambda: today[:7])
-    plan = evaluate("dev", {**stack_values("dev"), "budgetStartMonth": start_month})
+    plan = budget_plan(start_month, today[:7])
     hook, budget = _budget_hook(plan)
     start = budget.inputs["timePeriod"]["startDate"]
     if arm_creates_budget(start, today):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dt_commands.plan import evaluate
+from dt_commands.plan import Plan, evaluate
 from infra import batch as batch_module
 from infra.batch_calls import JobError
 from infra.job import TrainingJobProvider
@@ -37,8 +37,17 @@ def _jobs(plan) -> dict[str, dict]:
     return {r.name: r.inputs for r in of_type(plan, JOB) if "trainer_args" in r.inputs}
 
 
-def test_each_job_of_the_map_is_its_own_resource_with_its_own_id_and_run_folder():
-    plan = evaluate("dev", _stack(TWO_JOBS))
+@pytest.fixture(scope="module")
+def two_jobs_plan() -> Plan:
+    """The dev stack with the ``TWO_JOBS`` map, evaluated under mocks once for this module (the
+    same program on the same settings each time; the tests only read the plan, and copy a job's
+    inputs before changing them). Read by the tests of the map's resources, of a change to one
+    job, of protectRunningJobs and of the plan's run folders."""
+    return evaluate("dev", _stack(TWO_JOBS))
+
+
+def test_each_job_of_the_map_is_its_own_resource_with_its_own_id_and_run_folder(two_jobs_plan):
+    plan = two_jobs_plan
     jobs = _jobs(plan)
     assert set(jobs) == {"platform-dev-job-resnet", "platform-dev-job-small"}
     resnet, small = jobs["platform-dev-job-resnet"], jobs["platform-dev-job-small"]
@@ -66,8 +75,8 @@ def test_the_shorthand_keeps_its_resource_name_job_id_and_run_folder(dev_plan):
     assert dev_plan.outputs["job_id"] == spec.job_id
 
 
-def test_a_change_to_one_job_replaces_exactly_that_job():
-    before = _jobs(evaluate("dev", _stack(TWO_JOBS)))
+def test_a_change_to_one_job_replaces_exactly_that_job(two_jobs_plan):
+    before = _jobs(two_jobs_plan)
     changed = {**TWO_JOBS, "small": {**TWO_JOBS["small"], "nodes": 2}}
     after = _jobs(evaluate("dev", _stack(changed)))
     provider = TrainingJobProvider()
@@ -106,9 +115,11 @@ class _Batch:
     ("live", "protect", "refused"),
     [("active", True, True), ("completed", True, False), ("active", False, False)],
 )
-def test_a_running_job_is_not_replaced_unless_allowed(monkeypatch, live, protect, refused):
+def test_a_running_job_is_not_replaced_unless_allowed(
+    two_jobs_plan, monkeypatch, live, protect, refused
+):
     monkeypatch.setattr(batch_module, "client", lambda endpoint: _Batch(live))
-    jobs = _jobs(evaluate("dev", _stack(TWO_JOBS)))
+    jobs = _jobs(two_jobs_plan)
     olds = {**jobs["platform-dev-job-small"], "state": "active"}
     news = {**olds, "node_count": 2, "protect_running": protect, "state": None}
     provider = TrainingJobProvider()
@@ -151,10 +162,10 @@ def test_bad_job_maps_are_one_line_errors(values, message):
     assert "\n" not in str(failure.value)
 
 
-def test_the_plan_names_each_jobs_run_folder():
+def test_the_plan_names_each_jobs_run_folder(two_jobs_plan):
     from dt_commands.plan import render
 
-    plan = evaluate("dev", _stack(TWO_JOBS))
+    plan = two_jobs_plan
     text = render(plan, 160)
     for spec in (JobSpec.from_props(inputs) for inputs in _jobs(plan).values()):
         line = (
@@ -179,12 +190,14 @@ def _deployed(tmp_path, plan, **jobs_changed) -> Path:
     return path
 
 
-def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run(tmp_path, capsys):
+def test_the_plan_against_the_deployed_outputs_says_which_jobs_start_a_fresh_run(
+    two_jobs_plan, tmp_path, capsys
+):
     from dt_commands.plan import main
 
     deployed = _deployed(
         tmp_path,
-        evaluate("dev", _stack(TWO_JOBS)),
+        two_jobs_plan,
         gone={"job_id": "dev-gone-1", "job_checkpoint_path": "shared/runs/dev/aaa"},
     )
     changed = {

@@ -5,9 +5,11 @@ the program declares under Pulumi mocks; the job's payloads are built from its d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from dt_commands.plan import disk_lines
+from dt_commands.plan import Plan, disk_lines
 from infra.batch import NVME_ROOT, job_options, task_options, trainer_command
 from infra.job_spec import JobSpec
 from infra.sizes import SUPPORTED
@@ -18,11 +20,31 @@ WITH_NVME = ("Standard_ND96isr_H100_v5", "Standard_ND96isr_H200_v5")
 WITHOUT_NVME = ("Standard_ND96asr_v4", "Standard_ND96amsr_A100_v4")
 
 
-def _plan(vm_size: str):
+def _values(vm_size: str) -> dict:
     values = {**stack_values("dev"), "gpu-cluster:vmSize": vm_size}
     if vm_size == "Standard_ND96isr_H200_v5":
         values["gpu-cluster:location"] = "eastus2"
-    return evaluate("dev", values)
+    return values
+
+
+@pytest.fixture(scope="module")
+def plan_of_size(request) -> Callable[[str], Plan]:
+    """The dev stack on a VM size, evaluated under mocks at most once per size for this module
+    (the pool-and-job test and the dt-plan test ask for the same sizes; both only read the
+    plan). The size the dev stack file already names gives the dev stack's own settings: that
+    is the session's ``dev_plan``."""
+    plans: dict[str, Plan] = {}
+
+    def plan(vm_size: str) -> Plan:
+        if vm_size not in plans:
+            values = _values(vm_size)
+            same_as_dev = values == stack_values("dev")
+            plans[vm_size] = (
+                request.getfixturevalue("dev_plan") if same_as_dev else evaluate("dev", values)
+            )
+        return plans[vm_size]
+
+    return plan
 
 
 def _job(plan, **changes) -> JobSpec:
@@ -39,8 +61,8 @@ def test_the_size_table_says_which_sizes_have_local_nvme_disks(vm_size):
 
 
 @pytest.mark.parametrize("vm_size", WITH_NVME + WITHOUT_NVME)
-def test_the_pool_and_the_job_put_staged_data_where_the_size_has_room(vm_size):
-    plan = _plan(vm_size)
+def test_the_pool_and_the_job_put_staged_data_where_the_size_has_room(plan_of_size, vm_size):
+    plan = plan_of_size(vm_size)
     start = one(plan, "azure-native:batch:Pool").inputs["startTask"]["commandLine"]
     spec = _job(plan, dataset_prefix="imagenet/v1", code_sha256="a" * 64)
     job = job_options(spec)
@@ -63,11 +85,11 @@ def test_the_pool_and_the_job_put_staged_data_where_the_size_has_room(vm_size):
         assert data_dir == "${AZ_BATCH_JOB_PREP_WORKING_DIR}/datasets/imagenet/v1"
 
 
-def test_dt_plan_says_where_datasets_are_staged_and_how_much_room_there_is():
-    nvme = "\n".join(disk_lines(_plan("Standard_ND96isr_H100_v5").settings))
+def test_dt_plan_says_where_datasets_are_staged_and_how_much_room_there_is(plan_of_size):
+    nvme = "\n".join(disk_lines(plan_of_size("Standard_ND96isr_H100_v5").settings))
     assert (
         f"Datasets and job code: staged on the local NVMe array at {NVME_ROOT} (8 disks, 28000 GiB)"
     ) in nvme
-    temp = "\n".join(disk_lines(_plan("Standard_ND96asr_v4").settings))
+    temp = "\n".join(disk_lines(plan_of_size("Standard_ND96asr_v4").settings))
     assert "Datasets and job code: staged on the temporary disk" in temp
     assert "no local NVMe array" in temp

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from dt_commands.plan import evaluate
 from infra.live_metrics import StorageError, blob_container, read_metrics
 from tests.support.stack_rights import blob_front, sign_in
 from tests.support.stacks import CLIENT_IP, stack_values
@@ -20,14 +19,16 @@ RECORD = b'{"step": 40, "images_per_sec": 812.5}\n'
 
 
 @pytest.fixture
-def team_member(late_grants_on, tmp_path, monkeypatch):
-    """The dev stack's Storage, its rights arrived; this process is a team member's laptop."""
+def team_member(late_grants_on, dev_plan, tmp_path, monkeypatch):
+    """The dev stack's Storage, its rights arrived; this process is a team member's laptop.
+    The rights are read from the session's ``dev_plan`` (the dev stack file's program under
+    mocks, evaluated once for every test that asks; blob_front only reads it)."""
     from infra import credentials
 
     late = late_grants_on(FakeClock())
     team = stack_values("dev")["gpu-cluster:jobSubmitterObjectId"]
     late.grants.members[team] = {MEMBER}
-    blob_front(evaluate("dev", stack_values("dev")), late.grants, propagation_s=0, caller=CLIENT_IP)
+    blob_front(dev_plan, late.grants, propagation_s=0, caller=CLIENT_IP)
     late.grants.network.ip_rules = (CLIENT_IP,)  # the member's address, as docs/jobs.md asks
     sign_in(monkeypatch, tmp_path / "bin", MEMBER)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(late.storage.ca_file))

@@ -31,19 +31,19 @@ _SCOPE_KINDS = {
 }
 
 
-def _stacks() -> dict[str, Plan]:
-    from tests.support.stacks import acceptance_options, acceptance_values
-
+def _stacks(dev_plan: Plan, prod_plan: Plan, acceptance_plan: Plan) -> dict[str, Plan]:
+    """The stacks planned here: the two stack files and the CPU acceptance profile (the
+    session's plans of them, tests/support/stacks.py), and the stacks only this table needs."""
     code = {
         **stack_values("dev"),
         "gpu-cluster:jobs": json.dumps({"mine": CODE_JOB}),
         "gpu-cluster:storageAllowedIps": json.dumps([CLIENT_IP]),
     }
     return {
-        "dev": evaluate("dev", stack_values("dev")),
-        "vision-prod": evaluate("vision-prod", stack_values("vision-prod")),
+        "dev": dev_plan,
+        "vision-prod": prod_plan,
         "code": evaluate("dev", code),
-        "acceptance": evaluate(acceptance_options("cpu").stack_name, acceptance_values("cpu")),
+        "acceptance": acceptance_plan,
         "imageRef": evaluate("dev", reuse()),
         "imageRef, ABAC": _abac_image_ref(),
     }
@@ -68,8 +68,11 @@ def _abac_image_ref() -> Plan:
 
 
 @pytest.fixture(scope="module")
-def stacks() -> dict[str, Plan]:
-    return _stacks()
+def stacks(dev_plan, prod_plan, acceptance_plan) -> dict[str, Plan]:
+    """Every stack planned here, by name; read by the table test and the deployer's test. The
+    stack files' and the acceptance profile's plans are the session's own (the same settings
+    evaluated under mocks; nothing here changes a plan)."""
+    return _stacks(dev_plan, prod_plan, acceptance_plan)
 
 
 def _who(principal: str) -> str:
