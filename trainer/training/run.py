@@ -306,7 +306,9 @@ class _Run:
             # Another worker died (its watchdog fired, or it crashed): this rank's record of
             # its collectives is half of what says who waited for whom.
             if is_peer_failure(err):
-                self.watchdog.keep_engine_view()
+                # A diagnosis must never replace the error it explains (a full disk here).
+                with contextlib.suppress(OSError):
+                    self.watchdog.keep_engine_view()
             raise
         finally:
             self._end(loop)
