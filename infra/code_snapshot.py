@@ -42,8 +42,14 @@ class CodeSnapshot:
         return f"{self.sha256}.tar.gz"
 
     @property
-    def has_requirements(self) -> bool:
-        return REQUIREMENTS in self.file_names
+    def requirements(self) -> str | None:
+        """Its ``requirements.txt`` (what each node installs over the image), if it has one."""
+        with tarfile.open(fileobj=io.BytesIO(self.data), mode="r:gz") as tar:
+            try:
+                member = tar.extractfile(REQUIREMENTS)
+            except KeyError:
+                return None
+            return member.read().decode("utf-8", "replace") if member is not None else None
 
     @property
     def file_names(self) -> frozenset[str]:

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.code_snapshot import CodeSnapshot, SnapshotError, snapshot
+from infra.code_snapshot import REQUIREMENTS, CodeSnapshot, SnapshotError, snapshot
+from infra.image_packages import REQUIREMENTS as IMAGE_PINS_FILE
+from infra.image_packages import image_environment, image_pins
 from infra.runnable import missing, what_runs
 from infra.settings.checks import ConfigError, in_range
 from infra.settings.cluster import MAX_NODES
@@ -20,6 +22,7 @@ from infra.settings.schema import setting
 from infra.settings.values import REPO, typed_value
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
+from trainer.common.requirements import conflicts
 from trainer.settings.choices import is_plugin_ref
 
 _JOB_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
@@ -196,9 +199,18 @@ def _code(name: str, entry: Mapping[str, Any]) -> CodeSnapshot | None:
         return None
     folder = typed_value(f"jobs.{name}.code", entry["code"], {"type": "string"})
     try:
-        return snapshot(folder, REPO)
+        code = snapshot(folder, REPO)
     except SnapshotError as err:
         raise ConfigError(f"jobs.{name}.code={folder!r}: {err}") from None
+    requirements = code.requirements
+    found = conflicts(requirements, image_pins(), image_environment()) if requirements else []
+    if found:
+        raise ConfigError(
+            f"jobs.{name}.code={folder!r}: its {REQUIREMENTS} {found[0]} ({IMAGE_PINS_FILE} "
+            "or the Dockerfile pins it); accept the image's version or drop the line: each node "
+            "installs the job's requirements over the image's packages, never in place of them"
+        )
+    return code
 
 
 def _script(name: str, entry: Mapping[str, Any]) -> tuple[None, tuple[str, ...], str]:

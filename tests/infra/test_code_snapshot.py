@@ -55,7 +55,7 @@ def test_the_snapshot_holds_the_tracked_files_with_fixed_times_owners_and_modes(
         (0, 0, 0, "", "")
     }
     assert members["run.sh"].mode == 0o755 and members["train.py"].mode == 0o644
-    assert snap.files == 4 and snap.has_requirements
+    assert snap.files == 4 and snap.requirements == (repo / "job" / "requirements.txt").read_text()
     assert snap.blob_name == f"{snap.sha256}.tar.gz"
 
 

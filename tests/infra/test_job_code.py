@@ -14,6 +14,7 @@ import pytest
 from dt_commands import preview_jobs
 from dt_commands.plan import evaluate, render
 from infra.code_snapshot import snapshot
+from infra.image_packages import image_pins
 from infra.job_spec import JobSpec
 from infra.settings.checks import ConfigError
 from infra.settings.jobs import job_settings
@@ -166,6 +167,70 @@ def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
         f"error: jobs.mine.code='team': its link data points at {link}, outside the folder"
     )
     assert "replace it by the file it points at, or move that into the folder" in err
+
+
+def _repo_with_requirements(root: Path, requirements: str) -> Path:
+    (root / "team").mkdir(parents=True)
+    (root / "team" / "train.py").write_text("print('team')\n")
+    (root / "team" / "requirements.txt").write_text(requirements)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "."], check=True)
+    return root
+
+
+def test_a_requirement_that_excludes_an_image_pin_stops_dt_plan_in_one_line_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    """A node installs the job's requirements over the image and never replaces its packages,
+    so `numpy<2` against the image's numpy could only fail on every node, after the pool and
+    the job exist: the stack says so first, naming the line, both versions and the fix."""
+    from dt_commands.plan import main
+
+    numpy = image_pins()["numpy"]
+    requirements = "# the team's\nscipy>=1.10\ntorch>=2.0\nnumpy<2  # an old pin\n"
+    monkeypatch.setattr("infra.settings.jobs.REPO", _repo_with_requirements(tmp_path, requirements))
+    stack_file = tmp_path / "Pulumi.mine.yaml"
+    stack_file.write_text(
+        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
+        "      command: python train.py\n      code: team\n"
+    )
+    assert main(["--stack", "mine", "--stack-file", str(stack_file)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(
+        f"error: jobs.mine.code='team': its requirements.txt line 4 `numpy<2` excludes the "
+        f"image's numpy {numpy} (docker/requirements.txt or the Dockerfile pins it); accept "
+        "the image's version or drop the line"
+    )
+
+
+@pytest.mark.parametrize(
+    "requirements",
+    [
+        "numpy>=2\ntorch\nhorovod==0.28.*\nrequests\n",
+        'numpy<2 ; python_version < "3.12"\n',  # not installed on the image's Python 3.13
+        "-r other.txt\n./wheels/team-0.1-py3-none-any.whl\n",
+    ],
+)
+def test_requirements_the_image_pins_satisfy_load(tmp_path, monkeypatch, requirements):
+    monkeypatch.setattr("infra.settings.jobs.REPO", _repo_with_requirements(tmp_path, requirements))
+    (job,) = _jobs({"command": "python train.py", "code": "team"})
+    assert job.code is not None and job.code.requirements == requirements
+
+
+def test_the_image_pins_are_read_from_its_build_inputs():
+    pins = image_pins()
+    pinned = dict(
+        line.split("==")
+        for line in (REPO / "docker" / "requirements.txt").read_text().split()
+        if "==" in line
+    )
+    assert {name: pins[name] for name in ("numpy", "pyyaml", "azure-identity")} == {
+        name: pinned[name] for name in ("numpy", "pyyaml", "azure-identity")
+    }
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert f"ARG TORCH_VERSION={pins['torch']}\n" in dockerfile
+    assert f"HOROVOD_VERSION={pins['horovod']}\n" in (REPO / "scripts/build_horovod.sh").read_text()
 
 
 UPLOAD = "pulumi-python:dynamic:Resource"

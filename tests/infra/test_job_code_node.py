@@ -20,7 +20,7 @@ from tests.support.container import recorded, run_in_container
 from tests.support.wheels import write_wheel
 from trainer.common.grant_wait import READER, GrantWait
 from trainer.launch import code_folder
-from trainer.launch.code_folder import CodeError, ready
+from trainer.launch.code_folder import CodeError, image_packages, packages_digest, ready
 
 SHA = "c0de" * 16
 
@@ -125,7 +125,8 @@ def test_a_snapshot_is_downloaded_verified_and_installed_once_per_hash(
     assert (folder / "src" / "train.py").read_text() == "print('team code')\n"
     assert (folder / "src" / "pkg" / "__init__.py").is_file()
     assert (folder / "site" / "team_dep" / "__init__.py").read_text() == "VALUE = 3\n"
-    assert (folder / ".ready").read_text() == snap.sha256 + "\n"
+    image = packages_digest(image_packages())
+    assert (folder / ".ready").read_text() == f"{snap.sha256} {image}\n"
     assert sorted(p.name for p in root.iterdir()) == [snap.sha256]  # no temp folder left
     # Cached on the node: the next job with this hash downloads and installs nothing.
     code.delete_blob(snap.blob_name)
@@ -154,11 +155,101 @@ def test_requirements_that_do_not_install_fail_with_pips_first_error_line(
         ready(azurite_entra.blob_endpoint, snap.sha256, root, _wait())
     message = str(failed.value)
     assert message.startswith(
-        "requirements.txt of the job's code does not install: ERROR: Could not find a version "
+        "requirements.txt of the job's code does not install over the image: ERROR: Could not "
+        "find a version "
         "that satisfies the requirement no-such-package-dt==1.0"
     )
     assert "\n" not in message
     assert not list(root.iterdir())  # nothing half-ready is kept
+
+
+def _with_wheels(tmp_path, requirements: str, *wheels: tuple[str, tuple[str, ...]]):
+    """A team repository whose requirements.txt installs its own wheels, each depending on
+    what it names."""
+    snap_repo = tmp_path / "repo"
+    for name, requires in wheels:
+        write_wheel(snap_repo / "team" / "wheels", name, "VALUE = 1\n", requires)
+    return _team_repo(tmp_path, requirements)
+
+
+def test_a_requirement_on_an_image_package_adds_only_what_the_image_lacks(
+    tmp_path, code, azurite_entra, monkeypatch
+):
+    """pip --target installed every dependency again into the job's site, which comes first on
+    PYTHONPATH: a team package needing numpy (or torch) brought another copy that shadowed the
+    image's, after each node downloaded it. Over the image, pip sees numpy installed."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing to fetch: the image's numpy must do
+    have = image_packages()
+    snap = _with_wheels(
+        tmp_path,
+        "./wheels/team_stats-0.1-py3-none-any.whl\n",
+        ("team_stats", (f"numpy>={have['numpy']}",)),
+    )
+    code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    folder = ready(azurite_entra.blob_endpoint, snap.sha256, tmp_path / "code", _wait())
+    site = folder / "site"
+    assert sorted(p.name.split("-")[0] for p in site.iterdir()) == ["team_stats", "team_stats"]
+    added = subprocess.run(
+        [sys.executable, "-c", "import numpy, team_stats; print(numpy.__file__)"],
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert not added.stdout.startswith(str(tmp_path)), added.stdout  # the image's numpy
+
+
+def test_a_dependency_that_excludes_an_image_package_is_one_line_naming_both_versions(
+    tmp_path, code, azurite_entra, monkeypatch
+):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    numpy = image_packages()["numpy"]
+    snap = _with_wheels(
+        tmp_path, "./wheels/team_old-0.1-py3-none-any.whl\n", ("team_old", ("numpy<2",))
+    )
+    code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    root = tmp_path / "shared" / "code"
+    with pytest.raises(CodeError) as failed:
+        ready(azurite_entra.blob_endpoint, snap.sha256, root, _wait())
+    assert str(failed.value) == (
+        "requirements.txt of the job's code does not install over the image: team-old 0.1 "
+        f"depends on numpy<2, and the image holds numpy=={numpy}"
+    )
+    assert not list(root.iterdir())
+
+
+def test_a_line_that_excludes_an_image_package_is_refused_before_pip_runs(
+    tmp_path, code, azurite_entra, monkeypatch
+):
+    # An index nothing answers: had pip run, it would have said so instead.
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    numpy = image_packages()["numpy"]
+    snap = _team_repo(tmp_path, "requests\nnumpy<2\n")
+    code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    with pytest.raises(CodeError) as failed:
+        ready(azurite_entra.blob_endpoint, snap.sha256, tmp_path / "code", _wait())
+    assert str(failed.value).startswith(
+        f"requirements.txt of the job's code: line 2 `numpy<2` excludes the image's numpy {numpy}; "
+        "accept the image's version or drop the line"
+    )
+
+
+def test_a_folder_installed_over_another_images_packages_is_installed_again(
+    tmp_path, code, azurite_entra, monkeypatch
+):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    snap = _team_repo(tmp_path, "./wheels/team_dep-0.1-py3-none-any.whl\n")
+    code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    root, said = tmp_path / "code", []
+    folder = ready(azurite_entra.blob_endpoint, snap.sha256, root, _wait(), said.append)
+    (folder / ".ready").write_text(f"{snap.sha256} {'0' * 16}\n")  # a former image's set
+    assert ready(azurite_entra.blob_endpoint, snap.sha256, root, _wait(), said.append) == folder
+    assert "downloaded, verified and installed" in said[-1]
+    assert (folder / ".ready").read_text().split() == [
+        snap.sha256,
+        packages_digest(image_packages()),
+    ]
+    assert sorted(p.name for p in root.iterdir()) == [snap.sha256]
 
 
 def test_the_command_links_the_folder_and_prints_one_line_on_failure(

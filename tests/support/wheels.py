@@ -7,13 +7,15 @@ import zipfile
 from pathlib import Path
 
 
-def write_wheel(folder: Path, name: str, source: str) -> Path:
-    """``folder/<name>-0.1-py3-none-any.whl`` holding the module ``name`` (``source``)."""
+def write_wheel(folder: Path, name: str, source: str, requires: tuple[str, ...] = ()) -> Path:
+    """``folder/<name>-0.1-py3-none-any.whl`` holding the module ``name`` (``source``) and
+    depending on ``requires`` (``numpy>=1``)."""
     folder.mkdir(parents=True, exist_ok=True)
     info = f"{name}-0.1.dist-info"
+    depends = "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
     files = {
         f"{name}/__init__.py": source,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n{depends}",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
     }

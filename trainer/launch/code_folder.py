@@ -1,33 +1,40 @@
 """``python -m trainer.launch.code_folder``: a job's code snapshot (``jobs.<name>.code``) made ready
 on a node by the job preparation task: downloaded from the ``code`` container with the node's
-identity, its SHA-256 verified, unpacked, and its ``requirements.txt`` installed on top of the
-image, once per hash (a marker written last), into ``<cache>/<sha256>``; then ``--link`` (in
-the job's own folder) points at that folder. The launcher runs the workers in ``<link>/src``
+identity, its SHA-256 verified, unpacked, and its ``requirements.txt`` installed over the
+image's packages (adding packages, never replacing one), once per hash and image package set (a
+marker written last), into ``<cache>/<sha256>``; then ``--link`` (in the job's own folder)
+points at that folder. The launcher runs the workers in ``<link>/src``
 with ``<link>/src`` and ``<link>/site`` on their PYTHONPATH (trainer.launch.workers).
 
 Errors are one line, exit 1 (a node's fault, not the user's): a variable Batch or the job sets
 that is missing, a folder that cannot be made, an endpoint that is not https, storage that
 cannot be reached (within ``UNREACHABLE_S``), a blob that is not the snapshot the job names, a
-refused or missing blob, or pip's own first error line when the requirements do not install.
+refused or missing blob, a requirement that excludes the version of a package the image holds,
+or what pip said first when the requirements do not install.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from packaging.utils import canonicalize_name
+
 from trainer.common.cli import OneLineParser
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
+from trainer.common.requirements import conflicts
 
 if TYPE_CHECKING:
     from trainer.common.azure_sdk import ContainerClient
@@ -155,22 +162,67 @@ def _download(account_url: str, sha256: str, target: Path, wait: GrantWait) -> s
         ) from None
 
 
-def pip_error(stderr: str) -> str:
-    """pip's own first error line (``ERROR: ...``), else its first line that says anything."""
+def image_packages() -> dict[str, str]:
+    """What this node's image holds: the packages installed in the environment of the Python
+    that runs this (the image's venv), canonical name -> version."""
+    paths = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    return {
+        canonicalize_name(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions(path=paths)
+        if dist.metadata["Name"]
+    }
+
+
+def pinned(have: dict[str, str]) -> str:
+    """The image's package set as pip constraints, one ``name==version`` a line."""
+    return "".join(f"{name}=={version}\n" for name, version in sorted(have.items()))
+
+
+def packages_digest(have: dict[str, str]) -> str:
+    """Names the image's package set: a folder installed over another set is installed again."""
+    return hashlib.sha256(pinned(have).encode()).hexdigest()[:16]
+
+
+def pip_error(stdout: str, stderr: str) -> str:
+    """What pip said went wrong, in one line: for a conflict with the image, the dependency
+    that wants another version and the version the image holds (pip prints both on stdout);
+    else pip's own first error line (``ERROR: ...``), else its first line that says anything."""
+    said = [line.strip() for line in stdout.splitlines()]
+    wants = [line for line in said if " depends on " in line]
+    held = [line.split("(constraint)", 1)[1].strip() for line in said if "(constraint)" in line]
+    if wants and held:
+        return f"{wants[0]}, and the image holds {held[0]}"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     return next((line for line in lines if line.startswith("ERROR:")), lines[0] if lines else "")
 
 
-def _install(folder: Path) -> None:
+def _install(folder: Path, have: dict[str, str]) -> None:
+    """The snapshot's requirements installed over the image: pip sees the image's packages as
+    installed (``--prefix``, unlike ``--target``, which installs every dependency again, torch
+    included, into a folder that would shadow the image's) and is held to their versions
+    (constraints), so it only ever adds packages, into ``packages``; ``site`` links their
+    folder, which the launcher puts on PYTHONPATH."""
     requirements = folder / "src" / REQUIREMENTS
     if not requirements.is_file():
         return
+    found = conflicts(requirements.read_text(errors="replace"), have)
+    if found:  # the deployer refuses the image's pins; this is every package the image holds
+        raise CodeError(
+            f"{REQUIREMENTS} of the job's code: {found[0]}; accept the image's version or drop "
+            "the line (a job's requirements are installed over the image's packages, never in "
+            "place of them)"
+        )
+    constraints = folder / "image-packages.txt"
+    constraints.write_text(
+        "".join(f"{name}=={version}\n" for name, version in sorted(have.items()))
+    )
+    prefix = folder / "packages"
     pip = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
     # From the code's own top, as a team runs `pip install -r requirements.txt` there: pip reads
     # a local path in the file (./wheels/x.whl, -e ./lib) from the working folder, not the
     # file's (pypa/pip #8765).
     result = subprocess.run(
-        [*pip, "--target", str(folder / "site"), "-r", str(requirements)],
+        [*pip, "--prefix", str(prefix), "-c", str(constraints), "-r", str(requirements)],
         capture_output=True,
         text=True,
         check=False,
@@ -178,14 +230,22 @@ def _install(folder: Path) -> None:
     )
     if result.returncode != 0:
         raise CodeError(
-            f"{REQUIREMENTS} of the job's code does not install: "
-            f"{pip_error(result.stderr) or f'pip exited with {result.returncode}'}"
+            f"{REQUIREMENTS} of the job's code does not install over the image: "
+            f"{pip_error(result.stdout, result.stderr) or f'pip exited with {result.returncode}'}"
         )
+    # pip's own layout under a prefix: the preferred scheme's library folder (venv's, in the
+    # image); pure and platform packages share it on Debian (platlibdir is lib).
+    scheme = sysconfig.get_preferred_scheme("prefix")
+    paths = sysconfig.get_paths(scheme, vars={"base": str(prefix), "platbase": str(prefix)})
+    (folder / "site").symlink_to(Path(paths["purelib"]).relative_to(folder))
 
 
-def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> tuple[float, float]:
-    """Fetches, verifies, unpacks and installs the snapshot in ``temp``; the seconds spent
-    fetching (download, hash, unpack) and installing the requirements."""
+def _build(
+    account_url: str, sha256: str, temp: Path, wait: GrantWait, have: dict[str, str], marker: str
+) -> tuple[float, float]:
+    """Fetches, verifies, unpacks and installs the snapshot in ``temp`` over the image's
+    packages ``have``, and marks it ready; the seconds spent fetching (download, hash, unpack)
+    and installing the requirements."""
     started = time.monotonic()
     temp.mkdir(parents=True)
     archive = temp / "snapshot.tar.gz"
@@ -198,16 +258,16 @@ def _build(account_url: str, sha256: str, temp: Path, wait: GrantWait) -> tuple[
     _unpack(archive, temp / "src")
     archive.unlink()
     fetched = time.monotonic()
-    _install(temp)
-    (temp / READY).write_text(sha256 + "\n")
+    _install(temp, have)
+    (temp / READY).write_text(marker)
     return fetched - started, time.monotonic() - fetched
 
 
 def _unpack(archive: Path, into: Path) -> None:
     """Unpacks a snapshot: files, folders and links that stay inside ``into``, as
     infra.code_snapshot makes them, checked here before anything is written. tarfile's "data"
-    filter holds to the same where this Python has it: Python added it in 3.11.4, and Ubuntu
-    22.04's python3.11 (the image's) is a 3.11.0 build."""
+    filter holds to the same where this Python has it: Python added it in 3.11.4 (the image's
+    3.13 has it; a 3.11.0 build, as Ubuntu 22.04's, lacks it)."""
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
             target = os.path.normpath(os.path.join(os.path.dirname(member.name), member.linkname))
@@ -232,16 +292,19 @@ def _up(path: str) -> bool:
 def ready(
     account_url: str, sha256: str, root: Path, wait: GrantWait, log: Callable[[str], None] = print
 ) -> Path:
-    """``root/<sha256>``, made ready unless it is already (the marker)."""
+    """``root/<sha256>``, made ready unless it is already (the marker: the snapshot's hash and
+    the image's package set it was installed over; another image's set installs it again)."""
     folder = root / sha256
-    if (folder / READY).is_file():
+    have = image_packages()
+    marker = f"{sha256} {packages_digest(have)}\n"
+    if _marked(folder) == marker:
         log(f"code {sha256[:12]}: ready on this node already ({folder})")
         return folder
     temp = root / f".{sha256}.{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     try:
         try:
-            fetch, install = _build(account_url, sha256, temp, wait)
+            fetch, install = _build(account_url, sha256, temp, wait, have, marker)
         except OSError as err:  # the node's disk: full, read-only, a file in the way
             raise CodeError(
                 f"{err.filename or temp}: cannot write the job's code on this node "
@@ -252,7 +315,7 @@ def ready(
         try:
             os.rename(temp, folder)
         except OSError:
-            if not (folder / READY).is_file():
+            if _marked(folder) != marker:
                 raise  # another task made it ready meanwhile, or the rename truly failed
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -261,6 +324,13 @@ def ready(
         f"(fetch {fetch:.1f} s, install {install:.1f} s)"
     )
     return folder
+
+
+def _marked(folder: Path) -> str | None:
+    try:
+        return (folder / READY).read_text()
+    except OSError:
+        return None
 
 
 def link(target: Path, at: Path) -> None:
