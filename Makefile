@@ -30,7 +30,9 @@ gpu-wheel: $(GPU_WHEEL_STAMP)
 
 # The trainer image, built here from docker/Dockerfile as ACR Tasks builds it for a stack, its
 # smoke test included (scripts/build_image.sh: buildah and a Debian base made with mmdebstrap, no
-# Docker engine; as root). Layers and the base are cached outside the checkout.
+# Docker engine; as root). Layers and the base are cached outside the checkout; an image of
+# this checkout's inputs (its content tag) is not built again. make test builds it first: the
+# emulated nodes and tests/docker run the payloads inside it.
 image: $(SETUP_STAMP)
 	bash scripts/build_image.sh "$(CACHE_DIR)"
 
@@ -47,8 +49,9 @@ lint: $(SETUP_STAMP)
 # All at once (scripts/run_tests.sh says how and why): the tests marked `processes` (real
 # multi-process runs) one at a time at normal priority, and beside them, at the lowest CPU
 # priority, lint and then the tests that start no multi-process run, on the cores the runs leave
-# idle. tests/ci/test_workflows.py checks that the two passes run every test once.
-test: $(SETUP_STAMP) $(GPU_WHEEL_STAMP)
+# idle. tests/ci/test_workflows.py checks that the two passes run every test once. The trainer
+# image first (make image): the payloads of tests/docker and of some emulated nodes run in it.
+test: $(SETUP_STAMP) $(GPU_WHEEL_STAMP) image
 	bash scripts/run_tests.sh
 
 # Benchmarks print figures and save bench/results/*.json and *.png (about an hour here).

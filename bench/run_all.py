@@ -23,6 +23,7 @@ BENCHMARKS = (
     ("bench.lm_throughput", []),
     ("bench.program_eval", []),
     ("bench.code_change", []),
+    ("bench.image_pull", []),
     ("bench.gpu", []),
     ("bench.plots", []),
 )

@@ -13,8 +13,10 @@
 #   authorities this machine trusts (/usr/local/share/ca-certificates), so that its RUN steps
 #   reach the package registries wherever this machine does, through a TLS-inspecting proxy
 #   too; an image built here is never pushed.
-# - Cache: buildah's layers (its own storage, outside the checkout: an unchanged step is not run
-#   again), and the base under CACHE_DIR/image, made again after a week (security updates).
+# - Cache: an image whose tag (the inputs' content hash) exists is not built again; else
+#   buildah's layers (its own storage, outside the checkout: an unchanged step is not run
+#   again), and the base under CACHE_DIR/image, made again after a week (security updates) by
+#   the next build.
 #
 # Usage: scripts/build_image.sh CACHE_DIR. Prints the image's reference; build output goes to
 # stderr. Exit 1 when this machine cannot build (not root, or the tools cannot be installed).
@@ -42,6 +44,16 @@ if ! command -v buildah >/dev/null || ! command -v mmdebstrap >/dev/null; then
     || fail "apt-get could not install buildah, mmdebstrap and netavark"
 fi
 [ "$(id -u)" -eq 0 ] || fail "buildah builds with --isolation chroot as root only; run make image as root"
+
+# The tag is the content hash of every input of the image (infra/image_inputs.py): an image
+# with it is this checkout's image, built already, and make test runs this on every call.
+tag=$(.venv/bin/python -c 'from infra.image_inputs import content_tag; print(content_tag())')
+image="localhost/distributed-training/trainer:$tag"
+if buildah inspect --type image "$image" >/dev/null 2>&1; then
+  echo "make image: $image is built already" >&2
+  echo "$image"
+  exit 0
+fi
 
 base_dir="$cache_dir/image"
 mkdir -p "$base_dir"
@@ -71,8 +83,6 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   buildah commit --quiet "$container" "$base" >/dev/null
 fi
 
-tag=$(.venv/bin/python -c 'from infra.image_inputs import content_tag; print(content_tag())')
-image="localhost/distributed-training/trainer:$tag"
 buildah bud --format docker --isolation chroot --layers -f docker/Dockerfile \
   --build-arg "BASE_IMAGE=$base" -t "$image" . >&2
 echo "$image"

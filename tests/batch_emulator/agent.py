@@ -68,12 +68,19 @@ def _bind(source: str, target: str, read_only: bool) -> None:
         _mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
 
-def apply_mounts(operations: list[dict]) -> None:
-    """Mount operations in order, in this process's private mount namespace."""
+def apply_mounts(operations: list[dict]) -> str | None:
+    """Mount operations in order, in this process's private mount namespace; the root the
+    task's process is to run in, when an ``image_root`` operation made one (a container of the
+    built image: the later operations' paths are inside it)."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    root = None
     for op in operations:
         kind = op["op"]
-        if kind == "bind":
+        if root is not None and "dst" in op:
+            op = {**op, "dst": root + op["dst"]}
+        if kind == "image_root":
+            root = _image_root(op)
+        elif kind == "bind":
             if os.path.isdir(op["src"]):
                 os.makedirs(op["dst"], exist_ok=True)
             _bind(op["src"], op["dst"], op.get("ro", False))
@@ -89,26 +96,46 @@ def apply_mounts(operations: list[dict]) -> None:
         elif kind == "umount":
             _umount(op["dst"])
         elif kind == "sys_class":
-            _fake_sys_class(op["stage"], op["entries"])
+            _fake_sys_class(op["stage"], op["entries"], root or "")
         else:
             raise ValueError(f"unknown mount operation {kind}")
+    return root
 
 
-def _fake_sys_class(stage: str, entries: dict[str, str]) -> None:
-    """/sys/class as the node's hardware would show it: the real classes (this namespace's
-    net devices) plus the given entries (e.g. ``infiniband``) from the emulated node."""
+def _image_root(op: dict) -> str:
+    """A container's own root file system, as Docker's overlay2 driver makes it: the image's
+    files as the lower layer, the container's writes in an upper layer of its own; the
+    kernel's /proc (this PID namespace's), /dev and /sys inside it."""
+    root, upper, work = op["root"], op["upper"], op["work"]
+    for folder in (root, upper, work):
+        os.makedirs(folder, exist_ok=True)
+    _mount("overlay", root, "overlay", 0, f"lowerdir={op['image']},upperdir={upper},workdir={work}")
+    for kernel in ("/proc", "/dev", "/sys"):
+        os.makedirs(root + kernel, exist_ok=True)
+        _mount(kernel, root + kernel, None, MS_BIND | MS_REC)
+    for made in ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf"):  # Docker writes these
+        if not os.path.exists(root + made):
+            open(root + made, "a").close()
+    return root
+
+
+def _fake_sys_class(stage: str, entries: dict[str, str], root: str = "") -> None:
+    """/sys/class (under ``root``) as the node's hardware would show it: the real classes
+    (this namespace's net devices) plus the given entries (e.g. ``infiniband``) from the
+    emulated node."""
     keep = os.path.join(stage, "class")
+    sys_class = root + "/sys/class"
     os.makedirs(keep, exist_ok=True)
-    _bind("/sys/class", keep, False)
-    _mount("tmpfs", "/sys/class", "tmpfs", 0, "mode=0755")
+    _bind(sys_class, keep, False)
+    _mount("tmpfs", sys_class, "tmpfs", 0, "mode=0755")
     for name in os.listdir(keep):
         if name in entries:
             continue
-        os.mkdir(os.path.join("/sys/class", name))
-        _bind(os.path.join(keep, name), os.path.join("/sys/class", name), False)
+        os.mkdir(os.path.join(sys_class, name))
+        _bind(os.path.join(keep, name), os.path.join(sys_class, name), False)
     for name, source in entries.items():
-        os.mkdir(os.path.join("/sys/class", name))
-        _bind(source, os.path.join("/sys/class", name), True)
+        os.mkdir(os.path.join(sys_class, name))
+        _bind(source, os.path.join(sys_class, name), True)
     _umount(keep)
 
 
@@ -143,6 +170,8 @@ def _child(spec: dict) -> None:
         os.close(spec["stderr_fd"])
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
+        if spec.get("root"):
+            os.chroot(spec["root"])  # a container of the built image: its own root
         uid, gid = spec["uid"], spec["gid"]
         if uid != 0:
             os.setgroups([])
@@ -170,7 +199,7 @@ def run(spec_path: str) -> int:
     spec["stdout_fd"] = os.open(spec["stdout"], flags, 0o644)
     spec["stderr_fd"] = os.open(spec["stderr"], flags, 0o644)
     try:
-        apply_mounts(spec.get("mounts", []))
+        spec["root"] = apply_mounts(spec.get("mounts", []))
     except OSError as error:
         print(f"agent: {error}", file=sys.stderr, flush=True)
         if status is not None:

@@ -106,6 +106,7 @@ class Cluster:
         placement: str = "same",
         guest_restart: str = "recovery",
         coordination_output: str = "apart",
+        image_root: Path | None = None,
     ) -> None:
         _check_readings(lifecycle, shared, placement, guest_restart, coordination_output)
         self.shared = shared  # the reading of the "Shared" bind mount (SHARED_READINGS)
@@ -117,6 +118,10 @@ class Cluster:
         self.base, self.vnet, self.pool, self.image = base, vnet, pool, image
         self.nfs, self.storage, self.identities = nfs, storage, identities
         self.lifecycle = lifecycle
+        # The built trainer image's root file system (tests/support/built_image.py): its
+        # containers run in it; None: in this checkout's venv and trainer/, laid out as the
+        # image lays them out (containers.py).
+        self.image_root = image_root
         self.driver = driver
         self.processes: list[Proc] = []
         self.helpers: list[subprocess.Popen[bytes]] = []

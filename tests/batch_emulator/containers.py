@@ -6,6 +6,7 @@ the process's environment; a task without container settings runs on the node it
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,8 +113,10 @@ def _container_mounts(
 ) -> list[dict[str, Any]]:
     """The container's file system: the node's mounts, the Batch folders Batch binds, the
     image's, and the run options' volumes."""
-    ops = node_mounts(cluster, node, stage)
     keep = _batch_binds(cluster, node, settings, task_dir, job_prep_dir)
+    if cluster.image_root is not None:
+        return _built_image_mounts(cluster, node, keep, options, stage)
+    ops = node_mounts(cluster, node, stage)
     # Everything of the Batch tree that is not mounted is absent in the container, and so
     # are the other emulated nodes' trees.
     ops += hide_except(cluster.base / "nodes", keep, stage / "batch")
@@ -140,11 +143,54 @@ def _container_mounts(
     ops += image_code(cluster, stage / "checkout")
     if any(container.startswith("/mnt/") for _, container, _ in options.volumes):
         ops.append({"op": "bind", "src": str(node.hw / "mnt"), "dst": "/mnt"})
+    return ops + _volumes(cluster, node, options, lambda path: Path(path).exists())
+
+
+def _built_image_mounts(
+    cluster: Cluster,
+    node: Node,
+    keep: list[tuple[Path, bool]],
+    options: RunOptions,
+    stage: Path,
+) -> list[dict[str, Any]]:
+    """The container's file system when the cluster runs the built image (``image_root``):
+    the image's own root, writable in a layer of the container's, and in it, at their node
+    paths, the node's mounts, the Batch folders Batch binds, the driver's tools and the
+    emulated storage's certificate, and the run options' volumes."""
+    assert cluster.image_root is not None
+    ops: list[dict[str, Any]] = [
+        {
+            "op": "image_root",
+            "image": str(cluster.image_root),
+            "root": str(stage / "root"),
+            "upper": str(stage / "upper"),
+            "work": str(stage / "work"),
+        }
+    ]
+    # Each inside the root (the agent's image_root); the Batch folders first, as the node's
+    # mounts (the share under AZ_BATCH_NODE_MOUNTS_DIR) lie inside the Batch tree.
+    node_files = [(node.hw / "bin", True), (cluster.storage.ca_file.parent, True)]
+    for path, read_only in [*keep, *node_files]:
+        ops.append({"op": "mkdir", "dst": str(path)})
+        ops.append({"op": "bind", "src": str(path), "dst": str(path), "ro": read_only})
+    ops += node_mounts(cluster, node, stage)
+    in_image = cluster.image_root
+    return ops + _volumes(
+        cluster, node, options, lambda path: (in_image / path.lstrip("/")).exists()
+    )
+
+
+def _volumes(
+    cluster: Cluster, node: Node, options: RunOptions, exists: Callable[[str], bool]
+) -> list[dict[str, Any]]:
+    """The run options' ``-v HOST:CONTAINER`` volumes; ``exists``: whether the container has
+    the mount point (one under /opt or /mnt is made)."""
+    ops: list[dict[str, Any]] = []
     for host, container, read_only in options.volumes:
         source = host_path(cluster, node, host)
         if not source.exists():
             raise PayloadError(f"-v {host}: not on the node (Docker would create it empty)")
-        if not container.startswith(("/opt/", "/mnt/")) and not Path(container).exists():
+        if not container.startswith(("/opt/", "/mnt/")) and not exists(container):
             cluster.log(f"node {node.index}: volume {container} not emulated (no mount point)")
             continue
         ops.append({"op": "mkdir", "dst": container})

@@ -29,6 +29,7 @@ from tests.batch_emulator.image import ImageConfig, read_dockerfile
 from tests.batch_emulator.storage import ACCOUNT, ACCOUNT_KEY, Storage, blob, close_blob_agent
 from tests.batch_emulator.vnet import VNet
 from tests.conftest import write_image_folder
+from tests.support.built_image import image_container, image_name
 from tests.support.ports import free_port
 from tests.support.process_tree import fail_if_any_left
 from tests.support.tls import self_signed
@@ -154,6 +155,15 @@ def spot_cpu_stack(stacks) -> Stack:
 @pytest.fixture(scope="session")
 def image(gpu_stack) -> ImageConfig:
     return gpu_stack.image
+
+
+@pytest.fixture(scope="session")
+def built_image() -> Iterator[Path]:
+    """The root file system of the trainer image `make image` built for this checkout, mounted
+    for the session (tests/support/built_image.py): a cluster given it as ``image_root`` runs
+    its containers in it, with the image's own Python and packages."""
+    with image_container(image_name()) as container:
+        yield container.root
 
 
 @pytest.fixture(scope="session")

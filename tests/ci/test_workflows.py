@@ -302,6 +302,8 @@ STARTS_PROCESSES = {
     "tests.trainer.launch.launch_nodes": {"start_nodes"},
     "tests.batch_emulator.cluster": {"Cluster"},
     "tests.batch_emulator.job_run": {"JobRun"},
+    # Commands run inside the built image (buildah's chroot), each importing its CUDA torch.
+    "tests.support.built_image": {"image_container"},
 }
 PROCESS_FIXTURES = {
     "make_cluster",
@@ -311,6 +313,7 @@ PROCESS_FIXTURES = {
     "run_under_survive_shared_node",
     "run_under_survive_shared_task",
     "retried_elsewhere_then_kept_out",
+    "built_image",
 }
 
 

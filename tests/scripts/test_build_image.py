@@ -35,8 +35,9 @@ STUBS = {
     "buildah": RECORDING
     + """case "$1" in
   from) echo ctr ;;
-  inspect) [ -e "$STATE/committed" ] ;;
+  inspect) case "$*" in *trainer:*) [ -e "$STATE/built" ] ;; *) [ -e "$STATE/committed" ] ;; esac ;;
   commit) touch "$STATE/committed" ;;
+  bud) touch "$STATE/built" ;;
 esac
 """,
     # mmdebstrap SUITE TARGET MIRROR: writes the root file system to TARGET.
@@ -112,9 +113,19 @@ def test_the_first_build_makes_the_release_base_and_builds_the_dockerfile_as_acr
     assert not [c for c in calls if c.startswith("apt-get")]  # the tools are there
 
 
+def test_an_image_built_for_these_inputs_is_not_built_again(tmp_path):
+    root = _root(tmp_path)
+    _run(tmp_path, root)
+    done, calls = _run(tmp_path, root)
+    image = "localhost/distributed-training/trainer:0123456789abcdef"
+    assert done.returncode == 0 and done.stdout == image + "\n", done.stderr
+    assert calls == [f"buildah inspect --type image {image}"]
+
+
 def test_a_second_build_reuses_the_base_it_made(tmp_path):
     root = _root(tmp_path)
     _run(tmp_path, root)
+    (tmp_path / "state" / "built").unlink()  # the inputs changed: another tag
     done, calls = _run(tmp_path, root)
     assert done.returncode == 0, done.stderr
     assert not [c for c in calls if c.startswith(("mmdebstrap", "buildah add", "buildah commit"))]
@@ -150,4 +161,7 @@ def test_a_failed_base_leaves_no_half_made_root_file_system(tmp_path):
     done, calls = _run(tmp_path, _root(tmp_path), stubs=stubs)
     assert done.returncode == 1, done
     assert list((tmp_path / "cache" / "image").iterdir()) == []
-    assert not [c for c in calls if c.startswith("buildah")]
+    # Only the look for an image of these inputs, before the base was made.
+    assert [c for c in calls if c.startswith("buildah")] == [
+        "buildah inspect --type image localhost/distributed-training/trainer:0123456789abcdef"
+    ]

@@ -196,7 +196,7 @@ def pip_error(stdout: str, stderr: str) -> str:
     return next((line for line in lines if line.startswith("ERROR:")), lines[0] if lines else "")
 
 
-def _install(folder: Path, have: dict[str, str]) -> None:
+def install_requirements(folder: Path, have: dict[str, str]) -> None:
     """The snapshot's requirements installed over the image: pip sees the image's packages as
     installed (``--prefix``, unlike ``--target``, which installs every dependency again, torch
     included, into a folder that would shadow the image's) and is held to their versions
@@ -255,15 +255,15 @@ def _build(
             f"code snapshot {sha256[:12]}...: the blob's SHA-256 is {got[:12]}...; run "
             "`pulumi up` again (it uploads the job's code)"
         )
-    _unpack(archive, temp / "src")
+    unpack(archive, temp / "src")
     archive.unlink()
     fetched = time.monotonic()
-    _install(temp, have)
+    install_requirements(temp, have)
     (temp / READY).write_text(marker)
     return fetched - started, time.monotonic() - fetched
 
 
-def _unpack(archive: Path, into: Path) -> None:
+def unpack(archive: Path, into: Path) -> None:
     """Unpacks a snapshot: files, folders and links that stay inside ``into``, as
     infra.code_snapshot makes them, checked here before anything is written. tarfile's "data"
     filter holds to the same where this Python has it: Python added it in 3.11.4 (the image's

@@ -2,6 +2,7 @@
 runs that tests of several files here read (shared_runs.py)."""
 
 from tests.batch_emulator.fixtures import (  # noqa: F401 (fixtures and a hook, found by name)
+    built_image,
     cpu_stack,
     dataset_prefix,
     gpu_stack,

@@ -3,7 +3,9 @@ an image rebuild): the torchrun example as a two-node ``command:`` job whose cod
 (``jobs.<name>.code``) with a requirements file, and the plug-in example as a trainer job from
 a snapshot. The snapshot is made by ``infra.code_snapshot`` and put where ``pulumi up`` puts it;
 each node's job preparation fetches it with the node's identity, verifies it and installs the
-requirements; the real launcher starts the workers in it."""
+requirements; the real launcher starts the workers in it. Every container runs in the trainer
+image `make image` built (``built_image``): its Python, packages and trainer, not this checkout's
+venv, which is what a node runs."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from infra.code_snapshot import CodeSnapshot, snapshot
+from infra.toolchain import BASE_PYTHON as IMAGE_PYTHON
 from tests.batch_emulator import REPO
 from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.job_run import JobRun
@@ -46,12 +49,19 @@ def _upload(vnet, storage, tmp_path: Path, team: str, files: dict[str, Path]) ->
 
 def _prepared_on_every_node(cluster: Cluster, run: JobRun, snap: CodeSnapshot) -> None:
     """Each node's preparation downloaded, verified and installed the snapshot, requirements
-    included, before the task ran there."""
+    included, before the task ran there: by the image's own Python (its pip laid the team's
+    packages out for python3.13)."""
     for node in run.nodes:
         said = run.prep_output(node)
         assert f"code {snap.sha256[:12]}: downloaded, verified and installed" in said, said
-        installed = list(node.root.rglob(f"{snap.sha256}/site/team_dep/__init__.py"))
-        assert installed, describe(cluster, run)
+        (site,) = node.root.rglob(f"{snap.sha256}/site")
+        assert (site / "team_dep" / "__init__.py").is_file(), describe(cluster, run)
+        assert site.resolve().parent.name == IMAGE_PYTHON, site.resolve()
+
+
+def _in_the_image(pid: int) -> bool:
+    """Whether a process on a node runs in the built image's root file system (Debian 13)."""
+    return Path(f"/proc/{pid}/root/etc/debian_version").read_text().startswith("13")
 
 
 def _script_checkpoints(folder: Path) -> list[str]:
@@ -59,11 +69,11 @@ def _script_checkpoints(folder: Path) -> list[str]:
 
 
 def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_honours_sigterm(
-    make_cluster, vnet, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path, built_image
 ):
     script = REPO / "examples" / "torchrun_ddp" / "train.py"
     snap = _upload(vnet, storage, tmp_path, "team", {"train.py": script})
-    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill", image_root=built_image)
     command = ("python", "train.py", "--steps", "100000", "--checkpoint-every", "5")
     spec = make_spec(
         cpu_stack, storage, trainer={}, command=command, engine="torch",
@@ -80,7 +90,7 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
     # from the script's own newest checkpoint in $DT_RUN_DIR/checkpoints.
     subtask = next(n for n in run.nodes if n is not run.master)
     workers = worker_pids(cluster, run, subtask.index, script="train.py")
-    assert workers, describe(cluster, run)
+    assert workers and all(_in_the_image(pid) for pid in workers), describe(cluster, run)
     os.kill(workers[0], signal.SIGKILL)
     wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
     assert run.tries[0].exit_code != 0, describe(cluster, run)
@@ -104,12 +114,12 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
 
 
 def test_plugins_from_a_snapshot_train_on_two_nodes_with_the_trainer(
-    make_cluster, vnet, storage, cpu_stack, tmp_path
+    make_cluster, vnet, storage, cpu_stack, tmp_path, built_image
 ):
     example = REPO / "examples" / "custom_model"
     files = {f"custom_model/{p.name}": p for p in example.glob("*.py")}
     snap = _upload(vnet, storage, tmp_path, "team", files)
-    cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    cluster = booted(make_cluster, cpu_stack, lifecycle="kill", image_root=built_image)
     args = {
         "model": "custom_model.model:build", "data": "custom_model.data:build",
         "num_classes": 3, "batch_size": 8, "max_steps": 6, "epochs": 9, "warmup_epochs": 1,

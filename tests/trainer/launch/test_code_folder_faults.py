@@ -207,7 +207,7 @@ def test_unpacking_refuses_what_leaves_the_folder_with_or_without_tarfiles_filte
     archive = tmp_path / "snap.tar.gz"
     _archive(archive, ("train.py", ""), bad)
     with pytest.raises(CodeError, match=rf"^code snapshot member {re.escape(bad[0])}: leaves"):
-        code_folder._unpack(archive, tmp_path / "src")
+        code_folder.unpack(archive, tmp_path / "src")
     assert not (tmp_path / "src").exists()  # checked before anything is written
 
 
@@ -215,6 +215,6 @@ def test_unpacking_keeps_links_inside_the_folder_without_tarfiles_filter(tmp_pat
     monkeypatch.delattr(tarfile, "data_filter")
     archive = tmp_path / "snap.tar.gz"
     _archive(archive, ("pkg/train.py", ""), ("main.py", "pkg/train.py"), ("pkg/me.py", "train.py"))
-    code_folder._unpack(archive, tmp_path / "src")
+    code_folder.unpack(archive, tmp_path / "src")
     assert (tmp_path / "src" / "main.py").read_text() == "x=1"
     assert (tmp_path / "src" / "pkg" / "me.py").read_text() == "x=1"
