@@ -213,9 +213,7 @@ def install_requirements(folder: Path, have: dict[str, str]) -> None:
             "place of them)"
         )
     constraints = folder / "image-packages.txt"
-    constraints.write_text(
-        "".join(f"{name}=={version}\n" for name, version in sorted(have.items()))
-    )
+    constraints.write_text(pinned(have))
     prefix = folder / "packages"
     pip = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check"]
     # From the code's own top, as a team runs `pip install -r requirements.txt` there: pip reads
