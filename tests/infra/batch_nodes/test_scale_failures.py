@@ -83,9 +83,13 @@ def test_a_rank_whose_data_arrives_late_is_named_with_its_nodes_host(
     files["slow_node_data.py"] = TESTS / "slow_node_data.py"
     snap = job_code(vnet, storage, tmp_path, files)
     cluster = booted(make_cluster, cpu_stack, lifecycle="kill")
+    # Named when its data wait exceeds half the others' step, which waits for it in the
+    # allreduce: its 8 samples of 0.1 s (0.8 s a step) must outweigh a step's own work, which a
+    # busy machine stretches (at 0.02 s a sample, 0.16 s a step, a loaded run named the slow
+    # node for its compute alone, twice, and never for its data).
     args = {
         "model": "examples.custom_model.model:build", "data": "slow_node_data:build",
-        "data_args": {"seconds": 0.02}, **SMALL, "max_steps": 16, "straggler_every": 4,
+        "data_args": {"seconds": 0.1}, **SMALL, "max_steps": 16, "straggler_every": 4,
         "log_every": 4,
     }  # fmt: skip
     spec = make_spec(cpu_stack, storage, trainer=args, code_sha256=snap.sha256)
