@@ -147,14 +147,13 @@ def _team_repo(root: Path, link: str) -> Path:
     return root
 
 
-@pytest.mark.parametrize("link", ["/etc", "../secret.txt"])
-def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
-    tmp_path, monkeypatch, capsys, link
-):
-    # dt-plan as it runs, in-process, on a repository of the test's own (infra.settings.jobs.REPO).
+def _refused_by_dt_plan(tmp_path: Path, monkeypatch, capsys, repo: Path) -> str:
+    """dt-plan as it runs, in-process, on a repository of the test's own
+    (infra.settings.jobs.REPO) whose folder team/ is job mine's code: exit 2, nothing on
+    stdout, and the one line it wrote to stderr."""
     from dt_commands.plan import main
 
-    monkeypatch.setattr("infra.settings.jobs.REPO", _team_repo(tmp_path / "repo", link))
+    monkeypatch.setattr("infra.settings.jobs.REPO", repo)
     stack_file = tmp_path / "Pulumi.mine.yaml"
     stack_file.write_text(
         "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
@@ -163,6 +162,15 @@ def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
     assert main(["--stack", "mine", "--stack-file", str(stack_file)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
+    return err
+
+
+@pytest.mark.parametrize("link", ["/etc", "../secret.txt"])
+def test_a_link_leaving_the_code_folder_stops_dt_plan_in_one_line_exit_2(
+    tmp_path, monkeypatch, capsys, link
+):
+    repo = _team_repo(tmp_path / "repo", link)
+    err = _refused_by_dt_plan(tmp_path, monkeypatch, capsys, repo)
     assert err.startswith(
         f"error: jobs.mine.code='team': its link data points at {link}, outside the folder"
     )
@@ -184,19 +192,10 @@ def test_a_requirement_that_excludes_an_image_pin_stops_dt_plan_in_one_line_exit
     """A node installs the job's requirements over the image and never replaces its packages,
     so `numpy<2` against the image's numpy could only fail on every node, after the pool and
     the job exist: the stack says so first, naming the line, both versions and the fix."""
-    from dt_commands.plan import main
-
     numpy = image_pins()["numpy"]
     requirements = "# the team's\nscipy>=1.10\ntorch>=2.0\nnumpy<2  # an old pin\n"
-    monkeypatch.setattr("infra.settings.jobs.REPO", _repo_with_requirements(tmp_path, requirements))
-    stack_file = tmp_path / "Pulumi.mine.yaml"
-    stack_file.write_text(
-        "config:\n  gpu-cluster:team: vision\n  gpu-cluster:jobs:\n    mine:\n"
-        "      command: python train.py\n      code: team\n"
-    )
-    assert main(["--stack", "mine", "--stack-file", str(stack_file)]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1
+    repo = _repo_with_requirements(tmp_path, requirements)
+    err = _refused_by_dt_plan(tmp_path, monkeypatch, capsys, repo)
     assert err.startswith(
         f"error: jobs.mine.code='team': its requirements.txt line 4 `numpy<2` excludes the "
         f"image's numpy {numpy} (docker/requirements.txt or the Dockerfile pins it); accept "
