@@ -3,7 +3,6 @@ line, on a real server on 127.0.0.1 (the one the launcher serves, Horovod's hand
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -15,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.other_uid import REPO, can_switch_uid, run_as_uid
 from tests.support.ports import free_port
 from trainer.launch.batch_env import LaunchError, Node
 from trainer.launch.rendezvous import gloo_rendezvous_addr, new_token, start_gloo_rendezvous
 from trainer.launch.store import Store, join_store
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -93,20 +91,11 @@ MASTER_UID, OTHER_UID = 20001, 20002
 
 
 def _as_uid(uid: int, code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    return subprocess.run(
-        [*setpriv, sys.executable, "-c", code, *args],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    return run_as_uid(uid, [sys.executable, "-c", code, *args], env, timeout=60)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="setpriv --reuid needs root"
-)
+@pytest.mark.skipif(not can_switch_uid(), reason="setpriv --reuid needs root")
 def test_a_node_whose_task_user_has_another_uid_reads_the_masters_token():
     """The run folder on the shared file system, written by the master's uid and read by
     another node's (NFS grants by numeric uid, as this local folder does)."""

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.other_uid import REPO, can_switch_uid, run_as_uid
 from tests.support.ports import free_port
 from trainer.launch.task_user import task_user_environment
 
-REPO = Path(__file__).resolve().parents[3]
 TASK_UID = 12345  # no passwd entry on this machine or in the image
 PROBE = """
 import getpass, os
@@ -40,9 +40,7 @@ open(os.path.join(cache, "kernel"), "w").close()
 print("cache", cache)
 """
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="setpriv --reuid needs root"
-)
+needs_root = pytest.mark.skipif(not can_switch_uid(), reason="setpriv --reuid needs root")
 
 
 @pytest.fixture
@@ -69,10 +67,7 @@ def _system_python() -> str:
 
 
 def _as_task_user(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    setpriv = ["setpriv", f"--reuid={TASK_UID}", f"--regid={TASK_UID}", "--clear-groups"]
-    return subprocess.run(
-        [*setpriv, *argv], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_as_uid(TASK_UID, argv, env, timeout=120)
 
 
 def _container_env(task: Path) -> dict[str, str]:
