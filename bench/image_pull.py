@@ -13,6 +13,10 @@ Azure publishes no bandwidth for a Premium registry today (its SKU page lists re
 only: 20,000 reads a minute, read 2026-11-29; the last published figure, withdrawn, was 100
 MBps as a "minimum estimate"), so the model prints the registry's aggregate rate that each pull
 time needs beside that former figure.
+
+The pool prefetches the image as each node joins (infra.image.PREFETCH_TAG): the cold pull is a
+node's first, paid while it joins; a job's tasks on nodes already up pull only what a trainer
+edit changed (the warm column). Nodes that join for a job still pay the cold pull before it.
 """
 
 from __future__ import annotations
@@ -145,13 +149,14 @@ def main(argv: list[str] | None = None) -> int:
           f"({delta_unpacked:,.1f} MB unpacked); rebuilt here in {rebuild_s:.0f} s")  # fmt: skip
     print(f"one core decompresses {unpack_mbps:,.0f} MB/s of layer output")
     rows = []
-    print("nodes  registry MB/s  cold pull  warm pull (a trainer edit)")
+    print("nodes  registry MB/s  cold pull (a node's first, as it joins)  "
+          "warm pull (a job's start after a trainer edit)")  # fmt: skip
     for nodes in args.nodes:
         for rate in (FORMER_PREMIUM_MBPS, 1_000, 10_000):
             cold = pull_seconds(total, unpacked, nodes, rate, unpack_mbps)
             warm = pull_seconds(delta, delta_unpacked, nodes, rate, unpack_mbps)
             rows.append({"nodes": nodes, "registry_mbps": rate, "cold_s": cold, "warm_s": warm})
-            print(f"{nodes:5d}  {rate:13,d}  {cold:7,.0f} s  {warm:7,.1f} s")
+            print(f"{nodes:5d}  {rate:13,d}  {cold:38,.0f} s  {warm:7,.1f} s")
     save("image_pull", {
         "image": image, "layers": [asdict(layer) for layer in layers],
         "changed_by_trainer_edit": [asdict(layer) for layer in changed],

@@ -9,6 +9,7 @@ lands on it (infra/node_checks.py: the checks, and the watcher that keeps a node
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -63,12 +64,17 @@ class GpuClusterArgs:
     node_identity_id: pulumi.Input[str]
     storage_account_id: pulumi.Input[str]
     registry_server: pulumi.Input[str]
+    prefetch_image: pulumi.Input[str] | None  # pulled by each node as it joins (PullSource)
     nfs_source: pulumi.Input[str]
     nfs_mount_options: str
     deployer_object_id: pulumi.Input[str]
     deployer_type: str
     subscription_id: pulumi.Input[str]
     acceptance_profile: str = ""  # "" for team stacks (infra.settings.stack.ACCEPTANCE_PROFILES)
+    # What must exist before the first node boots: its roles (it pulls and writes blobs at once)
+    # and the image it prefetches. On the pool itself: a component's depends_on does not order
+    # its children (pulumi/pulumi #8721; depending ON a component waits for its children, #7732).
+    pool_after: Sequence[pulumi.Resource] = ()
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -173,7 +179,7 @@ class GpuCluster(pulumi.ComponentResource):
                 wait_for_success=True,
                 max_task_retry_count=1,
             ),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.pool_after)),
         )
 
     def _grant_submitters(
@@ -228,6 +234,11 @@ def _vm_configuration(
         os_disk=batch.OSDiskArgs(disk_size_gb=cluster.os_disk_size_gb),
         container_configuration=batch.ContainerConfigurationArgs(
             type=batch.ContainerType.DOCKER_COMPATIBLE,
+            # "The container configuration pulls container images to the VMs when the pool is
+            # created" and as nodes join; a node whose pull fails is unusable and is not
+            # recovered (articles/batch/batch-docker-container-workloads.md and
+            # batch-pool-node-error-checking.md, read 2026-11-29).
+            container_image_names=[args.prefetch_image] if args.prefetch_image else None,
             container_registries=[
                 batch.ContainerRegistryArgs(
                     registry_server=args.registry_server,

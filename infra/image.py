@@ -36,6 +36,15 @@ from infra.settings.image import ImageSettings
 from infra.toolchain import base_reference
 
 IMAGE_REPOSITORY = "trainer"
+# Every build also moves this tag to what it pushed, and the pool prefetches it: each node pulls
+# the image's layers while it joins, before any job, and a job's tasks (which name the content
+# tag and its digest) then pull only the layers a trainer edit changed. A moving tag, because a
+# pool's containerImageNames can change only while the pool has no nodes (Batch's "Update pool
+# properties", Management Plane Pool - Update: all but applicationPackages, certificates,
+# metadata, scaleSettings and startTask need a pool of zero nodes; read 2026-11-29): the pool
+# never changes with a build. Only the speed of a pull depends on it, never what a task runs.
+PREFETCH_TAG = "prefetch"
+PREFETCH_IMAGE_NAME = f"{IMAGE_REPOSITORY}:{PREFETCH_TAG}"
 # ACR's token exchange wants this user name with a refresh token as the password.
 ACR_TOKEN_USER = "00000000-0000-0000-0000-000000000000"
 BUILD_AGENT_CPUS = 8  # the ACR Task agent's CPUs; billed per CPU-second (infra/prices.py)
@@ -149,6 +158,7 @@ class TrainerImage(pulumi.ComponentResource):
 
     ref: pulumi.Output[str]
     digest: pulumi.Output[str]
+    prefetch: pulumi.Output[str]  # <registry>/trainer:prefetch, moved by each build
 
     def __init__(
         self,
@@ -166,6 +176,8 @@ class TrainerImage(pulumi.ComponentResource):
         else:
             self.digest = self._docker_build(name, args, image_name, build_args)
         self.ref = pulumi.Output.concat(args.login_server, "/", image_name, "@", self.digest)
+        # Known at preview (no digest in it): a build must never show the pool as changing.
+        self.prefetch = pulumi.Output.concat(args.login_server, "/", PREFETCH_IMAGE_NAME)
         self.register_outputs({"ref": self.ref, "digest": self.digest})
 
     def _acr_build(
@@ -239,7 +251,7 @@ class TrainerImage(pulumi.ComponentResource):
                 # overview.md, "Context locations"); a private repository needs the token.
                 context_path=f"{source_repo}#{args.commit}",
                 context_access_token=token,
-                image_names=[image_name],
+                image_names=[image_name, PREFETCH_IMAGE_NAME],
                 is_push_enabled=True,
                 no_cache=False,
                 arguments=[
@@ -263,7 +275,10 @@ class TrainerImage(pulumi.ComponentResource):
             dockerfile=docker_build.DockerfileArgs(location=str(REPO / DOCKERFILE)),
             platforms=[docker_build.Platform.LINUX_AMD64],
             build_args=build_args,
-            tags=[pulumi.Output.concat(args.login_server, "/", image_name)],
+            tags=[
+                pulumi.Output.concat(args.login_server, "/", tagged)
+                for tagged in (image_name, PREFETCH_IMAGE_NAME)
+            ],
             registries=[
                 docker_build.RegistryArgs(
                     address=args.login_server, username=ACR_TOKEN_USER, password=password
@@ -301,15 +316,23 @@ class PullSource:
     login_server: pulumi.Input[str]
     registry_id: pulumi.Input[str]
     pull_role: pulumi.Input[str] = ACR_PULL
+    # What the pool prefetches as its nodes join (TrainerImage.prefetch) and the build that pushes
+    # it, which the pool waits for (a node whose prefetch fails is unusable); none for imageRef.
+    prefetch: pulumi.Input[str] | None = None
+    pushed_by: pulumi.Resource | None = None
 
     @classmethod
-    def of(cls, registry: Registry) -> PullSource:
-        return cls(registry.login_server, registry.registry_id)
+    def of(cls, registry: Registry, image: TrainerImage) -> PullSource:
+        return cls(
+            registry.login_server, registry.registry_id, prefetch=image.prefetch, pushed_by=image
+        )
 
 
 class ReusedImage:
     """``imageRef``: an image built before, run as it is; no build, no registry of the stack's.
-    ``ref`` is the reference as given and ``digest`` its digest ("" for a tag alone)."""
+    ``ref`` is the reference as given and ``digest`` its digest ("" for a tag alone). The pool
+    prefetches nothing for it: a new imageRef would change the pool, which Batch accepts only
+    while the pool has no nodes (see PREFETCH_TAG); the first task on a node pulls it."""
 
     def __init__(self, name: str, image: ImageSettings) -> None:
         parts = image.ref_parts

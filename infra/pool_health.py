@@ -37,6 +37,12 @@ DEFAULT_RESIZE_FIX = "look at the pool's resize errors in the portal (Batch acco
 SHOWN_NODES = 3
 
 
+def _named(ids: list[str]) -> str:
+    """The first ``SHOWN_NODES`` node ids, and how many more."""
+    more = f" and {len(ids) - SHOWN_NODES} more" if len(ids) > SHOWN_NODES else ""
+    return ", ".join(ids[:SHOWN_NODES]) + more
+
+
 def _first_line(text: Any) -> str:
     return (str(text or "").strip().splitlines() or [""])[0]
 
@@ -107,13 +113,39 @@ def start_task_line(
     why = _first_line(getattr(failure, "message", "")) or f"exit code {exit_code}"
     if words := said(str(failed[0].id)):
         why += f"; {failed[0].id}'s start task said: {words}"
-    shown = ", ".join(str(n.id) for n in failed[:SHOWN_NODES])
-    more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
+    shown = _named([str(n.id) for n in failed])
     return (
         f"pool {pool_id}: {len(failed)} of {len(nodes)} node(s) failed their start task "
-        f"({shown}{more}: {why}); they bill but never run a task, and the autoscale formula "
+        f"({shown}: {why}); they bill but never run a task, and the autoscale formula "
         f"cannot see node states: read startup/stderr.txt on a node (portal: the node's files), "
         f"fix the cause, then {cancel_hint} so the pool scales to zero, or reboot the nodes"
+    )
+
+
+def unusable_line(pool_id: str, nodes: list[Any], cancel_hint: str) -> str | None:
+    """One line for the nodes in ``unusable``, with the first one's node error; None when there
+    are none. A node whose prefetch of the pool's container image fails is one: "the
+    computeNodeError property reports the failure, and sets the node state to unusable", and
+    "Batch doesn't automatically attempt to recover VMs that failed to install application
+    packages or containers" (articles/batch/batch-pool-node-error-checking.md, read
+    2026-11-29). The pool prefetches the trainer image (infra.image.PREFETCH_TAG)."""
+    from infra.batch import state_text
+
+    unusable = [n for n in nodes if state_text(n.state) == "unusable"]
+    if not unusable:
+        return None
+    errors = list(getattr(unusable[0], "errors", None) or [])
+    why = "no node error given"
+    if errors:
+        code = str(getattr(errors[0], "code", None) or "unknown")
+        why = f"{code}: {_first_line(getattr(errors[0], 'message', ''))}"
+    shown = _named([str(n.id) for n in unusable])
+    return (
+        f"pool {pool_id}: {len(unusable)} of {len(nodes)} node(s) are unusable ({shown}: "
+        f"{why}); they bill but never run a task and Batch does not recover them: fix what the "
+        "error names (a container image pull needs the nodes' AcrPull on the registry and the "
+        f"registry's firewall to admit the pool's NAT address), then {cancel_hint} so the pool "
+        "scales to zero, or remove the nodes (portal: Batch account > Pools > Nodes)"
     )
 
 
@@ -146,11 +178,10 @@ def preparation_line(client: Any, job_id: str, cancel_hint: str) -> str | None:
         why += f"; {first.node_id}'s preparation said: {words}"
     elif failure := _first_line(getattr(info.failure_info, "message", "")):
         why += f"; {failure}"
-    shown = ", ".join(str(s.node_id) for s in failed[:SHOWN_NODES])
-    more = f" and {len(failed) - SHOWN_NODES} more" if len(failed) > SHOWN_NODES else ""
+    shown = _named([str(s.node_id) for s in failed])
     return (
         f"job {job_id}: the job preparation task (the job's code, then its dataset staging) "
-        f"failed on {len(failed)} node(s) ({shown}{more}: {why}), so the training task never "
+        f"failed on {len(failed)} node(s) ({shown}: {why}), so the training task never "
         "runs there and waits: read jobpreparation/stderr.txt on a node (portal: the node's "
         "files), fix what it names (the job's code or its requirements.txt, the dataset or "
         f"its grant), then {cancel_hint} and run `pulumi up` to submit it again"
@@ -177,11 +208,10 @@ def pool_problems(
             "(it declares the pool)"
         ]
     lines = resize_error_lines(pool_id, pool.resize_errors)
-    nodes = start_task_line(
-        pool_id,
-        list(client.list_nodes(pool_id)),
-        cancel_hint,
-        lambda node_id: start_task_said(client, pool_id, node_id),
+    listed = list(client.list_nodes(pool_id))
+    start_tasks = start_task_line(
+        pool_id, listed, cancel_hint, lambda node_id: start_task_said(client, pool_id, node_id)
     )
+    unusable = unusable_line(pool_id, listed, cancel_hint)
     staging = preparation_line(client, job_id, cancel_hint) if job_id else None
-    return [*lines, *(line for line in (nodes, staging) if line)]
+    return [*lines, *(line for line in (start_tasks, unusable, staging) if line)]

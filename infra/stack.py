@@ -171,7 +171,7 @@ def _image(
             source_token=secret_setting("imageSourceToken"),
         ),
     )
-    return image, PullSource.of(registry)
+    return image, PullSource.of(registry, image)
 
 
 def _storage(
@@ -254,15 +254,17 @@ def _cluster(
             node_identity_id=ids.nodes.id,
             storage_account_id=store.account_id,
             registry_server=pull.login_server,
+            prefetch_image=pull.prefetch,
             nfs_source=nfs.source,
             nfs_mount_options=nfs.mount_options,
             deployer_object_id=client.object_id,
             deployer_type=deployer_type,
             subscription_id=client.subscription_id,
             acceptance_profile=s.acceptance_profile,
+            # Nodes pull images and write blobs as soon as they boot: grant the roles first, and
+            # push the image they prefetch (a node whose prefetch fails is unusable).
+            pool_after=[*ids.assignments, *([pull.pushed_by] if pull.pushed_by else [])],
         ),
-        # Nodes pull images and write blobs as soon as they boot: grant the roles first.
-        opts=pulumi.ResourceOptions(depends_on=ids.assignments),
     )
 
 

@@ -32,7 +32,7 @@ from tests.batch_emulator.node import Node
 from tests.batch_emulator.nvme import NvmeDisks
 from tests.batch_emulator.placement import PLACEMENTS
 from tests.batch_emulator.processes import ClusterClosed, Proc
-from tests.batch_emulator.start_task import run_start_task
+from tests.batch_emulator.start_task import prefetch_failed, run_start_task
 from tests.batch_emulator.storage import Storage
 from tests.batch_emulator.tasks import BATCH_PORT, ROOT
 from tests.batch_emulator.vm_events import GUEST_RESTART_READINGS, VmEvents
@@ -107,6 +107,7 @@ class Cluster:
         guest_restart: str = "recovery",
         coordination_output: str = "apart",
         image_root: Path | None = None,
+        registry_images: tuple[str, ...] = (),
     ) -> None:
         _check_readings(lifecycle, shared, placement, guest_restart, coordination_output)
         self.shared = shared  # the reading of the "Shared" bind mount (SHARED_READINGS)
@@ -122,6 +123,8 @@ class Cluster:
         # containers run in it; None: in this checkout's venv and trainer/, laid out as the
         # image lays them out (containers.py).
         self.image_root = image_root
+        # What the registry holds: a node pulls the pool's containerImageNames as it joins.
+        self.registry_images = registry_images
         self.driver = driver
         self.processes: list[Proc] = []
         self.helpers: list[subprocess.Popen[bytes]] = []
@@ -167,6 +170,8 @@ class Cluster:
         for node in self.nodes:
             make_node(node, self.pool, self.driver, self.nodes)
             self._start_imds(node)
+            if prefetch_failed(self, node):
+                continue
             threads.append(threading.Thread(target=run_start_task, args=(self, node)))
         for thread in threads:
             thread.start()

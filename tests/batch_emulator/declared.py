@@ -32,6 +32,7 @@ class PoolSpec:
     inter_node_communication: bool
     identity_ids: tuple[str, ...]
     registries: tuple[str, ...]
+    prefetch_images: tuple[str, ...] = ()  # containerImageNames: pulled as each node joins
     dedicated_nodes: int = 0  # nodes [0, dedicated) are dedicated, the rest Spot
     spot_nodes: int = 0
     nvme_disks: int = 0  # the size's local NVMe disks (nvme.py)
@@ -48,7 +49,8 @@ class PoolSpec:
         )
         identities = (inputs.get("identity") or {}).get("userAssignedIdentities") or {}
         vm = inputs["deploymentConfiguration"]["virtualMachineConfiguration"]
-        registries = (vm.get("containerConfiguration") or {}).get("containerRegistries") or []
+        containers = vm.get("containerConfiguration") or {}
+        registries = containers.get("containerRegistries") or []
         return cls(
             pool_id=inputs.get("poolName") or inputs.get("id"),
             vm_size=inputs["vmSize"],
@@ -64,6 +66,7 @@ class PoolSpec:
             inter_node_communication=lower(inputs.get("interNodeCommunication")) == "enabled",
             identity_ids=tuple(identities),
             registries=tuple(str(r.get("registryServer")) for r in registries),
+            prefetch_images=tuple(str(i) for i in containers.get("containerImageNames") or ()),
         )
 
 

@@ -57,7 +57,7 @@ import json, sys
 from dt_commands.plan import REPO, evaluate, read_stack_file
 keep = ("azure-native:batch:Pool", "azure-native:compute:VirtualMachine",
         "pulumi-python:dynamic:Resource", "pulumi-python:dynamic/acr:ImageBuild",
-        "azure-native:storage:BlobContainer")
+        "azure-native:storage:BlobContainer", "azure-native:containerregistry:Task")
 out = {}
 for label, overrides in json.loads(sys.argv[1]).items():
     values = {**read_stack_file(REPO / "Pulumi.dev.yaml"), **overrides}
@@ -82,6 +82,7 @@ class Stack:
     identities: dict[str, str]  # client id -> resource id of the pool's identity
     containers: tuple[str, ...]
     compute_subnet: str
+    registry_images: tuple[str, ...]  # what the stack's build pushes to its registry
 
 
 def _declared(plan: dict[str, Any], typ: str) -> list[dict[str, Any]]:
@@ -118,7 +119,17 @@ def _stack(plan: dict[str, Any]) -> Stack:
             c["containerName"] for c in _declared(plan, "azure-native:storage:BlobContainer")
         ),
         compute_subnet=plan["compute_subnet"],
+        registry_images=_pushed(plan, pool),
     )
+
+
+def _pushed(plan: dict[str, Any], pool: PoolSpec) -> tuple[str, ...]:
+    """Every image the stack's build task pushes (its step's imageNames, relative to the
+    registry it runs in: the pool's)."""
+    (server,) = pool.registries
+    names = [n for task in _declared(plan, "azure-native:containerregistry:Task")
+             for n in task["step"].get("imageNames") or ()]  # fmt: skip
+    return tuple(f"{server}/{name}" for name in names)
 
 
 @pytest.fixture(scope="session")
@@ -269,6 +280,7 @@ def new_cluster(vnet: VNet, storage: Storage, stack: Stack, **options: Any) -> t
     blob(vnet, storage, "empty-container", container="checkpoints")
     base = Path(tempfile.mkdtemp(prefix="batch-nodes-"))
     os.chmod(base, 0o755)  # the Batch tree must be reachable by the task user
+    options.setdefault("registry_images", stack.registry_images)
     cluster = Cluster(base, vnet, stack.pool, stack.image, stack.nfs, storage, stack.identities,
                       **options)  # fmt: skip
     return cluster, base

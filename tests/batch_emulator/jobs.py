@@ -173,6 +173,12 @@ def worker_pids(cluster: Cluster, run: JobRun, node_index: int, script: str = ""
     return found
 
 
+def in_built_image(pid: int) -> bool:
+    """Whether a process on a node runs in the built image's root file system (Debian 13), not
+    on this machine's (a cluster with ``image_root``)."""
+    return Path(f"/proc/{pid}/root/etc/debian_version").read_text().startswith("13")
+
+
 def wait_for(condition, seconds: float, what: str, cluster: Cluster, run: JobRun) -> None:
     deadline = time.monotonic() + seconds
     while not condition():

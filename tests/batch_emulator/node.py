@@ -22,6 +22,7 @@ class Node:
     hw: Path  # this node's hardware and host files, outside the Batch tree
     state: str = "creating"
     start_task_exit: int | None = None
+    errors: list[dict[str, str]] = field(default_factory=list)  # computeNodeError: code, message
     ib_ports: dict[str, tuple[str, str]] = field(default_factory=dict)
     kernel_log: str = ""  # what dmesg prints on the node (the GPU driver's Xid messages)
     # SchedulingState: "disabled" after Compute Node - Disable Scheduling ("No new Tasks will be

@@ -19,6 +19,24 @@ if TYPE_CHECKING:
     from tests.batch_emulator.cluster import Cluster
 
 
+def prefetch_failed(cluster: Cluster, node: Node) -> bool:
+    """The pool's containerImageNames, pulled as the node joins, before its start task: one the
+    registry lacks leaves the node unusable with a node error, and it is never recovered ("If
+    the container fails to download, the computeNodeError property reports the failure, and
+    sets the node state to unusable"; "Batch doesn't automatically attempt to recover VMs that
+    failed to install application packages or containers", articles/batch/
+    batch-pool-node-error-checking.md, read 2026-11-29). Batch documents no code for it."""
+    missing = [i for i in cluster.pool.prefetch_images if i not in cluster.registry_images]
+    if not missing:
+        return False
+    node.state = "unusable"
+    node.errors = [
+        {"code": "ContainerImageDownloadFailed", "message": f"manifest for {missing[0]} not found"}
+    ]
+    cluster.log(f"node {node.index}: prefetch of {missing[0]} failed: unusable, no start task")
+    return True
+
+
 def run_start_task(cluster: Cluster, node: Node) -> None:
     """The pool's start task on ``node``. With waitForSuccess a node whose start task still
     fails after maxTaskRetryCount retries is unusable and gets no task (BatchStartTask

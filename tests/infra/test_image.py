@@ -63,7 +63,8 @@ def test_acr_builder_declares_a_named_task_with_its_own_identity(dev_plan):
         "type": "Docker",
         "dockerFilePath": "docker/Dockerfile",
         "contextPath": f"{s.image.source_repo}#{commit}",
-        "imageNames": [f"trainer:{content_tag()}"],
+        # The content tag the jobs pull by digest, and the tag the pool prefetches.
+        "imageNames": [f"trainer:{content_tag()}", "trainer:prefetch"],
         "isPushEnabled": True,
         "noCache": False,
         "arguments": [
@@ -122,7 +123,7 @@ def test_source_token_reaches_the_task_only_as_a_secret():
     # The secret token makes the whole step a secret: state and plan show it as [secret].
     assert set(task["step"]) == {SECRET_ENVELOPE, "value"}
     assert task["step"]["value"]["contextAccessToken"] == json.dumps(stored)
-    assert task["step"]["value"]["imageNames"] == [f"trainer:{content_tag()}"]
+    assert task["step"]["value"]["imageNames"] == [f"trainer:{content_tag()}", "trainer:prefetch"]
     outside = {key: value for key, value in task.items() if key != "step"}
     assert "v1:ZW5jcnlwdGVk" not in json.dumps(outside)
     assert "v1:ZW5jcnlwdGVk" not in json.dumps(plan.outputs)
@@ -165,7 +166,7 @@ def test_docker_builder_pushes_with_an_entra_token_never_the_admin_user(monkeypa
     tag = content_tag()
     assert built.inputs["push"] is True and built.inputs["buildOnPreview"] is False
     assert built.inputs["platforms"] == ["linux/amd64"]
-    assert built.inputs["tags"] == [f"{login}/trainer:{tag}"]
+    assert built.inputs["tags"] == [f"{login}/trainer:{tag}", f"{login}/trainer:prefetch"]
     assert built.inputs["context"] == {"location": str(REPO)}
     assert built.inputs["dockerfile"] == {"location": str(REPO / "docker/Dockerfile")}
     # The digest pins the base inside the one reference FROM builds on.

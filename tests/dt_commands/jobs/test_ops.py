@@ -321,17 +321,27 @@ def pool_in_trouble(batch, pool_id="ib-gpu"):
 GPU_FAULT = "start task: GPU 3: 2 uncorrectable ECC errors since boot; this node's GPU memory"
 
 
-def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys):
+def _waiting_job(batch) -> None:
+    """The job's task waiting for nodes of pool ib-gpu."""
     batch.add_job(JOB, "active")
     batch.jobs[JOB]["poolInfo"] = {"poolId": "ib-gpu"}
     batch.tasks[JOB] = [{"id": "train"}]
     batch.task_state = "active"
-    pool_in_trouble(batch)
+
+
+def _status_pool_lines(batch, tmp_path, capsys) -> list[str]:
+    """What `dt-jobs status` says of the pool."""
     outputs = tmp_path / "outputs.json"
     outputs.write_text(json.dumps(OUTPUTS))
     argv = ["status", "--stack", "dev", "--outputs-file", str(outputs)]
     assert main(argv, lambda endpoint: _real_client(batch)) == 0
-    pool = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("pool ")]
+
+
+def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys):
+    _waiting_job(batch)
+    pool_in_trouble(batch)
+    pool = _status_pool_lines(batch, tmp_path, capsys)
     assert len(pool) == 2, pool
     assert "resize error AccountVMSeriesCoreQuotaReached (" + QUOTA_MESSAGE in pool[0]
     assert "request more for the Batch account, not the subscription" in pool[0]
@@ -340,6 +350,31 @@ def test_status_says_why_the_pool_gives_the_job_no_nodes(batch, tmp_path, capsys
     # check failed (infra.node_checks.node_check_command).
     assert f"tvm-0's start task said: {GPU_FAULT})" in pool[1], pool[1]
     assert "cancel the job (dt-jobs cancel --stack dev --job default)" in pool[1]
+
+
+# A node whose prefetch of the pool's image failed: "the computeNodeError property reports the
+# failure, and sets the node state to unusable" (articles/batch/batch-pool-node-error-checking.md,
+# read 2026-11-29). Batch documents no code for it; the line quotes whatever code it gives.
+PULL_ERROR = {
+    "code": "ContainerImageDownloadFailed",
+    "message": "Error response from daemon: pull access denied for trainer, repository does not "
+    "exist or may require 'docker login'",
+}
+
+
+def test_status_names_nodes_left_unusable_by_a_failed_image_prefetch(batch, tmp_path, capsys):
+    _waiting_job(batch)
+    batch.pools["ib-gpu"] = {"id": "ib-gpu", "allocationState": "steady"}
+    batch.pool_nodes["ib-gpu"] = [
+        {"id": "tvm-0", "state": "unusable", "schedulingState": "enabled", "errors": [PULL_ERROR]},
+        {"id": "tvm-1", "state": "idle", "schedulingState": "enabled"},
+    ]
+    pool = _status_pool_lines(batch, tmp_path, capsys)
+    assert len(pool) == 1, pool
+    (line,) = pool
+    assert "1 of 2 node(s) are unusable (tvm-0: ContainerImageDownloadFailed: Error resp" in line
+    assert "Batch does not recover them" in line and "AcrPull" in line
+    assert "cancel the job (dt-jobs cancel --stack dev --job default)" in line
 
 
 def _keep_out_setup(batch, tmp_path) -> list[str]:

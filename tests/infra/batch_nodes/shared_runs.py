@@ -36,6 +36,7 @@ from tests.batch_emulator.jobs import (
     current_attempt,
     describe,
     folder_logs,
+    in_built_image,
     make_spec,
     metrics,
     run_folder,
@@ -173,7 +174,12 @@ def uploaded(vnet: VNet, storage: Storage, spec: JobSpec) -> dict[str, str]:
 
 
 def _finished_run(
-    pools: SharedPools, stack: Stack, folder: Path, name: str, dataset_prefix: str = ""
+    pools: SharedPools,
+    stack: Stack,
+    folder: Path,
+    name: str,
+    image_root: Path,
+    dataset_prefix: str = "",
 ) -> FinishedRun:
     readings = READINGS[name]
     vnet, storage = pools.vnet, pools.storage
@@ -185,9 +191,11 @@ def _finished_run(
     else:
         args, prefix = {**SHARDS, "max_steps": 6, "epochs": 9}, dataset_prefix
     with pools.make_cluster() as make_cluster:
+        # In the image `make image` built: its Python, packages and trainer, as on a node.
         cluster = booted(make_cluster, stack, lifecycle=readings.lifecycle,
                          shared=readings.shared, nfs_view=(0, bound),
-                         coordination_output=readings.coordination_output)  # fmt: skip
+                         coordination_output=readings.coordination_output,
+                         image_root=image_root)  # fmt: skip
         spec = make_spec(stack, storage, trainer=args, dataset_prefix=prefix)
         run = submit(cluster, spec)
         # `dt-jobs logs` follows the job from its submission, as an operator would.
@@ -223,32 +231,37 @@ def _finished_run(
 
 
 @pytest.fixture(scope="session")
-def run_under_kill(shared_pools, cpu_stack, tmp_path_factory) -> FinishedRun:
+def run_under_kill(shared_pools, cpu_stack, tmp_path_factory, built_image) -> FinishedRun:
     """The two-node run under the stricter container lifecycle (``READINGS["kill"]``): read by
     test_training_job.py's test_two_node_run_completes_...[kill] and test_job_logs.py's
     test_logs_follow_every_nodes_live_output[apart]."""
-    return _finished_run(shared_pools, cpu_stack, tmp_path_factory.mktemp("kill"), "kill")
+    folder = tmp_path_factory.mktemp("kill")
+    return _finished_run(shared_pools, cpu_stack, folder, "kill", built_image)
 
 
 @pytest.fixture(scope="session")
 def run_under_survive_shared_node(
-    shared_pools, cpu_stack, tmp_path_factory, dataset_prefix
+    shared_pools, cpu_stack, tmp_path_factory, dataset_prefix, built_image
 ) -> FinishedRun:
     """The two-node run of ``READINGS["survive-shared-node"]``: read by test_training_job.py's
     test_two_node_run_completes_...[survive-shared-node] and test_job_logs.py's
     test_logs_follow_every_nodes_live_output[together]."""
     folder = tmp_path_factory.mktemp("survive-shared-node")
-    return _finished_run(shared_pools, cpu_stack, folder, "survive-shared-node", dataset_prefix)
+    return _finished_run(
+        shared_pools, cpu_stack, folder, "survive-shared-node", built_image, dataset_prefix
+    )
 
 
 @pytest.fixture(scope="session")
 def run_under_survive_shared_task(
-    shared_pools, cpu_stack, tmp_path_factory, dataset_prefix
+    shared_pools, cpu_stack, tmp_path_factory, dataset_prefix, built_image
 ) -> FinishedRun:
     """The two-node run of ``READINGS["survive-shared-task"]``: read by test_training_job.py's
     test_two_node_run_completes_...[survive-shared-task]."""
     folder = tmp_path_factory.mktemp("survive-shared-task")
-    return _finished_run(shared_pools, cpu_stack, folder, "survive-shared-task", dataset_prefix)
+    return _finished_run(
+        shared_pools, cpu_stack, folder, "survive-shared-task", built_image, dataset_prefix
+    )
 
 
 # Each run's fixture, by the name of its readings (test_training_job.py).
@@ -301,6 +314,7 @@ class RetriedRun:
     spare: Node  # the node the first try did not use
     spare_prepared_first: int | None  # its preparation's exit code while the first try ran
     first_attempt: str  # the first try's attempt (its logs' folder)
+    workers_in_image: bool  # the sick node's workers ran in the built image
     failed_after: float  # seconds from the worker's kill to the first try's failure
     reports: list[str]  # the primary's stdout.txt as each try of the run ended
     retry_attempt: str  # the retry's attempt
@@ -316,7 +330,9 @@ class RetriedRun:
 
 
 @pytest.fixture(scope="session")
-def retried_elsewhere_then_kept_out(shared_pools, storage, cpu_stack, dataset_prefix) -> RetriedRun:
+def retried_elsewhere_then_kept_out(
+    shared_pools, storage, cpu_stack, dataset_prefix, built_image
+) -> RetriedRun:
     """Three nodes, the staged dataset, a long run checkpointing every two steps; Batch may
     retry a task on other nodes (tests/batch_emulator/placement.py, ``move``). A worker on the
     subtask's node dies: the try fails, Batch retries it without that node, on the spare and the
@@ -339,7 +355,8 @@ def retried_elsewhere_then_kept_out(shared_pools, storage, cpu_stack, dataset_pr
 
     with pytest.MonkeyPatch.context() as patch, shared_pools.make_cluster() as make_cluster:
         patch.setattr(JobRun, "_try", keep_the_report)
-        cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move")
+        cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move",
+                         image_root=built_image)  # fmt: skip
         args = {**SHARDS, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
         spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=dataset_prefix)
         run = submit(cluster, spec)
@@ -357,6 +374,7 @@ def retried_elsewhere_then_kept_out(shared_pools, storage, cpu_stack, dataset_pr
         run.leave_out = sick
         workers = worker_pids(cluster, run, sick.index)
         assert workers, describe(cluster, run)
+        workers_in_image = all(in_built_image(pid) for pid in workers)
         killed_at = time.monotonic()
         os.kill(workers[0], signal.SIGKILL)
         wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
@@ -390,7 +408,8 @@ def retried_elsewhere_then_kept_out(shared_pools, storage, cpu_stack, dataset_pr
     return RetriedRun(
         cluster=cluster, run=run, folder=folder, dataset_prefix=dataset_prefix, sick=sick,
         old_master=old_master, spare=spare, spare_prepared_first=spare_prepared_first,
-        first_attempt=first_attempt, failed_after=failed_after, reports=reports,
+        first_attempt=first_attempt, workers_in_image=workers_in_image,
+        failed_after=failed_after, reports=reports,
         retry_attempt=retry_attempt, placed=placed, newest_before_terminate=newest,
         ended_after_terminate=ended, keep_out_code=code, keep_out_output=out.getvalue(),
         again=again, again_nodes=again_nodes, again_attempt=again_attempt,

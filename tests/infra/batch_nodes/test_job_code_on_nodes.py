@@ -26,6 +26,7 @@ from tests.batch_emulator.jobs import (
     current_attempt,
     describe,
     folder_logs,
+    in_built_image,
     make_spec,
     metrics,
     run_folder,
@@ -59,11 +60,6 @@ def _prepared_on_every_node(cluster: Cluster, run: JobRun, snap: CodeSnapshot) -
         assert site.resolve().parent.name == IMAGE_PYTHON, site.resolve()
 
 
-def _in_the_image(pid: int) -> bool:
-    """Whether a process on a node runs in the built image's root file system (Debian 13)."""
-    return Path(f"/proc/{pid}/root/etc/debian_version").read_text().startswith("13")
-
-
 def _script_checkpoints(folder: Path) -> list[str]:
     return sorted(p.name for p in (folder / "checkpoints").glob("step-*.pt"))
 
@@ -90,7 +86,7 @@ def test_a_torchrun_script_from_a_snapshot_resumes_after_a_killed_worker_and_hon
     # from the script's own newest checkpoint in $DT_RUN_DIR/checkpoints.
     subtask = next(n for n in run.nodes if n is not run.master)
     workers = worker_pids(cluster, run, subtask.index, script="train.py")
-    assert workers and all(_in_the_image(pid) for pid in workers), describe(cluster, run)
+    assert workers and all(in_built_image(pid) for pid in workers), describe(cluster, run)
     os.kill(workers[0], signal.SIGKILL)
     wait_for(lambda: run.tries, 60, "the try's failure", cluster, run)
     assert run.tries[0].exit_code != 0, describe(cluster, run)

@@ -122,6 +122,28 @@ def test_a_node_whose_start_task_fails_never_receives_the_task(
     assert run.wait(10) and not run.tries
 
 
+def test_nodes_whose_image_prefetch_fails_are_unusable_and_never_receive_the_task(
+    make_cluster, storage, gpu_stack
+):
+    """The pool prefetches the tag every build moves (infra.image.PREFETCH_TAG), which the
+    stack's build pushes; a registry without it (a pool created before the push) leaves every
+    node unusable, its start task never run."""
+    (prefetched,) = gpu_stack.pool.prefetch_images
+    assert prefetched in gpu_stack.registry_images  # the stack as declared
+    without = tuple(i for i in gpu_stack.registry_images if i != prefetched)
+    cluster = make_cluster(gpu_stack, registry_images=without)
+    assert [n.state for n in cluster.nodes] == ["unusable"] * len(cluster.nodes)
+    for node in cluster.nodes:
+        (error,) = node.errors
+        assert prefetched in error["message"]
+        assert not (node.startup_dir / "stdout.txt").exists()  # no start task on such a node
+    spec = make_spec(gpu_stack, storage, trainer={**TINY, "max_steps": 2}, node_count=2)
+    run = submit(cluster, spec)
+    assert not run.wait(2) and run.state == "active" and not run.nodes, describe(cluster, run)
+    run.terminate()
+    assert run.wait(10) and not run.tries
+
+
 def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks(
     retried_elsewhere_then_kept_out,
 ):
@@ -130,6 +152,7 @@ def test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpo
     # A worker on the non-primary node died: the try failed within a minute and Batch retried.
     assert run.tries[0].exit_code != 0, describe(cluster, run)
     assert retried.failed_after < 60
+    assert retried.workers_in_image  # the trainer of the image `make image` built
 
     # The retry resumed from the newest checkpoint on the share.
     attempt = retried.retry_attempt
