@@ -201,3 +201,33 @@ def test_a_dependency_excluding_the_images_numpy_is_one_line_in_the_image(
         "error": "requirements.txt of the job's code does not install over the image: "
         f"team-stats 0.1 depends on numpy<2, and the image holds numpy=={image_pins()['numpy']}"
     }
+
+
+def test_the_images_trainer_logs_its_run_to_an_mlflow_server(image: ImageContainer, shared):
+    """The image's MLflow client (mlflow-skinny on its Python 3.13) against a real tracking
+    server on this machine's 127.0.0.1: the trainer's run with its steps and its results; and
+    a sqlite store, which that client cannot open (no SQLAlchemy in mlflow-skinny), is one line
+    before anything trains, naming the URI."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.support.mlflow_server import mlflow_server
+
+    flags = ["--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "4",
+             "--synthetic-size", "16", "--backend", "local", "--max-steps", "2",
+             "--log-every", "1", "--output-dir", f"{INSIDE}/run"]  # fmt: skip
+    with mlflow_server(shared.parent / "mlflow") as uri:
+        env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "image"}
+        _ok(image.run(["python", "-m", "trainer", *flags], env=env, binds=[(shared, INSIDE)]))
+        client = MlflowClient(uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("image").experiment_id])
+        assert run.info.status == "FINISHED" and run.info.run_name == "run"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "results")}
+        assert "results/model.safetensors" in artifacts
+    sqlite = {"MLFLOW_TRACKING_URI": f"sqlite:///{INSIDE}/mlflow.db"}
+    again = [*flags[:-1], f"{INSIDE}/run2"]
+    refused = image.run(["python", "-m", "trainer", *again], env=sqlite, binds=[(shared, INSIDE)])
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    (line,) = [line for line in refused.stderr.splitlines() if "MLFLOW_TRACKING_URI" in line]
+    assert line.startswith(f"error: MLFLOW_TRACKING_URI={sqlite['MLFLOW_TRACKING_URI']}: the ")
+    assert "Traceback" not in refused.stderr and not (shared / "run2").exists()

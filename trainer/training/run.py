@@ -24,6 +24,7 @@ from trainer.engines.base import Dist, GradientProbe, is_peer_failure
 from trainer.engines.device import resolve_precision, select_device
 from trainer.outputs import results
 from trainer.outputs.metrics import MetricsWriter, Progress
+from trainer.outputs.tracking import Tracking, tracked
 from trainer.settings.train_config import TrainConfig, global_batch
 from trainer.training.optim import LRSchedule, build_lr_scheduler, build_optimizer, build_schedule
 from trainer.training.plugins import Plugins
@@ -71,9 +72,14 @@ class _Run:
     ``load_state_dict()``; ``self.checkpointer`` holds the model's and optimizer's."""
 
     def __init__(
-        self, cfg: TrainConfig, dist: Dist, stop: StopRequest, plugins: Plugins | None = None
+        self,
+        cfg: TrainConfig,
+        dist: Dist,
+        stop: StopRequest,
+        plugins: Plugins | None = None,
+        tracking: Tracking | None = None,
     ) -> None:
-        self.cfg, self.dist, self.stop = cfg, dist, stop
+        self.cfg, self.dist, self.stop, self.tracking = cfg, dist, stop, tracking
         self.plugins = plugins or Plugins()
         self.output_dir = Path(cfg.output_dir)
         self.device = select_device(cfg, dist)
@@ -284,6 +290,8 @@ class _Run:
     def log(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
             self.writer.write(record)
+        if self.tracking is not None:
+            self.tracking.metrics(record)
 
     # ------------------------------------------------------------------ training
     def train(self) -> RunResult:
@@ -497,20 +505,25 @@ def train(
     """Train as configured on this rank; resumes from ``<output_dir>/checkpoints`` if present,
     else starts from ``--init-from`` if given. ``plugins``: the team's checked plug-ins
     (``trainer.training.plugins.load``)."""
-    run = _Run(cfg, dist, stop or StopRequest(), plugins)
-    try:
-        run.resume()
-        result = run.train()
-        result.results = write_results(
-            result,
-            cfg=cfg,
-            dist=dist,
-            folder=run.output_dir / results.RESULTS_DIR,
-            final_evaluation=run.final_evaluation,
-        )
-    finally:
-        # Every engine's loader workers stop here, with the run: FSDP's ranks end without the
-        # interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops them
-        # with, and a worker and its forkserver keep each other alive once this process is gone.
-        run.loaders.stop_workers()
+    # MLFLOW_TRACKING_URI: rank 0's run in MLflow, found or made before anything trains.
+    with tracked(cfg.output_dir, cfg.to_dict(), dist.is_root) as tracking:
+        run = _Run(cfg, dist, stop or StopRequest(), plugins, tracking)
+        try:
+            run.resume()
+            result = run.train()
+            result.results = write_results(
+                result,
+                cfg=cfg,
+                dist=dist,
+                folder=run.output_dir / results.RESULTS_DIR,
+                final_evaluation=run.final_evaluation,
+            )
+            if tracking is not None:
+                tracking.finish(result.results, result.stopped_by)
+        finally:
+            # Every engine's loader workers stop here, with the run: FSDP's ranks end without
+            # the interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops
+            # them with, and a worker and its forkserver keep each other alive once this
+            # process is gone.
+            run.loaders.stop_workers()
     return result

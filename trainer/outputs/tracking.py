@@ -1,0 +1,209 @@
+"""Rank 0's record of the run in MLflow, when ``MLFLOW_TRACKING_URI`` is set: the settings as
+parameters, every logged step's numbers as metrics, the checkpoints' steps, and at the end the
+results folder (the final model, its config and evaluation) as artifacts.
+
+The run is named after the job's run folder (on a pool ``runs/<stack>/<run name>`` on the share,
+the job's run name) and keyed by its absolute path: whatever resumes that folder's checkpoint (a
+retry, an eviction's requeue, a rerun, a replaced job) goes on in the same MLflow run. A store
+that cannot be reached stops the run before it trains, in one line; a failure later is one
+warning and the training goes on without tracking (a run is never lost to it).
+
+MLflow's own client (``mlflow-skinny``: no server dependencies) talks to a tracking server or,
+locally, SQLite (``sqlite:///<path>``); current MLflow refuses the file store without an opt-in.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainer.common.errors import ConfigError, first_line
+
+URI_VARIABLE = "MLFLOW_TRACKING_URI"
+EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
+DEFAULT_EXPERIMENT = "distributed-training"
+RUN_KEY_TAG = "dt.run_key"  # what a resumed job finds its run by
+STOPPED_BY_TAG = "dt.stopped_by"  # why the run's last invocation stopped (epochs, a signal, ...)
+JOB_VARIABLE = "AZ_BATCH_JOB_ID"
+JOB_TAG = "dt.batch_job"  # the Batch job whose task last ran the run
+# MLflow's client retries a request 7 times with a backoff factor of 2 by default (minutes
+# before a dead server is reported); the trainer's own defaults, which the environment
+# overrides: a run waits seconds, not minutes, to learn that its server is not there.
+CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# The records' kinds (trainer.training.run) and the prefix their numbers get in MLflow.
+PREFIXES = {"train": "", "eval": "val_", "checkpoint": "checkpoint_", "noise": "noise_"}
+ARTIFACT_PATH = "results"
+PARAMS_PER_BATCH = 100  # the most one log_batch request may carry (MLflow's REST limits)
+PENDING_WRITES = 64  # asynchronous writes held before the oldest are waited for (a long run's)
+
+
+def configured(env: Mapping[str, str] = os.environ) -> str:
+    """The tracking URI the environment sets ("" for none)."""
+    return env.get(URI_VARIABLE, "").strip()
+
+
+def run_identity(output_dir: str) -> tuple[str, str]:
+    """(the run's name, its key): the output folder's name and its absolute path. The folder
+    is what a run resumes from, so one folder is one run and two folders are two."""
+    folder = Path(output_dir).absolute()
+    return folder.name, str(folder)
+
+
+def _tags(key: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The run's key, and the Batch job that made it (a replaced job's successor resumes it)."""
+    job = env.get(JOB_VARIABLE, "").strip()
+    return {RUN_KEY_TAG: key, **({JOB_TAG: job} if job else {})}
+
+
+class Tracking:
+    """One MLflow run, on rank 0. ``start`` finds (or makes) it; ``metrics`` logs a record's
+    numbers without waiting for the server; ``finish`` logs the results and ends it."""
+
+    def __init__(self, client: Any, run_id: str, resumed: bool) -> None:
+        self._client, self.run_id, self.resumed = client, run_id, resumed
+        self._pending: list[Any] = []  # the asynchronous writes still under way
+        self._broken = ""  # the first failure after the start: tracking stops there
+
+    @classmethod
+    def start(cls, uri: str, output_dir: str, params: Mapping[str, Any]) -> Tracking:
+        """The job's run (resumed when one has its key), with ``params`` logged when it is new.
+        A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
+        for key, value in CLIENT_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        name, key = run_identity(output_dir)
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            experiment_id = _experiment(client, os.environ.get(EXPERIMENT_VARIABLE) or "")
+            found = client.search_runs(
+                [experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{_quoted(key)}'",
+                max_results=1,
+            )  # fmt: skip
+            tags = _tags(key, os.environ)
+            if found:
+                run_id = found[0].info.run_id
+                client.update_run(run_id, status="RUNNING")
+                for tag, value in tags.items():
+                    client.set_tag(run_id, tag, value)
+                return cls(client, run_id, resumed=True)
+            run = client.create_run(experiment_id, run_name=name, tags=tags)
+            listed = _params(params)
+            for first in range(0, len(listed), PARAMS_PER_BATCH):
+                client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
+            return cls(client, run.info.run_id, resumed=False)
+        except (MlflowException, OSError) as err:
+            raise ConfigError(
+                f"{URI_VARIABLE}={uri}: the MLflow tracking store cannot be reached or refused "
+                f"the run ({first_line(err)}); start it, fix the URI, or unset {URI_VARIABLE} "
+                "to train without tracking"
+            ) from None
+
+    def metrics(self, record: Mapping[str, Any]) -> None:
+        """A logged record's numbers at its step (``val_`` for an evaluation's, ``checkpoint_``
+        for a checkpoint's, with its step), sent without waiting for the server."""
+        if self._broken or "step" not in record:
+            return
+        from mlflow.entities import Metric
+
+        prefix = PREFIXES.get(str(record.get("kind", "train")))
+        if prefix is None:  # per-rank and telemetry records stay in metrics.jsonl
+            return
+        step, now = int(record["step"]), int(time.time() * 1000)
+        values = {
+            f"{prefix}{key}": float(value)
+            for key, value in record.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+            and key not in ("step", "epoch") and math.isfinite(float(value))
+        }  # fmt: skip
+        if prefix == "checkpoint_":
+            values["checkpoint_step"] = float(step)
+        batch = [Metric(key, value, now, step) for key, value in sorted(values.items())]
+        self._call(
+            "metrics", lambda: self._client.log_batch(self.run_id, metrics=batch, synchronous=False)
+        )
+
+    def finish(self, results: Path | None, stopped_by: str) -> None:
+        """The run's end: its results folder as artifacts and FINISHED when it is final; a
+        paused run (a signal, --run-steps) is KILLED until its job resumes it."""
+        self._wait()
+        if results is not None:
+            self._call(
+                "results",
+                lambda: self._client.log_artifacts(self.run_id, str(results), ARTIFACT_PATH),
+            )
+        self._call("end", lambda: self._client.set_tag(self.run_id, STOPPED_BY_TAG, stopped_by))
+        status = "FINISHED" if results is not None else "KILLED"
+        self._call("end", lambda: self._client.set_terminated(self.run_id, status))
+
+    def failed(self) -> None:
+        """The run ended with an error: FAILED (a rerun of the job resumes it)."""
+        self._wait()
+        self._call("end", lambda: self._client.set_terminated(self.run_id, "FAILED"))
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, []
+        for operation in pending:
+            self._call("metrics", operation.wait)
+
+    def _call(self, what: str, operation: Any) -> None:
+        """``operation``, unless tracking already failed; a failure is one warning, then no
+        more tracking: the run trains on."""
+        if self._broken:
+            return
+        try:
+            result = operation()
+        except Exception as err:  # any client failure only ends tracking
+            self._broken = first_line(err)
+            print(
+                f"warning: MLflow tracking stopped ({what}: {self._broken}); the run goes on, "
+                "its metrics stay in metrics.jsonl and TensorBoard",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        if hasattr(result, "wait"):
+            self._pending.append(result)
+        if len(self._pending) > PENDING_WRITES:  # waits only when the server falls behind
+            oldest, self._pending = self._pending[:-PENDING_WRITES], self._pending[-PENDING_WRITES:]
+            for older in oldest:
+                self._call(what, older.wait)
+
+
+@contextmanager
+def tracked(output_dir: str, params: Mapping[str, Any], is_root: bool) -> Iterator[Tracking | None]:
+    """The run's tracking on rank 0 when ``MLFLOW_TRACKING_URI`` is set (else None), ended as
+    FAILED when the block raises; the block calls ``finish`` when it ends well."""
+    uri = configured()
+    tracking = Tracking.start(uri, output_dir, params) if uri and is_root else None
+    try:
+        yield tracking
+    except BaseException:
+        if tracking is not None:
+            tracking.failed()
+        raise
+
+
+def _experiment(client: Any, name: str) -> str:
+    name = name or DEFAULT_EXPERIMENT
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found is not None else client.create_experiment(name)
+
+
+def _params(settings: Mapping[str, Any]) -> list[Any]:
+    """The settings as MLflow parameters (strings; MLflow caps a value at 6,000 characters)."""
+    from mlflow.entities import Param
+
+    return [Param(key, str(value)[:6000]) for key, value in sorted(settings.items())]
+
+
+def _quoted(value: str) -> str:
+    """A value inside a search filter's single quotes."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
