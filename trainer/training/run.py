@@ -312,11 +312,12 @@ class _Run:
             self.save_checkpoint(Moment.STOP)
         except BaseException as err:
             # Another worker died (its watchdog fired, or it crashed): this rank's record of
-            # its collectives is half of what says who waited for whom.
+            # its collectives is half of what says who waited for whom, and a rank that was
+            # nearly due itself names itself stuck too (StepWatchdog.peer_failed).
             if is_peer_failure(err):
                 # A diagnosis must never replace the error it explains (a full disk here).
                 with contextlib.suppress(OSError):
-                    self.watchdog.keep_engine_view()
+                    self.watchdog.peer_failed()
             raise
         finally:
             self._end(loop)

@@ -39,6 +39,11 @@ WINDOW = 200
 # TORCH_FR_BUFFER_SIZE (TORCH_NCCL_TRACE_BUFFER_SIZE before it) for NCCL and Gloo alike; the
 # PyTorch tutorial "Flight Recorder for Debugging Stuck Jobs" (prototype, 2.5+) describes it.
 FLIGHT_RECORDER_ENTRIES = "2000"
+# A rank blocked in a collective and its peers waiting in it come due together: the first to
+# fire exits, which breaks the others' collective at once, often before their own watchdog
+# looked (on a busy node, by a poll or more). A rank that meets that failure when it has made no
+# progress for this share of its limit is as stuck as the peer, and fires too.
+NEAR_DUE = 0.8
 TORCH_ENGINES = ("ddp", "fsdp")
 
 
@@ -163,6 +168,17 @@ class StepWatchdog:
         while not self._closed.wait(min(5.0, max(0.2, self.limit() / 20))):
             if self.check():
                 return
+
+    def peer_failed(self) -> None:
+        """Another worker stopped and broke this rank's collective: this rank fires as well when
+        it was nearly due (``NEAR_DUE``), else it keeps its record of the collectives."""
+        with self._lock:
+            idle = self._clock() - self._last
+        limit = self.limit()
+        if not self._closed.is_set() and idle >= NEAR_DUE * limit:
+            self._fire(idle, limit)
+        else:
+            self.keep_engine_view()
 
     def keep_engine_view(self) -> str | None:
         """Write the engine's record of this rank's collectives where a firing writes it, and

@@ -12,7 +12,7 @@ import pytest
 
 from trainer.common.exit_codes import WATCHDOG_EXIT
 from trainer.watch import watchdog
-from trainer.watch.watchdog import FLOOR_SECONDS, StepWatchdog, limit_seconds
+from trainer.watch.watchdog import FLOOR_SECONDS, NEAR_DUE, StepWatchdog, limit_seconds
 
 # The bytes torch 2.13's flight recorder dumped (_dump_fr_trace_json) after one allreduce on a
 # one-rank Gloo group with TORCH_FR_BUFFER_SIZE=100.
@@ -73,6 +73,27 @@ def test_steps_keep_it_quiet_and_silence_past_the_limit_fires_once(tmp_path, cap
     assert err[0].startswith("error: watchdog: rank 3 on host node-7.internal is stuck: ")
     assert "no step completed for 60 s (limit 60 s, --step-timeout-minutes) after step 4" in err[0]
     assert "Horovod's stall inspector" in err[0]
+
+
+def test_a_peers_failure_fires_a_rank_that_was_nearly_due_and_only_keeps_the_others_record(
+    tmp_path, capsys
+):
+    """A peer that fired first broke this rank's collective: a rank idle for most of its limit
+    is as stuck and names itself; one that was training only keeps its record."""
+    training, clock, exits = make(tmp_path / "training", minutes=1.0, backend="ddp")
+    clock.now += 0.5 * 60
+    training.peer_failed()
+    assert exits == [] and not capsys.readouterr().err
+    assert not list((tmp_path / "training" / "watchdog").glob("*.stacks.txt"))
+    due, clock, exits = make(tmp_path / "due", minutes=1.0, backend="ddp")
+    due.beat(2)
+    clock.now += NEAR_DUE * 60
+    due.peer_failed()
+    assert exits == [WATCHDOG_EXIT]
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: watchdog: rank 3 on host node-7.internal is stuck: no step")
+    assert "(limit 60 s, --step-timeout-minutes) after step 2" in line
+    assert list((tmp_path / "due" / "watchdog").glob("rank-3-*.stacks.txt"))
 
 
 def test_evaluations_and_saves_restart_the_clock_but_are_no_step(tmp_path):

@@ -2,8 +2,8 @@
 stuck_rank.py): the step watchdog (trainer/watch/watchdog.py) fires on its limit, names the stuck
 ranks in one line each, writes stacks that name the blocking frame and the flight recorder's
 collectives, exits 86; the retry resumes from the last checkpoint and finishes. Both ranks'
-watchdogs come due together: the one that fires second may find its collective already failed
-by the other's exit, and then keeps its record as a rank stopped by a peer failure does."""
+watchdogs come due together: the one that would fire second may find its collective already
+failed by the other's exit, and then, nearly due, fires there (StepWatchdog.peer_failed)."""
 
 from __future__ import annotations
 
