@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,15 +36,12 @@ def mlflow_server(folder: Path) -> Iterator[str]:
         _wait_until_healthy(uri, server, folder / "server.log")
         yield uri
     finally:
-        stop(server)
+        _stop(server)
         log.close()
 
 
-def stop(server: subprocess.Popen[bytes]) -> None:
+def _stop(server: subprocess.Popen[bytes]) -> None:
     """The server and its workers (their own session): SIGTERM, then SIGKILL after 20 s."""
-    import os
-    import signal
-
     if server.poll() is None:
         os.killpg(server.pid, signal.SIGTERM)
         try:

@@ -76,6 +76,7 @@ class Tracking:
         A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
         for key, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        from mlflow.entities import RunTag
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
@@ -91,8 +92,7 @@ class Tracking:
             if found:
                 run_id = found[0].info.run_id
                 client.update_run(run_id, status="RUNNING")
-                for tag, value in tags.items():
-                    client.set_tag(run_id, tag, value)
+                client.log_batch(run_id, tags=[RunTag(tag, value) for tag, value in tags.items()])
                 return cls(client, run_id, resumed=True)
             run = client.create_run(experiment_id, run_name=name, tags=tags)
             listed = _params(params)

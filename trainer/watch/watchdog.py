@@ -149,12 +149,12 @@ class StepWatchdog:
         with self._lock:
             return limit_seconds(self.minutes, list(self._steps))
 
-    def check(self) -> bool:
-        """Fire when nothing beat for the limit; True when it fired."""
+    def check(self, share: float = 1.0) -> bool:
+        """Fire when nothing beat for ``share`` of the limit; True when it fired."""
         with self._lock:
             idle = self._clock() - self._last
         limit = self.limit()
-        if idle < limit or self._closed.is_set():
+        if idle < share * limit or self._closed.is_set():
             return False
         self._fire(idle, limit)
         return True
@@ -172,12 +172,7 @@ class StepWatchdog:
     def peer_failed(self) -> None:
         """Another worker stopped and broke this rank's collective: this rank fires as well when
         it was nearly due (``NEAR_DUE``), else it keeps its record of the collectives."""
-        with self._lock:
-            idle = self._clock() - self._last
-        limit = self.limit()
-        if not self._closed.is_set() and idle >= NEAR_DUE * limit:
-            self._fire(idle, limit)
-        else:
+        if not self.check(NEAR_DUE):
             self.keep_engine_view()
 
     def keep_engine_view(self) -> str | None:
