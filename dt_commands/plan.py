@@ -27,6 +27,7 @@ from infra.settings.stack import StackSettings
 from infra.settings.values import REPO, load_schema
 from infra.storage import SOFT_DELETE_DAYS
 from trainer.common.cli import OneLineParser, int_in
+from trainer.outputs.tracking import EXPERIMENT_VARIABLE, URI_VARIABLE
 
 PROGRAM = REPO / "__main__.py"
 SHOWN_PROPERTIES = (
@@ -191,12 +192,20 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
         lines += [line, f"    runs: {runs_line(spec)}"]
         if spec.code_sha256:
             lines.append(f"    code: snapshot sha256 {spec.code_sha256}")
+        if spec.tracking:
+            lines.append(f"    tracking: {tracking_text(spec.tracking)}")
         lines.append(f"    limit: {wall_clock_text(spec.max_wall_clock_hours)}")  # infra.batch
     planned = {spec.name or SHORTHAND_JOB for spec in specs}
     for name, folder in sorted((deployed or {}).items()):
         if name not in planned:
             lines.append(f"  {name}: deleted by this change (its checkpoints stay in {folder})")
     return [*lines, ""]
+
+
+def tracking_text(tracking: Any) -> str:
+    """Where a job's rank 0 tracks its run (the tracking section's variables, infra.batch)."""
+    given = dict(tracking)
+    return f"MLflow at {given[URI_VARIABLE]}, experiment {given[EXPERIMENT_VARIABLE]}"
 
 
 def runs_line(spec: Any) -> str:

@@ -243,6 +243,15 @@ def _identity_env(spec: JobSpec):
     return [m.EnvironmentSetting(name="AZURE_CLIENT_ID", value=spec.node_identity_client_id)]
 
 
+def _training_env(spec: JobSpec):
+    """The training task's environment: the identity's, and the MLflow server its rank 0
+    tracks the run in (the stack's tracking section), which the launcher's workers inherit."""
+    from infra.azure_sdk import batch_models as m
+
+    tracking = [m.EnvironmentSetting(name=name, value=value) for name, value in spec.tracking]
+    return [*_identity_env(spec), *tracking]
+
+
 def job_set(spec: JobSpec) -> JobSet:
     """The values of the trainer settings the job sets itself (``infra.trainer_command``): the
     run folder on NFS, where rank 0 copies its live metrics (the logs container, read from
@@ -398,7 +407,7 @@ def task_options(spec: JobSpec):
         display_name=f"{spec.node_count} x {spec.vm_size}",
         command_line=in_bash(application, exec_last=True),
         container_settings=_container(spec),
-        environment_settings=_identity_env(spec),
+        environment_settings=_training_env(spec),
         multi_instance_settings=m.MultiInstanceSettings(
             number_of_instances=spec.node_count,
             coordination_command_line=in_bash(coordination, exec_last=True),

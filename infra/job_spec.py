@@ -61,6 +61,12 @@ class JobFields(Generic[S]):
     # How long the job may run, in hours from its creation (Batch's constraints.maxWallClockTime;
     # 0: no limit). Not part of the job's identity: a new limit is applied to the job in place.
     max_wall_clock_hours: int = 0
+    # What the job's tasks get to track the run in MLflow (the tracking section's environment:
+    # MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME; () for none). Batch never changes a task's
+    # environment (Task - Update takes only its constraints), so a change is a new job; left
+    # out of the hashes at its default, and never part of the run folder's name: the new job
+    # resumes the run, in MLflow too.
+    tracking: tuple[tuple[str, str], ...] = ()
     # The job's own trainer settings as data (infra.trainer_command.JobTrainer), from which the
     # commands are rendered: the same facts as trainer_args, so neither part of the job's
     # identity nor compared by the provider's diff (an older stack's state has none: ``()``).
@@ -187,6 +193,7 @@ class JobSpec(JobFields[str]):
         values["trainer_args"] = tuple(values["trainer_args"])
         values["trainer_settings"] = tuple(tuple(pair) for pair in values["trainer_settings"] or ())
         values["command"] = tuple(values["command"] or ())
+        values["tracking"] = tuple(tuple(pair) for pair in values["tracking"] or ())
         values["node_count"] = int(values["node_count"])
         values["max_wall_clock_hours"] = int(values["max_wall_clock_hours"] or 0)
         return cls(**values)

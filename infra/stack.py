@@ -338,6 +338,7 @@ def _job(
             engine=job.engine,
             code_sha256=job.code.sha256 if job.code else "",
             max_wall_clock_hours=job.max_wall_clock_hours,
+            tracking=s.tracking.environment(s.stack),
             trainer_settings=trainer,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),

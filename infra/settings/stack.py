@@ -30,6 +30,7 @@ from infra.settings.rules import (
 )
 from infra.settings.schema import declared, setting
 from infra.settings.secrets import SECRET_SETTINGS, SecretSettings
+from infra.settings.tracking import TrackingSettings
 from infra.settings.values import known_values, load_schema, schema_type, typed_values
 from infra.sizes import CPU_ACCEPTANCE
 
@@ -81,6 +82,7 @@ class StackSettings:
     nfs: NfsSettings
     image: ImageSettings
     budget: BudgetSettings
+    tracking: TrackingSettings
     # The stack's training jobs: the `jobs` map, or the one job of submitJob/trainerConfig/
     # datasetPrefix (``JobInputs``).
     jobs: tuple[JobSettings, ...]
@@ -131,6 +133,7 @@ class StackSettings:
                 source_repo=typed["imageSourceRepo"] or origin_clone_url() or "",
             ),
             budget=_section(BudgetSettings, typed),
+            tracking=_section(TrackingSettings, typed),
             jobs=jobs,
         )
 
@@ -153,6 +156,7 @@ class StackSettings:
         self._check_tags()
         self.image.check()
         check_image_push(self.image, self.network)
+        self.tracking.check()
         check_jobs(self.jobs, self.cluster, self.network, self.replace_jobs)
 
     @property
@@ -220,6 +224,7 @@ DECLARING: tuple[type, ...] = (
     ImageSettings,
     SecretSettings,
     BudgetSettings,
+    TrackingSettings,
     JobInputs,
 )
 

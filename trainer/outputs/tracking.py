@@ -2,11 +2,11 @@
 parameters, every logged step's numbers as metrics, the checkpoints' steps, and at the end the
 results folder (the final model, its config and evaluation) as artifacts.
 
-The run is named after the job's run folder (on a pool ``runs/<stack>/<run name>`` on the share,
-the job's run name) and keyed by its absolute path: whatever resumes that folder's checkpoint (a
-retry, an eviction's requeue, a rerun, a replaced job) goes on in the same MLflow run. A store
-that cannot be reached stops the run before it trains, in one line; a failure later is one
-warning and the training goes on without tracking (a run is never lost to it).
+The run is named after the Batch job that starts it (outside a job, its output folder) and keyed
+by where its checkpoints live (``run_identity``): whatever resumes them (a retry on any node, an
+eviction's requeue, a rerun, a replaced job) goes on in the same MLflow run. A store that
+cannot be reached stops the run before it trains, in one line; a failure later is one warning
+and the training goes on without tracking (a run is never lost to it).
 
 MLflow's own client (``mlflow-skinny``: no server dependencies) talks to a tracking server or,
 locally, SQLite (``sqlite:///<path>``); current MLflow refuses the file store without an opt-in.
@@ -48,11 +48,19 @@ def configured(env: Mapping[str, str] = os.environ) -> str:
     return env.get(URI_VARIABLE, "").strip()
 
 
-def run_identity(output_dir: str) -> tuple[str, str]:
-    """(the run's name, its key): the output folder's name and its absolute path. The folder
-    is what a run resumes from, so one folder is one run and two folders are two."""
+def run_identity(
+    output_dir: str, mirror_url: str = "", env: Mapping[str, str] = os.environ
+) -> tuple[str, str]:
+    """(the run's name, its key). The name: the Batch job's id (outside a job, the output
+    folder's name); a job's folder is named by a hash of its settings, its id by the stack and
+    the job's name. The key: where the run's checkpoints live, which is what a run resumes
+    from, so one key is one run and two are two: the checkpoint mirror's URL when the run has
+    one (every Batch job's does: the same for a node that sees the share at another path, and
+    for a retry that resumes from the mirror after the share was lost), else the output
+    folder's absolute path."""
     folder = Path(output_dir).absolute()
-    return folder.name, str(folder)
+    name = env.get(JOB_VARIABLE, "").strip() or folder.name
+    return name, mirror_url.strip().rstrip("/") or str(folder)
 
 
 def _tags(key: str, env: Mapping[str, str]) -> dict[str, str]:
@@ -65,13 +73,16 @@ class Tracking:
     """One MLflow run, on rank 0. ``start`` finds (or makes) it; ``metrics`` logs a record's
     numbers without waiting for the server; ``finish`` logs the results and ends it."""
 
-    def __init__(self, client: Any, run_id: str, resumed: bool) -> None:
+    def __init__(self, client: Any, run_id: str, resumed: bool, link: str = "") -> None:
         self._client, self.run_id, self.resumed = client, run_id, resumed
+        self.link = link  # the run's page on a tracking server ("" for a SQLite store)
         self._pending: list[Any] = []  # the asynchronous writes still under way
         self._broken = ""  # the first failure after the start: tracking stops there
 
     @classmethod
-    def start(cls, uri: str, output_dir: str, params: Mapping[str, Any]) -> Tracking:
+    def start(
+        cls, uri: str, output_dir: str, params: Mapping[str, Any], mirror_url: str = ""
+    ) -> Tracking:
         """The job's run (resumed when one has its key), with ``params`` logged when it is new.
         A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
         for key, value in CLIENT_DEFAULTS.items():
@@ -80,7 +91,7 @@ class Tracking:
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        name, key = run_identity(output_dir)
+        name, key = run_identity(output_dir, mirror_url)
         try:
             client = MlflowClient(tracking_uri=uri)
             experiment_id = _experiment(client, os.environ.get(EXPERIMENT_VARIABLE) or "")
@@ -93,12 +104,12 @@ class Tracking:
                 run_id = found[0].info.run_id
                 client.update_run(run_id, status="RUNNING")
                 client.log_batch(run_id, tags=[RunTag(tag, value) for tag, value in tags.items()])
-                return cls(client, run_id, resumed=True)
+                return cls(client, run_id, True, _link(uri, experiment_id, run_id))
             run = client.create_run(experiment_id, run_name=name, tags=tags)
             listed = _params(params)
             for first in range(0, len(listed), PARAMS_PER_BATCH):
                 client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
-            return cls(client, run.info.run_id, resumed=False)
+            return cls(client, run.info.run_id, False, _link(uri, experiment_id, run.info.run_id))
         except (MlflowException, OSError) as err:
             raise ConfigError(
                 f"{URI_VARIABLE}={uri}: the MLflow tracking store cannot be reached or refused "
@@ -178,17 +189,29 @@ class Tracking:
 
 
 @contextmanager
-def tracked(output_dir: str, params: Mapping[str, Any], is_root: bool) -> Iterator[Tracking | None]:
+def tracked(
+    output_dir: str, params: Mapping[str, Any], is_root: bool, mirror_url: str = ""
+) -> Iterator[Tracking | None]:
     """The run's tracking on rank 0 when ``MLFLOW_TRACKING_URI`` is set (else None), ended as
     FAILED when the block raises; the block calls ``finish`` when it ends well."""
     uri = configured()
-    tracking = Tracking.start(uri, output_dir, params) if uri and is_root else None
+    tracking = Tracking.start(uri, output_dir, params, mirror_url) if uri and is_root else None
+    if tracking is not None:
+        how = "resumed" if tracking.resumed else "new"
+        print(f"MLflow: {how} run {tracking.run_id} {tracking.link}".rstrip(), flush=True)
     try:
         yield tracking
     except BaseException:
         if tracking is not None:
             tracking.failed()
         raise
+
+
+def _link(uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in a tracking server's web UI (its route: #/experiments/<id>/runs/<id>)."""
+    if not uri.startswith(("http://", "https://")):
+        return ""
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def _experiment(client: Any, name: str) -> str:

@@ -507,7 +507,9 @@ def train(
     else starts from ``--init-from`` if given. ``plugins``: the team's checked plug-ins
     (``trainer.training.plugins.load``)."""
     # MLFLOW_TRACKING_URI: rank 0's run in MLflow, found or made before anything trains.
-    with tracked(cfg.output_dir, cfg.to_dict(), dist.is_root) as tracking:
+    with tracked(
+        cfg.output_dir, cfg.to_dict(), dist.is_root, cfg.checkpoint_mirror_url
+    ) as tracking:
         run = _Run(cfg, dist, stop or StopRequest(), plugins, tracking)
         try:
             run.resume()

@@ -24,6 +24,7 @@ from azure.core.credentials import AccessToken
 from dt_commands.jobs.keep_out import keep_out
 from dt_commands.jobs.logs import logs
 from infra.job_spec import JobSpec
+from infra.settings.tracking import TrackingSettings
 from tests.batch_emulator.batch_api import EmulatedBatchApi, NodeScheduling
 from tests.batch_emulator.cluster import Cluster
 from tests.batch_emulator.fixtures import NODES_EMPTY_SECONDS, Stack, new_cluster
@@ -48,6 +49,7 @@ from tests.batch_emulator.nfs_view import NFS_VIEW_LONG_SECONDS, NFS_VIEW_SECOND
 from tests.batch_emulator.node import Node
 from tests.batch_emulator.storage import Storage, blob
 from tests.batch_emulator.vnet import VNet
+from tests.support.mlflow_server import mlflow_server, store_uri
 from tests.support.process_tree import fail_if_any_left
 
 # The staged dataset's trainer settings (dataset_prefix: 3 classes of 24 px images).
@@ -307,6 +309,7 @@ class RetriedRun:
 
     cluster: Cluster
     run: JobRun
+    spec: JobSpec  # the job's inputs, the same for the run and the rerun
     folder: Path
     dataset_prefix: str
     sick: Node  # the node whose worker was killed
@@ -327,20 +330,50 @@ class RetriedRun:
     again_nodes: list[Node]  # its nodes, once it ran
     again_attempt: str  # its attempt, once it resumed
     again_ended: bool  # it ended within 60 s of its terminate (kill)
+    # What the job's rank 0s tracked in MLflow (the stack's trackingUri, a server in the VNet):
+    # every run of its experiment, read from the server's store once it stopped; the loss's
+    # steps in the first of them; the train steps of metrics.jsonl once the retry ended.
+    tracked: list[Any]
+    tracked_loss_steps: set[int]
+    train_steps_through_retry: set[int]
+
+
+@contextmanager
+def tracking_server(vnet: VNet, folder: Path) -> Iterator[str]:
+    """An MLflow tracking server in the VNet, as a stack's trackingUri names one: on the
+    storage endpoint's address in the switch's namespace, which every node reaches."""
+    inside = vnet.exec_prefix(vnet.switch) if vnet.isolated else []
+    with mlflow_server(folder, vnet.storage_ip, 5000 if inside else 0, inside) as uri:
+        yield uri
+
+
+def _tracked(folder: Path, experiment: str) -> tuple[list[Any], set[int]]:
+    """The experiment's runs in the stopped server's store, and the first one's loss steps."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store_uri(folder))
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id]) if found is not None else []
+    steps = (
+        {m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")} if runs else set()
+    )
+    return runs, steps
 
 
 @pytest.fixture(scope="session")
 def retried_elsewhere_then_kept_out(
-    shared_pools, storage, cpu_stack, dataset_prefix, built_image
+    shared_pools, storage, cpu_stack, dataset_prefix, built_image, vnet, tmp_path_factory
 ) -> RetriedRun:
     """Three nodes, the staged dataset, a long run checkpointing every two steps; Batch may
     retry a task on other nodes (tests/batch_emulator/placement.py, ``move``). A worker on the
     subtask's node dies: the try fails, Batch retries it without that node, on the spare and the
     old master, whose primary is the spare. Once the retry trained, a terminate (``stop``); then
     the operator keeps the node out (``dt-jobs keep-out``) and runs the job again (``pulumi up
-    --replace``), until it resumed. Read by test_training_job.py's
+    --replace``), until it resumed. The stack tracks its runs in MLflow (trackingUri: a server
+    in the VNet), read once the server stopped. Read by test_training_job.py's
     test_a_killed_worker_fails_the_try_the_retry_resumes_and_a_terminate_checkpoints_all_ranks
     and test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes, and
+    test_a_retry_on_another_node_and_the_rerun_go_on_in_the_jobs_one_mlflow_run, and
     test_sick_nodes.py's test_a_failed_rank_names_its_node_and_a_kept_out_node_gets_no_more_tries.
     """
     # The primary's output as each try ends (a later try on the same node writes it again).
@@ -353,12 +386,20 @@ def retried_elsewhere_then_kept_out(
         reports.append(path.read_text() if path.exists() else "")
         return result
 
-    with pytest.MonkeyPatch.context() as patch, shared_pools.make_cluster() as make_cluster:
+    mlflow_folder = tmp_path_factory.mktemp("mlflow")
+    stack_name = cpu_stack.job_props["stack"]
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        tracking_server(vnet, mlflow_folder) as tracking_uri,
+        shared_pools.make_cluster() as make_cluster,
+    ):
         patch.setattr(JobRun, "_try", keep_the_report)
         cluster = booted(make_cluster, cpu_stack, nodes=3, lifecycle="kill", placement="move",
                          image_root=built_image)  # fmt: skip
         args = {**SHARDS, "max_steps": 4000, "epochs": 4000, "checkpoint_every": 2}
-        spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=dataset_prefix)
+        tracking = TrackingSettings(uri=tracking_uri).environment(stack_name)
+        spec = make_spec(cpu_stack, storage, trainer=args, dataset_prefix=dataset_prefix,
+                         tracking=tracking)  # fmt: skip
         run = submit(cluster, spec)
         folder = run_folder(cluster, spec)
         wait_for(lambda: checkpoint_steps(folder), RUN_SECONDS, "a checkpoint", cluster, run)
@@ -391,12 +432,14 @@ def retried_elsewhere_then_kept_out(
         retry_attempt = current_attempt(folder)
         run.terminate()
         ended = run.wait(60)
+        through_retry = {r["step"] for r in metrics(folder) if r.get("kind") == "train"}
 
         # The operator keeps the node out and runs the job again.
         out = io.StringIO()
         code = keep_out(NodeScheduling(cluster), cluster.pool.pool_id, [sick.id], False, out)
         again = submit(cluster, make_spec(cpu_stack, storage, trainer=args,
-                                          dataset_prefix=dataset_prefix))  # fmt: skip
+                                          dataset_prefix=dataset_prefix,
+                                          tracking=tracking))  # fmt: skip
         wait_for(lambda: again.state == "running", RUN_SECONDS, "the rerun's start", cluster, again)
         again_nodes = list(again.nodes)
         # The rerun's own attempt (the retry's logs say "resumed from" too).
@@ -405,13 +448,16 @@ def retried_elsewhere_then_kept_out(
         again_attempt = current_attempt(folder)
         again.terminate("kill")  # only ends the run: no grace to wait out
         again_ended = again.wait(60)
+    tracked, loss_steps = _tracked(mlflow_folder, stack_name)
     return RetriedRun(
-        cluster=cluster, run=run, folder=folder, dataset_prefix=dataset_prefix, sick=sick,
+        cluster=cluster, run=run, spec=spec, folder=folder, dataset_prefix=dataset_prefix,
+        sick=sick,
         old_master=old_master, spare=spare, spare_prepared_first=spare_prepared_first,
         first_attempt=first_attempt, workers_in_image=workers_in_image,
         failed_after=failed_after, reports=reports,
         retry_attempt=retry_attempt, placed=placed, newest_before_terminate=newest,
         ended_after_terminate=ended, keep_out_code=code, keep_out_output=out.getvalue(),
         again=again, again_nodes=again_nodes, again_attempt=again_attempt,
-        again_ended=again_ended,
+        again_ended=again_ended, tracked=tracked, tracked_loss_steps=loss_steps,
+        train_steps_through_retry=through_retry,
     )  # fmt: skip

@@ -189,6 +189,31 @@ def test_a_retry_on_other_nodes_with_another_master_stages_again_and_resumes(
     assert retried.ended_after_terminate, describe(cluster, run)
 
 
+def test_a_retry_on_another_node_and_the_rerun_go_on_in_the_jobs_one_mlflow_run(
+    retried_elsewhere_then_kept_out,
+):
+    """The stack's trackingUri names an MLflow server in the VNet. The first try's rank 0 (on
+    the old master) makes the run; the retry's rank 0, on the spare, and the rerun's find it by
+    its key and go on in it: one run, named after the job, with every step the tries logged."""
+    retried = retried_elsewhere_then_kept_out
+    spec = retried.spec
+    # One run for the three tries, not three: each node sees the share at a path of its own
+    # here, so the key is where the checkpoints live (the job's checkpoint mirror).
+    runs = [(r.info.run_name, r.data.tags.get("dt.run_key")) for r in retried.tracked]
+    assert len(runs) == 1, runs
+    (run,) = retried.tracked
+    tags = run.data.tags
+    assert run.info.run_name == spec.job_id
+    assert tags["dt.run_key"] == spec.checkpoint_mirror_url.rstrip("/"), tags
+    assert tags["dt.batch_job"] == spec.job_id
+    assert run.data.params["checkpoint_every"] == "2"
+    # The retry's terminate paused it (SIGTERM: the ranks checkpointed); the rerun resumed it
+    # and was killed (SIGKILL leaves no moment to say so).
+    assert tags["dt.stopped_by"] == "signal" and run.info.status == "RUNNING"
+    steps = retried.train_steps_through_retry
+    assert steps and steps <= retried.tracked_loss_steps, (steps, retried.tracked_loss_steps)
+
+
 def test_evictions_requeue_the_task_without_using_its_retries_and_a_failure_still_uses_one(
     make_cluster, storage, spot_cpu_stack
 ):

@@ -70,7 +70,7 @@ def test_a_run_is_named_after_its_job_with_its_settings_metrics_checkpoints_and_
     run.finish(_results(tmp_path), "max_steps")
 
     (found,) = _runs(server, job)
-    assert found.info.run_name == tmp_path.name and found.info.status == "FINISHED"
+    assert found.info.run_name == os.environ["AZ_BATCH_JOB_ID"] and found.info.status == "FINISHED"
     assert found.data.params == {key: str(value) for key, value in settings.items()}
     assert found.data.tags["dt.stopped_by"] == "max_steps"
     assert found.data.tags["dt.batch_job"] == os.environ["AZ_BATCH_JOB_ID"]
@@ -183,17 +183,24 @@ def test_a_server_that_goes_away_mid_run_is_one_warning_and_the_run_goes_on(
     assert [(m.step, m.value) for m in history] == [(1, 1.0)]
 
 
-def test_a_run_is_named_after_its_folder_and_keyed_by_its_absolute_path(tmp_path, monkeypatch):
-    assert run_identity(str(tmp_path / "runs" / "resnet")) == (
-        "resnet",
-        str(tmp_path / "runs" / "resnet"),
+def test_a_run_is_named_after_its_job_and_keyed_by_where_its_checkpoints_live(
+    tmp_path, monkeypatch
+):
+    folder = str(tmp_path / "runs" / "resnet")
+    assert run_identity(folder, "", {}) == ("resnet", folder)
+    assert run_identity(folder, "", {"AZ_BATCH_JOB_ID": "dev-resnet-0a1b2c3d4e"}) == (
+        "dev-resnet-0a1b2c3d4e",
+        folder,
     )
     monkeypatch.chdir(tmp_path)
-    assert run_identity("runs/resnet") == ("resnet", str(tmp_path / "runs" / "resnet"))
+    assert run_identity("runs/resnet", "", {}) == ("resnet", folder)
+    # A job's checkpoints are mirrored: the mirror names the run wherever a node mounts the share.
+    mirror = "https://data.blob.core.windows.net/checkpoints/dev/9fcc41bd9595/"
+    assert run_identity("runs/resnet", mirror, {}) == ("resnet", mirror.rstrip("/"))
 
 
 def test_the_trainer_logs_its_run_and_a_rerun_of_the_job_resumes_it(
-    server, job, tmp_path, monkeypatch
+    server, job, tmp_path, monkeypatch, capsys
 ):
     """The trainer itself (one process, the local backend): its settings, steps, checkpoints and
     results; the job's rerun resumes the checkpoint and the MLflow run with it."""
@@ -202,7 +209,12 @@ def test_the_trainer_logs_its_run_and_a_rerun_of_the_job_resumes_it(
     second = train(_config(tmp_path, max_steps=4, log_every=1), LocalDist())
     assert (first.step, second.start_step, second.step) == (2, 2, 4)
     (found,) = _runs(server, job)
-    assert found.info.status == "FINISHED" and found.info.run_name == tmp_path.name
+    assert found.info.status == "FINISHED" and found.info.run_name == os.environ["AZ_BATCH_JOB_ID"]
+    # Each invocation's log links the run's page, the same run twice.
+    page = f"{server}/#/experiments/{found.info.experiment_id}/runs/{found.info.run_id}"
+    printed = capsys.readouterr().out
+    assert f"MLflow: new run {found.info.run_id} {page}\n" in printed, printed
+    assert f"MLflow: resumed run {found.info.run_id} {page}\n" in printed, printed
     assert found.data.params["model"] == "tiny" and found.data.params["max_steps"] == "2"
     client = MlflowClient(server)
     loss = client.get_metric_history(found.info.run_id, "loss")

@@ -1,0 +1,115 @@
+"""The stack's MLflow tracking (trackingUri, trackingExperiment): checked before anything is
+declared, handed to every job's training task as MLflow's variables, a new job when changed."""
+
+from __future__ import annotations
+
+import azure.batch.models as batch_models
+import pytest
+
+from dt_commands.plan import evaluate, job_lines
+from infra.batch import job_options, task_options
+from infra.job_spec import JobSpec
+from infra.settings.checks import ConfigError
+from infra.settings.stack import StackSettings
+from tests.support.stacks import one, stack_values
+
+SERVER = "http://10.20.3.4:5000"
+
+
+def _plan(**changes):
+    values = {**stack_values("dev"), **{f"gpu-cluster:{k}": v for k, v in changes.items()}}
+    return evaluate("dev", values)
+
+
+def _spec(plan) -> JobSpec:
+    return JobSpec.from_props(one(plan, "pulumi-python:dynamic:Resource").inputs)
+
+
+def _env(options) -> dict[str, str]:
+    return {e.name: e.value for e in options.environment_settings or []}
+
+
+def test_every_training_task_gets_the_server_and_the_stacks_experiment(dev_plan):
+    plan = _plan(trackingUri=SERVER, datasetPrefix="imagenet")
+    job = one(plan, "pulumi-python:dynamic:Resource")
+    assert job.inputs["tracking"] == [
+        ["MLFLOW_TRACKING_URI", SERVER],
+        ["MLFLOW_EXPERIMENT_NAME", "dev"],
+    ]
+    spec = JobSpec.from_props(job.inputs)
+    assert _env(task_options(spec)) == {
+        "AZURE_CLIENT_ID": spec.node_identity_client_id,
+        "MLFLOW_TRACKING_URI": SERVER,
+        "MLFLOW_EXPERIMENT_NAME": "dev",
+    }
+    # Staging the data tracks nothing: only the training task's rank 0 logs.
+    preparation = job_options(spec).job_preparation_task
+    assert set(_env(preparation)) == {"AZURE_CLIENT_ID"}
+    assert f"    tracking: MLflow at {SERVER}, experiment dev" in job_lines(plan)
+    # Without the setting the task's environment is what it always was.
+    assert _env(task_options(_spec(dev_plan))) == {
+        "AZURE_CLIENT_ID": _spec(dev_plan).node_identity_client_id
+    }
+
+
+def test_a_new_server_is_a_new_job_that_resumes_the_same_run_folder(dev_plan):
+    before = _spec(dev_plan)
+    tracked = _spec(_plan(trackingUri=SERVER))
+    elsewhere = _spec(_plan(trackingUri=SERVER, trackingExperiment="vision-sweeps"))
+    assert len({before.job_id, tracked.job_id, elsewhere.job_id}) == 3
+    assert before.checkpoint_path == tracked.checkpoint_path == elsewhere.checkpoint_path
+    assert dict(elsewhere.tracking)["MLFLOW_EXPERIMENT_NAME"] == "vision-sweeps"
+
+
+def test_batch_never_changes_an_environment_once_the_task_or_job_exists():
+    # Why a new server is a new job. "Task - Update": only the task's constraints; "Job -
+    # Update"/"Job - Patch": priority, constraints, poolInfo, ..., never the job's common
+    # environment (Batch REST reference, read 2026-11-29). azure-batch's models say the same.
+    def updatable(model) -> set[str]:
+        return {
+            k for k, v in vars(model).items() if "update" in (getattr(v, "_visibility", None) or [])
+        }
+
+    assert updatable(batch_models.BatchTask) == {"constraints"}
+    assert "common_environment_settings" not in updatable(batch_models.BatchJob)
+    assert "environment_settings" in vars(batch_models.BatchTask)
+
+
+URI, EXPERIMENT = "trackingUri", "trackingExperiment"
+
+
+@pytest.mark.parametrize(
+    ("changes", "names", "fix"),
+    [
+        ({URI: "sqlite:///mlruns.db"}, "trackingUri='sqlite:///mlruns.db'", "each node's own"),
+        ({URI: "10.20.3.4:5000"}, "trackingUri='10.20.3.4:5000'", "http(s)://<host>:<port>"),
+        ({URI: "http://:5000"}, "trackingUri='http://:5000'", "http(s)://<host>:<port>"),
+        ({URI: "http://mlflow:port"}, "trackingUri='http://mlflow:port': not a URL", "http(s)://"),
+        (
+            {URI: "azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/x"},
+            "trackingUri='azureml://",
+            "azureml-mlflow",
+        ),
+        ({EXPERIMENT: "vision"}, "trackingExperiment='vision' without trackingUri", "trackingUri"),
+        ({URI: SERVER, EXPERIMENT: " vision"}, "trackingExperiment=' vision'", "spaces"),
+        ({URI: SERVER, EXPERIMENT: "x" * 257}, "trackingExperiment='xxx", "256"),
+    ],
+)
+def test_a_bad_tracking_value_is_one_line_naming_it_and_the_fix(schema, changes, names, fix):
+    values = {**stack_values("dev"), **{f"gpu-cluster:{k}": v for k, v in changes.items()}}
+    with pytest.raises(ConfigError) as raised:
+        StackSettings.from_mapping("dev", values, schema)
+    line = str(raised.value)
+    assert line.startswith(names) and fix in line and "\n" not in line
+
+
+def test_credentials_in_the_url_are_refused_without_showing_them(schema):
+    values = {
+        **stack_values("dev"),
+        "gpu-cluster:trackingUri": "https://ops:hunter2@mlflow.corp:443",
+    }
+    with pytest.raises(ConfigError) as raised:
+        StackSettings.from_mapping("dev", values, schema)
+    line = str(raised.value)
+    assert line.startswith("trackingUri='https://***@mlflow.corp:443': credentials in the URL")
+    assert "hunter2" not in line and "ops" not in line
