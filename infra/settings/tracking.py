@@ -67,18 +67,20 @@ class TrackingSettings:
 
 def _check_uri(uri: str) -> None:
     fix = "give the server's http(s)://<host>:<port>, or leave trackingUri empty to track nothing"
-    try:
-        parts = urlsplit(uri)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not one
-    except ValueError as err:
-        raise ConfigError(f"trackingUri={uri!r}: not a URL ({err}); {fix}") from None
-    if parts.username is not None or parts.password is not None:
-        shown = parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
+    # Credentials first: no later line may echo a URL that holds them.
+    netloc = uri.partition("://")[2].partition("/")[0]
+    if "@" in netloc:
+        shown = uri.replace(netloc, f"***@{netloc.rpartition('@')[2]}", 1)
         raise ConfigError(
             f"trackingUri={shown!r}: credentials in the URL would sit in the stack's config "
             "and every task's environment; give the URL without them (a server in the stack's "
             "network needs none)"
         )
+    try:
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not one
+    except ValueError as err:
+        raise ConfigError(f"trackingUri={uri!r}: not a URL ({err}); {fix}") from None
     if parts.scheme == "azureml":
         raise ConfigError(
             f"trackingUri={uri!r}: an AzureML workspace's tracking URI needs the azureml-mlflow "

@@ -113,3 +113,8 @@ def test_credentials_in_the_url_are_refused_without_showing_them(schema):
     line = str(raised.value)
     assert line.startswith("trackingUri='https://***@mlflow.corp:443': credentials in the URL")
     assert "hunter2" not in line and "ops" not in line
+    # Even with a port that is not one, the line never shows them.
+    values["gpu-cluster:trackingUri"] = "https://ops:hunter2@mlflow.corp:port"
+    with pytest.raises(ConfigError) as raised:
+        StackSettings.from_mapping("dev", values, schema)
+    assert "hunter2" not in str(raised.value) and "credentials in the URL" in str(raised.value)
