@@ -90,6 +90,9 @@ def test_the_watcher_asks_again_after_a_timeout_and_then_notices():
         watcher = Watcher(client, interval=0.01, say=lines.append).start()
         _until(lambda: imds.events_asked() >= 3, "three requests for events")
         assert not watcher.noticed and watcher._thread.is_alive()
+        # Asking again after a timeout is shown; the answer now only has to come, however
+        # slowly a busy machine runs the fake's thread (the client reads these on every call).
+        client.timeout = client.first_timeout = 30
         imds.events = [_event("spot-1", "Preempt", [VM])]
         imds.enable()
         _until(lambda: watcher.noticed, "the notice")

@@ -48,7 +48,8 @@ def test_every_period_only_changed_files_are_uploaded_again(tmp_path, entra_env,
     folder = BlobFolder.parse(entra_env.folder_url(logs.container_name, "job-1/live/"))
     uploader = LiveUploader(tmp_path, folder, period_s=0.2).start()
     try:
-        _wait(lambda: len(_blobs(logs)) == 2, "the first upload")
+        # The counter moves after each upload returns: wait for it, not only for the blobs.
+        _wait(lambda: len(_blobs(logs)) == 2 and uploader.uploads == 2, "the first upload")
         first = {name: blob.etag for name, blob in _blobs(logs).items()}
         assert set(first) == {
             "job-1/live/metrics.jsonl",

@@ -101,10 +101,21 @@ def fake_nvml(
 
 
 def sampled(nvml, count: int) -> None:
-    """Wait until the fake has answered ``count`` utilisation reads."""
-    while nvml.state.samples < count:
+    """Wait until the fake has answered ``count`` utilisation reads. The flag is cleared before
+    the count is read: a sample between the two would otherwise be lost (and the next one may
+    be an hour away)."""
+    while True:
         nvml.state.sampled.clear()
+        if nvml.state.samples >= count:
+            return
         assert nvml.state.sampled.wait(10), "the sampler thread never sampled"
+
+
+def closed(sampler: GpuSampler) -> None:
+    """``close()`` bounds its own wait; the test waits for the thread's end itself, however late
+    a busy machine runs it (without the stop the thread would sleep out its whole period)."""
+    sampler.close()
+    sampler._thread.join(30)
 
 
 def test_a_window_summarises_the_samples_and_counts_xid_events():
@@ -114,7 +125,7 @@ def test_a_window_summarises_the_samples_and_counts_xid_events():
         sampled(nvml, 3)
         values = dict(zip(FIELDS, sampler.take(), strict=True))
     finally:
-        sampler.close()
+        closed(sampler)
     assert 80 <= values["utilization_pct"] <= 90
     assert (values["memory_used_gb"], values["memory_total_gb"]) == (30.0, 80.0)
     assert (values["temperature_c"], values["power_w"], values["ecc_uncorrected"]) == (60, 400, 2)
@@ -160,8 +171,8 @@ def test_the_latest_window_is_repeated_until_a_new_sample_arrives():
         first = sampler.take()
         assert sampler.take() == first
     finally:
-        sampler.close()
-    assert not sampler._thread.is_alive()  # close() ends the hour's wait
+        closed(sampler)
+    assert not sampler._thread.is_alive()  # the stop ended the hour's wait
 
 
 def test_a_cpu_device_imports_nothing_and_starts_no_thread(monkeypatch):
