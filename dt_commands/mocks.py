@@ -5,6 +5,7 @@ the tests; no credentials, CLI or provider plugin needed."""
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,23 @@ _NAME_INPUT = {
     "azure-native:batch:Pool": "poolName",
     "azure-native:storage:BlobContainer": "containerName",
     "azure-native:storage:FileShare": "shareName",
+    "azure-native:machinelearningservices:Workspace": "workspaceName",
+    "azure-native:keyvault:Vault": "vaultName",
+    "azure-native:privatedns:PrivateZone": "privateZoneName",
+    "azure-native:authorization:RoleDefinition": "roleDefinitionId",
 }
+# Where a custom role may be assignable: "a management group, subscription or resource group"
+# (azure-docs articles/role-based-access-control/custom-roles.md, AssignableScopes; read
+# 2026-11-29). ARM refuses a role definition whose assignable scope is one resource.
+_ASSIGNABLE_SCOPE = re.compile(
+    r"^/(providers/Microsoft\.Management/managementGroups/[^/]+|subscriptions/[^/]+"
+    r"(/resourceGroups/[^/]+)?)$",
+    re.IGNORECASE,
+)
+
+
+class AzureRefusal(Exception):
+    """What ARM answers to a resource it does not accept (the engine fails the update)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,7 @@ class AzureMocks(pulumi.runtime.Mocks):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         inputs = dict(args.inputs)
+        _refuse_what_azure_refuses(args.typ, inputs)
         self.resources.append(DeclaredResource(args.typ, args.name, inputs, bool(args.custom)))
         identity = inputs.get("identity")
         if isinstance(identity, dict):
@@ -67,11 +85,7 @@ class AzureMocks(pulumi.runtime.Mocks):
         if identity is not None:
             state["identity"] = identity
         state.update(self._computed(args.typ, azure_name, inputs))
-        resource_id = (
-            f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/mock/providers/"
-            f"{args.typ.split(':')[1]}/{azure_name}"
-        )
-        return resource_id, state
+        return mock_resource_id(args.typ, azure_name), state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict, list]:
         if args.token == "azure-native:authorization:getClientConfig":
@@ -131,7 +145,35 @@ class AzureMocks(pulumi.runtime.Mocks):
             return job_outputs(JobSpec.from_props(inputs), "active")
         if typ == "azure-native:network:PublicIPAddress":
             return {"ipAddress": "203.0.113.10"}  # documentation range (RFC 5737)
+        if typ == "azure-native:machinelearningservices:Workspace":
+            # properties.mlFlowTrackingUri, as how-to-use-mlflow-configure-tracking.md shows it.
+            return {
+                "mlFlowTrackingUri": f"azureml://{location}.api.azureml.ms/mlflow/v1.0/"
+                f"subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{inputs['resourceGroupName']}/"
+                f"providers/Microsoft.MachineLearningServices/workspaces/{name}"
+            }
         return {}
+
+
+def mock_resource_id(typ: str, azure_name: str) -> str:
+    """An id of ARM's shape for resource groups (a scope some checks read); the rest under a
+    mock group, by the provider module's name."""
+    if typ == "azure-native:resources:ResourceGroup":
+        return f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/{azure_name}"
+    return (
+        f"/subscriptions/{SUBSCRIPTION_ID}/resourceGroups/mock/providers/"
+        f"{typ.split(':')[1]}/{azure_name}"
+    )
+
+
+def _refuse_what_azure_refuses(typ: str, inputs: dict[str, Any]) -> None:
+    if typ == "azure-native:authorization:RoleDefinition":
+        for scope in inputs.get("assignableScopes") or ():
+            if isinstance(scope, str) and not _ASSIGNABLE_SCOPE.match(scope):
+                raise AzureRefusal(
+                    f"role definition {inputs.get('roleName')!r}: assignable scope {scope} is "
+                    "not a management group, subscription or resource group"
+                )
 
 
 class RecordingMonitor(MockMonitor):

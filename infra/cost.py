@@ -27,6 +27,8 @@ class CostInputs:
     files_share_gb: int = 0
     # False when the stack runs an image from another registry (imageRef): it declares none.
     own_registry: bool = True
+    # An AzureML workspace beside the pool (azuremlWorkspace): its endpoint and DNS zones.
+    azureml_workspace: bool = False
 
 
 def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tuple[str, float]]:
@@ -66,6 +68,10 @@ def monthly_cost(c: CostInputs, busy_hours: int = DEFAULT_BUSY_HOURS) -> list[tu
     items.append(("NAT gateway + public IP", network_hourly * prices.HOURS_PER_MONTH))
     if c.own_registry:
         items.append(("Container registry (Premium)", prices.ACR_PREMIUM_PER_MONTH))
+    if c.azureml_workspace:
+        endpoint = prices.PRIVATE_ENDPOINT_PER_HOUR * prices.HOURS_PER_MONTH
+        zones = 2 * prices.PRIVATE_DNS_ZONE_PER_MONTH
+        items.append(("AzureML workspace: private endpoint + 2 DNS zones", endpoint + zones))
     return items
 
 

@@ -1,5 +1,6 @@
 """Monitoring: a Log Analytics workspace and diagnostic settings that send it the Batch
-account's logs and metrics, the storage account's blob logs and the NFS VM's metrics."""
+account's logs and metrics, the storage account's blob logs, the NFS VM's metrics and the AzureML
+workspace's logs and metrics (when the stack declares one)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class MonitoringArgs:
     batch_account_id: pulumi.Input[str]
     storage_account_id: pulumi.Input[str]
     nfs_vm_id: pulumi.Input[str] | None = field(default=None)
+    azureml_workspace_id: pulumi.Input[str] | None = field(default=None)
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -54,6 +56,9 @@ class Monitoring(pulumi.ComponentResource):
         ]
         if args.nfs_vm_id is not None:
             targets.append(("nfs-vm", args.nfs_vm_id, False, "AllMetrics"))  # metrics only
+        if args.azureml_workspace_id is not None:
+            # Its compute clusters' and runs' events (AmlComputeClusterEvent, ...).
+            targets.append(("azureml", args.azureml_workspace_id, True, "AllMetrics"))
         self.settings = [
             monitor.DiagnosticSetting(
                 f"{name}-{label}-diagnostics",

@@ -28,6 +28,7 @@ def _deny_internet_inbound() -> network.SecurityRuleArgs:
 
 
 class Network(pulumi.ComponentResource):
+    vnet_id: pulumi.Output[str]
     compute_subnet_id: pulumi.Output[str]
     storage_subnet_id: pulumi.Output[str]
     nat_public_ip: pulumi.Output[str]
@@ -144,6 +145,7 @@ class Network(pulumi.ComponentResource):
             # Subnets are separate resources; an inline list would fight them on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["subnets"]),
         )
+        self.vnet_id = vnet.id
         # Azure updates a VNet's subnets one at a time: each subnet waits for the one before.
         subnets: list[network.Subnet] = []
         for role, cidr, nsg in subnet_specs:

@@ -25,6 +25,11 @@ PUBLIC_IP_PER_HOUR = 0.005
 # pricing page; the per-day charge itself was not found in the docs as of 2026-11-28).
 ACR_PREMIUM_PER_MONTH = 50.0
 ACR_PREMIUM_PER_DAY = round(ACR_PREMIUM_PER_MONTH / 30, 3)
+# What a stack's AzureML workspace costs by itself (the workspace is free; its vault bills per
+# operation, a few cents): its private endpoint's hours (data processed, USD 0.01/GB, is left
+# out) and its two private DNS zones.
+PRIVATE_ENDPOINT_PER_HOUR = 0.01
+PRIVATE_DNS_ZONE_PER_MONTH = 0.50
 # ACR Tasks bill each second of each CPU of the build agent (Azure Container Registry pricing,
 # "Container Build": USD 0.0001 per CPU-second, read 2026-11), whatever the registry's tier.
 ACR_TASK_PER_CPU_SECOND = 0.0001
@@ -51,4 +56,8 @@ SOURCES: dict[str, str] = {
     "ACR_PREMIUM_PER_MONTH": "Container Registry pricing page, Premium tier, read 2026-11",
     "ACR_PREMIUM_PER_DAY": "ACR_PREMIUM_PER_MONTH / 30 (the page bills per day), read 2026-11",
     "ACR_TASK_PER_CPU_SECOND": "Container Registry pricing page, Container Build, read 2026-11",
+    "PRIVATE_ENDPOINT_PER_HOUR": "Azure Private Link pricing as third-party cost guides quote it "
+    "(per endpoint-hour, East US), read 2026-11-29; the official page could not be read",
+    "PRIVATE_DNS_ZONE_PER_MONTH": "Azure DNS pricing, private zones, first 25 per month: the "
+    "price as last known, unconfirmed as of 2026-11-29 (the official page could not be read)",
 }

@@ -41,6 +41,10 @@ from infra.settings.stack import StackSettings
 from infra.storage import CONTAINERS, OPERATOR_CONTAINERS, BlobReader, Storage, StorageArgs
 from infra.trainer_command import trainer_flags
 from infra.trainer_settings import job_settings
+from infra.workspace import AzuremlWorkspace, WorkspaceArgs
+
+# Azure's rule for a workspace's name: 3-33 letters, digits, hyphens and underscores.
+WORKSPACE_NAME_MAX = 33
 
 
 def declare(s: StackSettings) -> dict[str, Any]:
@@ -72,6 +76,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
     )
     nfs = _nfs(stem, at, s, net)
     cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
+    workspace = _workspace(stem, at, s, rg, net, ids, store, pull, client)
     if s.budget.amount:
         CostBudget(stem, s.budget, rg.id)
     Monitoring(
@@ -82,13 +87,18 @@ def declare(s: StackSettings) -> dict[str, Any]:
             batch_account_id=cluster.account_id,
             storage_account_id=store.account_id,
             nfs_vm_id=nfs.vm_id,
+            azureml_workspace_id=workspace.workspace_id if workspace else None,
         ),
     )
     uploads = _code_uploads(stem, s, store, client, deployer_type)
     jobs = {
         job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads) for job in s.jobs
     }
-    return {**_job_outputs(image, jobs), **_outputs(s, rg, store, nfs, pull, cluster)}
+    return {
+        **_job_outputs(image, jobs),
+        **_outputs(s, rg, store, nfs, pull, cluster),
+        **_workspace_outputs(workspace),
+    }
 
 
 def _outputs(
@@ -111,6 +121,51 @@ def _outputs(
         "pool_id": cluster.pool_id,
         "node_count": s.cluster.node_count,
         "vm_size": s.cluster.vm_size,
+    }
+
+
+def _workspace(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    rg: resources.ResourceGroup,
+    net: Network,
+    ids: Identities,
+    store: Storage,
+    pull: PullSource,
+    client: pulumi.Output[Any],
+) -> AzuremlWorkspace | None:
+    """The ``azureml`` section's workspace, on the stack's storage and (unless an imageRef
+    comes from elsewhere) its registry, reached from the compute subnet."""
+    if not s.azureml.workspace:
+        return None
+    return AzuremlWorkspace(
+        stem,
+        WorkspaceArgs(
+            placement=at,
+            workspace_name=f"mlw-{stem}"[:WORKSPACE_NAME_MAX].rstrip("-"),
+            vault_name=naming.global_name(team=s.team, stack=s.stack, role="kv"),
+            tenant_id=client.tenant_id,
+            subscription_id=client.subscription_id,
+            resource_group_id=rg.id,
+            storage_account_id=store.account_id,
+            registry_id=None if s.image.ref else pull.registry_id,
+            vnet_id=net.vnet_id,
+            endpoint_subnet_id=net.compute_subnet_id,
+            nodes_principal_id=ids.nodes.principal_id,
+            protect_data=s.protect_data,
+        ),
+    )
+
+
+def _workspace_outputs(workspace: AzuremlWorkspace | None) -> dict[str, Any]:
+    """Where the workspace's runs are tracked and seen (none without one)."""
+    if workspace is None:
+        return {}
+    return {
+        "azureml_workspace_name": workspace.workspace_name,
+        "azureml_tracking_uri": workspace.tracking_uri,
+        "azureml_studio_url": workspace.studio_url,
     }
 
 

@@ -30,6 +30,7 @@ from infra.sizes import CPU_ACCEPTANCE, NOT_YET, SUPPORTED
 
 POOL = "azure-native:batch:Pool"
 STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
+AZUREML_WORKSPACE = "azure-native:machinelearningservices:Workspace"
 _OPEN_SOURCES = {"*", "internet", "any", "0.0.0.0/0", "::/0"}
 
 Validate = Callable[[ResourceValidationArgs, ReportViolation], None]
@@ -105,6 +106,32 @@ def _registry_admin_off(args: ResourceValidationArgs, report: ReportViolation) -
         report("adminUserEnabled must be false: grant AcrPull/AcrPush to identities", None)
     if args.props.get("anonymousPullEnabled"):
         report("anonymousPullEnabled must be false", None)
+
+
+@_for(AZUREML_WORKSPACE)
+def _azureml_workspace_private(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """AzureML workspace: public network access off (a private endpoint reaches it) and its
+    system datastores by identity (the storage has no shared keys to hand out)."""
+    if args.props.get("publicNetworkAccess") != "Disabled":
+        report("publicNetworkAccess must be Disabled: reach it through its private endpoint", None)
+    if args.props.get("systemDatastoresAuthMode") != "Identity":
+        report(
+            f"systemDatastoresAuthMode={args.props.get('systemDatastoresAuthMode')!r}: use "
+            "Identity (storage shared keys are off)",
+            None,
+        )
+
+
+@_for("azure-native:keyvault:Vault")
+def _key_vault_secure(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """Key vault: RBAC authorization, purge protection, network default deny."""
+    props = args.props.get("properties") or {}
+    if props.get("enableRbacAuthorization") is not True:
+        report("enableRbacAuthorization must be true: grant roles, not access policies", None)
+    if props.get("enablePurgeProtection") is not True:
+        report("enablePurgeProtection must be true", None)
+    if (props.get("networkAcls") or {}).get("defaultAction") != "Deny":
+        report("networkAcls.defaultAction must be Deny", None)
 
 
 def _open_to_internet(rule: Mapping[str, Any]) -> bool:
@@ -321,6 +348,7 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
         nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
         nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
         files_share_gb=sum(int(s.get("shareQuota") or 0) for s in shares),
+        azureml_workspace=any(r.resource_type == AZUREML_WORKSPACE for r in resources),
     )
 
 
@@ -388,6 +416,8 @@ RESOURCE_RULES: dict[str, Validate] = {
     "registry-ip-rules-public": _registry_ip_rules,
     "tags-within-azure-limits": _tags_within_azure_limits,
     "budget-starts-on-the-first": _budget_start,
+    "azureml-workspace-private": _azureml_workspace_private,
+    "key-vault-secure": _key_vault_secure,
 }
 ALL_POLICIES: list[Policy] = [
     *(_mandatory(name, check) for name, check in RESOURCE_RULES.items()),

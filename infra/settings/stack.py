@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from infra.cost import CostInputs
 from infra.image_inputs import origin_clone_url
 from infra.naming import PROJECT, default_tags, tag_problem
+from infra.settings.azureml import AzuremlSettings
 from infra.settings.budget import BudgetSettings
 from infra.settings.checks import ConfigError, in_range
 from infra.settings.cluster import ClusterSettings
@@ -83,6 +84,7 @@ class StackSettings:
     image: ImageSettings
     budget: BudgetSettings
     tracking: TrackingSettings
+    azureml: AzuremlSettings
     # The stack's training jobs: the `jobs` map, or the one job of submitJob/trainerConfig/
     # datasetPrefix (``JobInputs``).
     jobs: tuple[JobSettings, ...]
@@ -134,6 +136,7 @@ class StackSettings:
             ),
             budget=_section(BudgetSettings, typed),
             tracking=_section(TrackingSettings, typed),
+            azureml=_section(AzuremlSettings, typed),
             jobs=jobs,
         )
 
@@ -212,6 +215,7 @@ class StackSettings:
             nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
             files_share_gb=0 if vm_mode else nfs.share_quota_gb,
             own_registry=not self.image.ref,
+            azureml_workspace=self.azureml.workspace,
         )
 
 
@@ -225,6 +229,7 @@ DECLARING: tuple[type, ...] = (
     SecretSettings,
     BudgetSettings,
     TrackingSettings,
+    AzuremlSettings,
     JobInputs,
 )
 

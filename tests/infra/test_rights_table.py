@@ -28,6 +28,7 @@ _SCOPE_KINDS = {
     "Microsoft.ContainerRegistry": "registry",
     "batch": "Batch account",
     "storage": "data account",
+    "machinelearningservices": "AzureML workspace",
 }
 
 
@@ -45,6 +46,9 @@ def _stacks(dev_plan: Plan, prod_plan: Plan, acceptance_plan: Plan) -> dict[str,
         "code": evaluate("dev", code),
         "acceptance": acceptance_plan,
         "imageRef": evaluate("dev", reuse()),
+        "AzureML workspace": evaluate(
+            "dev", {**stack_values("dev"), "gpu-cluster:azuremlWorkspace": True}
+        ),
         "imageRef, ABAC": _abac_image_ref(),
     }
 

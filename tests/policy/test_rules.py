@@ -45,9 +45,9 @@ def check(policy_name, resource_type, props):
     return violations
 
 
-def check_stack(resources, policy="cost-within-budget"):
-    violations = []
-    policy_resources = [
+def policy_resources(resources):
+    """(type, props) pairs as the pack's stack rules receive them."""
+    return [
         PolicyResource(
             resource_type=typ,
             props=props,
@@ -61,8 +61,12 @@ def check_stack(resources, policy="cost-within-budget"):
         )
         for i, (typ, props) in enumerate(resources)
     ]
+
+
+def check_stack(resources, policy="cost-within-budget"):
+    violations = []
     POLICIES[policy].validate(
-        StackValidationArgs(resources=policy_resources),
+        StackValidationArgs(resources=policy_resources(resources)),
         lambda message, urn=None: violations.append(message),
     )
     return violations
@@ -84,6 +88,14 @@ STORAGE = {
     "allowBlobPublicAccess": False,
     "networkRuleSet": {"defaultAction": "Deny"},
     "tags": TAGS,
+}
+WORKSPACE = {"publicNetworkAccess": "Disabled", "systemDatastoresAuthMode": "Identity"}
+VAULT = {
+    "properties": {
+        "enableRbacAuthorization": True,
+        "enablePurgeProtection": True,
+        "networkAcls": {"defaultAction": "Deny", "bypass": "AzureServices"},
+    }
 }
 INBOUND = {
     "name": "r",
@@ -358,6 +370,41 @@ CASES += [
         {"timePeriod": {"startDate": "2026-11-22"}},
         "first day of a month",
     ),
+    (
+        "azureml-workspace-private",
+        "azure-native:machinelearningservices:Workspace",
+        WORKSPACE,
+        changed(WORKSPACE, ["publicNetworkAccess"], "Enabled"),
+        "publicNetworkAccess must be Disabled",
+    ),
+    (
+        "azureml-workspace-private",
+        "azure-native:machinelearningservices:Workspace",
+        WORKSPACE,
+        changed(WORKSPACE, ["systemDatastoresAuthMode"], "AccessKey"),
+        "systemDatastoresAuthMode='AccessKey'",
+    ),
+    (
+        "key-vault-secure",
+        "azure-native:keyvault:Vault",
+        VAULT,
+        changed(VAULT, ["properties", "enableRbacAuthorization"], False),
+        "enableRbacAuthorization",
+    ),
+    (
+        "key-vault-secure",
+        "azure-native:keyvault:Vault",
+        VAULT,
+        changed(VAULT, ["properties", "enablePurgeProtection"], False),
+        "enablePurgeProtection",
+    ),
+    (
+        "key-vault-secure",
+        "azure-native:keyvault:Vault",
+        VAULT,
+        changed(VAULT, ["properties", "networkAcls", "defaultAction"], "Allow"),
+        "networkAcls.defaultAction must be Deny",
+    ),
 ]
 
 
@@ -421,12 +468,14 @@ def test_every_resource_policy_has_a_case():
     assert tested == {p.name for p in ALL_POLICIES} - STACK_POLICIES
 
 
-@pytest.mark.parametrize("stack", ["dev", "vision-prod"])
+@pytest.mark.parametrize("stack", ["dev", "vision-prod", "dev with an AzureML workspace"])
 def test_both_stacks_pass_every_policy(stack):
     from dt_commands.plan import evaluate
     from tests.support.stacks import stack_values
 
-    plan = evaluate(stack, stack_values(stack))
+    name, _, extra = stack.partition(" with ")
+    values = stack_values(name) | ({"gpu-cluster:azuremlWorkspace": True} if extra else {})
+    plan = evaluate(name, values)
     for resource in plan.resources:
         for name in POLICIES:
             if name not in STACK_POLICIES:

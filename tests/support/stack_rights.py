@@ -24,6 +24,7 @@ from dt_commands.plan import Plan
 from tests.support.storage_grants import CONTRIBUTOR, READER, Grants, NetworkRules
 
 ASSIGNMENT = "azure-native:authorization:RoleAssignment"
+ROLE_DEFINITION = "azure-native:authorization:RoleDefinition"
 ROLE_NAMES = {
     "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
     "b24988ac-6180-42a0-ab88-20f7382dd24c": "Contributor",
@@ -55,11 +56,18 @@ class Assignment:
 
 
 def declared(plan: Plan) -> list[Assignment]:
-    """The role assignments the program declares, with each role by name."""
+    """The role assignments the program declares, with each role by name (a custom role the
+    plan defines by its name less the resource it is for: "MLflow writer on mlw-..." is
+    "MLflow writer")."""
+    names = ROLE_NAMES | {
+        str(r.inputs["roleDefinitionId"]): str(r.inputs["roleName"]).split(" on ", 1)[0]
+        for r in plan.resources
+        if r.typ == ROLE_DEFINITION
+    }
     return [
         Assignment(
             str(r.inputs["principalId"]),
-            ROLE_NAMES[str(r.inputs["roleDefinitionId"]).rsplit("/", 1)[1]],
+            names[str(r.inputs["roleDefinitionId"]).rsplit("/", 1)[1]],
             str(r.inputs["scope"]),
             r.name,
         )
