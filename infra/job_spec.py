@@ -62,11 +62,12 @@ class JobFields(Generic[S]):
     # 0: no limit). Not part of the job's identity: a new limit is applied to the job in place.
     max_wall_clock_hours: int = 0
     # What the job's tasks get to track the run in MLflow (the tracking section's environment:
-    # MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME; () for none). Batch never changes a task's
+    # MLFLOW_TRACKING_URI, the stack's workspace's own when it tracks there, and
+    # MLFLOW_EXPERIMENT_NAME; () for none). Batch never changes a task's
     # environment (Task - Update takes only its constraints), so a change is a new job; left
     # out of the hashes at its default, and never part of the run folder's name: the new job
     # resumes the run, in MLflow too.
-    tracking: tuple[tuple[str, str], ...] = ()
+    tracking: tuple[tuple[str, S], ...] = ()
     # The job's own trainer settings as data (infra.trainer_command.JobTrainer), from which the
     # commands are rendered: the same facts as trainer_args, so neither part of the job's
     # identity nor compared by the provider's diff (an older stack's state has none: ``()``).

@@ -91,8 +91,10 @@ def declare(s: StackSettings) -> dict[str, Any]:
         ),
     )
     uploads = _code_uploads(stem, s, store, client, deployer_type)
+    tracking = s.tracking.environment(s.stack, workspace.tracking_uri if workspace else None)
     jobs = {
-        job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads) for job in s.jobs
+        job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads, tracking)
+        for job in s.jobs
     }
     return {
         **_job_outputs(image, jobs),
@@ -366,8 +368,9 @@ def _job(
     ids: Identities,
     store: Storage,
     uploads: dict[str, CodeUpload],
+    tracking: tuple[tuple[str, Any], ...],
 ) -> dict[str, Any]:
-    """Submit one job of the stack; its outputs."""
+    """Submit one job of the stack (tracking its runs where ``tracking`` says); its outputs."""
     shorthand = job.name == SHORTHAND_JOB
     trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
     resource = TrainingJob(
@@ -393,7 +396,7 @@ def _job(
             engine=job.engine,
             code_sha256=job.code.sha256 if job.code else "",
             max_wall_clock_hours=job.max_wall_clock_hours,
-            tracking=s.tracking.environment(s.stack),
+            tracking=tracking,
             trainer_settings=trainer,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),

@@ -1,18 +1,15 @@
 """An AzureML workspace beside the Batch pool, for the stack's runs and registered models: the
 stack's storage and registry, a key vault of its own, public network access off and a private
-endpoint in the compute subnet (with the two private DNS zones that name it there), the nodes'
-identity allowed to write runs and models and nothing else.
+endpoint in the compute subnet (named there by two private DNS zones), the nodes' identity
+allowed to write runs and models and nothing else.
 
-Read 2026-11-29 (MicrosoftDocs/azure-ai-docs, articles/machine-learning/):
-- concept-workspace.md: a workspace needs a storage account and a key vault; the storage may not
-  be premium nor have a hierarchical namespace (the stack's is StorageV2, ZRS, flat);
-- how-to-disable-local-auth-storage.md: shared-key access off needs
-  ``systemDatastoresAuthMode: identity``;
-- how-to-secure-workspace-vnet.md: the registry Premium and open to trusted services, the
-  storage and key vault open to trusted services (the stack's already are);
-- how-to-configure-private-link.md: group ``amlworkspace``, zones privatelink.api.azureml.ms and
-  privatelink.notebooks.azure.net;
-- how-to-use-mlflow-configure-tracking.md: what MLflow tracking and the model registry need."""
+Read 2026-11-29 (MicrosoftDocs/azure-ai-docs, articles/machine-learning/): concept-workspace.md
+(a storage account and a key vault; the storage neither premium nor hierarchical),
+how-to-disable-local-auth-storage.md (no shared keys: ``systemDatastoresAuthMode: identity``),
+how-to-secure-workspace-vnet.md (a Premium registry; registry, storage and vault open to trusted
+services), how-to-configure-private-link.md (group ``amlworkspace``, zones
+privatelink.api.azureml.ms and privatelink.notebooks.azure.net),
+how-to-use-mlflow-configure-tracking.md (what MLflow tracking and its model registry need)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,20 @@
 """The rules that span sections, each taking the sections it relates: the acceptance size against
 the profile, the region against the pool's size, the compute subnet against the pool, the
-registry against the machine that pushes, and the jobs against the pool, the network and
-``replaceJobs``. A section checks its own fields (``check()``); ``StackSettings`` runs both."""
+registry against the machine that pushes, the jobs against the pool, the network and
+``replaceJobs``, and where the runs are tracked against the stack's workspace. A section checks
+its own fields (``check()``); ``StackSettings`` runs both."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from infra.settings.azureml import AzuremlSettings
 from infra.settings.checks import ConfigError
 from infra.settings.cluster import ClusterSettings
 from infra.settings.image import ImageSettings
 from infra.settings.jobs import JobSettings
 from infra.settings.network import NetworkSettings
+from infra.settings.tracking import TrackingSettings
 from infra.sizes import CPU_ACCEPTANCE
 
 
@@ -82,4 +85,21 @@ def check_jobs(
         raise ConfigError(
             f"replaceJobs={list(replace_jobs)}: no job named {unknown[0]!r}; the "
             f"stack's jobs are {', '.join(names) or 'none'}"
+        )
+
+
+def check_tracking(tracking: TrackingSettings, azureml: AzuremlSettings) -> None:
+    """The stack's runs go to one place: its server (trackingUri) or its workspace
+    (azuremlWorkspace), and an experiment needs one of them."""
+    if tracking.uri and azureml.workspace:
+        raise ConfigError(
+            f"trackingUri={tracking.uri!r} with azuremlWorkspace=true: the jobs track in one "
+            "place; remove trackingUri to track in the stack's workspace, or set "
+            "azuremlWorkspace false to track on that server"
+        )
+    if tracking.experiment and not (tracking.uri or azureml.workspace):
+        raise ConfigError(
+            f"trackingExperiment={tracking.experiment!r} without trackingUri or "
+            "azuremlWorkspace: set trackingUri to the MLflow server's URL or azuremlWorkspace "
+            "true, or remove trackingExperiment"
         )

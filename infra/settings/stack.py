@@ -28,6 +28,7 @@ from infra.settings.rules import (
     check_jobs,
     check_location,
     check_subnet_room,
+    check_tracking,
 )
 from infra.settings.schema import declared, setting
 from infra.settings.secrets import SECRET_SETTINGS, SecretSettings
@@ -160,6 +161,7 @@ class StackSettings:
         self.image.check()
         check_image_push(self.image, self.network)
         self.tracking.check()
+        check_tracking(self.tracking, self.azureml)
         check_jobs(self.jobs, self.cluster, self.network, self.replace_jobs)
 
     @property

@@ -222,8 +222,9 @@ def test_the_images_trainer_logs_its_run_to_an_mlflow_server(image: ImageContain
         (run,) = client.search_runs([client.get_experiment_by_name("image").experiment_id])
         assert run.info.status == "FINISHED" and run.info.run_name == "run"
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
-        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "results")}
-        assert "results/model.safetensors" in artifacts
+        folder = "results/step-000000002"  # the results of the step the run ended at
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id, folder)}
+        assert f"{folder}/model.safetensors" in artifacts
     sqlite = {"MLFLOW_TRACKING_URI": f"sqlite:///{INSIDE}/mlflow.db"}
     again = [*flags[:-1], f"{INSIDE}/run2"]
     refused = image.run(["python", "-m", "trainer", *again], env=sqlite, binds=[(shared, INSIDE)])
@@ -231,3 +232,43 @@ def test_the_images_trainer_logs_its_run_to_an_mlflow_server(image: ImageContain
     (line,) = [line for line in refused.stderr.splitlines() if "MLFLOW_TRACKING_URI" in line]
     assert line.startswith(f"error: MLFLOW_TRACKING_URI={sqlite['MLFLOW_TRACKING_URI']}: the ")
     assert "Traceback" not in refused.stderr and not (shared / "run2").exists()
+
+
+def test_the_images_trainer_tracks_in_an_azureml_workspace_as_the_nodes_identity(
+    image: ImageContainer, shared, azurite_entra
+):
+    """The image's azureml-mlflow plugin (on its Python 3.13, beside its mlflow-skinny) against
+    a fake workspace in front of a real MLflow server (tests/support/fake_azureml.py): the
+    nodes' managed identity's token, the run, its metrics and its model in the workspace's
+    storage, as a job of a stack with azuremlWorkspace tracks there."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.support.fake_azureml import FakeAzureML
+    from tests.support.fake_imds import IDENTITY
+    from tests.support.mlflow_server import mlflow_server
+
+    flags = ["--model", "tiny", "--num-classes", "3", "--image-size", "16", "--batch-size", "4",
+             "--synthetic-size", "16", "--backend", "local", "--max-steps", "2",
+             "--log-every", "1", "--output-dir", f"{INSIDE}/run"]  # fmt: skip
+    with mlflow_server(shared.parent / "mlflow") as backend:
+        workspace = FakeAzureML(shared.parent / "tls", backend, azurite_entra, {IDENTITY})
+        try:
+            env = {
+                **azurite_entra.env(),
+                **workspace.env(shared / "ca.pem"),
+                "REQUESTS_CA_BUNDLE": f"{INSIDE}/ca.pem",  # the bundle, as the image sees it
+                "MLFLOW_EXPERIMENT_NAME": "image",
+                "AZ_BATCH_JOB_ID": "dev-default-image",
+            }
+            run = image.run(["python", "-m", "trainer", *flags], env=env, binds=[(shared, INSIDE)])
+            _ok(run)
+        finally:
+            workspace.close()
+        client = MlflowClient(backend)
+        (found,) = client.search_runs([client.get_experiment_by_name("image").experiment_id])
+    assert found.info.status == "FINISHED" and found.info.run_name == "dev-default-image"
+    assert f"MLflow: new run {found.info.run_id} https://ml.azure.com/runs/" in run.stdout
+    folder = f"ExperimentRun/dcid.{found.info.run_id}/results/step-000000002/"
+    blobs = {b.name for b in workspace.artifacts.list_blobs(folder)}
+    assert f"{folder}model.safetensors" in blobs, blobs
+    assert workspace.refusals == [] and "Traceback" not in run.stderr

@@ -87,10 +87,20 @@ URI, EXPERIMENT = "trackingUri", "trackingExperiment"
         ({URI: "http://mlflow:port"}, "trackingUri='http://mlflow:port': not a URL", "http(s)://"),
         (
             {URI: "azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/x"},
-            "trackingUri='azureml://",
-            "azureml-mlflow",
+            "trackingUri='azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/x': not a "
+            "workspace's tracking URI",
+            "az ml workspace show --query mlflow_tracking_uri",
         ),
-        ({EXPERIMENT: "vision"}, "trackingExperiment='vision' without trackingUri", "trackingUri"),
+        (
+            {EXPERIMENT: "vision"},
+            "trackingExperiment='vision' without trackingUri or azuremlWorkspace",
+            "azuremlWorkspace true",
+        ),
+        (
+            {URI: SERVER, "azuremlWorkspace": True},
+            f"trackingUri='{SERVER}' with azuremlWorkspace=true: the jobs track in one place",
+            "remove trackingUri",
+        ),
         ({URI: SERVER, EXPERIMENT: " vision"}, "trackingExperiment=' vision'", "spaces"),
         ({URI: SERVER, EXPERIMENT: "x" * 257}, "trackingExperiment='xxx", "256"),
     ],
@@ -118,3 +128,33 @@ def test_credentials_in_the_url_are_refused_without_showing_them(schema):
     with pytest.raises(ConfigError) as raised:
         StackSettings.from_mapping("dev", values, schema)
     assert "hunter2" not in str(raised.value) and "credentials in the URL" in str(raised.value)
+
+
+WORKSPACE_URI = (
+    "azureml://westeurope.api.azureml.ms/mlflow/v1.0/subscriptions/"
+    "0b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9/resourceGroups/rg-ml/providers/"
+    "Microsoft.MachineLearningServices/workspaces/team-ml"
+)
+
+
+def test_a_teams_own_workspace_uri_is_taken_as_the_tracking_server():
+    spec = _spec(_plan(trackingUri=WORKSPACE_URI, datasetPrefix="imagenet"))
+    assert dict(spec.tracking) == {
+        "MLFLOW_TRACKING_URI": WORKSPACE_URI,
+        "MLFLOW_EXPERIMENT_NAME": "dev",
+    }
+
+
+def test_with_its_own_workspace_every_job_tracks_there_in_its_experiment():
+    plan = _plan(azuremlWorkspace=True, trackingExperiment="vision", datasetPrefix="imagenet")
+    workspace_uri = plan.outputs["azureml_tracking_uri"]
+    assert workspace_uri.startswith("azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/")
+    spec = _spec(plan)
+    assert dict(spec.tracking) == {
+        "MLFLOW_TRACKING_URI": workspace_uri,
+        "MLFLOW_EXPERIMENT_NAME": "vision",
+    }
+    assert _env(task_options(spec))["MLFLOW_TRACKING_URI"] == workspace_uri
+    # The plugin authenticates as the nodes' identity, whose client id the task already has.
+    assert _env(task_options(spec))["AZURE_CLIENT_ID"] == spec.node_identity_client_id
+    assert f"tracking: MLflow at {workspace_uri}, experiment vision" in "\n".join(job_lines(plan))

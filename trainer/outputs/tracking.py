@@ -1,27 +1,29 @@
 """Rank 0's record of the run in MLflow, when ``MLFLOW_TRACKING_URI`` is set: the settings as
 parameters, every logged step's numbers as metrics, the checkpoints' steps, and at the end the
-results folder (the final model, its config and evaluation) as artifacts.
+results folder as artifacts under the step the run ended at (an AzureML workspace never
+overwrites an artifact: "Resource Conflict: ArtifactId ... already exists", lightly-ai/
+lightly-train #256). The run is named after the Batch job that starts it (else its output
+folder) and keyed by where its checkpoints live (``run_identity``): whatever resumes them goes
+on in the same MLflow run. A store that cannot be reached stops the run before it trains, in
+one line; a failure later is one warning and the training goes on without tracking.
 
-The run is named after the Batch job that starts it (outside a job, its output folder) and keyed
-by where its checkpoints live (``run_identity``): whatever resumes them (a retry on any node, an
-eviction's requeue, a rerun, a replaced job) goes on in the same MLflow run. A store that
-cannot be reached stops the run before it trains, in one line; a failure later is one warning
-and the training goes on without tracking (a run is never lost to it).
-
-MLflow's own client (``mlflow-skinny``: no server dependencies) talks to a tracking server or,
-locally, SQLite (``sqlite:///<path>``); current MLflow refuses the file store without an opt-in.
-"""
+MLflow's own client (``mlflow-skinny``) talks to a tracking server, an AzureML workspace
+(``azureml://``, through the azureml-mlflow plugin) or, locally, SQLite; current MLflow refuses
+the file store without an opt-in."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from trainer.common.errors import ConfigError, first_line
 
@@ -38,9 +40,22 @@ JOB_TAG = "dt.batch_job"  # the Batch job whose task last ran the run
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 # The records' kinds (trainer.training.run) and the prefix their numbers get in MLflow.
 PREFIXES = {"train": "", "eval": "val_", "checkpoint": "checkpoint_", "noise": "noise_"}
-ARTIFACT_PATH = "results"
+QUIET_LOGGERS = ("azure", "azureml")
+STUDIO = "https://ml.azure.com"
+# An azureml:// tracking URI's workspace: /mlflow/v1.0/<this>.
+_WORKSPACE = re.compile(
+    r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/"
+    r"Microsoft\.MachineLearningServices/workspaces/[^/]+",
+    re.IGNORECASE,
+)
+ARTIFACT_FOLDER = "results"  # results/step-<the step the run ended at>/
 PARAMS_PER_BATCH = 100  # the most one log_batch request may carry (MLflow's REST limits)
 PENDING_WRITES = 64  # asynchronous writes held before the oldest are waited for (a long run's)
+
+
+def artifact_folder(step: int) -> str:
+    """Where a run's results at ``step`` go among its artifacts."""
+    return f"{ARTIFACT_FOLDER}/step-{step:09d}"
 
 
 def configured(env: Mapping[str, str] = os.environ) -> str:
@@ -87,6 +102,10 @@ class Tracking:
         A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
         for key, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        # An azureml:// URI's plugin and the Azure SDK under it log every request and token at
+        # INFO (rank 0 logs INFO); a failure is this module's one line.
+        for noisy in QUIET_LOGGERS:
+            logging.getLogger(noisy).setLevel(logging.ERROR)
         from mlflow.entities import RunTag
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
@@ -141,14 +160,14 @@ class Tracking:
             "metrics", lambda: self._client.log_batch(self.run_id, metrics=batch, synchronous=False)
         )
 
-    def finish(self, results: Path | None, stopped_by: str) -> None:
-        """The run's end: its results folder as artifacts and FINISHED when it is final; a
-        paused run (a signal, --run-steps) is KILLED until its job resumes it."""
+    def finish(self, results: Path | None, stopped_by: str, step: int) -> None:
+        """The run's end at ``step``: its results folder as artifacts and FINISHED when it is
+        final; a paused run (a signal, --run-steps) is KILLED until its job resumes it."""
         self._wait()
         if results is not None:
+            folder = artifact_folder(step)
             self._call(
-                "results",
-                lambda: self._client.log_artifacts(self.run_id, str(results), ARTIFACT_PATH),
+                "results", lambda: self._client.log_artifacts(self.run_id, str(results), folder)
             )
         self._call("end", lambda: self._client.set_tag(self.run_id, STOPPED_BY_TAG, stopped_by))
         status = "FINISHED" if results is not None else "KILLED"
@@ -208,7 +227,12 @@ def tracked(
 
 
 def _link(uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page in a tracking server's web UI (its route: #/experiments/<id>/runs/<id>)."""
+    """The run's page: in a tracking server's web UI (its route: #/experiments/<id>/runs/<id>),
+    or in AzureML studio for a workspace's azureml:// URI (the "Web View" link AzureML's own
+    tools print: https://ml.azure.com/runs/<run id>?wsid=<workspace's ARM id>); "" for SQLite."""
+    if uri.startswith("azureml://"):
+        workspace = _WORKSPACE.search(urlsplit(uri).path)
+        return f"{STUDIO}/runs/{run_id}?wsid={workspace.group(0)}" if workspace else ""
     if not uri.startswith(("http://", "https://")):
         return ""
     return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"

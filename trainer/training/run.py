@@ -522,7 +522,7 @@ def train(
                 final_evaluation=run.final_evaluation,
             )
             if tracking is not None:
-                tracking.finish(result.results, result.stopped_by)
+                tracking.finish(result.results, result.stopped_by, result.step)
         finally:
             # Every engine's loader workers stop here, with the run: FSDP's ranks end without
             # the interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops

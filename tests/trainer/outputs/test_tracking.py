@@ -67,7 +67,7 @@ def test_a_run_is_named_after_its_job_with_its_settings_metrics_checkpoints_and_
     run.metrics({"kind": "eval", "step": 20, "epoch": 1, "loss": 2.0, "accuracy": 0.25})
     run.metrics({"kind": "checkpoint", "step": 20, "stall_sec": 0.3})
     run.metrics({"kind": "gpu", "step": 20, "rank": 1, "power_w": 500.0})  # per rank: not sent
-    run.finish(_results(tmp_path), "max_steps")
+    run.finish(_results(tmp_path), "max_steps", 20)
 
     (found,) = _runs(server, job)
     assert found.info.run_name == os.environ["AZ_BATCH_JOB_ID"] and found.info.status == "FINISHED"
@@ -82,9 +82,10 @@ def test_a_run_is_named_after_its_job_with_its_settings_metrics_checkpoints_and_
         "val_loss": [(20, 2.0)], "val_accuracy": [(20, 0.25)],
         "checkpoint_stall_sec": [(20, 0.3)], "checkpoint_step": [(20, 20.0)],
     }  # fmt: skip
-    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "results")}
-    assert artifacts == {"results/model.safetensors", "results/evaluation.json"}
-    downloaded = Path(client.download_artifacts(found.info.run_id, "results/model.safetensors",
+    folder = "results/step-000000020"
+    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, folder)}
+    assert artifacts == {f"{folder}/model.safetensors", f"{folder}/evaluation.json"}
+    downloaded = Path(client.download_artifacts(found.info.run_id, f"{folder}/model.safetensors",
                                                 str(tmp_path / "down")))  # fmt: skip
     assert downloaded.read_bytes() == b"weights"
 
@@ -94,7 +95,7 @@ def test_a_resumed_job_goes_on_in_its_run_and_a_paused_one_is_killed_until_then(
 ):
     first = Tracking.start(server, str(tmp_path), {"lr": 0.1})
     first.metrics({"kind": "train", "step": 5, "loss": 3.0})
-    first.finish(None, "signal")  # a SIGTERM: no results, the job resumes later
+    first.finish(None, "signal", 5)  # a SIGTERM: no results, the job resumes later
     (paused,) = _runs(server, job)
     assert paused.info.status == "KILLED" and paused.data.tags["dt.stopped_by"] == "signal"
 
@@ -105,7 +106,7 @@ def test_a_resumed_job_goes_on_in_its_run_and_a_paused_one_is_killed_until_then(
     (running,) = _runs(server, job)
     assert running.info.status == "RUNNING"
     again.metrics({"kind": "train", "step": 10, "loss": 2.0})
-    again.finish(_results(tmp_path), "max_steps")
+    again.finish(_results(tmp_path), "max_steps", 10)
     (done,) = _runs(server, job)  # one run, not two
     assert done.data.tags["dt.batch_job"] == "dev-default-replaced"
     history = MlflowClient(server).get_metric_history(done.info.run_id, "loss")
@@ -138,7 +139,7 @@ def test_a_long_run_holds_a_bounded_number_of_writes_and_every_step_arrives(serv
     for step in range(1, 201):
         run.metrics({"kind": "train", "step": step, "loss": 1.0 / step})
         assert len(run._pending) <= tracking.PENDING_WRITES
-    run.finish(None, "run_steps")
+    run.finish(None, "run_steps", 200)
     (found,) = _runs(server, job)
     history = MlflowClient(server).get_metric_history(found.info.run_id, "loss")
     assert sorted(m.step for m in history) == list(range(1, 201))
@@ -171,7 +172,7 @@ def test_a_server_that_goes_away_mid_run_is_one_warning_and_the_run_goes_on(
         path.cut()
         for step in range(2, 6):
             run.metrics({"kind": "train", "step": step, "loss": 1.0 / step})
-        run.finish(_results(tmp_path), "max_steps")  # never raises
+        run.finish(_results(tmp_path), "max_steps", 5)  # never raises
     warnings = [line for line in capsys.readouterr().err.splitlines() if "MLflow" in line]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith("warning: MLflow tracking stopped (")
@@ -221,8 +222,12 @@ def test_the_trainer_logs_its_run_and_a_rerun_of_the_job_resumes_it(
     assert [m.step for m in loss] == [1, 2, 3, 4]
     checkpoints = client.get_metric_history(found.info.run_id, "checkpoint_step")
     assert [m.value for m in checkpoints][-1] == 4.0
-    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "results")}
-    assert "results/model.safetensors" in artifacts and "results/evaluation.json" in artifacts
+    # Each end's results under its step: the first invocation's are kept beside the second's.
+    folders = {a.path for a in client.list_artifacts(found.info.run_id, "results")}
+    assert folders == {"results/step-000000002", "results/step-000000004"}
+    artifacts = {a.path for a in client.list_artifacts(found.info.run_id, "results/step-000000004")}
+    assert {"results/step-000000004/model.safetensors",
+            "results/step-000000004/evaluation.json"} <= artifacts  # fmt: skip
 
 
 def _config(output_dir: Path, **extra):
