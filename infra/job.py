@@ -143,7 +143,7 @@ class TrainingJobProvider(Provider):
         # from older state, which means its default (tests/infra/test_job_upgrade.py holds
         # every released shape). ``protect_running`` is this deployment's permission and the
         # outputs are Batch's: neither is the job.
-        old, new = JobSpec.from_props(olds), JobSpec.from_props(news)
+        old, new = JobSpec.from_props(olds), JobSpec.from_props(_tracking_known(olds, news))
         changed = [
             f.name
             for f in fields(JobSpec)
@@ -374,6 +374,21 @@ def _keeps_image_message(id_: str, olds: dict[str, Any], news: dict[str, Any], s
         f"with the first `pulumi up` after it ends, or now with {name} in replaceJobs (it "
         "resumes from its newest checkpoint)"
     )
+
+
+def _tracking_known(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """``news``, where a preview does not know a tracking value yet, with the job's own value
+    for it. The stack's workspace's URI is unknown while the workspace updates in place
+    (azure-native previews an update with its inputs and only the outputs that never change),
+    which would show every job replaced, and a running one refused, for a tag. The update's
+    own diff, run with the value known, compares it."""
+    from pulumi.runtime.rpc import UNKNOWN
+
+    old_pairs = {name: value for name, value in olds.get("tracking") or ()}
+    pairs = [list(pair) for pair in news.get("tracking") or ()]
+    if not any(value == UNKNOWN for _, value in pairs) or {n for n, _ in pairs} != set(old_pairs):
+        return news
+    return {**news, "tracking": [[n, old_pairs[n] if v == UNKNOWN else v] for n, v in pairs]}
 
 
 def _known(value: Any, instead: str) -> str:

@@ -109,6 +109,16 @@ def global_name(*, team: str, stack: str, role: str, max_length: int = 24) -> st
     return f"{stem}{digest[:8]}"
 
 
+# An AzureML workspace's name: 3-33 letters, digits, hyphens and underscores, from a letter or
+# digit (Azure's rule for Microsoft.MachineLearningServices/workspaces).
+WORKSPACE_NAME_MAX = 33
+
+
+def workspace_name(stem: str) -> str:
+    """The stack's AzureML workspace: ``mlw-<stem>``, cut to Azure's length."""
+    return f"mlw-{stem}"[:WORKSPACE_NAME_MAX].rstrip("-")
+
+
 def role_assignment_name(*parts: str) -> str:
     """A deterministic GUID for a role assignment from its scope, principal and role."""
     return str(uuid.uuid5(_ROLE_NAMESPACE, "/".join(parts)))

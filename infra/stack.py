@@ -6,6 +6,8 @@ settings (``infra.settings``) and the outputs of the components it depends on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -43,8 +45,13 @@ from infra.trainer_command import trainer_flags
 from infra.trainer_settings import job_settings
 from infra.workspace import AzuremlWorkspace, WorkspaceArgs
 
-# Azure's rule for a workspace's name: 3-33 letters, digits, hyphens and underscores.
-WORKSPACE_NAME_MAX = 33
+
+@dataclass(frozen=True)
+class Tracking:
+    """What a job's tasks get to track their runs, and what must exist before they start."""
+
+    environment: tuple[tuple[str, Any], ...]
+    ready: Sequence[pulumi.Resource]
 
 
 def declare(s: StackSettings) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def declare(s: StackSettings) -> dict[str, Any]:
         ),
     )
     uploads = _code_uploads(stem, s, store, client, deployer_type)
-    tracking = s.tracking.environment(s.stack, workspace.tracking_uri if workspace else None)
+    tracking = _tracking(s, workspace)
     jobs = {
         job.name: _job(stem, s, job, cluster, image, pull, ids, store, uploads, tracking)
         for job in s.jobs
@@ -145,7 +152,7 @@ def _workspace(
         stem,
         WorkspaceArgs(
             placement=at,
-            workspace_name=f"mlw-{stem}"[:WORKSPACE_NAME_MAX].rstrip("-"),
+            workspace_name=naming.workspace_name(stem),
             vault_name=naming.global_name(team=s.team, stack=s.stack, role="kv"),
             tenant_id=client.tenant_id,
             subscription_id=client.subscription_id,
@@ -158,6 +165,14 @@ def _workspace(
             protect_data=s.protect_data,
         ),
     )
+
+
+def _tracking(s: StackSettings, workspace: AzuremlWorkspace | None) -> Tracking:
+    """Where the jobs track their runs: the stack's server, else its workspace (once the nodes
+    may write there and find it), else nowhere."""
+    if workspace is None:
+        return Tracking(s.tracking.environment(s.stack), ())
+    return Tracking(s.tracking.environment(s.stack, workspace.tracking_uri), workspace.ready)
 
 
 def _workspace_outputs(workspace: AzuremlWorkspace | None) -> dict[str, Any]:
@@ -368,7 +383,7 @@ def _job(
     ids: Identities,
     store: Storage,
     uploads: dict[str, CodeUpload],
-    tracking: tuple[tuple[str, Any], ...],
+    tracking: Tracking,
 ) -> dict[str, Any]:
     """Submit one job of the stack (tracking its runs where ``tracking`` says); its outputs."""
     shorthand = job.name == SHORTHAND_JOB
@@ -396,14 +411,18 @@ def _job(
             engine=job.engine,
             code_sha256=job.code.sha256 if job.code else "",
             max_wall_clock_hours=job.max_wall_clock_hours,
-            tracking=tracking,
+            tracking=tracking.environment,
             trainer_settings=trainer,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
         ),
         # Data-plane calls need the deployer's Batch roles to exist first; the nodes fetch
         # the job's code as soon as it starts.
         opts=pulumi.ResourceOptions(
-            depends_on=[cluster, *([uploads[job.code.sha256]] if job.code else [])]
+            depends_on=[
+                cluster,
+                *([uploads[job.code.sha256]] if job.code else []),
+                *tracking.ready,
+            ]
         ),
     )
     return _job_outputs_of(resource, job.nodes)

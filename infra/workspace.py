@@ -1,7 +1,7 @@
 """An AzureML workspace beside the Batch pool, for the stack's runs and registered models: the
 stack's storage and registry, a key vault of its own, public network access off and a private
 endpoint in the compute subnet (named there by two private DNS zones), the nodes' identity
-allowed to write runs and models and nothing else.
+allowed to write runs and models (MLflow's actions, no more).
 
 Read 2026-11-29 (MicrosoftDocs/azure-ai-docs, articles/machine-learning/): concept-workspace.md
 (a storage account and a key vault; the storage neither premium nor hierarchical),
@@ -61,6 +61,9 @@ class WorkspaceArgs:
 
 
 class AzuremlWorkspace(pulumi.ComponentResource):
+    # What a job that tracks here waits for: the nodes' role on the workspace and the names
+    # that lead the nodes to its private endpoint.
+    ready: list[pulumi.Resource]
     workspace_id: pulumi.Output[str]
     workspace_name: pulumi.Output[str]
     tracking_uri: pulumi.Output[str]
@@ -91,8 +94,10 @@ class AzuremlWorkspace(pulumi.ComponentResource):
             v1_legacy_mode=False,
             opts=pulumi.ResourceOptions(parent=self, protect=args.protect_data),
         )
-        self._private_endpoint(name, args, workspace)
-        self._mlflow_writers(name, args, workspace)
+        self.ready = [
+            self._private_endpoint(name, args, workspace),
+            self._mlflow_writers(name, args, workspace),
+        ]
         self.workspace_id = workspace.id
         self.workspace_name = workspace.name
         self.tracking_uri = workspace.ml_flow_tracking_uri
@@ -125,7 +130,7 @@ class AzuremlWorkspace(pulumi.ComponentResource):
 
     def _private_endpoint(
         self, name: str, args: WorkspaceArgs, workspace: machinelearningservices.Workspace
-    ) -> None:
+    ) -> network.PrivateDnsZoneGroup:
         """The workspace's private endpoint in the compute subnet, named there by the two
         private zones the endpoint's group registers its addresses in."""
         child = pulumi.ResourceOptions(parent=self)
@@ -166,7 +171,7 @@ class AzuremlWorkspace(pulumi.ComponentResource):
             configs.append(
                 network.PrivateDnsZoneConfigArgs(name=label, private_dns_zone_id=zone.id)
             )
-        network.PrivateDnsZoneGroup(
+        return network.PrivateDnsZoneGroup(
             f"{name}-mlw-pe-dns",
             private_endpoint_name=endpoint.name,
             resource_group_name=args.placement.resource_group_name,
@@ -177,7 +182,7 @@ class AzuremlWorkspace(pulumi.ComponentResource):
 
     def _mlflow_writers(
         self, name: str, args: WorkspaceArgs, workspace: machinelearningservices.Workspace
-    ) -> None:
+    ) -> authorization.RoleAssignment:
         """The nodes may track runs and register models in the workspace, no more: a role of
         ``MLFLOW_ACTIONS`` assigned on this workspace alone. Custom roles are defined for a
         management group, subscription or resource group, never for one resource
@@ -186,14 +191,18 @@ class AzuremlWorkspace(pulumi.ComponentResource):
         role = authorization.RoleDefinition(
             f"{name}-mlflow-writer",
             role_definition_id=role_id,
-            role_name=pulumi.Output.concat("MLflow writer on ", workspace.name),
+            # Unique in the tenant, as a custom role's name must be: the same stack in another
+            # subscription has a workspace of the same name.
+            role_name=pulumi.Output.concat(
+                "MLflow writer on ", workspace.name, " (", role_id.apply(lambda r: r[:8]), ")"
+            ),
             description="Track MLflow runs and register models in one AzureML workspace.",
             scope=args.resource_group_id,
             assignable_scopes=[args.resource_group_id],
             permissions=[authorization.PermissionArgs(actions=list(MLFLOW_ACTIONS))],
             opts=pulumi.ResourceOptions(parent=self),
         )
-        assign_role(
+        return assign_role(
             f"{name}-nodes-mlflow",
             role=role_id,
             principal_id=args.nodes_principal_id,

@@ -19,7 +19,8 @@ class AzuremlSettings:
         "Declare an AzureML workspace (its runs, metrics and registered models) on the stack's "
         "storage and registry, with a key vault of its own, reached only through a private "
         "endpoint in the compute subnet (public network access off, as the rest of the stack); "
-        "the nodes' identity may write runs and models there and nothing else. Its MLflow "
+        "the nodes' identity may write runs and models there (MLflow's actions, no more). Its "
+        "MLflow "
         "tracking URI and studio URL are stack outputs. With protectData the workspace and its "
         "vault survive `pulumi destroy`.",
     )

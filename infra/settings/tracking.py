@@ -17,18 +17,14 @@ from urllib.parse import urlsplit
 
 from infra.settings.checks import ConfigError
 from infra.settings.schema import setting
-from trainer.outputs.tracking import EXPERIMENT_VARIABLE, URI_VARIABLE
+from trainer.outputs.tracking import EXPERIMENT_VARIABLE, URI_VARIABLE, WORKSPACE_ID
 
 SCHEMES = ("http", "https")  # an MLflow tracking server's REST API
 # A workspace's tracking URI, as ARM reports it (how-to-use-mlflow-configure-tracking.md, read
 # 2026-11-29): azureml://<region>.api.azureml.ms/mlflow/v1.0/<the workspace's ARM id>. The
 # image's azureml-mlflow plugin reaches it with the nodes' identity.
-AZUREML_PATH = re.compile(
-    r"^/mlflow/v1\.0/subscriptions/[^/]+/resourceGroups/[^/]+/providers/"
-    r"Microsoft\.MachineLearningServices/workspaces/[^/]+/?$",
-    re.IGNORECASE,
-)
-# An experiment's name in MLflow's SQL stores: Column(String(256)) (mlflow 3.17.2,
+AZUREML_PATH = re.compile(rf"^/mlflow/v1\.0{WORKSPACE_ID}/?$", re.IGNORECASE)
+# An experiment's name in MLflow's SQL stores: Column(String(256)) (mlflow 3.15.0,
 # mlflow/store/tracking/dbmodels/models.py, SqlExperiment.name).
 MAX_EXPERIMENT = 256
 

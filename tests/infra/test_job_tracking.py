@@ -14,6 +14,7 @@ from infra.settings.stack import StackSettings
 from tests.support.stacks import one, stack_values
 
 SERVER = "http://10.20.3.4:5000"
+JOB = "pulumi-python:dynamic:Resource"
 
 
 def _plan(**changes):
@@ -158,3 +159,28 @@ def test_with_its_own_workspace_every_job_tracks_there_in_its_experiment():
     # The plugin authenticates as the nodes' identity, whose client id the task already has.
     assert _env(task_options(spec))["AZURE_CLIENT_ID"] == spec.node_identity_client_id
     assert f"tracking: MLflow at {workspace_uri}, experiment vision" in "\n".join(job_lines(plan))
+
+
+def test_a_preview_that_does_not_know_the_workspaces_uri_yet_replaces_no_running_job(
+    monkeypatch,
+):
+    """azure-native previews a workspace's in-place update (a tag) with its inputs and only the
+    outputs that never change, so the tracking URI a job gets is unknown then; the running job
+    is neither replaced nor refused. The update's own diff, with the URI known, still compares
+    it: a new URI is refused for the running job as any other change."""
+    from pulumi.runtime.rpc import UNKNOWN
+
+    from infra.job import JobError, TrainingJobProvider
+
+    job = one(_plan(azuremlWorkspace=True, datasetPrefix="imagenet"), JOB).inputs
+    olds = {**job, "state": "active", "job_id": "dev-default-0123456789"}
+    monkeypatch.setattr(TrainingJobProvider, "_running_state", staticmethod(lambda *_: "active"))
+    provider = TrainingJobProvider()
+    unknown = [[name, UNKNOWN if name == "MLFLOW_TRACKING_URI" else value]
+               for name, value in job["tracking"]]  # fmt: skip
+    diff = provider.diff(olds["job_id"], olds, {**job, "tracking": unknown})
+    assert diff.changes is False and not diff.replaces
+    moved = [[name, WORKSPACE_URI if name == "MLFLOW_TRACKING_URI" else value]
+             for name, value in job["tracking"]]  # fmt: skip
+    with pytest.raises(JobError, match="would replace it \\(tracking\\)"):
+        provider.diff(olds["job_id"], olds, {**job, "tracking": moved})

@@ -40,14 +40,16 @@ JOB_TAG = "dt.batch_job"  # the Batch job whose task last ran the run
 CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 # The records' kinds (trainer.training.run) and the prefix their numbers get in MLflow.
 PREFIXES = {"train": "", "eval": "val_", "checkpoint": "checkpoint_", "noise": "noise_"}
-QUIET_LOGGERS = ("azure", "azureml")
+AZUREML_SCHEME = "azureml://"
+# What an azureml:// URI's plugin and the SDK log requests and tokens to.
+QUIET_LOGGERS = ("azureml", "azure.identity", "azure.core.pipeline.policies.http_logging_policy")
 STUDIO = "https://ml.azure.com"
-# An azureml:// tracking URI's workspace: /mlflow/v1.0/<this>.
-_WORKSPACE = re.compile(
+# A workspace's ARM id, as a workspace's tracking URI carries it: /mlflow/v1.0/<this>.
+WORKSPACE_ID = (
     r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/"
-    r"Microsoft\.MachineLearningServices/workspaces/[^/]+",
-    re.IGNORECASE,
+    r"Microsoft\.MachineLearningServices/workspaces/[^/]+"
 )
+_WORKSPACE = re.compile(WORKSPACE_ID, re.IGNORECASE)
 ARTIFACT_FOLDER = "results"  # results/step-<the step the run ended at>/
 PARAMS_PER_BATCH = 100  # the most one log_batch request may carry (MLflow's REST limits)
 PENDING_WRITES = 64  # asynchronous writes held before the oldest are waited for (a long run's)
@@ -102,10 +104,11 @@ class Tracking:
         A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
         for key, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        # An azureml:// URI's plugin and the Azure SDK under it log every request and token at
-        # INFO (rank 0 logs INFO); a failure is this module's one line.
-        for noisy in QUIET_LOGGERS:
-            logging.getLogger(noisy).setLevel(logging.ERROR)
+        if uri.startswith(AZUREML_SCHEME):
+            # The plugin and the Azure SDK under it log every request and token at INFO (rank
+            # 0 logs INFO); a failure is this module's one line.
+            for noisy in QUIET_LOGGERS:
+                logging.getLogger(noisy).setLevel(logging.ERROR)
         from mlflow.entities import RunTag
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
@@ -130,11 +133,7 @@ class Tracking:
                 client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
             return cls(client, run.info.run_id, False, _link(uri, experiment_id, run.info.run_id))
         except (MlflowException, OSError) as err:
-            raise ConfigError(
-                f"{URI_VARIABLE}={uri}: the MLflow tracking store cannot be reached or refused "
-                f"the run ({first_line(err)}); start it, fix the URI, or unset {URI_VARIABLE} "
-                "to train without tracking"
-            ) from None
+            raise ConfigError(_refused(uri, first_line(err))) from None
 
     def metrics(self, record: Mapping[str, Any]) -> None:
         """A logged record's numbers at its step (``val_`` for an evaluation's, ``checkpoint_``
@@ -160,11 +159,15 @@ class Tracking:
             "metrics", lambda: self._client.log_batch(self.run_id, metrics=batch, synchronous=False)
         )
 
-    def finish(self, results: Path | None, stopped_by: str, step: int) -> None:
-        """The run's end at ``step``: its results folder as artifacts and FINISHED when it is
-        final; a paused run (a signal, --run-steps) is KILLED until its job resumes it."""
+    def finish(
+        self, results: Path | None, stopped_by: str, step: int, logged_before: bool = False
+    ) -> None:
+        """The run's end at ``step``: its results folder as artifacts (unless ``logged_before``:
+        a rerun of a run that had already ended there, whose results an AzureML workspace
+        would refuse to log twice) and FINISHED when it is final; a paused run (a signal,
+        --run-steps) is KILLED until its job resumes it."""
         self._wait()
-        if results is not None:
+        if results is not None and not logged_before:
             folder = artifact_folder(step)
             self._call(
                 "results", lambda: self._client.log_artifacts(self.run_id, str(results), folder)
@@ -226,11 +229,26 @@ def tracked(
         raise
 
 
+def _refused(uri: str, said: str) -> str:
+    """The one line for a store that cannot be reached or refuses the run, with its fix."""
+    fix = "start it, fix the URI"
+    if uri.startswith(AZUREML_SCHEME) and ("AuthorizationFailed" in said or " 403" in said):
+        who = os.environ.get("AZURE_CLIENT_ID") or "the signed-in identity"
+        fix = (
+            f"grant {who} MLflow's actions on the workspace (a stack with azuremlWorkspace "
+            "gives its nodes the MLflow writer role; a new assignment takes minutes to arrive)"
+        )
+    return (
+        f"{URI_VARIABLE}={uri}: the MLflow tracking store cannot be reached or refused the run "
+        f"({said}); {fix}, or unset {URI_VARIABLE} to train without tracking"
+    )
+
+
 def _link(uri: str, experiment_id: str, run_id: str) -> str:
     """The run's page: in a tracking server's web UI (its route: #/experiments/<id>/runs/<id>),
     or in AzureML studio for a workspace's azureml:// URI (the "Web View" link AzureML's own
     tools print: https://ml.azure.com/runs/<run id>?wsid=<workspace's ARM id>); "" for SQLite."""
-    if uri.startswith("azureml://"):
+    if uri.startswith(AZUREML_SCHEME):
         workspace = _WORKSPACE.search(urlsplit(uri).path)
         return f"{STUDIO}/runs/{run_id}?wsid={workspace.group(0)}" if workspace else ""
     if not uri.startswith(("http://", "https://")):

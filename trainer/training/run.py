@@ -522,7 +522,13 @@ def train(
                 final_evaluation=run.final_evaluation,
             )
             if tracking is not None:
-                tracking.finish(result.results, result.stopped_by, result.step)
+                # A rerun of a run that had ended logged its results then.
+                tracking.finish(
+                    result.results,
+                    result.stopped_by,
+                    result.step,
+                    logged_before=result.stopped_by == "already_complete",
+                )
         finally:
             # Every engine's loader workers stop here, with the run: FSDP's ranks end without
             # the interpreter's teardown (``Dist.teardown_safe``), whose atexit hook torch stops
