@@ -20,7 +20,9 @@ through Microsoft's azureml-mlflow plugin, answering as the workspace does (azur
 - Every request carries an Entra token for Azure Resource Manager (the plugin asks for
   ``https://management.azure.com/.default``); an expired one is a 401. A caller whose roles on the
   workspace lack MLflow's actions (how-to-use-mlflow-configure-tracking.md, Permissions) is a
-  403 ``AuthorizationFailed``: ``writers`` are the principals the stack granted them to.
+  403 ``AuthorizationFailed``: ``writers`` are the principals the stack granted them to, whose
+  grant may take ``arriving_after`` requests to arrive (a role "may take up to 30 minutes to
+  propagate", the Storage docs say; ARM's own figure is not documented).
 """
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ _ARTIFACT_REQUEST = re.compile(r"^/experiments/([^/]+)/runs/([^/]+)/artifacts/ba
 class FakeAzureML:
     """The workspace ``scope`` on a TLS server; ``tracking_uri`` is what ARM reports for it."""
 
-    def __init__(self, folder: Path, backend: str, storage: Any, writers: set[str]) -> None:
+    def __init__(
+        self, folder: Path, backend: str, storage: Any, writers: set[str], arriving_after: int = 0
+    ) -> None:
         self.scope = (
             "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/rg-dev/"
             "providers/Microsoft.MachineLearningServices/workspaces/mlw-dev"
         )
         self.backend, self.storage, self.writers = backend, storage, writers
+        # A new role assignment takes a while to reach the workspace: each writer's first
+        # ``arriving_after`` requests are refused as if it held no role yet.
+        self.not_yet = dict.fromkeys(writers, arriving_after)
         self.refusals: list[str] = []  # each refused request's reason, in order
         self.batches: dict[str, int] = {}  # each async batch's id: the status polls it had
         self.created: set[str] = set()  # every artifact id the run history handed out
@@ -95,7 +102,10 @@ class FakeAzureML:
         if float(claims.get("exp", 0)) <= time.time():
             return self._refuse(401, "ExpiredAuthenticationToken", "the token has expired")
         principal = str(claims.get("oid", ""))
-        if principal not in self.writers:
+        arriving = self.not_yet.get(principal, 0)
+        if arriving:
+            self.not_yet[principal] = arriving - 1
+        if principal not in self.writers or arriving:
             return self._refuse(
                 403,
                 "AuthorizationFailed",

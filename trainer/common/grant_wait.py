@@ -6,7 +6,8 @@ creates the pool, and "Azure role assignments may take up to 30 minutes to propa
 Storage answers 403 ``AuthorizationPermissionMismatch``. ``GrantWait.call`` retries such a call:
 one log line per wait, waits at most a minute apart, for at most ``minutes`` in all (counted from
 the first refusal, shared by every thread using the same ``GrantWait``), then one line naming the
-role that is missing. Any other error goes to the caller unchanged.
+role that is missing. Any other error goes to the caller unchanged. Another service's refusal
+of a role not arrived yet (an AzureML workspace's 403 ``AuthorizationFailed``) is a ``Refusal``.
 
 The Azure SDK is imported inside functions: the trainer's command line loads without it.
 """
@@ -17,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -68,8 +70,22 @@ def missing_role(role: str) -> str:
     return f"{identity()} lacks {role} on the storage account"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """How a service refuses an identity whose role has not arrived: which errors, and the
+    words for them and for what is missing. Storage's by default (``STORAGE``)."""
+
+    matches: Callable[[BaseException], bool]
+    refuses: str  # "Storage refuses access (AuthorizationPermissionMismatch)"
+    missing: Callable[[str], str]  # the role -> who lacks it where
+
+
+STORAGE = Refusal(is_pending, f"Storage refuses access ({PENDING})", lambda r: missing_role(r))
+
+
 class GrantWait:
-    """Retries calls that Storage refuses with 403 AuthorizationPermissionMismatch."""
+    """Retries calls that Storage (or the service ``refusal`` names) refuses for want of a role
+    that has not arrived yet."""
 
     def __init__(
         self,
@@ -79,10 +95,11 @@ class GrantWait:
         log: Callable[[str], None] = print,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        refusal: Refusal = STORAGE,
     ) -> None:
         if minutes < 0:
             raise ValueError(f"minutes={minutes}: must be >= 0")
-        self.role, self.minutes, self.log = role, minutes, log
+        self.role, self.minutes, self.log, self.refusal = role, minutes, log, refusal
         self._sleep, self._clock = sleep, clock
         self._lock = threading.Lock()
         self._deadline: float | None = None
@@ -97,7 +114,7 @@ class GrantWait:
             try:
                 return fn()
             except Exception as err:
-                if not is_pending(err):
+                if not self.refusal.matches(err):
                     raise
             self._wait(waits, where)
 
@@ -109,18 +126,18 @@ class GrantWait:
             if self._deadline is None:
                 self._deadline = now + self.minutes * 60
             left = self._deadline - now
+            refuses, missing = self.refusal.refuses, self.refusal.missing(self.role)
             if left <= 0:
                 raise GrantMissing(
-                    f"{where}: Storage still refuses access ({PENDING}) after "
-                    f"{self.minutes:g} min: {missing_role(self.role)}; assign it (the stack "
-                    f"grants it to the nodes' identity), or wait for the assignment to "
-                    f"propagate (up to 30 min), then rerun"
+                    f"{where}: {refuses.replace(' refuses', ' still refuses', 1)} after "
+                    f"{self.minutes:g} min: {missing}; assign it (the stack grants it to the "
+                    "nodes' identity), or wait for the assignment to propagate (up to 30 min), "
+                    "then rerun"
                 )
             pause = min(self.pause_s, left)
             self.log(
-                f"{where}: Storage refuses access ({PENDING}): {missing_role(self.role)} yet "
-                f"(a new role assignment takes up to 30 min to propagate); retrying in "
-                f"{pause:.3g} s, for {left / 60:.3g} min more"
+                f"{where}: {refuses}: {missing} yet (a new role assignment takes up to 30 min "
+                f"to propagate); retrying in {pause:.3g} s, for {left / 60:.3g} min more"
             )
             self._sleep(pause)
             self._waits += 1

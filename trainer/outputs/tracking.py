@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from trainer.common.errors import ConfigError, first_line
+from trainer.common.grant_wait import GRANT_WAIT_MINUTES, GrantMissing, GrantWait, Refusal, identity
 
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
@@ -41,6 +42,10 @@ CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_
 # The records' kinds (trainer.training.run) and the prefix their numbers get in MLflow.
 PREFIXES = {"train": "", "eval": "val_", "checkpoint": "checkpoint_", "noise": "noise_"}
 AZUREML_SCHEME = "azureml://"
+# The role a stack with azuremlWorkspace gives its nodes (infra/workspace.py); how long rank 0
+# waits for a new assignment of it to arrive before the run stops.
+MLFLOW_ROLE = "MLflow writer"
+GRANT_MINUTES = GRANT_WAIT_MINUTES
 # What an azureml:// URI's plugin and the SDK log requests and tokens to.
 QUIET_LOGGERS = ("azureml", "azure.identity", "azure.core.pipeline.policies.http_logging_policy")
 STUDIO = "https://ml.azure.com"
@@ -109,31 +114,22 @@ class Tracking:
             # 0 logs INFO); a failure is this module's one line.
             for noisy in QUIET_LOGGERS:
                 logging.getLogger(noisy).setLevel(logging.ERROR)
-        from mlflow.entities import RunTag
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        name, key = run_identity(output_dir, mirror_url)
+        where = f"{URI_VARIABLE}={uri}"
+        # A workspace's new role for the nodes takes minutes to arrive: its 403 is waited out.
+        wait = GrantWait(MLFLOW_ROLE, GRANT_MINUTES, log=print, refusal=WORKSPACE_REFUSAL)
         try:
             client = MlflowClient(tracking_uri=uri)
-            experiment_id = _experiment(client, os.environ.get(EXPERIMENT_VARIABLE) or "")
-            found = client.search_runs(
-                [experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{_quoted(key)}'",
-                max_results=1,
-            )  # fmt: skip
-            tags = _tags(key, os.environ)
-            if found:
-                run_id = found[0].info.run_id
-                client.update_run(run_id, status="RUNNING")
-                client.log_batch(run_id, tags=[RunTag(tag, value) for tag, value in tags.items()])
-                return cls(client, run_id, True, _link(uri, experiment_id, run_id))
-            run = client.create_run(experiment_id, run_name=name, tags=tags)
-            listed = _params(params)
-            for first in range(0, len(listed), PARAMS_PER_BATCH):
-                client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
-            return cls(client, run.info.run_id, False, _link(uri, experiment_id, run.info.run_id))
+            find = lambda: _find_or_make(client, output_dir, params, mirror_url)  # noqa: E731
+            azureml = uri.startswith(AZUREML_SCHEME)
+            run_id, resumed, experiment_id = wait.call(find, where) if azureml else find()
+        except GrantMissing as err:
+            raise ConfigError(str(err)) from None
         except (MlflowException, OSError) as err:
             raise ConfigError(_refused(uri, first_line(err))) from None
+        return cls(client, run_id, resumed, _link(uri, experiment_id, run_id))
 
     def metrics(self, record: Mapping[str, Any]) -> None:
         """A logged record's numbers at its step (``val_`` for an evaluation's, ``checkpoint_``
@@ -229,18 +225,49 @@ def tracked(
         raise
 
 
+def _find_or_make(
+    client: Any, output_dir: str, params: Mapping[str, Any], mirror_url: str
+) -> tuple[str, bool, str]:
+    """(the run's id, whether it was resumed, its experiment's id): the run with this folder's
+    key, RUNNING again with the job's tags, or a new one with ``params``."""
+    from mlflow.entities import RunTag
+
+    name, key = run_identity(output_dir, mirror_url)
+    experiment_id = _experiment(client, os.environ.get(EXPERIMENT_VARIABLE) or "")
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{_quoted(key)}'", max_results=1
+    )
+    tags = _tags(key, os.environ)
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        client.log_batch(run_id, tags=[RunTag(tag, value) for tag, value in tags.items()])
+        return run_id, True, experiment_id
+    run = client.create_run(experiment_id, run_name=name, tags=tags)
+    listed = _params(params)
+    for first in range(0, len(listed), PARAMS_PER_BATCH):
+        client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
+    return run.info.run_id, False, experiment_id
+
+
+def _workspace_refuses(err: BaseException) -> bool:
+    """An AzureML workspace's 403 for an identity without MLflow's actions (yet)."""
+    said = first_line(err)
+    return "AuthorizationFailed" in said or " 403" in said
+
+
+WORKSPACE_REFUSAL = Refusal(
+    _workspace_refuses,
+    "the workspace refuses the run (403 AuthorizationFailed)",
+    lambda role: f"{identity()} lacks {role} (MLflow's actions) on the workspace",
+)
+
+
 def _refused(uri: str, said: str) -> str:
-    """The one line for a store that cannot be reached or refuses the run, with its fix."""
-    fix = "start it, fix the URI"
-    if uri.startswith(AZUREML_SCHEME) and ("AuthorizationFailed" in said or " 403" in said):
-        who = os.environ.get("AZURE_CLIENT_ID") or "the signed-in identity"
-        fix = (
-            f"grant {who} MLflow's actions on the workspace (a stack with azuremlWorkspace "
-            "gives its nodes the MLflow writer role; a new assignment takes minutes to arrive)"
-        )
+    """The one line for a store that cannot be reached or refuses the run."""
     return (
         f"{URI_VARIABLE}={uri}: the MLflow tracking store cannot be reached or refused the run "
-        f"({said}); {fix}, or unset {URI_VARIABLE} to train without tracking"
+        f"({said}); start it, fix the URI, or unset {URI_VARIABLE} to train without tracking"
     )
 
 

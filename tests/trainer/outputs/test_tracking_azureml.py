@@ -5,6 +5,7 @@ workspace in front of a real MLflow server and Azurite: tests/support/fake_azure
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -27,8 +28,10 @@ def backend(tmp_path_factory) -> str:
         yield uri
 
 
-def _workspace(tmp_path: Path, backend: str, storage, writers: set[str]) -> FakeAzureML:
-    return FakeAzureML(tmp_path / "workspace-tls", backend, storage, writers)
+def _workspace(
+    tmp_path: Path, backend: str, storage, writers: set[str], arriving_after: int = 0
+) -> FakeAzureML:
+    return FakeAzureML(tmp_path / "workspace-tls", backend, storage, writers, arriving_after)
 
 
 def _train(tmp_path: Path, env: dict[str, str], job: str, steps: int):
@@ -98,27 +101,64 @@ def test_a_nodes_run_goes_to_the_workspace_with_its_model_and_a_rerun_resumes_it
     assert "ManagedIdentityCredential" not in said and "Parsing tracking uri" not in said
 
 
-def test_an_identity_without_the_mlflow_role_stops_the_run_in_one_line_before_training(
-    tmp_path, backend, azurite_entra
+def _in_this_process(monkeypatch, tmp_path, storage, workspace, minutes: float) -> None:
+    """This process as a node's rank 0: the identity, the workspace's URI, trust in both fakes'
+    certificates, and how long it waits for a role to arrive."""
+    from tests.conftest import act_as_identity_of
+    from trainer.outputs import tracking
+
+    act_as_identity_of(storage, monkeypatch)
+    for name, value in workspace.env(tmp_path / "ca.pem").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    monkeypatch.setenv("AZ_BATCH_JOB_ID", f"dev-default-{time.monotonic_ns()}")
+    monkeypatch.setattr(tracking, "GRANT_MINUTES", minutes)
+
+
+def test_a_role_that_has_not_arrived_is_waited_for_and_then_the_run_starts(
+    tmp_path, backend, azurite_entra, monkeypatch, capsys
 ):
-    workspace = _workspace(tmp_path, backend, azurite_entra, writers=set())
+    from trainer.outputs.tracking import Tracking
+
+    workspace = _workspace(tmp_path, backend, azurite_entra, {IDENTITY}, arriving_after=2)
     try:
-        env = {**azurite_entra.env(), **workspace.env(tmp_path / "ca.pem")}
-        refused = _train(tmp_path, env, f"dev-default-{time.monotonic_ns()}", steps=2)
+        _in_this_process(monkeypatch, tmp_path, azurite_entra, workspace, minutes=1)
+        run = Tracking.start(workspace.tracking_uri, str(tmp_path / "run"), {"lr": 0.1})
+        run.finish(None, "signal", 0)
     finally:
         workspace.close()
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, refused.stderr[-3000:]
-    assert errors[0].startswith(f"error: MLFLOW_TRACKING_URI={workspace.tracking_uri}: ")
-    assert "AuthorizationFailed" in errors[0] or "403" in errors[0], errors[0]
-    assert errors[0].endswith(
-        f"grant {IDENTITY} MLflow's actions on the workspace (a stack with azuremlWorkspace "
-        "gives its nodes the MLflow writer role; a new assignment takes minutes to arrive), or "
-        "unset MLFLOW_TRACKING_URI to train without tracking"
-    ), errors[0]
-    assert "Traceback" not in refused.stderr
-    assert "AuthorizationFailed" in workspace.refusals
-    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
-        (tmp_path / "run" / "checkpoints").iterdir()
+    assert workspace.refusals[:2] == ["AuthorizationFailed"] * 2
+    (found,) = _runs(backend, os.environ["AZ_BATCH_JOB_ID"])
+    assert found.info.run_id == run.run_id and found.data.params == {"lr": "0.1"}
+    waits = [line for line in capsys.readouterr().out.splitlines() if "refuses the run" in line]
+    assert waits and waits[0].startswith(
+        f"MLFLOW_TRACKING_URI={workspace.tracking_uri}: the workspace refuses the run (403 "
+        f"AuthorizationFailed): identity {IDENTITY} lacks MLflow writer (MLflow's actions) on "
+        "the workspace yet"
+    ), waits
+
+
+def test_an_identity_without_the_mlflow_role_stops_the_run_in_one_line_before_training(
+    tmp_path, backend, azurite_entra, monkeypatch
+):
+    from trainer.common.errors import ConfigError
+    from trainer.outputs.tracking import Tracking
+
+    workspace = _workspace(tmp_path, backend, azurite_entra, writers=set())
+    try:
+        _in_this_process(monkeypatch, tmp_path, azurite_entra, workspace, minutes=0.02)
+        with pytest.raises(ConfigError) as refused:
+            Tracking.start(workspace.tracking_uri, str(tmp_path / "run"), {"lr": 0.1})
+    finally:
+        workspace.close()
+    line = str(refused.value)
+    assert "\n" not in line and line == (
+        f"MLFLOW_TRACKING_URI={workspace.tracking_uri}: the workspace still refuses the run "
+        f"(403 AuthorizationFailed) after 0.02 min: identity {IDENTITY} lacks MLflow writer "
+        "(MLflow's actions) on the workspace; assign it (the stack grants it to the nodes' "
+        "identity), or wait for the assignment to propagate (up to 30 min), then rerun"
     )
+    assert set(workspace.refusals) == {"AuthorizationFailed"}
+    # Nothing reached the store: no run of the job.
+    experiment = MlflowClient(backend).get_experiment_by_name(EXPERIMENT)
+    assert experiment is None or not _runs(backend, os.environ["AZ_BATCH_JOB_ID"])
