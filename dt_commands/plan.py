@@ -131,11 +131,16 @@ def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Pl
     protected: set[tuple[str, str]] = set()
     depends_on: dict[str, list[str]] = {}
     options: dict[str, Any] = {}
+    evaluated: list[bool] = []  # set once this program has run
 
     def record_protection(
         args: pulumi.ResourceTransformationArgs,
     ) -> pulumi.ResourceTransformationResult | None:
-        # Mocks never see resource options; a stack transformation does.
+        # Mocks never see resource options; a stack transformation does. The runtime keeps it
+        # registered for the process: a later evaluation's resources (of the same names) are
+        # not this plan's.
+        if evaluated:
+            return None
         options[args.name] = args.opts
         if args.opts.protect:
             protected.add((args.type_, args.name))
@@ -155,6 +160,7 @@ def evaluate(stack: str, values: dict[str, Any], *, preview: bool = False) -> Pl
         run_program()
     finally:
         pulumi.export = real_export
+        evaluated.append(True)
     resources = [replace(r, protect=(r.typ, r.name) in protected) for r in mocks.resources]
     return Plan(
         settings, resources, resolved, depends_on, monitor.dependencies, options, monitor.registered

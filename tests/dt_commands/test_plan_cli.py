@@ -144,3 +144,17 @@ def test_a_spot_stack_plans_its_quota_and_its_cost_as_spot(tmp_path):
     assert "--query '{spot: lowPriorityCoreQuota}'" in result.stdout
     assert "2 x Standard_ND96isr_H100_v5 Spot (at most; the rate varies), 160 h" in result.stdout
     assert "dedicated cores" not in result.stdout
+
+
+def test_a_later_plan_in_the_same_process_leaves_an_earlier_plans_options_alone():
+    """The runtime keeps each plan's stack transformation for the process; a later plan's
+    resources of the same names (here a job that also waits for a workspace) are not the
+    earlier plan's. Once recorded into it, depending on which test ran first."""
+    from dt_commands.plan import evaluate
+    from tests.support.stacks import stack_values
+
+    first = evaluate("dev", stack_values("dev"))
+    recorded = (dict(first.depends_on), dict(first.options), [r.protect for r in first.resources])
+    later = evaluate("dev", {**stack_values("dev"), "gpu-cluster:azuremlWorkspace": True})
+    assert later.depends_on["platform-dev-job"] != first.depends_on["platform-dev-job"]
+    assert (first.depends_on, first.options, [r.protect for r in first.resources]) == recorded
