@@ -26,6 +26,7 @@ from pulumi_azure_native import (
 
 from infra.identity import assign_role
 from infra.naming import Placement, role_assignment_name
+from trainer.outputs.tracking import STUDIO
 
 PRIVATE_LINK_GROUP = "amlworkspace"
 DNS_ZONES = ("privatelink.api.azureml.ms", "privatelink.notebooks.azure.net")
@@ -102,7 +103,7 @@ class AzuremlWorkspace(pulumi.ComponentResource):
         self.workspace_name = workspace.name
         self.tracking_uri = workspace.ml_flow_tracking_uri
         self.studio_url = pulumi.Output.concat(
-            "https://ml.azure.com/?wsid=", workspace.id, "&tid=", args.tenant_id
+            f"{STUDIO}/?wsid=", workspace.id, "&tid=", args.tenant_id
         )
         self.register_outputs({"workspace_name": self.workspace_name})
 

@@ -64,6 +64,7 @@ class FakeAzureML:
         self.refusals: list[str] = []  # each refused request's reason, in order
         self.batches: dict[str, int] = {}  # each async batch's id: the status polls it had
         self.created: set[str] = set()  # every artifact id the run history handed out
+        self.experiments: dict[str, str] = {}  # each experiment's name, by id, once read
         self.artifacts = storage.container(ARTIFACTS_CONTAINER)
         if not self.artifacts.exists():
             self.artifacts.create_container()
@@ -165,9 +166,11 @@ class FakeAzureML:
         return 200, {"is_complete": self.batches[batch] > 1}
 
     def experiment_name(self, experiment_id: str) -> str:
-        answer = _call(f"{self.backend}/api/2.0/mlflow/experiments/get", "GET",
-                       f"experiment_id={experiment_id}", None)[1]  # fmt: skip
-        return answer["experiment"]["name"]
+        if experiment_id not in self.experiments:
+            answer = _call(f"{self.backend}/api/2.0/mlflow/experiments/get", "GET",
+                           f"experiment_id={experiment_id}", None)[1]  # fmt: skip
+            self.experiments[experiment_id] = answer["experiment"]["name"]
+        return self.experiments[experiment_id]
 
     def with_azureml_artifacts(self, answer: Any) -> Any:
         """The backend's runs with the artifact URIs AzureML gives them."""

@@ -76,11 +76,12 @@ class Refusal:
     words for them and for what is missing. Storage's by default (``STORAGE``)."""
 
     matches: Callable[[BaseException], bool]
-    refuses: str  # "Storage refuses access (AuthorizationPermissionMismatch)"
+    service: str  # "Storage": who refuses
+    refused: str  # "access (AuthorizationPermissionMismatch)": what it refuses, and how
     missing: Callable[[str], str]  # the role -> who lacks it where
 
 
-STORAGE = Refusal(is_pending, f"Storage refuses access ({PENDING})", lambda r: missing_role(r))
+STORAGE = Refusal(is_pending, "Storage", f"access ({PENDING})", missing_role)
 
 
 class GrantWait:
@@ -126,18 +127,19 @@ class GrantWait:
             if self._deadline is None:
                 self._deadline = now + self.minutes * 60
             left = self._deadline - now
-            refuses, missing = self.refusal.refuses, self.refusal.missing(self.role)
+            refusal, missing = self.refusal, self.refusal.missing(self.role)
             if left <= 0:
                 raise GrantMissing(
-                    f"{where}: {refuses.replace(' refuses', ' still refuses', 1)} after "
+                    f"{where}: {refusal.service} still refuses {refusal.refused} after "
                     f"{self.minutes:g} min: {missing}; assign it (the stack grants it to the "
                     "nodes' identity), or wait for the assignment to propagate (up to 30 min), "
                     "then rerun"
                 )
             pause = min(self.pause_s, left)
             self.log(
-                f"{where}: {refuses}: {missing} yet (a new role assignment takes up to 30 min "
-                f"to propagate); retrying in {pause:.3g} s, for {left / 60:.3g} min more"
+                f"{where}: {refusal.service} refuses {refusal.refused}: {missing} yet (a new role "
+                f"assignment takes up to 30 min to propagate); retrying in {pause:.3g} s, for "
+                f"{left / 60:.3g} min more"
             )
             self._sleep(pause)
             self._waits += 1

@@ -109,7 +109,8 @@ class Tracking:
         A store that cannot be reached, or refuses, is a ConfigError naming the URI."""
         for key, value in CLIENT_DEFAULTS.items():
             os.environ.setdefault(key, value)
-        if uri.startswith(AZUREML_SCHEME):
+        azureml = uri.startswith(AZUREML_SCHEME)
+        if azureml:
             # The plugin and the Azure SDK under it log every request and token at INFO (rank
             # 0 logs INFO); a failure is this module's one line.
             for noisy in QUIET_LOGGERS:
@@ -123,7 +124,6 @@ class Tracking:
         try:
             client = MlflowClient(tracking_uri=uri)
             find = lambda: _find_or_make(client, output_dir, params, mirror_url)  # noqa: E731
-            azureml = uri.startswith(AZUREML_SCHEME)
             run_id, resumed, experiment_id = wait.call(find, where) if azureml else find()
         except GrantMissing as err:
             raise ConfigError(str(err)) from None
@@ -258,7 +258,8 @@ def _workspace_refuses(err: BaseException) -> bool:
 
 WORKSPACE_REFUSAL = Refusal(
     _workspace_refuses,
-    "the workspace refuses the run (403 AuthorizationFailed)",
+    "the workspace",
+    "the run (403 AuthorizationFailed)",
     lambda role: f"{identity()} lacks {role} (MLflow's actions) on the workspace",
 )
 
