@@ -31,12 +31,13 @@ def _probe(module: str, tmp_path, env: dict[str, str] | None = None, timeout: in
 
 
 def test_a_rank_waiting_for_a_late_peer_does_not_spin(tmp_path):
-    """An unpatched build spins in WaitAndClear (a yield() loop): about one core for the whole
-    wait. Patched, the waiting process uses a small part of that (Horovod's own background
-    thread still runs its cycles)."""
+    """An unpatched build spins in WaitAndClear (a yield() loop) in the caller's thread: about
+    one core for the whole wait. Patched, that thread sleeps. Only the waiting thread is
+    measured: Horovod's background thread runs its cycles either way, and on a busy machine
+    they took 1.2 s of CPU in a 2 s wait (a fresh-clone CI's run)."""
     report = _probe("wait_probe", tmp_path)
     assert report["sum"] == 2.0 and report["wall"] > 1.5
-    assert report["cpu"] < 0.5 * report["wall"], report
+    assert report["cpu"] < 0.1 * report["wall"], report
 
 
 def test_a_waiting_caller_or_a_full_fusion_buffer_starts_the_cycle_and_nothing_else_does(tmp_path):
