@@ -242,6 +242,26 @@ def deployed_run_folders(outputs_file: Path, stack: str) -> dict[str, str | None
     return folders
 
 
+def azureml_quota_lines(s: StackSettings) -> list[str]:
+    """The AzureML backend's core quota: AzureML's own per-region, per-VM-family quotas for its
+    compute clusters, listed by Quotas_List (GET .../providers/Microsoft.MachineLearningServices/
+    locations/{location}/quotas; REST reference, read 2026-11-29); low-priority nodes count
+    against its low-priority quota."""
+    c = s.cluster
+    cores = f"{c.node_count} nodes x {c.gpu.vcpus} vCPUs = {c.node_count * c.gpu.vcpus}"
+    kind = "low-priority (Spot) cores" if c.spot else f"dedicated cores of the {c.vm_size} family"
+    url = (
+        "https://management.azure.com/subscriptions/<subscription>/providers/"
+        f"Microsoft.MachineLearningServices/locations/{s.location}/quotas?api-version=2024-04-01"
+    )
+    return [
+        "AzureML compute quota needed (request it before `pulumi up`; AzureML's own quotas, "
+        "not the Batch account's):",
+        f"  {kind}: {cores}",
+        f"  the quotas in {s.location}: az rest --method get --url '{url}'",
+    ]
+
+
 def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str]:
     """The Batch account's core quota the pool needs. A Batch account in BatchService mode has
     its own per-VM-family quotas, separate from the subscription's and often 0 for new accounts
@@ -272,7 +292,13 @@ def quota_lines(s: StackSettings, account: str, resource_group: str) -> list[str
 def disk_lines(s: StackSettings) -> list[str]:
     """The node's OS disk against what it must hold: the HPC image and the trainer image, which
     Docker unpacks onto it (its compressed layers beside it while pulling); and where the
-    nodes stage datasets and keep job code (infra.batch: the NVMe array, or the temp disk)."""
+    nodes stage datasets and keep job code (infra.batch: the NVMe array, or the temp disk).
+    AzureML's compute clusters have no OS disk setting: their disks are AzureML's."""
+    if s.azureml.on_azureml:
+        return [
+            f"Node OS disk: AzureML's own (osDiskSizeGb={s.cluster.os_disk_size_gb} sizes a "
+            "Batch pool's nodes only; an AzureML compute cluster has no such setting)"
+        ]
     image = s.cluster.gpu.image
     trainer = toolchain.image_unpacked_gb()
     pulling = trainer * (1 + toolchain.PULL_OVERHEAD)
@@ -351,7 +377,11 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
     resource_group = str(plan.outputs.get("resource_group_name", "<resource group>"))
     lines += [
         "",
-        *quota_lines(s, account, resource_group),
+        *(
+            azureml_quota_lines(s)
+            if s.azureml.on_azureml
+            else quota_lines(s, account, resource_group)
+        ),
         "",
         *disk_lines(s),
         "",

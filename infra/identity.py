@@ -21,6 +21,7 @@ REPOSITORY_READER = "b93aa761-3e63-49ed-ac28-beffa264f7ac"
 STORAGE_BLOB_DATA_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 STORAGE_BLOB_DATA_READER = "2a2b9908-6ea1-4ae2-8e65-a410df84e7d1"
 BATCH_JOB_SUBMITTER = "48e5e92e-a480-4e71-aa9c-2778f4c13781"
+AZUREML_DATA_SCIENTIST = "f6c7c914-8db3-469d-8ca1-694a8f32e121"
 
 # The nodes' data role on each Blob container (infra.storage.CONTAINERS), no more: Contributor
 # where something on a node writes, Reader where it only reads.

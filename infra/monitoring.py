@@ -22,7 +22,8 @@ BLOB_METRIC_CATEGORY = "Transaction"
 class MonitoringArgs:
     placement: Placement
     retention_days: int
-    batch_account_id: pulumi.Input[str]
+    # None on the AzureML backend (no Batch account, no NFS server: the workspace instead).
+    batch_account_id: pulumi.Input[str] | None
     storage_account_id: pulumi.Input[str]
     nfs_vm_id: pulumi.Input[str] | None = field(default=None)
     azureml_workspace_id: pulumi.Input[str] | None = field(default=None)
@@ -46,7 +47,6 @@ class Monitoring(pulumi.ComponentResource):
         )
         all_logs = [monitor.DiagnosticsLogSettingsArgs(category_group="allLogs", enabled=True)]
         targets: list[tuple[str, pulumi.Input[str], bool, str]] = [
-            ("batch", args.batch_account_id, True, "AllMetrics"),
             (
                 "blob",
                 pulumi.Output.concat(args.storage_account_id, "/blobServices/default"),
@@ -54,6 +54,8 @@ class Monitoring(pulumi.ComponentResource):
                 BLOB_METRIC_CATEGORY,
             ),
         ]
+        if args.batch_account_id is not None:
+            targets.insert(0, ("batch", args.batch_account_id, True, "AllMetrics"))
         if args.nfs_vm_id is not None:
             targets.append(("nfs-vm", args.nfs_vm_id, False, "AllMetrics"))  # metrics only
         if args.azureml_workspace_id is not None:

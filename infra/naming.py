@@ -119,6 +119,18 @@ def workspace_name(stem: str) -> str:
     return f"mlw-{stem}"[:WORKSPACE_NAME_MAX].rstrip("-")
 
 
+# An AzureML compute's name: 3-24 letters, digits and '-', from a letter, unique among the
+# computes of its region (how-to-create-attach-compute-cluster.md, read 2026-11-29): the
+# stack's hash makes it so.
+COMPUTE_NAME_MAX = 24
+
+
+def compute_name(*, team: str, stack: str) -> str:
+    """The AzureML backend's compute cluster: team, "gpu" and the stack's hash (``global_name``,
+    whose rule fits a compute's)."""
+    return global_name(team=team, stack=stack, role="gpu", max_length=COMPUTE_NAME_MAX)
+
+
 def role_assignment_name(*parts: str) -> str:
     """A deterministic GUID for a role assignment from its scope, principal and role."""
     return str(uuid.uuid5(_ROLE_NAMESPACE, "/".join(parts)))

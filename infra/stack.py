@@ -14,6 +14,7 @@ import pulumi
 from pulumi_azure_native import authorization, resources
 
 from infra import naming
+from infra.azureml_compute import AzuremlCompute, ComputeArgs
 from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.code_upload import CONTAINER as CODE_CONTAINER
@@ -81,22 +82,25 @@ def declare(s: StackSettings) -> dict[str, Any]:
             blob_containers=store.containers,
         ),
     )
-    nfs = _nfs(stem, at, s, net)
-    cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
     workspace = _workspace(stem, at, s, rg, net, ids, store, pull, client)
     if s.budget.amount:
         CostBudget(stem, s.budget, rg.id)
-    Monitoring(
-        stem,
-        MonitoringArgs(
-            placement=at,
-            retention_days=s.log_retention_days,
-            batch_account_id=cluster.account_id,
-            storage_account_id=store.account_id,
-            nfs_vm_id=nfs.vm_id,
-            azureml_workspace_id=workspace.workspace_id if workspace else None,
-        ),
-    )
+    outputs = {
+        "resource_group_name": rg.name,
+        "storage_account_name": store.account_name,
+        "storage_containers": list(CONTAINERS),
+        "registry_login_server": pull.login_server,
+        "node_count": s.cluster.node_count,
+        "vm_size": s.cluster.vm_size,
+        **_workspace_outputs(workspace),
+    }
+    if workspace is not None and s.azureml.on_azureml:
+        compute = _azureml_compute(stem, at, s, net, ids, image, workspace, client)
+        _monitoring(stem, at, s, store, workspace=workspace)
+        return {**outputs, **_azureml_outputs(compute, image)}
+    nfs = _nfs(stem, at, s, net)
+    cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
+    _monitoring(stem, at, s, store, workspace=workspace, cluster=cluster, nfs=nfs)
     uploads = _code_uploads(stem, s, store, client, deployer_type)
     tracking = _tracking(s, workspace)
     jobs = {
@@ -105,31 +109,89 @@ def declare(s: StackSettings) -> dict[str, Any]:
     }
     return {
         **_job_outputs(image, jobs),
-        **_outputs(s, rg, store, nfs, pull, cluster),
-        **_workspace_outputs(workspace),
+        **outputs,
+        **_batch_outputs(nfs, cluster),
     }
 
 
-def _outputs(
-    s: StackSettings,
-    rg: resources.ResourceGroup,
-    store: Storage,
-    nfs: NfsServer,
-    pull: PullSource,
-    cluster: GpuCluster,
-) -> dict[str, Any]:
-    """The environment's outputs: where its data, shared files, image and pool are."""
+def _batch_outputs(nfs: NfsServer, cluster: GpuCluster) -> dict[str, Any]:
+    """Where the Batch backend's shared files and pool are."""
     return {
-        "resource_group_name": rg.name,
-        "storage_account_name": store.account_name,
-        "storage_containers": list(CONTAINERS),
         "nfs_address": nfs.address,
         "nfs_export_path": nfs.export_path,
-        "registry_login_server": pull.login_server,
         "batch_account_endpoint": cluster.account_endpoint,
         "pool_id": cluster.pool_id,
-        "node_count": s.cluster.node_count,
-        "vm_size": s.cluster.vm_size,
+    }
+
+
+def _monitoring(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    store: Storage,
+    *,
+    workspace: AzuremlWorkspace | None,
+    cluster: GpuCluster | None = None,
+    nfs: NfsServer | None = None,
+) -> Monitoring:
+    """Logs and metrics of what the stack runs on: the Batch account and the NFS server, or the
+    AzureML workspace (its compute's events), and the data account."""
+    return Monitoring(
+        stem,
+        MonitoringArgs(
+            placement=at,
+            retention_days=s.log_retention_days,
+            batch_account_id=cluster.account_id if cluster else None,
+            storage_account_id=store.account_id,
+            nfs_vm_id=nfs.vm_id if nfs else None,
+            azureml_workspace_id=workspace.workspace_id if workspace else None,
+        ),
+    )
+
+
+def _azureml_compute(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    net: Network,
+    ids: Identities,
+    image: TrainerImage | ReusedImage,
+    workspace: AzuremlWorkspace,
+    client: pulumi.Output[Any],
+) -> AzuremlCompute:
+    """The AzureML backend's cluster of the pool's size in the compute subnet, with the nodes'
+    identity, and the trainer image as its environment; the team submits jobs there."""
+    c = s.cluster
+    team = (c.job_submitter_object_id, c.job_submitter_type) if c.job_submitter_object_id else None
+    return AzuremlCompute(
+        stem,
+        ComputeArgs(
+            placement=at,
+            workspace_name=workspace.workspace_name,
+            workspace_id=workspace.workspace_id,
+            subscription_id=client.subscription_id,
+            team=team,
+            compute_name=naming.compute_name(team=s.team, stack=s.stack),
+            vm_size=c.vm_size,
+            node_count=c.node_count,
+            spot=c.spot,
+            min_nodes=c.node_count if c.scale_mode == "fixed" else 0,
+            idle_minutes=c.idle_minutes,
+            subnet_id=net.compute_subnet_id,
+            node_identity_id=ids.nodes.id,
+            image_ref=image.ref,
+            after=[*ids.assignments, *workspace.ready],
+        ),
+    )
+
+
+def _azureml_outputs(compute: AzuremlCompute, image: TrainerImage | ReusedImage) -> dict[str, Any]:
+    """Where the AzureML backend runs jobs: its compute and the trainer's environment."""
+    return {
+        "image_ref": image.ref,
+        "image_digest": image.digest,
+        "azureml_compute_name": compute.compute_name,
+        "azureml_environment_id": compute.environment_id,
     }
 
 
@@ -146,7 +208,7 @@ def _workspace(
 ) -> AzuremlWorkspace | None:
     """The ``azureml`` section's workspace, on the stack's storage and (unless an imageRef
     comes from elsewhere) its registry, reached from the compute subnet."""
-    if not s.azureml.workspace:
+    if not s.azureml.declares_workspace:
         return None
     return AzuremlWorkspace(
         stem,

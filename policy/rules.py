@@ -31,6 +31,7 @@ from infra.sizes import CPU_ACCEPTANCE, NOT_YET, SUPPORTED
 POOL = "azure-native:batch:Pool"
 STORAGE_ACCOUNT = "azure-native:storage:StorageAccount"
 AZUREML_WORKSPACE = "azure-native:machinelearningservices:Workspace"
+AZUREML_COMPUTE = "azure-native:machinelearningservices:Compute"
 _OPEN_SOURCES = {"*", "internet", "any", "0.0.0.0/0", "::/0"}
 
 Validate = Callable[[ResourceValidationArgs, ReportViolation], None]
@@ -120,6 +121,35 @@ def _azureml_workspace_private(args: ResourceValidationArgs, report: ReportViola
             "Identity (storage shared keys are off)",
             None,
         )
+
+
+def _aml_compute(compute: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An AzureML compute's AmlCompute properties (empty for another kind of compute)."""
+    outer = compute.get("properties") or {}
+    return (outer.get("properties") or {}) if outer.get("computeType") == "AmlCompute" else {}
+
+
+@_for(AZUREML_COMPUTE)
+def _azureml_compute_private(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """AzureML compute cluster (backend: azureml): an InfiniBand GPU size, in the stack's
+    subnet, no public IPs, no public SSH port, Entra tokens only."""
+    outer = args.props.get("properties") or {}
+    aml = _aml_compute(args.props)
+    if outer.get("computeType") != "AmlCompute":
+        report(f"computeType={outer.get('computeType')!r}: the stack's nodes are AmlCompute", None)
+        return
+    size = aml.get("vmSize")
+    if size not in SUPPORTED:
+        why = NOT_YET.get(str(size), "not an InfiniBand GPU size this program supports")
+        report(f"vmSize={size!r}: {why}; use one of {', '.join(SUPPORTED)}", None)
+    if aml.get("enableNodePublicIp") is not False:
+        report("enableNodePublicIp must be false: the nodes go out through the NAT gateway", None)
+    if aml.get("remoteLoginPortPublicAccess") != "Disabled":
+        report("remoteLoginPortPublicAccess must be Disabled (no public SSH port)", None)
+    if not (aml.get("subnet") or {}).get("id"):
+        report("the compute must sit in the stack's compute subnet (subnet.id)", None)
+    if outer.get("disableLocalAuth") is not True:
+        report("disableLocalAuth must be true: Entra tokens only", None)
 
 
 @_for("azure-native:keyvault:Vault")
@@ -327,8 +357,12 @@ def _budget_start(args: ResourceValidationArgs, report: ReportViolation) -> None
 
 # ---------------------------------------------------------------- stack rule
 def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
-    """What the estimate needs, read from the declared resources; None without a pool."""
+    """What the estimate needs, read from the declared resources; None without a pool or an
+    AzureML compute cluster."""
     pools = [r.props for r in resources if r.resource_type == POOL]
+    computes = [_aml_compute(r.props) for r in resources if r.resource_type == AZUREML_COMPUTE]
+    if not pools and computes:
+        return _compute_cost_inputs(computes[0], resources)
     if not pools:
         return None
     pool = pools[0]
@@ -348,6 +382,20 @@ def cost_inputs(resources: list[Any]) -> cost.CostInputs | None:
         nfs_vm_size=(vms[0].get("hardwareProfile") or {}).get("vmSize") if vms else None,
         nfs_disk_gb=sum(int(d.get("diskSizeGB") or 0) for d in disks),
         files_share_gb=sum(int(s.get("shareQuota") or 0) for s in shares),
+        azureml_workspace=any(r.resource_type == AZUREML_WORKSPACE for r in resources),
+    )
+
+
+def _compute_cost_inputs(aml: Mapping[str, Any], resources: list[Any]) -> cost.CostInputs:
+    """The AzureML backend's estimate: its cluster's most nodes, always on when it never
+    scales below them; no NFS server."""
+    scale = aml.get("scaleSettings") or {}
+    most = int(scale.get("maxNodeCount") or 0)
+    return cost.CostInputs(
+        gpu_size=str(aml.get("vmSize") or ""),
+        nodes=most,
+        spot=aml.get("vmPriority") == "LowPriority",
+        always_on=most > 0 and int(scale.get("minNodeCount") or 0) >= most,
         azureml_workspace=any(r.resource_type == AZUREML_WORKSPACE for r in resources),
     )
 
@@ -417,6 +465,7 @@ RESOURCE_RULES: dict[str, Validate] = {
     "tags-within-azure-limits": _tags_within_azure_limits,
     "budget-starts-on-the-first": _budget_start,
     "azureml-workspace-private": _azureml_workspace_private,
+    "azureml-compute-private": _azureml_compute_private,
     "key-vault-secure": _key_vault_secure,
 }
 ALL_POLICIES: list[Policy] = [

@@ -1,7 +1,8 @@
 """The rules that span sections, each taking the sections it relates: the acceptance size against
 the profile, the region against the pool's size, the compute subnet against the pool, the
 registry against the machine that pushes, the jobs against the pool, the network and
-``replaceJobs``, and where the runs are tracked against the stack's workspace. A section checks
+``replaceJobs``, where the runs are tracked against the stack's workspace, and the backend against
+the acceptance profile and the jobs. A section checks
 its own fields (``check()``); ``StackSettings`` runs both."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from infra.settings.azureml import AzuremlSettings
 from infra.settings.checks import ConfigError
 from infra.settings.cluster import ClusterSettings
 from infra.settings.image import ImageSettings
-from infra.settings.jobs import JobSettings
+from infra.settings.jobs import SHORTHAND_JOB, JobSettings
 from infra.settings.network import NetworkSettings
 from infra.settings.tracking import TrackingSettings
 from infra.sizes import CPU_ACCEPTANCE
@@ -90,16 +91,45 @@ def check_jobs(
 
 def check_tracking(tracking: TrackingSettings, azureml: AzuremlSettings) -> None:
     """The stack's runs go to one place: its server (trackingUri) or its workspace
-    (azuremlWorkspace), and an experiment needs one of them."""
-    if tracking.uri and azureml.workspace:
+    (azuremlWorkspace, or the AzureML backend's), and an experiment needs one of them."""
+    if tracking.uri and azureml.declares_workspace:
+        given = "backend=azureml" if azureml.on_azureml else "azuremlWorkspace=true"
+        instead = "set backend batch" if azureml.on_azureml else "set azuremlWorkspace false"
         raise ConfigError(
-            f"trackingUri={tracking.uri!r} with azuremlWorkspace=true: the jobs track in one "
-            "place; remove trackingUri to track in the stack's workspace, or set "
-            "azuremlWorkspace false to track on that server"
+            f"trackingUri={tracking.uri!r} with {given}: the jobs track in one place; remove "
+            f"trackingUri to track in the stack's workspace, or {instead} to track on that "
+            "server"
         )
-    if tracking.experiment and not (tracking.uri or azureml.workspace):
+    if tracking.experiment and not (tracking.uri or azureml.declares_workspace):
         raise ConfigError(
             f"trackingExperiment={tracking.experiment!r} without trackingUri or "
             "azuremlWorkspace: set trackingUri to the MLflow server's URL or azuremlWorkspace "
             "true, or remove trackingExperiment"
+        )
+
+
+def check_backend(
+    azureml: AzuremlSettings, acceptance_profile: str, jobs: Sequence[JobSettings]
+) -> None:
+    """What the AzureML backend runs today: the workspace, its compute cluster and the trainer's
+    environment. The acceptance check drives a Batch pool's nodes; the stack's jobs on AzureML
+    need the launcher's AzureML side (its variables and folders), which it does not have yet:
+    refused in one line rather than submitted to fail on the nodes."""
+    if not azureml.on_azureml:
+        return
+    if acceptance_profile:
+        raise ConfigError(
+            f"backend=azureml with acceptanceProfile={acceptance_profile}: the acceptance check "
+            "runs its job on a Batch pool; set backend batch for an acceptance stack"
+        )
+    if jobs:
+        shorthand = [job.name for job in jobs] == [SHORTHAND_JOB]
+        given = "submitJob=true" if shorthand else f"jobs ({', '.join(j.name for j in jobs)})"
+        drop = "set submitJob false" if shorthand else "empty the jobs map"
+        raise ConfigError(
+            f"{given} with backend=azureml: this release declares the AzureML workspace, its "
+            "compute cluster and the trainer's environment, not the stack's jobs there (the "
+            f"launcher does not run on AzureML yet); {drop} and submit them with `az ml job "
+            "create` on the stack's compute and environment (docs/azureml.md), or set backend "
+            "batch"
         )

@@ -24,6 +24,7 @@ from infra.settings.network import NetworkSettings
 from infra.settings.nfs import NfsSettings
 from infra.settings.rules import (
     check_acceptance_size,
+    check_backend,
     check_image_push,
     check_jobs,
     check_location,
@@ -161,7 +162,9 @@ class StackSettings:
         self.image.check()
         check_image_push(self.image, self.network)
         self.tracking.check()
+        self.azureml.check()
         check_tracking(self.tracking, self.azureml)
+        check_backend(self.azureml, self.acceptance_profile, self.jobs)
         check_jobs(self.jobs, self.cluster, self.network, self.replace_jobs)
 
     @property
@@ -207,7 +210,8 @@ class StackSettings:
     def cost_inputs(self) -> CostInputs:
         """What the offline cost estimate (``infra.cost``) prices of these settings."""
         cluster, nfs = self.cluster, self.nfs
-        vm_mode = nfs.mode == "vm"
+        vm_mode = nfs.mode == "vm" and not self.azureml.on_azureml  # AzureML: no NFS server
+        share = nfs.mode != "vm" and not self.azureml.on_azureml
         return CostInputs(
             gpu_size=cluster.vm_size,
             nodes=cluster.node_count,
@@ -215,9 +219,9 @@ class StackSettings:
             always_on=cluster.scale_mode == "fixed",
             nfs_vm_size=nfs.vm_size if vm_mode else None,
             nfs_disk_gb=nfs.disk_count * nfs.disk_size_gb if vm_mode else 0,
-            files_share_gb=0 if vm_mode else nfs.share_quota_gb,
+            files_share_gb=nfs.share_quota_gb if share else 0,
             own_registry=not self.image.ref,
-            azureml_workspace=self.azureml.workspace,
+            azureml_workspace=self.azureml.declares_workspace,
         )
 
 

@@ -50,6 +50,14 @@ def _stacks(dev_plan: Plan, prod_plan: Plan, acceptance_plan: Plan) -> dict[str,
             "dev", {**stack_values("dev"), "gpu-cluster:azuremlWorkspace": True}
         ),
         "imageRef, ABAC": _abac_image_ref(),
+        "AzureML backend": evaluate(
+            "dev",
+            {
+                **stack_values("dev"),
+                "gpu-cluster:backend": "azureml",
+                "gpu-cluster:submitJob": False,
+            },
+        ),
     }
 
 
@@ -129,6 +137,22 @@ def test_the_team_row_is_what_jobsubmitterobjectid_grants():
     team = {_row(r) for r in rights(evaluate("dev", values)) if r.principal == TEAM_GROUP}
     assert team == {
         ("team", "Azure Batch Job Submitter", "Batch account"),
+        ("team", "Storage Blob Data Reader", "`logs` container"),
+        ("team", "Storage Blob Data Reader", "`outputs` container"),
+    }
+    assert team <= documented()
+
+
+def test_on_the_azureml_backend_the_team_submits_jobs_in_the_workspace_alone():
+    values = {
+        **stack_values("dev"),
+        "gpu-cluster:jobSubmitterObjectId": TEAM_GROUP,
+        "gpu-cluster:backend": "azureml",
+        "gpu-cluster:submitJob": False,
+    }
+    team = {_row(r) for r in rights(evaluate("dev", values)) if r.principal == TEAM_GROUP}
+    assert team == {
+        ("team", "AzureML Data Scientist", "AzureML workspace"),
         ("team", "Storage Blob Data Reader", "`logs` container"),
         ("team", "Storage Blob Data Reader", "`outputs` container"),
     }

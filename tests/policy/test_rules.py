@@ -90,6 +90,21 @@ STORAGE = {
     "tags": TAGS,
 }
 WORKSPACE = {"publicNetworkAccess": "Disabled", "systemDatastoresAuthMode": "Identity"}
+COMPUTE = {
+    "properties": {
+        "computeType": "AmlCompute",
+        "disableLocalAuth": True,
+        "properties": {
+            "vmSize": "Standard_ND96isr_H100_v5",
+            "vmPriority": "Dedicated",
+            "enableNodePublicIp": False,
+            "remoteLoginPortPublicAccess": "Disabled",
+            "subnet": {"id": "/subscriptions/s/resourceGroups/g/providers/x/compute"},
+            "scaleSettings": {"minNodeCount": 0, "maxNodeCount": 2},
+        },
+    }
+}
+AML = ["properties", "properties"]
 VAULT = {
     "properties": {
         "enableRbacAuthorization": True,
@@ -384,6 +399,32 @@ CASES += [
         changed(WORKSPACE, ["systemDatastoresAuthMode"], "AccessKey"),
         "systemDatastoresAuthMode='AccessKey'",
     ),
+    *(
+        (
+            "azureml-compute-private",
+            "azure-native:machinelearningservices:Compute",
+            COMPUTE,
+            bad,
+            why,
+        )
+        for bad, why in [
+            (changed(COMPUTE, [*AML, "enableNodePublicIp"], True), "enableNodePublicIp"),
+            (
+                changed(COMPUTE, [*AML, "remoteLoginPortPublicAccess"], "NotSpecified"),
+                "remoteLoginPortPublicAccess must be Disabled",
+            ),
+            (changed(COMPUTE, [*AML, "subnet"], None), "compute subnet"),
+            (changed(COMPUTE, ["properties", "disableLocalAuth"], False), "disableLocalAuth"),
+            (
+                changed(COMPUTE, [*AML, "vmSize"], "Standard_NC6s_v3"),
+                "vmSize='Standard_NC6s_v3': not an InfiniBand GPU size",
+            ),
+            (
+                changed(COMPUTE, ["properties", "computeType"], "ComputeInstance"),
+                "computeType='ComputeInstance'",
+            ),
+        ]
+    ),
     (
         "key-vault-secure",
         "azure-native:keyvault:Vault",
@@ -468,13 +509,22 @@ def test_every_resource_policy_has_a_case():
     assert tested == {p.name for p in ALL_POLICIES} - STACK_POLICIES
 
 
-@pytest.mark.parametrize("stack", ["dev", "vision-prod", "dev with an AzureML workspace"])
+EXTRA = {
+    "": {},
+    "an AzureML workspace": {"gpu-cluster:azuremlWorkspace": True},
+    "the AzureML backend": {"gpu-cluster:backend": "azureml", "gpu-cluster:submitJob": False},
+}
+
+
+@pytest.mark.parametrize(
+    "stack", ["dev", "vision-prod", "dev with an AzureML workspace", "dev with the AzureML backend"]
+)
 def test_both_stacks_pass_every_policy(stack):
     from dt_commands.plan import evaluate
     from tests.support.stacks import stack_values
 
     name, _, extra = stack.partition(" with ")
-    values = stack_values(name) | ({"gpu-cluster:azuremlWorkspace": True} if extra else {})
+    values = stack_values(name) | EXTRA[extra]
     plan = evaluate(name, values)
     for resource in plan.resources:
         for name in POLICIES:
@@ -531,3 +581,23 @@ def test_cost_over_budget_or_without_budget_is_a_violation():
     assert any("exceeds the budget of $1,000" in v for v in check_stack(tight))
     unbudgeted = [(t, p) for t, p in resources if not t.endswith(":Budget")]
     assert any("no budget" in v for v in check_stack(unbudgeted))
+
+
+def test_the_azureml_backends_compute_is_priced_as_the_settings_price_it():
+    """The pack reads the cluster's size, most nodes, priority and scale-down from the compute
+    as declared, and reaches the plan's own estimate (infra.cost, from the settings)."""
+    from dt_commands.plan import evaluate
+    from infra import cost
+    from policy.rules import cost_inputs
+    from tests.support.stacks import stack_values
+
+    for extra in ({}, {"gpu-cluster:spot": True, "gpu-cluster:scaleMode": "fixed"}):
+        values = stack_values("dev") | EXTRA["the AzureML backend"] | extra
+        plan = evaluate("dev", values)
+        read = cost_inputs(policy_resources([(r.typ, r.inputs) for r in plan.resources]))
+        assert read is not None
+        assert cost.monthly_cost(read) == cost.monthly_cost(plan.settings.cost_inputs())
+        assert read.spot == bool(extra) and read.always_on == bool(extra)
+    resources = [(t, p) for t, p in [(r.typ, r.inputs) for r in plan.resources]]
+    tight = [(t, p | {"amount": 1000} if t.endswith(":Budget") else p) for t, p in resources]
+    assert any("exceeds the budget of $1,000" in v for v in check_stack(tight))

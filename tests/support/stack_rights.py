@@ -37,6 +37,7 @@ ROLE_NAMES = {
     "8311e382-0749-4cb8-b61a-304f252e45ec": "AcrPush",
     "48e5e92e-a480-4e71-aa9c-2778f4c13781": "Azure Batch Job Submitter",
     "6aaa78f1-f7de-44ca-8722-c64a23943cae": "Azure Batch Data Contributor",
+    "f6c7c914-8db3-469d-8ca1-694a8f32e121": "AzureML Data Scientist",
 }
 SUBSCRIPTION = f"/subscriptions/{SUBSCRIPTION_ID}"
 # docs/deploy.md, Prerequisites: "Owner, or Contributor plus User Access Administrator, on the

@@ -220,24 +220,7 @@ def supervise(
             workers.stop(KILL_GRACE_SECONDS)
             return Outcome(code if code > 0 else 1, reason)
         if workers.all_done():
-            # The master keeps its store up until every node reported (store.wait_for_other_nodes):
-            # gone before this report, it died, and this node's workers stopped because its
-            # workers did (a dead launcher's workers vote the run to a stop: watch.signals).
-            try:
-                store.put(f"done-{node.index}", "0")
-                master_lost = False
-            except OSError:
-                master_lost = True
-            if terminating:
-                return Outcome(0, "stopped by a signal; the workers checkpointed", True)
-            if master_lost:
-                reason = (
-                    f"node {node.name}: every worker stopped, but the master node "
-                    f"{node.master_ip} stopped answering before this node reported"
-                )
-                log.say(f"{reason}: the run did not finish")
-                return Outcome(1, reason)
-            return Outcome(0, f"node {node.name}: every worker finished")
+            return _all_done(node, store, log, terminating)
         try:
             reason = store.get("failed")
             store_lost_since = None
@@ -251,3 +234,25 @@ def supervise(
             workers.stop(KILL_GRACE_SECONDS if terminating else 2)
             return Outcome(1, reason, terminating)
         time.sleep(POLL_SECONDS)
+
+
+def _all_done(node: Node, store: Store, log: RunLog, terminating: bool) -> Outcome:
+    """This node's ending once its workers all exited 0, reported to the master. The master
+    keeps its store up until every node reported (store.wait_for_other_nodes): gone before
+    this report, it died, and this node's workers stopped because its workers did (a dead
+    launcher's workers vote the run to a stop: watch.signals)."""
+    try:
+        store.put(f"done-{node.index}", "0")
+        master_lost = False
+    except OSError:
+        master_lost = True
+    if terminating:
+        return Outcome(0, "stopped by a signal; the workers checkpointed", True)
+    if master_lost:
+        reason = (
+            f"node {node.name}: every worker stopped, but the master node "
+            f"{node.master_ip} stopped answering before this node reported"
+        )
+        log.say(f"{reason}: the run did not finish")
+        return Outcome(1, reason)
+    return Outcome(0, f"node {node.name}: every worker finished")
