@@ -113,8 +113,8 @@ def check_backend(
 ) -> None:
     """What the AzureML backend runs today: the workspace, its compute cluster and the trainer's
     environment. The acceptance check drives a Batch pool's nodes; the stack's jobs on AzureML
-    need the launcher's AzureML side (its variables and folders), which it does not have yet:
-    refused in one line rather than submitted to fail on the nodes."""
+    need a job declared there (a native Job, its checkpoints in Blob), which this program does
+    not declare yet: refused in one line rather than dropped."""
     if not azureml.on_azureml:
         return
     if acceptance_profile:
@@ -128,8 +128,8 @@ def check_backend(
         drop = "set submitJob false" if shorthand else "empty the jobs map"
         raise ConfigError(
             f"{given} with backend=azureml: this release declares the AzureML workspace, its "
-            "compute cluster and the trainer's environment, not the stack's jobs there (the "
-            f"launcher does not run on AzureML yet); {drop} and submit them with `az ml job "
+            "compute cluster and the trainer's environment, not the stack's jobs there (no "
+            f"AzureML job is declared yet); {drop} and submit them with `az ml job "
             "create` on the stack's compute and environment (docs/azureml.md), or set backend "
             "batch"
         )

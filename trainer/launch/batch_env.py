@@ -59,7 +59,7 @@ class Node:
         return [self.master_ip, *others].index(self.name)
 
 
-def _interface_of(ip: str, *, exact: bool = True) -> str | None:
+def interface_of(ip: str, *, exact: bool = True) -> str | None:
     """The interface holding ``ip``; with ``exact=False`` also one whose subnet contains it
     (127.0.0.2 lives on ``lo`` without being listed)."""
     wanted = ipaddress.ip_address(ip)
@@ -125,7 +125,7 @@ def read_batch_environment(
     if master_ip not in hosts:
         raise LaunchError(f"AZ_BATCH_MASTER_NODE={master_ip}: not in AZ_BATCH_HOST_LIST {hosts}")
     if node_ip is None:
-        mine = [host for host in hosts if _interface_of(host)]
+        mine = [host for host in hosts if interface_of(host)]
         if len(mine) != 1:
             raise LaunchError(
                 f"cannot tell which of AZ_BATCH_HOST_LIST {hosts} is this node "
@@ -140,7 +140,7 @@ def read_batch_environment(
             f"AZ_BATCH_IS_CURRENT_NODE_MASTER={env.get('AZ_BATCH_IS_CURRENT_NODE_MASTER')} "
             f"disagrees with node {node_ip} and master {master_ip}"
         )
-    iface = _interface_of(node_ip) or _interface_of(node_ip, exact=False)
+    iface = interface_of(node_ip) or interface_of(node_ip, exact=False)
     if iface is None:
         raise LaunchError(f"node_ip={node_ip}: no network interface of this machine has it")
     port = rendezvous_port(env, port)

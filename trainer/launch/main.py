@@ -1,5 +1,6 @@
 """``python -m trainer.launch [options] -- COMMAND...``: the Batch multi-instance task on every
-node. Wiring only: the options (``options``), then the node's place (``batch_env``), the
+node, or an AzureML job's process on every node. Wiring only: the options (``options``), then
+the node's place (``batch_env``, ``azureml_env``), the
 meeting of the nodes (``rendezvous``, ``store``), the fabric's check before the workers start, for
 every job kind (``preflight``), the workers (``workers``), Scheduled Events
 (``eviction``) and the records (``records``). The engine (``--backend``) and the run folder
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from trainer.common.cli import fail
 from trainer.launch import eviction
+from trainer.launch.azureml_env import read_azureml_environment
 from trainer.launch.batch_env import LaunchError, Node, read_batch_environment, torch_master_port
 from trainer.launch.node_sizes import fabric_for, worker_environment, workers_per_node
 from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser, code_dir_fault
@@ -61,6 +63,9 @@ class _Plan:
     torch_port: int | None
     records: RunRecords | None
     preflight: Preflight | None = None  # None: no preflight on this launch
+    # The job's own token (AzureML gives every node the same); None: the master makes one and
+    # hands it to the others through the run folder (Batch).
+    token: str | None = None
 
 
 def _plan(args, env: dict[str, str]) -> _Plan:
@@ -75,13 +80,17 @@ def _plan(args, env: dict[str, str]) -> _Plan:
         )
     slots = args.workers_per_node or _default_workers(args.vm_size)
     engine = check_engine(args.backend)
-    node = read_batch_environment(env, args.node_ip, args.port)
+    token = None
+    if args.platform == "azureml":
+        node, token = read_azureml_environment(env, args.node_ip, args.port)
+    else:
+        node = read_batch_environment(env, args.node_ip, args.port)
     torch_port = None
     if engine in TORCH_ENGINES:
         torch_port = torch_master_port(node.port, env)
     if args.run_dir is None and args.defer_exit_code:
         raise LaunchError("--defer-exit-code needs --run-dir")
-    if args.run_dir is None and len(node.hosts) > 1:
+    if args.run_dir is None and len(node.hosts) > 1 and token is None:
         raise LaunchError(
             f"{len(node.hosts)} nodes in AZ_BATCH_HOST_LIST: the master hands its "
             "rendezvous token to the other nodes in the run folder, so the launcher "
@@ -92,7 +101,8 @@ def _plan(args, env: dict[str, str]) -> _Plan:
     if args.run_dir is not None:
         check_writable(args.run_dir)
     records = RunRecords(args.run_dir) if args.run_dir is not None else None
-    return _Plan(engine, slots, node, torch_port, records, _preflight(args, node, slots, env))
+    preflight = _preflight(args, node, slots, env)
+    return _Plan(engine, slots, node, torch_port, records, preflight, token)
 
 
 def _preflight(args, node: Node, slots: int, env: dict[str, str]) -> Preflight | None:
@@ -108,12 +118,12 @@ def _preflight(args, node: Node, slots: int, env: dict[str, str]) -> Preflight |
 
 
 def _serve(plan: _Plan, log: RunLog) -> tuple[str | None, Callable[[], None] | None]:
-    """On the master, a new token (only this launch's nodes and workers reach its store) and
-    the rendezvous serving it; (None, None) on the other nodes."""
+    """On the master, the job's token or a new one (only this launch's nodes and workers reach
+    its store) and the rendezvous serving it; (None, None) on the other nodes."""
     node = plan.node
     if not node.is_master:
         return None, None
-    token = new_token()
+    token = plan.token or new_token()
     try:
         return token, start_gloo_rendezvous(node.port, node.hosts, plan.slots, token, log.say)
     except OSError as err:
@@ -128,10 +138,12 @@ def _meet(plan: _Plan, token: str | None, log: RunLog, env: dict[str, str]) -> t
     """Every node joins the master's store and learns the attempt; the log goes to the run
     folder from then on. Raises LaunchError, Stopped or OSError."""
     node, records = plan.node, plan.records
-    if token is not None and records is not None and len(node.hosts) > 1:
+    if token is not None and records is not None and len(node.hosts) > 1 and not plan.token:
         records.publish_token(token)
-    # The master knows its token; the others read it from the run folder (checked in _plan).
-    token_of = records.read_token if token is None and records is not None else lambda: token
+    # The master knows its token, and on AzureML every node does; on Batch the others read it
+    # from the run folder (checked in _plan).
+    known = token or plan.token
+    token_of = records.read_token if known is None and records is not None else lambda: known
     store = join_store(node, token_of, MASTER_WAIT_SECONDS)
     if node.is_master:
         attempt = RunRecords.new_attempt()

@@ -15,13 +15,14 @@ from trainer.settings.train_config import DEFAULTS
 
 # How often the master copies a job's own command's metrics (the trainer's default period).
 SCRIPT_UPLOAD_MINUTES = DEFAULTS.metrics_upload_minutes
+PLATFORMS = ("batch", "azureml")
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="python -m trainer.launch",
         description="Start this node's workers (Horovod, or torch.distributed: ddp, fsdp; torch "
-        "or horovod for a job's own command) for a Batch multi-instance task.",
+        "or horovod for a job's own command) for a Batch multi-instance task or an AzureML job.",
         allow_abbrev=False,
     )
     parser.add_argument(
@@ -45,7 +46,7 @@ def build_parser() -> OneLineParser:
         type=int_in(1, MAX_WORKERS_PER_NODE),
         help="default: the VM size's GPUs, else visible GPUs or 1",
     )
-    parser.add_argument("--node-ip", help="this node's address in AZ_BATCH_HOST_LIST")
+    _add_node_flags(parser)
     _add_preflight_flag(parser)
     parser.add_argument(
         "--port",
@@ -75,6 +76,20 @@ def build_parser() -> OneLineParser:
     )
     parser.add_argument("command", nargs="+", help="the worker command, after --")
     return parser
+
+
+def _add_node_flags(parser: OneLineParser) -> None:
+    """Where the node's place in the job comes from, and its address."""
+    parser.add_argument(
+        "--platform",
+        choices=PLATFORMS,
+        default="batch",
+        help="where the job runs: batch (a multi-instance task: AZ_BATCH_* variables, the "
+        "token through --run-dir), or azureml (a command job's PyTorch distribution with one "
+        "process per node: MASTER_ADDR, WORLD_SIZE, NODE_RANK, the token in "
+        "DT_RENDEZVOUS_TOKEN; no run folder needed)",
+    )
+    parser.add_argument("--node-ip", help="this node's address (in AZ_BATCH_HOST_LIST on Batch)")
 
 
 def _add_preflight_flag(parser: OneLineParser) -> None:

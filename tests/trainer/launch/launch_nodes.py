@@ -1,5 +1,6 @@
-"""Two simulated Batch nodes on 127.0.0.1 and 127.0.0.2: two ``trainer.launch`` processes, each
-with its own multi-instance task environment, as Batch would start them."""
+"""Two simulated nodes on 127.0.0.1 and 127.0.0.2: two ``trainer.launch`` processes, each with
+its own multi-instance task environment, as Batch would start them, or with the variables an
+AzureML job's PyTorch distribution gives its one process per node."""
 
 from __future__ import annotations
 
@@ -40,6 +41,22 @@ def batch_env(
     }
 
 
+def azureml_env(
+    index: int, rendezvous_port: int, token: str, hosts: tuple[str, ...] = HOSTS
+) -> dict[str, str]:
+    """Node ``index``'s variables in an AzureML command job whose PyTorch distribution starts one
+    process per node (how-to-train-distributed-gpu.md, read 2026-11-29), and the job's token."""
+    return {
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": str(rendezvous_port),
+        "WORLD_SIZE": str(len(hosts)),
+        "NODE_RANK": str(index),
+        "RANK": str(index),
+        "LOCAL_RANK": "0",
+        "DT_RENDEZVOUS_TOKEN": token,
+    }
+
+
 def start_nodes(
     logs: Path,
     worker_command: list[str],
@@ -50,18 +67,27 @@ def start_nodes(
     node_env: tuple[dict[str, str], ...] = ({}, {}),
     hosts: tuple[str, ...] = HOSTS,
     prefix: Callable[[int], list[str]] = lambda index: [],
+    azureml_token: str | None = None,
 ) -> list[subprocess.Popen]:
     """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
     them (the worker command's own are not read); ``batch_port``: the port in
     AZ_BATCH_MASTER_NODE (default: some free port); ``node_env``: more variables for each
     node; ``hosts``: the nodes' addresses; ``prefix(index)``: what runs node ``index``'s
-    launcher (``ip netns exec NS``: a node in a network namespace of its own)."""
+    launcher (``ip netns exec NS``: a node in a network namespace of its own);
+    ``azureml_token``: the nodes are an AzureML job's (``azureml_env``), not Batch's."""
     given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
+    if azureml_token is not None:
+        given += ["--platform", "azureml"]
     batch_port = batch_port or free_port()
     port = free_port(consecutive=2)  # torch.distributed's store takes the next one
     processes = []
     for index, host in enumerate(hosts):
-        env = {**os.environ, **batch_env(index, batch_port, port, hosts), **node_env[index]}
+        variables = (
+            azureml_env(index, port, azureml_token, hosts)
+            if azureml_token is not None
+            else batch_env(index, batch_port, port, hosts)
+        )
+        env = {**os.environ, **variables, **node_env[index]}
         log = open(logs / f"node{index}.log", "w")  # noqa: SIM115  # closed with the process
         processes.append(
             subprocess.Popen(
