@@ -7,9 +7,8 @@ Read 2026-11-29 (MicrosoftDocs/azure-ai-docs, articles/machine-learning/
 how-to-train-distributed-gpu.md): AzureML sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and
 NODE_RANK for each node, and RANK and LOCAL_RANK for each process; WORLD_SIZE counts processes,
 so with one per node it counts nodes. It names no other node: the nodes are named here by their
-rank, the master (rank 0) by its address. No folder is shared between the nodes, so the token
-that keeps the rendezvous to this job comes with the job (``TOKEN_VARIABLE``), not through a
-run folder."""
+rank, the master (rank 0) by its address. No folder is shared between the nodes: the token that
+keeps the rendezvous to this launch goes through the job's Blob folder (``token_blob``)."""
 
 from __future__ import annotations
 
@@ -18,9 +17,6 @@ import socket
 from trainer.common.errors import one_line
 from trainer.launch.batch_env import LaunchError, Node, interface_of, rendezvous_port
 
-# The job's rendezvous token, which the job gives every node (as Batch's nodes read theirs from
-# the run folder, trainer.launch.rendezvous.publish_token).
-TOKEN_VARIABLE = "DT_RENDEZVOUS_TOKEN"
 REQUIRED = ("MASTER_ADDR", "WORLD_SIZE", "NODE_RANK")
 ONE_PER_NODE = (
     "AzureML started more than one launcher on this node: give the job's PyTorch distribution "
@@ -63,9 +59,9 @@ def node_name(index: int, master_ip: str) -> str:
 
 def read_azureml_environment(
     env: dict[str, str], node_ip: str | None, port: int | None = None
-) -> tuple[Node, str | None]:
-    """This node's place in the job and the job's token (None on a single node without one);
-    ``node_ip`` overrides detection (a simulation on 127.0.0.x); ``port`` is ``--port``."""
+) -> Node:
+    """This node's place in the job; ``node_ip`` overrides detection (a simulation on
+    127.0.0.x); ``port`` is ``--port``."""
     missing = [key for key in REQUIRED if not env.get(key)]
     if missing:
         raise LaunchError(
@@ -84,15 +80,8 @@ def read_azureml_environment(
     iface = interface_of(own) or interface_of(own, exact=False)
     if iface is None:
         raise LaunchError(f"node_ip={own}: no network interface of this machine has it")
-    token = env.get(TOKEN_VARIABLE) or None
-    if nodes > 1 and token is None:
-        raise LaunchError(
-            f"{TOKEN_VARIABLE} is not set: the {nodes} nodes of an AzureML job meet behind the "
-            "job's rendezvous token, which the job gives each of them"
-        )
     hosts = [node_name(i, master_ip) for i in range(nodes)]
-    node = Node(
+    return Node(
         hosts, index, master_ip, rendezvous_port(env, port), index == 0, iface,
         node_id="" if index == 0 else own,
     )  # fmt: skip
-    return node, token

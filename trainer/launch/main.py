@@ -38,6 +38,7 @@ from trainer.launch.store import (
     wait_for_other_nodes,
 )
 from trainer.launch.task_user import task_user_environment
+from trainer.launch.token_blob import BlobToken
 from trainer.launch.workers import TORCH_ENGINES, Workers, check_engine, supervise, worker_envs
 from trainer.outputs.live_upload import LiveUploader
 
@@ -63,9 +64,9 @@ class _Plan:
     torch_port: int | None
     records: RunRecords | None
     preflight: Preflight | None = None  # None: no preflight on this launch
-    # The job's own token (AzureML gives every node the same); None: the master makes one and
-    # hands it to the others through the run folder (Batch).
-    token: str | None = None
+    # Where the master hands its token to the other nodes when they share no run folder (an
+    # AzureML job); None: through the run folder (Batch), or a single node.
+    blob_token: BlobToken | None = None
 
 
 def _plan(args, env: dict[str, str]) -> _Plan:
@@ -80,17 +81,13 @@ def _plan(args, env: dict[str, str]) -> _Plan:
         )
     slots = args.workers_per_node or _default_workers(args.vm_size)
     engine = check_engine(args.backend)
-    token = None
-    if args.platform == "azureml":
-        node, token = read_azureml_environment(env, args.node_ip, args.port)
-    else:
-        node = read_batch_environment(env, args.node_ip, args.port)
+    node, blob_token = _node(args, env)
     torch_port = None
     if engine in TORCH_ENGINES:
         torch_port = torch_master_port(node.port, env)
     if args.run_dir is None and args.defer_exit_code:
         raise LaunchError("--defer-exit-code needs --run-dir")
-    if args.run_dir is None and len(node.hosts) > 1 and token is None:
+    if args.run_dir is None and len(node.hosts) > 1 and blob_token is None:
         raise LaunchError(
             f"{len(node.hosts)} nodes in AZ_BATCH_HOST_LIST: the master hands its "
             "rendezvous token to the other nodes in the run folder, so the launcher "
@@ -102,7 +99,23 @@ def _plan(args, env: dict[str, str]) -> _Plan:
         check_writable(args.run_dir)
     records = RunRecords(args.run_dir) if args.run_dir is not None else None
     preflight = _preflight(args, node, slots, env)
-    return _Plan(engine, slots, node, torch_port, records, preflight, token)
+    return _Plan(engine, slots, node, torch_port, records, preflight, blob_token)
+
+
+def _node(args, env: dict[str, str]) -> tuple[Node, BlobToken | None]:
+    """This node's place in the job, and where an AzureML job's nodes hand the token on."""
+    if args.platform != "azureml":
+        if args.token_url is not None:
+            raise LaunchError("--token-url is for --platform azureml (Batch's nodes use --run-dir)")
+        return read_batch_environment(env, args.node_ip, args.port), None
+    node = read_azureml_environment(env, args.node_ip, args.port)
+    if len(node.hosts) > 1 and args.token_url is None and args.run_dir is None:
+        raise LaunchError(
+            f"WORLD_SIZE={len(node.hosts)} with no --token-url: an AzureML job's nodes share no "
+            "folder, so the master hands its rendezvous token to the others in the job's Blob "
+            "folder; give --token-url"
+        )
+    return node, BlobToken(args.token_url) if args.token_url is not None else None
 
 
 def _preflight(args, node: Node, slots: int, env: dict[str, str]) -> Preflight | None:
@@ -123,7 +136,7 @@ def _serve(plan: _Plan, log: RunLog) -> tuple[str | None, Callable[[], None] | N
     node = plan.node
     if not node.is_master:
         return None, None
-    token = plan.token or new_token()
+    token = new_token()
     try:
         return token, start_gloo_rendezvous(node.port, node.hosts, plan.slots, token, log.say)
     except OSError as err:
@@ -138,12 +151,14 @@ def _meet(plan: _Plan, token: str | None, log: RunLog, env: dict[str, str]) -> t
     """Every node joins the master's store and learns the attempt; the log goes to the run
     folder from then on. Raises LaunchError, Stopped or OSError."""
     node, records = plan.node, plan.records
-    if token is not None and records is not None and len(node.hosts) > 1 and not plan.token:
-        records.publish_token(token)
-    # The master knows its token, and on AzureML every node does; on Batch the others read it
-    # from the run folder (checked in _plan).
-    known = token or plan.token
-    token_of = records.read_token if known is None and records is not None else lambda: known
+    if token is not None and len(node.hosts) > 1:
+        if plan.blob_token is not None:
+            plan.blob_token.publish(token, log.say)
+        elif records is not None:
+            records.publish_token(token)
+    handoff = plan.blob_token or records  # the job's Blob folder, else the run folder
+    # The master knows its token; the others read it where it was handed (checked in _plan).
+    token_of = handoff.read_token if token is None and handoff is not None else lambda: token
     store = join_store(node, token_of, MASTER_WAIT_SECONDS)
     if node.is_master:
         attempt = RunRecords.new_attempt()

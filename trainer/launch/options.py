@@ -86,8 +86,13 @@ def _add_node_flags(parser: OneLineParser) -> None:
         default="batch",
         help="where the job runs: batch (a multi-instance task: AZ_BATCH_* variables, the "
         "token through --run-dir), or azureml (a command job's PyTorch distribution with one "
-        "process per node: MASTER_ADDR, WORLD_SIZE, NODE_RANK, the token in "
-        "DT_RENDEZVOUS_TOKEN; no run folder needed)",
+        "process per node: MASTER_ADDR, WORLD_SIZE, NODE_RANK, the token through --token-url)",
+    )
+    parser.add_argument(
+        "--token-url",
+        type=BlobFolder.parse,
+        help="--platform azureml with several nodes: the job's Blob folder (in the logs "
+        "container) where the master hands this launch's rendezvous token to the other nodes",
     )
     parser.add_argument("--node-ip", help="this node's address (in AZ_BATCH_HOST_LIST on Batch)")
 

@@ -41,11 +41,9 @@ def batch_env(
     }
 
 
-def azureml_env(
-    index: int, rendezvous_port: int, token: str, hosts: tuple[str, ...] = HOSTS
-) -> dict[str, str]:
+def azureml_env(index: int, rendezvous_port: int, hosts: tuple[str, ...] = HOSTS) -> dict[str, str]:
     """Node ``index``'s variables in an AzureML command job whose PyTorch distribution starts one
-    process per node (how-to-train-distributed-gpu.md, read 2026-11-29), and the job's token."""
+    process per node (how-to-train-distributed-gpu.md, read 2026-11-29)."""
     return {
         "MASTER_ADDR": hosts[0],
         "MASTER_PORT": str(rendezvous_port),
@@ -53,7 +51,6 @@ def azureml_env(
         "NODE_RANK": str(index),
         "RANK": str(index),
         "LOCAL_RANK": "0",
-        "DT_RENDEZVOUS_TOKEN": token,
     }
 
 
@@ -67,24 +64,26 @@ def start_nodes(
     node_env: tuple[dict[str, str], ...] = ({}, {}),
     hosts: tuple[str, ...] = HOSTS,
     prefix: Callable[[int], list[str]] = lambda index: [],
-    azureml_token: str | None = None,
+    azureml: bool = False,
+    node_args: tuple[list[str], list[str]] = ([], []),
 ) -> list[subprocess.Popen]:
     """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
     them (the worker command's own are not read); ``batch_port``: the port in
     AZ_BATCH_MASTER_NODE (default: some free port); ``node_env``: more variables for each
     node; ``hosts``: the nodes' addresses; ``prefix(index)``: what runs node ``index``'s
     launcher (``ip netns exec NS``: a node in a network namespace of its own);
-    ``azureml_token``: the nodes are an AzureML job's (``azureml_env``), not Batch's."""
+    ``azureml``: the nodes are an AzureML job's (``azureml_env``), not Batch's; ``node_args``:
+    more launcher flags for each node."""
     given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
-    if azureml_token is not None:
+    if azureml:
         given += ["--platform", "azureml"]
     batch_port = batch_port or free_port()
     port = free_port(consecutive=2)  # torch.distributed's store takes the next one
     processes = []
     for index, host in enumerate(hosts):
         variables = (
-            azureml_env(index, port, azureml_token, hosts)
-            if azureml_token is not None
+            azureml_env(index, port, hosts)
+            if azureml
             else batch_env(index, batch_port, port, hosts)
         )
         env = {**os.environ, **variables, **node_env[index]}
@@ -102,6 +101,7 @@ def start_nodes(
                     host,
                     *given,
                     *launch_args,
+                    *node_args[index],
                     "--",
                     *worker_command,
                 ],

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.launch.azureml_env import TOKEN_VARIABLE, read_azureml_environment
+from trainer.launch.azureml_env import read_azureml_environment
 from trainer.launch.batch_env import LaunchError
 
 AZUREML = {
@@ -17,27 +17,26 @@ AZUREML = {
     "NODE_RANK": "2",
     "RANK": "2",
     "LOCAL_RANK": "0",
-    TOKEN_VARIABLE: "job-token",
 }
 
 
 def test_a_node_is_named_by_its_rank_and_the_master_by_its_address():
-    node, token = read_azureml_environment(AZUREML, "127.0.0.3")
+    node = read_azureml_environment(AZUREML, "127.0.0.3")
     assert node.hosts == ["127.0.0.1", "node-1", "node-2"]
     assert (node.index, node.name, node.master_ip, node.is_master) == (
         2, "node-2", "127.0.0.1", False,
     )  # fmt: skip
     assert node.label == "node-2 (127.0.0.3)" and node.iface == "lo"
-    assert node.port == 6105 and token == "job-token"
+    assert node.port == 6105
     assert node.master_first_rank == 2  # torch's rank order: the master's first
-    master, _ = read_azureml_environment({**AZUREML, "NODE_RANK": "0", "RANK": "0"}, None)
+    master = read_azureml_environment({**AZUREML, "NODE_RANK": "0", "RANK": "0"}, None)
     assert master.is_master and master.name == master.label == "127.0.0.1"
 
 
-def test_a_host_name_in_master_addr_is_resolved_and_a_single_node_needs_no_token():
+def test_a_host_name_in_master_addr_is_resolved():
     alone = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "1", "NODE_RANK": "0"}
-    node, token = read_azureml_environment(alone, None)
-    assert node.master_ip == "127.0.0.1" and node.hosts == ["127.0.0.1"] and token is None
+    node = read_azureml_environment(alone, None)
+    assert node.master_ip == "127.0.0.1" and node.hosts == ["127.0.0.1"]
     assert node.port == 6105  # no MASTER_PORT: the launcher's default, as on Batch
 
 
@@ -56,7 +55,6 @@ def test_a_host_name_in_master_addr_is_resolved_and_a_single_node_needs_no_token
             "the job's PyTorch distribution process_count_per_instance: 1",
         ),
         ({"RANK": "5"}, "RANK=5 LOCAL_RANK=0: AzureML started more than one launcher"),
-        ({TOKEN_VARIABLE: ""}, f"{TOKEN_VARIABLE} is not set: the 3 nodes of an AzureML job"),
         (
             {"MASTER_ADDR": "no-such-host.invalid"},
             "MASTER_ADDR=no-such-host.invalid: cannot resolve it",
