@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,6 +24,7 @@ from tests.trainer.launch.launch_nodes import (
     start_nodes,
     trainer_command,
 )
+from trainer.checkpoints.mirror import MANIFEST_SUFFIX
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -147,3 +149,59 @@ def test_a_token_the_master_cannot_hand_on_ends_it_in_one_line_exit_1(azurite_en
     line = f"cannot hand the rendezvous token to the other nodes at {url}rendezvous.token: "
     assert line in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert "starting" not in result.stdout + result.stderr
+
+
+def test_a_new_job_after_a_killed_worker_resumes_from_the_checkpoints_mirrored_to_blob(
+    tmp_path, azurite_entra, logs
+):
+    """Each node has a folder of its own (the nodes share no file system), so the run's
+    checkpoints survive the job only in Blob (--checkpoint-mirror-url): after a worker of the
+    first job dies, a second job on fresh nodes resumes from the newest mirrored checkpoint."""
+    mirror = azurite_entra.folder_url(logs.container_name, "checkpoints/sim-run/")
+    command = trainer_command(
+        Path("run"), "--max-steps", "30", "--checkpoint-every", "4", "--log-every", "1",
+        "--checkpoint-mirror-url", mirror,
+    )  # fmt: skip
+
+    def job(name: str) -> list[subprocess.Popen]:
+        folders = (tmp_path / f"{name}-node0", tmp_path / f"{name}-node1")
+        for folder in folders:
+            folder.mkdir()
+        return start_nodes(
+            tmp_path, command, node_cwd=folders, **_azureml(azurite_entra, logs.container_name)
+        )
+
+    first = job("first")
+    deadline = time.monotonic() + 120
+    while not [b for b in _blob_names(logs, "checkpoints/") if b.endswith(MANIFEST_SUFFIX)]:
+        assert time.monotonic() < deadline, _logs(tmp_path)
+        assert all(node.poll() is None for node in first), _logs(tmp_path)
+        time.sleep(0.2)
+    psutil.Process(first[1].pid).children()[0].kill()
+    for node in first:
+        node.wait(timeout=60)
+    assert all(node.returncode != 0 for node in first), _logs(tmp_path)
+    # The newest checkpoint mirrored whole (its manifest is written last).
+    mirrored = max(
+        _step(b) or 0 for b in _blob_names(logs, "checkpoints/") if b.endswith(MANIFEST_SUFFIX)
+    )
+
+    second = job("second")
+    for node in second:
+        node.wait(timeout=180)
+    said = _logs(tmp_path)  # the second job's (start_nodes rewrote the node logs)
+    assert [node.returncode for node in second] == [0, 0], said
+    assert "resuming from the mirror's step-" in said, said
+    done = [line for line in said.splitlines() if line.startswith("done: step 30 (started at ")]
+    assert done and int(done[0].split("started at ")[1].split(",")[0]) >= mirrored >= 4, said
+
+
+def _blob_names(container, prefix: str) -> list[str]:
+    return [blob.name for blob in container.list_blobs(name_starts_with=prefix)]
+
+
+def _step(name: str) -> int | None:
+    """The step of a mirrored checkpoint's blob name (step-000000012...), None for another."""
+    stem = name.rsplit("/", 1)[-1]
+    digits = stem.removeprefix("step-")[:9]
+    return int(digits) if stem.startswith("step-") and digits.isdigit() else None
