@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -166,3 +167,20 @@ def trainer_command(output_dir: Path, *extra: str) -> list[str]:
         str(output_dir),
         *extra,
     ]
+
+
+def node_logs(logs: Path) -> str:
+    """Both simulated nodes' output, as start_nodes wrote it to ``logs``."""
+    return "\n".join((logs / f"node{i}.log").read_text() for i in range(len(HOSTS)))
+
+
+def wait_while_running(
+    nodes: list[subprocess.Popen], until: Callable[[], bool], logs: Path, seconds: float = 120
+) -> None:
+    """Wait until ``until()`` holds, failing with the nodes' output if a node ends first or
+    ``seconds`` pass (a bound on a wait that should end, never a measure)."""
+    deadline = time.monotonic() + seconds
+    while not until():
+        assert time.monotonic() < deadline, node_logs(logs)
+        assert all(node.poll() is None for node in nodes), node_logs(logs)
+        time.sleep(0.2)

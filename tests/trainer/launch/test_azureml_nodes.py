@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -21,8 +20,10 @@ from tests.support.launchers import read_metrics
 from tests.trainer.launch.launch_nodes import (
     azureml_env,
     free_port,
+    node_logs,
     start_nodes,
     trainer_command,
+    wait_while_running,
 )
 from trainer.checkpoints.mirror import MANIFEST_SUFFIX
 
@@ -39,10 +40,6 @@ def _azureml(storage, container: str) -> dict:
     }
 
 
-def _logs(tmp_path):
-    return "\n".join((tmp_path / f"node{i}.log").read_text() for i in (0, 1))
-
-
 @pytest.mark.parametrize("engine", ["horovod", "ddp"])
 def test_two_azureml_nodes_train_one_run_and_both_exit_0(tmp_path, engine, azurite_entra, logs):
     out = tmp_path / "run"
@@ -57,7 +54,7 @@ def test_two_azureml_nodes_train_one_run_and_both_exit_0(tmp_path, engine, azuri
     )
     for node in nodes:
         node.wait(timeout=180)
-    said = _logs(tmp_path)
+    said = node_logs(tmp_path)
     assert [node.returncode for node in nodes] == [0, 0], said
     assert "[launch 127.0.0.1] node 1/2: starting 1 worker(s)" in said, said
     assert "[launch node-1] node 2/2: starting 1 worker(s)" in said, said
@@ -76,15 +73,11 @@ def test_a_dead_worker_on_an_azureml_node_ends_both_nodes_non_zero(tmp_path, azu
         trainer_command(out, "--epochs", "200", "--log-every", "1"),
         **_azureml(azurite_entra, logs.container_name),
     )
-    deadline = time.monotonic() + 120
-    while not read_metrics(out):  # training has started on both nodes
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        assert all(node.poll() is None for node in nodes), _logs(tmp_path)
-        time.sleep(0.2)
+    wait_while_running(nodes, lambda: bool(read_metrics(out)), tmp_path)  # training started
     psutil.Process(nodes[1].pid).children()[0].kill()
     for node in nodes:
         node.wait(timeout=60)
-    said = _logs(tmp_path)
+    said = node_logs(tmp_path)
     assert all(node.returncode != 0 for node in nodes), said
     assert "[launch node-1] node node-1 (127.0.0.2) worker 0 exited with -9" in said, said
     assert "Traceback" not in said
@@ -104,14 +97,12 @@ def test_a_node_that_reads_another_launchs_token_is_refused_by_the_master(
     nodes = start_nodes(
         tmp_path, trainer_command(out, "--max-steps", "2"), "--port", str(port), **arguments
     )
-    deadline = time.monotonic() + 60
-    while "no valid job token" not in (tmp_path / "node0.log").read_text():
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        time.sleep(0.2)
+    refused = lambda: "no valid job token" in (tmp_path / "node0.log").read_text()  # noqa: E731
+    wait_while_running(nodes, refused, tmp_path, seconds=60)
     for node in nodes:
         node.terminate()
         node.wait(timeout=60)
-    said = _logs(tmp_path)
+    said = node_logs(tmp_path)
     assert "[launch 127.0.0.1] refused GET .../launcher/probe from " in said, said
     assert "an-earlier-launchs-token" not in said
     assert logs.download_blob(TOKEN_BLOB).readall().decode() not in said
@@ -172,32 +163,27 @@ def test_a_new_job_after_a_killed_worker_resumes_from_the_checkpoints_mirrored_t
         )
 
     first = job("first")
-    deadline = time.monotonic() + 120
-    while not [b for b in _blob_names(logs, "checkpoints/") if b.endswith(MANIFEST_SUFFIX)]:
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        assert all(node.poll() is None for node in first), _logs(tmp_path)
-        time.sleep(0.2)
+    wait_while_running(first, lambda: bool(_manifests(logs)), tmp_path)
     psutil.Process(first[1].pid).children()[0].kill()
     for node in first:
         node.wait(timeout=60)
-    assert all(node.returncode != 0 for node in first), _logs(tmp_path)
-    # The newest checkpoint mirrored whole (its manifest is written last).
-    mirrored = max(
-        _step(b) or 0 for b in _blob_names(logs, "checkpoints/") if b.endswith(MANIFEST_SUFFIX)
-    )
+    assert all(node.returncode != 0 for node in first), node_logs(tmp_path)
+    mirrored = max(_step(name) or 0 for name in _manifests(logs))
 
     second = job("second")
     for node in second:
         node.wait(timeout=180)
-    said = _logs(tmp_path)  # the second job's (start_nodes rewrote the node logs)
+    said = node_logs(tmp_path)  # the second job's (start_nodes rewrote the node logs)
     assert [node.returncode for node in second] == [0, 0], said
     assert "resuming from the mirror's step-" in said, said
     done = [line for line in said.splitlines() if line.startswith("done: step 30 (started at ")]
     assert done and int(done[0].split("started at ")[1].split(",")[0]) >= mirrored >= 4, said
 
 
-def _blob_names(container, prefix: str) -> list[str]:
-    return [blob.name for blob in container.list_blobs(name_starts_with=prefix)]
+def _manifests(container) -> list[str]:
+    """The checkpoints mirrored whole (a checkpoint's manifest is written last)."""
+    names = [blob.name for blob in container.list_blobs(name_starts_with="checkpoints/")]
+    return [name for name in names if name.endswith(MANIFEST_SUFFIX)]
 
 
 def _step(name: str) -> int | None:

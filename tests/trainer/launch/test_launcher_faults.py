@@ -13,7 +13,14 @@ import pytest
 
 from tests.support.launchers import read_metrics
 from tests.trainer.fs_faults import read_only
-from tests.trainer.launch.launch_nodes import batch_env, free_port, start_nodes, trainer_command
+from tests.trainer.launch.launch_nodes import (
+    batch_env,
+    free_port,
+    node_logs,
+    start_nodes,
+    trainer_command,
+    wait_while_running,
+)
 
 # Real multi-process runs (make test runs them one at a time), none of whose processes may
 # outlive its test (tests/support/process_tree.py).
@@ -23,24 +30,16 @@ pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_proces
 TORCH_WORKER = str(Path(__file__).with_name("torch_worker.py"))
 
 
-def _logs(tmp_path):
-    return "\n".join((tmp_path / f"node{i}.log").read_text() for i in (0, 1))
-
-
 def test_a_dead_worker_on_one_node_ends_both_nodes_non_zero_within_60s(tmp_path):
     out = tmp_path / "run"
     command = trainer_command(out, "--epochs", "200", "--log-every", "1")
     nodes = start_nodes(tmp_path, command, run_dir=out)
-    deadline = time.monotonic() + 90
-    while not read_metrics(out):  # training has started on both nodes
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        assert all(node.poll() is None for node in nodes), _logs(tmp_path)
-        time.sleep(0.2)
+    wait_while_running(nodes, lambda: bool(read_metrics(out)), tmp_path)  # training started
     psutil.Process(nodes[1].pid).children()[0].kill()
     for node in nodes:
         node.wait(timeout=60)
-    assert all(node.returncode != 0 for node in nodes), _logs(tmp_path)
-    logs = _logs(tmp_path)
+    assert all(node.returncode != 0 for node in nodes), node_logs(tmp_path)
+    logs = node_logs(tmp_path)
     assert "[launch 127.0.0.2] node 127.0.0.2 worker 0 exited with -9" in logs
     # Node 1 stops either through the launchers' store or because its worker saw the peer go.
     assert (
@@ -54,16 +53,13 @@ def test_a_dead_master_launcher_ends_the_other_node(tmp_path):
     out = tmp_path / "run"
     command = trainer_command(out, "--epochs", "200", "--log-every", "1")
     nodes = start_nodes(tmp_path, command, run_dir=out)
-    deadline = time.monotonic() + 90
-    while not read_metrics(out):
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        time.sleep(0.2)
+    wait_while_running(nodes, lambda: bool(read_metrics(out)), tmp_path)
     master = psutil.Process(nodes[0].pid)
     orphans = master.children(recursive=True)
     master.kill()  # the master's launcher (and its rendezvous store) vanishes
     nodes[1].wait(timeout=60)
     assert nodes[1].returncode != 0
-    assert "stopped answering" in _logs(tmp_path) or "exited with" in _logs(tmp_path)
+    assert "stopped answering" in node_logs(tmp_path) or "exited with" in node_logs(tmp_path)
     # Its workers learn from the kernel that their launcher died, and stop.
     _, alive = psutil.wait_procs(orphans, timeout=60)
     assert not alive, f"workers outlived their launcher: {alive}"
@@ -116,7 +112,7 @@ def test_two_launchers_start_one_torch_group_across_the_nodes_and_both_exit_0(tm
     )
     for node in nodes:
         node.wait(timeout=120)
-    logs = _logs(tmp_path)
+    logs = node_logs(tmp_path)
     # --defer-exit-code: a launcher exits 0 once it recorded the outcome; its log says which.
     assert [node.returncode for node in nodes] == [0, 0], logs
     for host in ("127.0.0.1", "127.0.0.2"):
@@ -146,15 +142,11 @@ def test_a_dead_ddp_worker_on_one_node_ends_both_nodes_non_zero(tmp_path):
     record = {"WORKER_RECORD": str(tmp_path)}
     command = _torch_command(out, "ddp", "--epochs", "200", "--log-every", "1")
     nodes = start_nodes(tmp_path, command, run_dir=out, backend="ddp", node_env=(record, record))
-    deadline = time.monotonic() + 90
-    while not read_metrics(out):  # the group formed and trains
-        assert time.monotonic() < deadline, _logs(tmp_path)
-        assert all(node.poll() is None for node in nodes), _logs(tmp_path)
-        time.sleep(0.2)
+    wait_while_running(nodes, lambda: bool(read_metrics(out)), tmp_path)  # the group trains
     psutil.Process(nodes[1].pid).children()[0].kill()
     for node in nodes:
         node.wait(timeout=60)
-    logs = _logs(tmp_path)
+    logs = node_logs(tmp_path)
     assert all(node.returncode != 0 for node in nodes), logs
     assert "[launch 127.0.0.2] node 127.0.0.2 worker 0 exited with -9" in logs
     # Node 1 stops through the launchers' store, or because its worker saw the peer go.

@@ -7,20 +7,11 @@ import sys
 
 import pytest
 
-from trainer.launch.batch_env import Node
+from tests.trainer.launch.test_watchdog_launch import NODE
 from trainer.launch.records import RunLog
 from trainer.launch.workers import Workers, supervise
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
-
-NODE = Node(
-    hosts=["10.0.0.4", "10.0.0.5"],
-    index=1,
-    master_ip="10.0.0.4",
-    port=0,
-    is_master=False,
-    iface="lo",
-)
 
 
 class Store:
