@@ -70,7 +70,8 @@ class _Plan:
 
 
 def _plan(args, env: dict[str, str]) -> _Plan:
-    """The options and the Batch environment, checked; raises LaunchError or ValueError."""
+    """The options and the node's environment (Batch's or AzureML's), checked; raises
+    LaunchError or ValueError."""
     if args.vm_size:
         fabric_for(args.vm_size)  # validate before anything starts
     # Not `args.workers_per_node or ...`: that would turn an explicit 0 into the default.
@@ -131,8 +132,8 @@ def _preflight(args, node: Node, slots: int, env: dict[str, str]) -> Preflight |
 
 
 def _serve(plan: _Plan, log: RunLog) -> tuple[str | None, Callable[[], None] | None]:
-    """On the master, the job's token or a new one (only this launch's nodes and workers reach
-    its store) and the rendezvous serving it; (None, None) on the other nodes."""
+    """On the master, a new token (only this launch's nodes and workers reach its store) and
+    the rendezvous serving it; (None, None) on the other nodes."""
     node = plan.node
     if not node.is_master:
         return None, None
