@@ -4,8 +4,10 @@ results folder as artifacts under the step the run ended at (an AzureML workspac
 overwrites an artifact: "Resource Conflict: ArtifactId ... already exists", lightly-ai/
 lightly-train #256). The run is named after the Batch job that starts it (else its output
 folder) and keyed by where its checkpoints live (``run_identity``): whatever resumes them goes
-on in the same MLflow run. A store that cannot be reached stops the run before it trains, in
-one line; a failure later is one warning and the training goes on without tracking.
+on in the same MLflow run. A run the environment gives (``MLFLOW_RUN_ID``: an AzureML job's
+own) is the one logged to, tagged with that key, and ended by its giver. A store that cannot
+be reached stops the run before it trains, in one line; a failure later is one warning and
+the training goes on without tracking.
 
 MLflow's own client (``mlflow-skinny``) talks to a tracking server, an AzureML workspace
 (``azureml://``, through the azureml-mlflow plugin) or, locally, SQLite; current MLflow refuses
@@ -29,6 +31,10 @@ from trainer.common.errors import ConfigError, first_line
 from trainer.common.grant_wait import GRANT_WAIT_MINUTES, GrantMissing, GrantWait, Refusal, identity
 
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
+# The run the environment gives: an AzureML job is a run, whose id the job's runtime sets with
+# the tracking URI (and overrides any given: Azure/azure-sdk-for-python #38813, read
+# 2026-11-29). Rank 0 logs into it, and its giver ends it.
+RUN_VARIABLE = "MLFLOW_RUN_ID"
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
 DEFAULT_EXPERIMENT = "distributed-training"
 RUN_KEY_TAG = "dt.run_key"  # what a resumed job finds its run by
@@ -95,9 +101,13 @@ class Tracking:
     """One MLflow run, on rank 0. ``start`` finds (or makes) it; ``metrics`` logs a record's
     numbers without waiting for the server; ``finish`` logs the results and ends it."""
 
-    def __init__(self, client: Any, run_id: str, resumed: bool, link: str = "") -> None:
+    def __init__(
+        self, client: Any, run_id: str, resumed: bool, link: str = "", owned: bool = True
+    ) -> None:
         self._client, self.run_id, self.resumed = client, run_id, resumed
         self.link = link  # the run's page on a tracking server ("" for a SQLite store)
+        # False for the run the environment gave (RUN_VARIABLE): its giver ends it.
+        self.owned = owned
         self._pending: list[Any] = []  # the asynchronous writes still under way
         self._broken = ""  # the first failure after the start: tracking stops there
 
@@ -121,15 +131,27 @@ class Tracking:
         where = f"{URI_VARIABLE}={uri}"
         # A workspace's new role for the nodes takes minutes to arrive: its 403 is waited out.
         wait = GrantWait(MLFLOW_ROLE, GRANT_MINUTES, log=print, refusal=WORKSPACE_REFUSAL)
+        given = os.environ.get(RUN_VARIABLE, "").strip()
         try:
             client = MlflowClient(tracking_uri=uri)
-            find = lambda: _find_or_make(client, output_dir, params, mirror_url)  # noqa: E731
+            if given:
+                find = lambda: _join(client, given, output_dir, params, mirror_url)  # noqa: E731
+            else:
+                find = lambda: _find_or_make(client, output_dir, params, mirror_url)  # noqa: E731
             run_id, resumed, experiment_id = wait.call(find, where) if azureml else find()
         except GrantMissing as err:
             raise ConfigError(str(err)) from None
         except (MlflowException, OSError) as err:
-            raise ConfigError(_refused(uri, first_line(err))) from None
-        return cls(client, run_id, resumed, _link(uri, experiment_id, run_id))
+            said = first_line(err)
+            if given:
+                raise ConfigError(
+                    f"{RUN_VARIABLE}={given}: the run the environment gives cannot be logged "
+                    f"to at {uri} ({said}); unset {RUN_VARIABLE} to let the trainer find or "
+                    "make its run"
+                ) from None
+            raise ConfigError(_refused(uri, said)) from None
+        link = _link(uri, experiment_id, run_id)
+        return cls(client, run_id, resumed, link, owned=not given)
 
     def metrics(self, record: Mapping[str, Any]) -> None:
         """A logged record's numbers at its step (``val_`` for an evaluation's, ``checkpoint_``
@@ -170,12 +192,15 @@ class Tracking:
             )
         self._call("end", lambda: self._client.set_tag(self.run_id, STOPPED_BY_TAG, stopped_by))
         status = "FINISHED" if results is not None else "KILLED"
-        self._call("end", lambda: self._client.set_terminated(self.run_id, status))
+        if self.owned:
+            self._call("end", lambda: self._client.set_terminated(self.run_id, status))
 
     def failed(self) -> None:
-        """The run ended with an error: FAILED (a rerun of the job resumes it)."""
+        """The run ended with an error: FAILED (a rerun of the job resumes it); a run the
+        environment gave is left to its giver (an AzureML job's ends with the job)."""
         self._wait()
-        self._call("end", lambda: self._client.set_terminated(self.run_id, "FAILED"))
+        if self.owned:
+            self._call("end", lambda: self._client.set_terminated(self.run_id, "FAILED"))
 
     def _wait(self) -> None:
         pending, self._pending = self._pending, []
@@ -216,6 +241,7 @@ def tracked(
     tracking = Tracking.start(uri, output_dir, params, mirror_url) if uri and is_root else None
     if tracking is not None:
         how = "resumed" if tracking.resumed else "new"
+        how = how if tracking.owned else f"the environment's ({RUN_VARIABLE})"
         print(f"MLflow: {how} run {tracking.run_id} {tracking.link}".rstrip(), flush=True)
     try:
         yield tracking
@@ -248,6 +274,25 @@ def _find_or_make(
     for first in range(0, len(listed), PARAMS_PER_BATCH):
         client.log_batch(run.info.run_id, params=listed[first : first + PARAMS_PER_BATCH])
     return run.info.run_id, False, experiment_id
+
+
+def _join(
+    client: Any, run_id: str, output_dir: str, params: Mapping[str, Any], mirror_url: str
+) -> tuple[str, bool, str]:
+    """(``run_id``, whether it already held these settings, its experiment's id): the run the
+    environment gave, tagged with this run's key and job, its settings logged once."""
+    from mlflow.entities import RunTag
+
+    run = client.get_run(run_id)  # an unknown id raises: the one line names the variable
+    _, key = run_identity(output_dir, mirror_url)
+    tags = _tags(key, os.environ)
+    client.log_batch(run_id, tags=[RunTag(tag, value) for tag, value in tags.items()])
+    resumed = bool(run.data.params)
+    if not resumed:
+        listed = _params(params)
+        for first in range(0, len(listed), PARAMS_PER_BATCH):
+            client.log_batch(run_id, params=listed[first : first + PARAMS_PER_BATCH])
+    return run_id, resumed, run.info.experiment_id
 
 
 def _workspace_refuses(err: BaseException) -> bool:

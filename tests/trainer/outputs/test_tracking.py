@@ -232,3 +232,48 @@ def test_the_trainer_logs_its_run_and_a_rerun_of_the_job_resumes_it(
 
 def _config(output_dir: Path, **extra):
     return DEFAULTS.replace(**tiny_config(output_dir, **{"backend": "local", **extra}))
+
+
+def test_the_run_the_environment_gives_is_logged_to_and_left_for_its_giver_to_end(
+    server, job, tmp_path, monkeypatch
+):
+    """An AzureML job is a run: its runtime sets MLFLOW_RUN_ID with the tracking URI. Rank 0
+    logs into that run (no run of its own), tags it with the run's key so a later job of the
+    same run is found by it, and leaves ending it to the job."""
+    client = MlflowClient(server)
+    experiment = client.get_experiment_by_name("tests")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("tests")
+    given = client.create_run(experiment_id, run_name="azureml-job").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", given)
+    run = Tracking.start(server, str(tmp_path), {"lr": 0.1})
+    assert (run.run_id, run.resumed, run.owned) == (given, False, False)
+    run.metrics({"kind": "train", "step": 5, "loss": 3.0})
+    run.finish(_results(tmp_path), "max_steps", 5)
+
+    (found,) = _runs(server, job)  # the given run, found by its key; none of the trainer's own
+    assert found.info.run_id == given and found.info.run_name == "azureml-job"
+    assert found.data.params == {"lr": "0.1"} and found.data.tags["dt.stopped_by"] == "max_steps"
+    assert found.info.status == "RUNNING"  # the job ends it
+    history = client.get_metric_history(given, "loss")
+    assert [(m.step, m.value) for m in history] == [(5, 3.0)]
+    assert {a.path for a in client.list_artifacts(given, "results")} == {"results/step-000000005"}
+
+    again = Tracking.start(server, str(tmp_path), {"lr": 0.1})  # the settings are logged once
+    assert again.resumed and again.run_id == given
+    again.failed()
+    assert client.get_run(given).info.status == "RUNNING"
+
+
+def test_a_given_run_that_does_not_exist_is_one_line_naming_the_variable(
+    server, job, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MLFLOW_RUN_ID", "0123456789abcdef0123456789abcdef")
+    with pytest.raises(ConfigError) as caught:
+        Tracking.start(server, str(tmp_path), {"lr": 0.1})
+    line = str(caught.value)
+    assert line.startswith(
+        "MLFLOW_RUN_ID=0123456789abcdef0123456789abcdef: the run the environment gives cannot be "
+        f"logged to at {server} ("
+    ), line
+    assert line.endswith("unset MLFLOW_RUN_ID to let the trainer find or make its run")
+    assert "\n" not in line and not _runs(server, job)
