@@ -57,6 +57,12 @@ def test_the_backend_declares_a_workspace_compute_and_environment_and_no_batch_o
     )
 
 
+def test_the_backend_evaluates_as_a_preview_with_every_computed_output_unknown():
+    plan = evaluate("dev", azureml(), preview=True)
+    assert {COMPUTE, ENVIRONMENT_VERSION} <= {r.typ for r in plan.resources}
+    assert plan.outputs == {}  # nothing computed is known in a preview, and nothing crashed
+
+
 def test_the_compute_is_the_pools_size_in_the_compute_subnet_without_public_ips(aml_plan):
     compute = one(aml_plan, COMPUTE).inputs
     cluster = aml_plan.settings.cluster
