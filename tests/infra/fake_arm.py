@@ -42,7 +42,7 @@ def start_arm(folder: Path, handle: Handle) -> tuple[ThreadingHTTPServer, Path]:
                 return
             send_json(self, status, answer, headers)
 
-        do_GET = do_POST = do_PATCH = _serve
+        do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
 
         def log_message(self, *args: object) -> None:
             pass

@@ -76,3 +76,12 @@ def read_metrics(output_dir: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mirrored_checkpoints(container, prefix: str = "checkpoints/") -> list[str]:
+    """The manifests of the checkpoints mirrored whole under ``prefix`` in a Blob container (a
+    checkpoint's manifest is written last: trainer.checkpoints.mirror)."""
+    from trainer.checkpoints.mirror import MANIFEST_SUFFIX
+
+    names = [blob.name for blob in container.list_blobs(name_starts_with=prefix)]
+    return [name for name in names if name.endswith(MANIFEST_SUFFIX)]

@@ -67,7 +67,6 @@ def start_nodes(
     prefix: Callable[[int], list[str]] = lambda index: [],
     azureml: bool = False,
     node_args: tuple[list[str], list[str]] = ([], []),
-    node_cwd: tuple[Path | None, Path | None] = (None, None),
 ) -> list[subprocess.Popen]:
     """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
     them (the worker command's own are not read); ``batch_port``: the port in
@@ -75,8 +74,7 @@ def start_nodes(
     node; ``hosts``: the nodes' addresses; ``prefix(index)``: what runs node ``index``'s
     launcher (``ip netns exec NS``: a node in a network namespace of its own);
     ``azureml``: the nodes are an AzureML job's (``azureml_env``), not Batch's; ``node_args``:
-    more launcher flags for each node; ``node_cwd``: each node's working folder (a relative
-    --output-dir is then each node's own, as on machines that share no file system)."""
+    more launcher flags for each node."""
     given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
     if azureml:
         given += ["--platform", "azureml"]
@@ -111,7 +109,6 @@ def start_nodes(
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                cwd=node_cwd[index],
             )
         )
     return processes

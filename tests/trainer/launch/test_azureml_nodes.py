@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -25,7 +24,6 @@ from tests.trainer.launch.launch_nodes import (
     trainer_command,
     wait_while_running,
 )
-from trainer.checkpoints.mirror import MANIFEST_SUFFIX
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
 
@@ -140,54 +138,3 @@ def test_a_token_the_master_cannot_hand_on_ends_it_in_one_line_exit_1(azurite_en
     line = f"cannot hand the rendezvous token to the other nodes at {url}rendezvous.token: "
     assert line in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert "starting" not in result.stdout + result.stderr
-
-
-def test_a_new_job_after_a_killed_worker_resumes_from_the_checkpoints_mirrored_to_blob(
-    tmp_path, azurite_entra, logs
-):
-    """Each node has a folder of its own (the nodes share no file system), so the run's
-    checkpoints survive the job only in Blob (--checkpoint-mirror-url): after a worker of the
-    first job dies, a second job on fresh nodes resumes from the newest mirrored checkpoint."""
-    mirror = azurite_entra.folder_url(logs.container_name, "checkpoints/sim-run/")
-    command = trainer_command(
-        Path("run"), "--max-steps", "30", "--checkpoint-every", "4", "--log-every", "1",
-        "--checkpoint-mirror-url", mirror,
-    )  # fmt: skip
-
-    def job(name: str) -> list[subprocess.Popen]:
-        folders = (tmp_path / f"{name}-node0", tmp_path / f"{name}-node1")
-        for folder in folders:
-            folder.mkdir()
-        return start_nodes(
-            tmp_path, command, node_cwd=folders, **_azureml(azurite_entra, logs.container_name)
-        )
-
-    first = job("first")
-    wait_while_running(first, lambda: bool(_manifests(logs)), tmp_path)
-    psutil.Process(first[1].pid).children()[0].kill()
-    for node in first:
-        node.wait(timeout=60)
-    assert all(node.returncode != 0 for node in first), node_logs(tmp_path)
-    mirrored = max(_step(name) or 0 for name in _manifests(logs))
-
-    second = job("second")
-    for node in second:
-        node.wait(timeout=180)
-    said = node_logs(tmp_path)  # the second job's (start_nodes rewrote the node logs)
-    assert [node.returncode for node in second] == [0, 0], said
-    assert "resuming from the mirror's step-" in said, said
-    done = [line for line in said.splitlines() if line.startswith("done: step 30 (started at ")]
-    assert done and int(done[0].split("started at ")[1].split(",")[0]) >= mirrored >= 4, said
-
-
-def _manifests(container) -> list[str]:
-    """The checkpoints mirrored whole (a checkpoint's manifest is written last)."""
-    names = [blob.name for blob in container.list_blobs(name_starts_with="checkpoints/")]
-    return [name for name in names if name.endswith(MANIFEST_SUFFIX)]
-
-
-def _step(name: str) -> int | None:
-    """The step of a mirrored checkpoint's blob name (step-000000012...), None for another."""
-    stem = name.rsplit("/", 1)[-1]
-    digits = stem.removeprefix("step-")[:9]
-    return int(digits) if stem.startswith("step-") and digits.isdigit() else None
