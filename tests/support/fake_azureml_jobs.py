@@ -18,6 +18,7 @@ What it holds to, each read 2026-11-29:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -207,13 +208,15 @@ class FakeAzuremlJobs:
         """What AzureML does to a job's processes that still run: SIGTERM, then SIGKILL."""
         for process in processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.killpg(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
         for process in processes:
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
     def _end(self, name: str, state: str) -> None:
