@@ -101,6 +101,34 @@ def test_a_nodes_run_goes_to_the_workspace_with_its_model_and_a_rerun_resumes_it
     assert "ManagedIdentityCredential" not in said and "Parsing tracking uri" not in said
 
 
+def test_in_an_azureml_job_the_trainer_logs_into_the_jobs_own_run(tmp_path, backend, azurite_entra):
+    """An AzureML job is a run: its runtime gives MLFLOW_RUN_ID with the workspace's URI. The
+    trainer's metrics, settings and results go to that run, through the plugin, and the job
+    (not the trainer) ends it."""
+    workspace = _workspace(tmp_path, backend, azurite_entra, writers={IDENTITY})
+    job = f"azureml-job-{time.monotonic_ns()}"
+    client = MlflowClient(backend)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(EXPERIMENT)
+    given = client.create_run(experiment_id, run_name="the-jobs-run").info.run_id
+    try:
+        env = {**azurite_entra.env(), **workspace.env(tmp_path / "ca.pem")}
+        done = _train(tmp_path, {**env, "MLFLOW_RUN_ID": given}, job, steps=2)
+    finally:
+        workspace.close()
+    assert done.returncode == 0, done.stderr[-3000:]
+    studio = f"https://ml.azure.com/runs/{given}?wsid={workspace.scope}"
+    assert f"MLflow: the environment's (MLFLOW_RUN_ID) run {given} {studio}\n" in done.stdout
+    assert _runs(backend, job) == []  # no run of the trainer's own
+    run = client.get_run(given)
+    assert run.info.status == "RUNNING" and run.data.params["model"] == "tiny"
+    assert [m.step for m in client.get_metric_history(given, "loss")] == [1, 2]
+    folder = f"ExperimentRun/dcid.{given}/results/"
+    blobs = {b.name.removeprefix(folder) for b in workspace.artifacts.list_blobs(folder)}
+    assert "step-000000002/model.safetensors" in blobs
+    assert workspace.refusals == [] and "Traceback" not in done.stderr
+
+
 def _in_this_process(monkeypatch, tmp_path, storage, workspace, minutes: float) -> None:
     """This process as a node's rank 0: the identity, the workspace's URI, trust in both fakes'
     certificates, and how long it waits for a role to arrive."""
