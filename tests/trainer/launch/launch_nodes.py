@@ -66,7 +66,7 @@ def start_nodes(
     hosts: tuple[str, ...] = HOSTS,
     prefix: Callable[[int], list[str]] = lambda index: [],
     azureml: bool = False,
-    node_args: tuple[list[str], list[str]] = ([], []),
+    node_args: tuple[list[str], ...] = (),
 ) -> list[subprocess.Popen]:
     """``run_dir`` and ``backend``: the launcher's --run-dir and --backend, as the job gives
     them (the worker command's own are not read); ``batch_port``: the port in
@@ -74,7 +74,7 @@ def start_nodes(
     node; ``hosts``: the nodes' addresses; ``prefix(index)``: what runs node ``index``'s
     launcher (``ip netns exec NS``: a node in a network namespace of its own);
     ``azureml``: the nodes are an AzureML job's (``azureml_env``), not Batch's; ``node_args``:
-    more launcher flags for each node."""
+    more launcher flags for each node (none when empty)."""
     given = ["--backend", backend, *(["--run-dir", str(run_dir)] if run_dir else [])]
     if azureml:
         given += ["--platform", "azureml"]
@@ -102,7 +102,7 @@ def start_nodes(
                     host,
                     *given,
                     *launch_args,
-                    *node_args[index],
+                    *(node_args[index] if node_args else []),
                     "--",
                     *worker_command,
                 ],
