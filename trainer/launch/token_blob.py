@@ -8,10 +8,19 @@ master's store, and the nodes read again until the master's new one answers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from trainer.common.blob_client import container_client
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
-from trainer.common.grant_wait import CONTRIBUTOR, PENDING, GrantMissing, GrantWait
+from trainer.common.grant_wait import (
+    CONTRIBUTOR,
+    GRANT_WAIT_MINUTES,
+    PENDING,
+    GrantMissing,
+    GrantWait,
+)
 from trainer.launch.batch_env import LaunchError
 
 TOKEN_BLOB = "rendezvous.token"
@@ -23,16 +32,16 @@ class BlobToken:
     def __init__(self, folder: BlobFolder) -> None:
         self.folder = folder
         self.url = folder.url + TOKEN_BLOB
-        self._container = None
+        self._container: Any = None
 
-    def _client(self):
+    def _client(self) -> Any:
         if self._container is None:
             self._container = container_client(self.folder)
         return self._container
 
-    def publish(self, token: str, say) -> None:
+    def publish(self, token: str, say: Callable[[str], None]) -> None:
         """Write ``token`` (the master), once the nodes' new role has reached Storage (a wait of
-        up to 30 min, said in ``say``); LaunchError when it cannot."""
+        up to GRANT_WAIT_MINUTES, said in ``say``); LaunchError when it cannot."""
         blob = self.folder.blob(TOKEN_BLOB)
         put = lambda: self._client().upload_blob(blob, token.encode(), overwrite=True)  # noqa: E731
         try:
@@ -40,8 +49,8 @@ class BlobToken:
         except GrantMissing:
             raise LaunchError(
                 f"cannot hand the rendezvous token to the other nodes at {self.url}: Storage "
-                f"still refuses the nodes' identity ({PENDING}) after 30 min; it needs "
-                f"{CONTRIBUTOR} on the logs container"
+                f"still refuses the nodes' identity ({PENDING}) after {GRANT_WAIT_MINUTES:g} min; "
+                f"it needs {CONTRIBUTOR} on the logs container"
             ) from None
         except Exception as err:  # the SDK's errors, whatever their class: one line
             raise LaunchError(
