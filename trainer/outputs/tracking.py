@@ -43,8 +43,15 @@ JOB_VARIABLE = "AZ_BATCH_JOB_ID"
 JOB_TAG = "dt.batch_job"  # the Batch job whose task last ran the run
 # MLflow's client retries a request 7 times with a backoff factor of 2 by default (minutes
 # before a dead server is reported); the trainer's own defaults, which the environment
-# overrides: a run waits seconds, not minutes, to learn that its server is not there.
-CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+# overrides: a run waits seconds, not minutes, to learn that its server is not there. MLflow 3's
+# telemetry stays off: rank 0 reports to the stack's store and nowhere else, and its client
+# removes a variable from os.environ in a thread while requests iterates it (a KeyError in a
+# CI run's search_runs).
+CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+}
 # The records' kinds (trainer.training.run) and the prefix their numbers get in MLflow.
 PREFIXES = {"train": "", "eval": "val_", "checkpoint": "checkpoint_", "noise": "noise_"}
 AZUREML_SCHEME = "azureml://"
