@@ -194,7 +194,7 @@ class RecordingMonitor(MockMonitor):
         self.dependencies[request.name] = {urn.rsplit("::", 1)[-1] for urn in urns}
         response = super().RegisterResource(request)
         self.registered[response.urn] = Registration(
-            request.type, request.name, request.parent, frozenset(urns)
+            request.type, request.name, request.parent, frozenset(urns), request.retainOnDelete
         )
         return response
 
@@ -207,6 +207,7 @@ class Registration:
     name: str
     parent: str  # the parent's URN ("" for the root stack)
     dependencies: frozenset[str]  # explicit depends_on and every resource its inputs read
+    retain_on_delete: bool = False  # left in Azure when Pulumi deletes it
 
 
 def _fake_digest(seed: str) -> str:

@@ -21,7 +21,7 @@ from infra import credentials
 from infra.job_spec import NFS_RELATIVE_MOUNT, JobSpec, wall_clock_limit
 from infra.node_scripts import in_bash
 from infra.sizes import size_of
-from infra.trainer_command import JobSet, commands, script_commands
+from infra.trainer_command import JobSet, commands, script_commands, stage_data_command
 
 TASK_ID = "train"  # the multi-instance task in every job
 # Batch's own default reason; also what makes the terminate request sendable (terminate_options).
@@ -35,8 +35,11 @@ RUNNING_STATES = ("active", "disabling", "disabled", "enabling")
 MAX_TASK_RETRIES = 3
 # No --gpus: Batch enables the GPUs for container tasks on GPU pools itself and documents not
 # passing it (articles/batch/batch-docker-container-workloads.md).
+# /dev/shm for the data loaders' workers and NCCL: an InfiniBand size's, a CPU size's (the
+# AzureML backend's job gives its container the same: infra.azureml_command.shm_size).
+SHM_SIZE, CPU_SHM_SIZE = "64g", "2g"
 CONTAINER_RUN_OPTIONS = (
-    "--network host --ipc host --shm-size 64g "
+    f"--network host --ipc host --shm-size {SHM_SIZE} "
     "--ulimit memlock=-1 --ulimit stack=67108864 "
     "--device /dev/infiniband --cap-add IPC_LOCK "
     "-v /opt/microsoft:/opt/microsoft:ro"  # NCCL topology files of the Azure HPC image
@@ -46,7 +49,8 @@ CONTAINER_RUN_OPTIONS = (
 # while adding custom device ...: no such file or directory", moby/moby #41280); nor has it the
 # ND sizes' topology files. Host networking stays: the launchers meet on the nodes' addresses.
 CPU_CONTAINER_RUN_OPTIONS = (
-    "--network host --ipc host --shm-size 2g --ulimit memlock=-1 --ulimit stack=67108864"
+    f"--network host --ipc host --shm-size {CPU_SHM_SIZE} "
+    "--ulimit memlock=-1 --ulimit stack=67108864"
 )
 NFS_ROOT = f"${{AZ_BATCH_NODE_MOUNTS_DIR}}/{NFS_RELATIVE_MOUNT}"
 # Where a job's dataset is staged on each node of a size without local NVMe disks (NVME_ROOT
@@ -290,22 +294,9 @@ def trainer_command(spec: JobSpec) -> list[str]:
 
 
 def stage_command(spec: JobSpec) -> list[str]:
-    """``dt-data stage`` for the job's dataset (``trainer.data.transfer.stage_args``
-    builds the same; importing it here would import torch through ``trainer.data``)."""
-    return [
-        "python",
-        "-m",
-        "trainer.data",
-        "stage",
-        "--account-url",
-        spec.blob_endpoint,
-        "--container",
-        "datasets",
-        "--prefix",
-        spec.dataset_prefix,
-        "--dest",
-        dataset_folder(spec, in_preparation=True),
-    ]
+    """``dt-data stage`` for the job's dataset, into the preparation task's folder."""
+    folder = dataset_folder(spec, in_preparation=True)
+    return stage_data_command(spec.blob_endpoint, spec.dataset_prefix, folder)
 
 
 def code_command(spec: JobSpec) -> list[str]:

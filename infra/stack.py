@@ -14,7 +14,9 @@ import pulumi
 from pulumi_azure_native import authorization, resources
 
 from infra import naming
+from infra.azureml_command import EXPERIMENT_VARIABLE, AzuremlJobSpec
 from infra.azureml_compute import AzuremlCompute, ComputeArgs
+from infra.azureml_job import AZUREML_JOB_OUTPUTS, AzuremlJob, AzuremlJobArgs
 from infra.budget import CostBudget
 from infra.cluster import GpuCluster, GpuClusterArgs
 from infra.code_upload import CONTAINER as CODE_CONTAINER
@@ -95,9 +97,8 @@ def declare(s: StackSettings) -> dict[str, Any]:
         **_workspace_outputs(workspace),
     }
     if workspace is not None and s.azureml.on_azureml:
-        compute = _azureml_compute(stem, at, s, net, ids, image, workspace, client)
-        _monitoring(stem, at, s, store, workspace=workspace)
-        return {**outputs, **_azureml_outputs(compute, image)}
+        aml = _azureml_backend(stem, at, s, net, ids, image, store, workspace, client)
+        return {**aml, **outputs}
     nfs = _nfs(stem, at, s, net)
     cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
     _monitoring(stem, at, s, store, workspace=workspace, cluster=cluster, nfs=nfs)
@@ -112,6 +113,27 @@ def declare(s: StackSettings) -> dict[str, Any]:
         **outputs,
         **_batch_outputs(nfs, cluster),
     }
+
+
+def _azureml_backend(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    net: Network,
+    ids: Identities,
+    image: TrainerImage | ReusedImage,
+    store: Storage,
+    workspace: AzuremlWorkspace,
+    client: pulumi.Output[Any],
+) -> dict[str, Any]:
+    """The AzureML backend's compute, its monitoring and the stack's jobs there; its outputs."""
+    compute = _azureml_compute(stem, at, s, net, ids, image, workspace, client)
+    _monitoring(stem, at, s, store, workspace=workspace)
+    jobs = {
+        job.name: _azureml_job(stem, at, s, job, compute, image, ids, store, workspace, client)
+        for job in s.jobs
+    }
+    return {**_job_outputs(image, jobs), **_azureml_outputs(compute, image)}
 
 
 def _batch_outputs(nfs: NfsServer, cluster: GpuCluster) -> dict[str, Any]:
@@ -193,6 +215,67 @@ def _azureml_outputs(compute: AzuremlCompute, image: TrainerImage | ReusedImage)
         "azureml_compute_name": compute.compute_name,
         "azureml_environment_id": compute.environment_id,
     }
+
+
+def _azureml_job(
+    stem: str,
+    at: Placement,
+    s: StackSettings,
+    job: JobSettings,
+    compute: AzuremlCompute,
+    image: TrainerImage | ReusedImage,
+    ids: Identities,
+    store: Storage,
+    workspace: AzuremlWorkspace,
+    client: pulumi.Output[Any],
+) -> dict[str, Any]:
+    """One job of the stack as an AzureML command job on the stack's compute; its outputs."""
+    shorthand = job.name == SHORTHAND_JOB
+    trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
+
+    def spec(image_ref: str, client_id: str, blob_endpoint: str) -> AzuremlJobSpec:
+        return AzuremlJobSpec(
+            stack=s.stack,
+            endpoint="",
+            account_id="",
+            pool_id="",
+            node_count=job.nodes,
+            vm_size=s.cluster.vm_size,
+            image_ref=image_ref,
+            registry_server="",
+            node_identity_id="",
+            node_identity_client_id=client_id,
+            blob_endpoint=blob_endpoint,
+            trainer_args=trainer_flags(trainer),
+            dataset_prefix=job.dataset_prefix,
+            name="" if shorthand else job.name,
+            command=job.command,
+            engine=job.engine,
+            max_wall_clock_hours=job.max_wall_clock_hours,
+            tracking=((EXPERIMENT_VARIABLE, s.tracking.experiment or s.stack),),
+            trainer_settings=trainer,
+        )
+
+    resource = AzuremlJob(
+        f"{stem}-job" if shorthand else f"{stem}-job-{job.name}",
+        AzuremlJobArgs(
+            placement=at,
+            workspace_name=workspace.workspace_name,
+            workspace_id=workspace.workspace_id,
+            tenant_id=client.tenant_id,
+            compute_id=compute.compute_id,
+            environment_id=compute.environment_id,
+            node_identity_id=ids.nodes.id,
+            spec=pulumi.Output.all(image.ref, ids.nodes.client_id, store.blob_endpoint).apply(
+                lambda known: spec(*known)
+            ),
+            label=job.name,
+            protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
+            after=[compute],
+        ),
+    )
+    outputs = {name: getattr(resource, attr) for name, attr in AZUREML_JOB_OUTPUTS.items()}
+    return {**outputs, "node_count": job.nodes}
 
 
 def _workspace(

@@ -168,3 +168,11 @@ def script_commands(
         raise ValueError(f"engine={engine!r}: not one of {', '.join(SCRIPT_ENGINES)}")
     launcher = ["--backend", engine, "--run-dir", job.run_dir]
     return list(command), [*launcher, "--metrics-upload-url", job.metrics_upload_url]
+
+
+def stage_data_command(account_url: str, prefix: str, dest: str) -> list[str]:
+    """``dt-data stage`` of the datasets container's ``prefix`` into ``dest`` on a node
+    (``trainer.data.transfer.stage_args`` builds the same; importing it here would import torch
+    through ``trainer.data``)."""
+    stage = ["python", "-m", "trainer.data", "stage", "--account-url", account_url]
+    return [*stage, "--container", "datasets", "--prefix", prefix, "--dest", dest]

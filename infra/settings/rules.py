@@ -13,7 +13,7 @@ from infra.settings.azureml import AzuremlSettings
 from infra.settings.checks import ConfigError
 from infra.settings.cluster import ClusterSettings
 from infra.settings.image import ImageSettings
-from infra.settings.jobs import SHORTHAND_JOB, JobSettings
+from infra.settings.jobs import JobSettings
 from infra.settings.network import NetworkSettings
 from infra.settings.tracking import TrackingSettings
 from infra.sizes import CPU_ACCEPTANCE
@@ -111,10 +111,12 @@ def check_tracking(tracking: TrackingSettings, azureml: AzuremlSettings) -> None
 def check_backend(
     azureml: AzuremlSettings, acceptance_profile: str, jobs: Sequence[JobSettings]
 ) -> None:
-    """What the AzureML backend runs today: the workspace, its compute cluster and the trainer's
-    environment. The acceptance check drives a Batch pool's nodes; the stack's jobs on AzureML
-    need a job declared there (a native Job, its checkpoints in Blob), which this program does
-    not declare yet: refused in one line rather than dropped."""
+    """What the AzureML backend runs: the stack's jobs as native command jobs on its compute
+    (infra.azureml_job). The acceptance check drives a Batch pool's nodes; a job's code snapshot
+    is made ready by Batch's job preparation task, which AzureML has not; an AzureML compute
+    cluster queues its jobs without a priority (JobResourceConfiguration and QueueSettings carry
+    none): each refused in one line rather than dropped. A multi-node job's size has InfiniBand
+    already (ClusterSettings.check refuses any other size outside acceptance stacks)."""
     if not azureml.on_azureml:
         return
     if acceptance_profile:
@@ -122,14 +124,17 @@ def check_backend(
             f"backend=azureml with acceptanceProfile={acceptance_profile}: the acceptance check "
             "runs its job on a Batch pool; set backend batch for an acceptance stack"
         )
-    if jobs:
-        shorthand = [job.name for job in jobs] == [SHORTHAND_JOB]
-        given = "submitJob=true" if shorthand else f"jobs ({', '.join(j.name for j in jobs)})"
-        drop = "set submitJob false" if shorthand else "empty the jobs map"
-        raise ConfigError(
-            f"{given} with backend=azureml: this release declares the AzureML workspace, its "
-            "compute cluster and the trainer's environment, not the stack's jobs there (no "
-            f"AzureML job is declared yet); {drop} and submit them with `az ml job "
-            "create` on the stack's compute and environment (docs/azureml.md), or set backend "
-            "batch"
-        )
+    for job in jobs:
+        if job.code is not None:
+            raise ConfigError(
+                f"jobs.{job.name}.code={job.code.folder!r} with backend=azureml: a job's code "
+                "snapshot is made ready on Batch's nodes by its preparation task, which this "
+                "release does not run on AzureML; put the code in the image (docs/jobs.md) or "
+                "set backend batch"
+            )
+        if job.priority:
+            raise ConfigError(
+                f"jobs.{job.name}.priority={job.priority} with backend=azureml: an AzureML "
+                "compute cluster runs its jobs in the order they come, with no priority; remove "
+                "it or set backend batch"
+            )

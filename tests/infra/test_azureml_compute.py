@@ -5,7 +5,7 @@ how-to-create-attach-compute-cluster.md (the name; scale to zero; low priority),
 how-to-secure-training-vnet.md (no public IP: the workspace's private endpoint, a NAT gateway),
 how-to-identity-based-service-authentication.md (the compute's identity pulls the image),
 concept-environments.md (an immutable version per image); and what the backend leaves out
-(Batch, the NFS server) and refuses (its jobs, until the launcher runs there)."""
+(Batch, the NFS server) and refuses (an acceptance stack, a tracking server)."""
 
 from __future__ import annotations
 
@@ -152,16 +152,6 @@ def _refusal(values: dict) -> str:
 def test_a_backend_of_neither_kind_is_refused_in_one_line():
     line = _refusal(azureml(backend="aks"))
     assert line == "backend='aks': use batch or azureml"
-
-
-def test_jobs_on_the_azureml_backend_are_refused_until_the_launcher_runs_there():
-    line = _refusal({**azureml(), "gpu-cluster:submitJob": True})
-    assert line.startswith("submitJob=true with backend=azureml: ")
-    assert "set submitJob false" in line and "set backend batch" in line
-    values = {**stack_values("dev"), "gpu-cluster:backend": "azureml"}
-    values["gpu-cluster:jobs"] = {"a": {"trainerConfig": "trainer/presets/demo.yaml"}}
-    line = _refusal(values)
-    assert line.startswith("jobs (a) with backend=azureml: ") and "empty the jobs map" in line
 
 
 def test_an_acceptance_stack_or_a_tracking_server_does_not_go_with_the_azureml_backend():

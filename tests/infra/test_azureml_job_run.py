@@ -1,0 +1,126 @@
+"""A stack job's AzureML command, as infra.azureml_command renders it, run the way AzureML runs
+it: by the fake AzureML jobs API (tests/support/fake_azureml_jobs.py) on two emulated nodes that
+share no folder, each starting the command once in bash with the PyTorch distribution's
+variables and the job's environmentVariables. The job trains, uploads its results and mirrors
+its checkpoints to Blob; its replacement (a new image: a new job, the same run) resumes there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.azureml_command import AzuremlJobSpec, environment_variables, job_command
+from infra.trainer_command import trainer_flags
+from tests.infra.fake_arm import start_arm
+from tests.support.fake_azureml_jobs import FakeAzuremlJobs
+from tests.support.fake_imds import IDENTITY
+from tests.support.launchers import mirrored_checkpoints
+from tests.support.stacks import REPO
+
+pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("no_leftover_processes")]
+
+WORKSPACE = (
+    "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-team-dev/providers/"
+    "Microsoft.MachineLearningServices/workspaces/mlw-team-dev"
+)
+TINY = (
+    ("model", "tiny"),
+    ("num_classes", "5"),
+    ("image_size", "16"),
+    ("batch_size", "8"),
+    ("synthetic_size", "64"),
+    ("loader_workers", "0"),
+    ("max_steps", "4"),
+    ("checkpoint_every", "2"),
+    ("log_every", "1"),
+)
+
+
+def _spec(blob_endpoint: str, image: str) -> AzuremlJobSpec:
+    return AzuremlJobSpec(
+        stack="amlrun",
+        endpoint="",
+        account_id="",
+        pool_id="",
+        node_count=2,
+        vm_size="Standard_D2ds_v5",  # one worker per node, no InfiniBand preflight
+        image_ref=f"acr.azurecr.io/trainer:{image}",
+        registry_server="",
+        node_identity_id="",
+        node_identity_client_id=IDENTITY,  # the emulator's managed identity
+        blob_endpoint=blob_endpoint,
+        trainer_args=trainer_flags(TINY),
+        dataset_prefix="",
+        trainer_settings=TINY,
+        tracking=(("MLFLOW_EXPERIMENT_NAME", "amlrun"),),
+    )
+
+
+def _body(spec: AzuremlJobSpec) -> dict:
+    """The job as the stack declares it (tests/infra/test_azureml_jobs.py holds the rest)."""
+    return {
+        "properties": {
+            "jobType": "Command",
+            "command": job_command(spec),
+            "distribution": {"distributionType": "PyTorch", "processCountPerInstance": 1},
+            "resources": {"instanceCount": spec.node_count},
+            "environmentVariables": environment_variables(spec),
+        }
+    }
+
+
+@pytest.fixture
+def aml(tmp_path, azurite_entra):
+    from azure.core.exceptions import ResourceExistsError
+
+    for name in ("logs", "outputs", "checkpoints"):  # the stack's containers (infra.storage)
+        with contextlib.suppress(ResourceExistsError):
+            azurite_entra.container(name).create_container()
+    # What the image gives every process: `python` with the trainer importable.
+    image = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    jobs = FakeAzuremlJobs(
+        tmp_path / "nodes", writers={"deployer"}, env={**azurite_entra.env(), **image}
+    )
+    server, _ = start_arm(tmp_path, jobs.handle)
+    yield jobs
+    server.shutdown()
+    server.server_close()
+
+
+def _submit(jobs: FakeAzuremlJobs, spec: AzuremlJobSpec) -> str:
+    status, _, answer = jobs.handle(
+        "PUT",
+        f"{WORKSPACE}/jobs/{spec.job_id}",
+        {},
+        {"Authorization": "Bearer deployer"},
+        _body(spec),
+    )
+    assert status == 201, answer
+    return spec.job_id
+
+
+def test_the_rendered_job_trains_on_two_nodes_and_its_replacement_resumes_from_blob(
+    aml, azurite_entra
+):
+    first = _spec(azurite_entra.blob_endpoint, "1")
+    name = _submit(aml, first)
+    assert aml.wait(name) == "Completed", aml.output(name)
+    said = aml.output(name)
+    assert "done: step 4 (started at 0, stopped by max_steps), 2 worker(s)" in said, said
+    checkpoints = azurite_entra.container("checkpoints")
+    run = f"{first.stack}/{first.run_name}/"
+    assert mirrored_checkpoints(checkpoints, run), said
+    outputs = [b.name for b in azurite_entra.container("outputs").list_blobs(name_starts_with=name)]
+    assert outputs, said
+    # Each node trained in a run folder of its own working folder: none is shared.
+    assert (aml.folder / name / "node0" / "run").is_dir()
+
+    replaced = _spec(azurite_entra.blob_endpoint, "2")  # a new image: a new job, the same run
+    assert replaced.job_id != name and replaced.run_name == first.run_name
+    again = _submit(aml, replaced)
+    assert aml.wait(again) == "Completed", aml.output(again)
+    assert "resuming from the mirror's step-" in aml.output(again), aml.output(again)
