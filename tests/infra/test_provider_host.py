@@ -30,12 +30,14 @@ from pulumi.runtime import rpc
 from pulumi.runtime._serialization import _serialize
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
+from infra.azureml_job_guard import AzuremlJobGuardProvider, job_arm_id
 from infra.batch import TASK_ID
 from infra.image_build import ImageBuildProvider
 from infra.job import TrainingJobProvider
 from infra.job_spec import JobSpec
 from infra.registry import TaskBypassProvider
 from tests.infra.fake_arm import REGISTRY_ID, SUB, FakeRegistry, start_arm
+from tests.support.fake_azureml_jobs import FakeAzuremlJobs
 from tests.support.fake_batch import FakeBatch
 from tests.support.fake_entra import FakeEntra, write_federated_az
 
@@ -579,3 +581,50 @@ def test_a_create_batch_answers_late_and_twice_is_one_job_that_a_refresh_keeps(h
         timeout=TIMEOUT,
     )
     assert read.id == job_id and _dict(read.properties)["state"] == "active"
+
+
+AML_WORKSPACE = (
+    "/subscriptions/00000000-0000-0000-0000-00000000abcd/resourceGroups/rg-team-dev/providers/"
+    "Microsoft.MachineLearningServices/workspaces/mlw-team-dev"
+)
+
+
+@pytest.fixture
+def aml_host(tmp_path, fake):
+    """A host whose ARM is the fake AzureML jobs API, where the host's token may read jobs."""
+    jobs = FakeAzuremlJobs(tmp_path / "nodes", writers={"fake-token"})
+    (tmp_path / "arm").mkdir()
+    (tmp_path / "host").mkdir()
+    server, cert = start_arm(tmp_path / "arm", jobs.handle)
+    started = Host(tmp_path / "host", fake, arm=(f"https://127.0.0.1:{server.server_port}", cert))
+    started.stub.Configure(
+        provider_pb2.ConfigureRequest(acceptSecrets=False, args=_struct({})), timeout=TIMEOUT
+    )
+    yield jobs, started
+    started.close()
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.processes
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_replacing_a_protected_running_azureml_job_is_refused_in_one_line(aml_host):
+    jobs, host = aml_host
+    auth = {"Authorization": "Bearer fake-token"}
+    body = {"properties": {"jobType": "Command", "command": "sleep 120"}}
+    assert jobs.handle("PUT", f"{AML_WORKSPACE}/jobs/dev-train-1", {}, auth, body)[0] == 201
+    jobs.wait("dev-train-1", states=("Running",))
+    old = {
+        "job": job_arm_id(AML_WORKSPACE, "dev-train-1"),
+        "label": "train",
+        "protect_running": True,
+        "__provider": _serialized(AzuremlJobGuardProvider()),
+    }
+    new = {**old, "job": job_arm_id(AML_WORKSPACE, "dev-train-2")}
+    request = provider_pb2.DiffRequest(id=old["job"], urn=URN, olds=_struct(old), news=_struct(new))
+    details = _refusal(lambda: host.stub.Diff(request, timeout=TIMEOUT))
+    assert details.startswith("job train (dev-train-1) is Running on AzureML, and this change ")
+    assert "add train to replaceJobs" in details
+    assert "\n" not in details and "Traceback" not in host.stderr()
+    jobs.handle("POST", f"{AML_WORKSPACE}/jobs/dev-train-1/cancel", {}, auth, None)
+    assert jobs.wait("dev-train-1") == "Canceled"
