@@ -175,13 +175,6 @@ def stack_jobs(outputs: dict[str, Any], stack: str) -> list[Job]:
     # ``list`` asks Batch for the live ones); a single job's job_* repeat at the top level.
     shared = {k: v for k, v in outputs.items() if k not in (*JOB_OUTPUTS, "jobs")}
     if "jobs" not in outputs:
-        if not outputs.get("job_id") and outputs.get("azureml_compute_name"):
-            raise OutputsError(
-                f"stack={stack}: runs on the AzureML backend (compute "
-                f"{outputs['azureml_compute_name']}), where this release declares no jobs and "
-                "dt-jobs has none to show: see the workspace's jobs in its studio "
-                "(azureml_studio_url) or with `az ml job list`"
-            )
         if not outputs.get("job_id"):
             raise OutputsError(
                 f"stack={stack}: has no job_id output (nor jobs); are jobs declared (or "

@@ -54,8 +54,8 @@ def _refused(answer: Any, doing: str, job: str) -> JobGuardError:
         error = {}
     said = error.get("message") or answer.reason or ""
     fix = (
-        "the deployer needs a role on the workspace that reads and cancels its jobs (Owner, "
-        "Contributor or AzureML Data Scientist), then run pulumi up again"
+        "this credential needs a role on the workspace that reads and cancels its jobs (Owner, "
+        "Contributor, or AzureML Data Scientist as the team's has), then try again"
         if answer.status_code in (401, 403)
         else "run pulumi up again; if it persists, see the job in the studio"
     )
@@ -73,14 +73,22 @@ def job_state(arm_id: str) -> str | None:
     return str((answer.json().get("properties") or {}).get("status") or "Unknown")
 
 
-def cancel_and_wait(arm_id: str) -> str | None:
-    """Cancel the job unless it has ended, and wait until it has; its last state (None: gone)."""
+def request_cancel(arm_id: str) -> str | None:
+    """Cancel the job unless it has ended; its state before (None: no such job)."""
     state = job_state(arm_id)
     if state is None or state in ENDED:
         return state
     answer = _send("POST", f"{arm_id}/cancel")
     if answer.status_code not in (200, 202, 204):
         raise _refused(answer, "cancel", _name(arm_id))
+    return state
+
+
+def cancel_and_wait(arm_id: str) -> str | None:
+    """Cancel the job unless it has ended, and wait until it has; its last state (None: gone)."""
+    state = request_cancel(arm_id)
+    if state is None or state in ENDED:
+        return state
     pulumi.log.info(f"AzureML job {_name(arm_id)} was {state}: cancelled, waiting for it to end")
     deadline = time.monotonic() + CANCEL_WAIT_SECONDS
     while state is not None and state not in ENDED:

@@ -326,6 +326,7 @@ def _workspace_outputs(workspace: AzuremlWorkspace | None) -> dict[str, Any]:
         return {}
     return {
         "azureml_workspace_name": workspace.workspace_name,
+        "azureml_workspace_id": workspace.workspace_id,
         "azureml_tracking_uri": workspace.tracking_uri,
         "azureml_studio_url": workspace.studio_url,
     }

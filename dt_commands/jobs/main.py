@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dt_commands.jobs import (
+    azureml_jobs,
     cancel,
     fetch,
     keep_out,
@@ -66,6 +67,8 @@ def main(
     try:
         outputs = read_outputs(args.stack, args.outputs_file)
         call = Call(args, outputs, client_factory, start, sys.stdout, sys.stderr)
+        if azureml_jobs.on_azureml(outputs):
+            run = azureml_jobs.COMMANDS.get(args.command, run)
         return run(call)
     except JobsError as err:
         fail(_outputs_message(err, args), err.code)

@@ -114,7 +114,7 @@ def test_a_deployer_without_a_role_on_the_workspace_gets_one_line(aml):
     line = str(refused.value)
     assert line.startswith("could not read AzureML job dev-train-1 (403: ")
     assert "AuthorizationFailed" not in line and "jobs/read" in line
-    assert "the deployer needs a role on the workspace" in line and "\n" not in line
+    assert "this credential needs a role on the workspace" in line and "\n" not in line
     aml.writers = {TOKEN}
     _cancel(aml, "dev-train-1")
 

@@ -151,11 +151,7 @@ WRONG_SHAPES = [
         "output jobs.a.metrics_url=['x']: must be an https://",
     ),
     ({}, "has no job_id output (nor jobs)"),
-    (
-        {"azureml_compute_name": "platform58b0215a"},
-        "runs on the AzureML backend (compute platform58b0215a), where this release declares no "
-        "jobs and dt-jobs has none to show",
-    ),
+    ({"azureml_compute_name": "platform58b0215a"}, "has no job_id output (nor jobs)"),
     ({"job_id": ["dev-a"]}, "output job_id has no job_id (a string)"),
     (
         {"job_id": "dev-a", "node_count": "two"},
