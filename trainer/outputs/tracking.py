@@ -171,8 +171,9 @@ class Tracking:
         if prefix is None:  # per-rank and telemetry records stay in metrics.jsonl
             return
         step, now = int(record["step"]), int(time.time() * 1000)
+        # An evaluation's keys carry their prefix already (val_loss: trainer.training.steps).
         values = {
-            f"{prefix}{key}": float(value)
+            key if key.startswith(prefix) else f"{prefix}{key}": float(value)
             for key, value in record.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)
             and key not in ("step", "epoch") and math.isfinite(float(value))

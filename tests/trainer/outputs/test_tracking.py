@@ -64,7 +64,9 @@ def test_a_run_is_named_after_its_job_with_its_settings_metrics_checkpoints_and_
     assert not run.resumed
     run.metrics({"kind": "train", "step": 10, "epoch": 0, "loss": 2.5, "lr": 0.1,
                  "images_per_sec": 900.0})  # fmt: skip
-    run.metrics({"kind": "eval", "step": 20, "epoch": 1, "loss": 2.0, "accuracy": 0.25})
+    # The evaluation's record as the trainer logs it (trainer.training.steps.evaluate).
+    run.metrics({"kind": "eval", "step": 20, "epoch": 1, "val_loss": 2.0, "val_accuracy": 0.25,
+                 "val_samples": 64})  # fmt: skip
     run.metrics({"kind": "checkpoint", "step": 20, "stall_sec": 0.3})
     run.metrics({"kind": "gpu", "step": 20, "rank": 1, "power_w": 500.0})  # per rank: not sent
     run.finish(_results(tmp_path), "max_steps", 20)
@@ -79,7 +81,7 @@ def test_a_run_is_named_after_its_job_with_its_settings_metrics_checkpoints_and_
                for key in found.data.metrics}  # fmt: skip
     assert history == {
         "loss": [(10, 2.5)], "lr": [(10, 0.1)], "images_per_sec": [(10, 900.0)],
-        "val_loss": [(20, 2.0)], "val_accuracy": [(20, 0.25)],
+        "val_loss": [(20, 2.0)], "val_accuracy": [(20, 0.25)], "val_samples": [(20, 64.0)],
         "checkpoint_stall_sec": [(20, 0.3)], "checkpoint_step": [(20, 20.0)],
     }  # fmt: skip
     folder = "results/step-000000020"
