@@ -18,7 +18,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from infra.job_spec import NOT_THE_IDENTITY, JobSpec
+from infra.job_spec import NOT_THE_IDENTITY, JobSpec, live_folder_url
 from infra.trainer_command import JobSet, commands, script_commands, stage_data_command
 
 # The run folder, in each process's working folder (the node's local disk): the nodes share no
@@ -28,6 +28,9 @@ RUN_DIR = "run"
 DATASETS_DIR = "datasets"
 # The variable a job's processes find its MLflow experiment by (trainer.outputs.tracking).
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
+# A sweep's trial's own MLflow run, which AzureML gives each trial's processes (the trainer joins
+# it): the trial's folders are named by it, expanded by the shell on the node.
+TRIAL_RUN = "${MLFLOW_RUN_ID}"
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class AzuremlJobSpec(JobSpec):
     AzureML changes nothing of a job once it exists but its tags, description and display name
     (Jobs - Create Or Update), so every other property of it, its wall-clock limit too, is part
     of its name: a change is a new job."""
+
+    # A sweep's settings (infra.settings.sweep.SweepSettings.identity); "" for one run.
+    sweep: str = ""
 
     def _identity(self) -> dict[str, Any]:
         values = super()._identity()
@@ -63,29 +69,62 @@ def job_set(spec: AzuremlJobSpec) -> JobSet:
     )
 
 
-def launch_command(spec: AzuremlJobSpec) -> list[str]:
-    """``trainer.launch`` on AzureML over the trainer (or the job's own command): the nodes meet
-    through the master's token in the job's log folder (trainer.launch.token_blob)."""
+def launch_command(spec: AzuremlJobSpec, job: JobSet, token_url: str, settings: Any) -> list[str]:
+    """``trainer.launch`` on AzureML over the trainer of ``settings`` (or the job's own command):
+    the nodes meet through the master's token in ``token_url`` (trainer.launch.token_blob)."""
     if spec.command:
-        workers, given = script_commands(spec.command, spec.engine, job_set(spec))
+        workers, given = script_commands(spec.command, spec.engine, job)
     else:
-        workers, given = commands(spec.trainer_settings, job_set(spec))
+        workers, given = commands(settings, job)
     launch = ["python", "-m", "trainer.launch", "--platform", "azureml"]
-    launch += ["--token-url", spec.log_url, "--vm-size", spec.vm_size, *given]
+    launch += ["--token-url", token_url, "--vm-size", spec.vm_size, *given]
     return [*launch, "--", *workers]
 
 
-def job_command(spec: AzuremlJobSpec) -> str:
-    """The job's command as AzureML runs it on every node: the dataset staged first when the
-    job has one (its failure is the node's, with its own line), then the launcher exec'd, so
-    that it receives AzureML's SIGTERM of a cancel itself. Every word is quoted: no value is
-    ever expanded or run by the shell."""
+def _word(part: str) -> str:
+    """One bash word: ``TRIAL_RUN`` in double quotes (expanded on the node), everything else
+    single-quoted, so that no value is ever run or expanded."""
+    pieces = part.split(TRIAL_RUN)
+    return f'"{TRIAL_RUN}"'.join(shlex.quote(piece) if piece else "" for piece in pieces)
+
+
+def _command(spec: AzuremlJobSpec, launch: list[str]) -> str:
+    """The dataset staged first when the job has one (its failure is the node's, with its own
+    line), then the launcher exec'd, so that it receives AzureML's SIGTERM of a cancel itself."""
     steps = []
     if spec.dataset_prefix:
         dest = f"{DATASETS_DIR}/{spec.dataset_prefix}"
         steps.append(shlex.join(stage_data_command(spec.blob_endpoint, spec.dataset_prefix, dest)))
-    steps.append("exec " + shlex.join(launch_command(spec)))
+    steps.append("exec " + " ".join(_word(word) for word in launch))
     return " && ".join(steps)
+
+
+def job_command(spec: AzuremlJobSpec) -> str:
+    """The job's command as AzureML runs it on every node."""
+    launch = launch_command(spec, job_set(spec), spec.log_url, spec.trainer_settings)
+    return _command(spec, launch)
+
+
+def trial_folder(url: str) -> str:
+    """A trial's own folder under one of the sweep's (its token, live metrics, results)."""
+    return f"{url.rstrip('/')}/trials/{TRIAL_RUN}/"
+
+
+def trial_command(spec: AzuremlJobSpec, swept: tuple[str, ...]) -> str:
+    """A sweep's trial command: the job's command with each swept setting's flag given the
+    value AzureML samples for it (``${{search_space.<setting>}}``, which AzureML puts in before
+    the command runs), each trial in folders of its own. A trial keeps no checkpoints in Blob:
+    it is one sample of the space, never resumed."""
+    job = JobSet(
+        run_dir=RUN_DIR,
+        metrics_upload_url=live_folder_url(trial_folder(spec.log_url)),
+        outputs_url=trial_folder(spec.outputs_url),
+        vm_size=spec.vm_size,
+        dataset_dir=job_set(spec).dataset_dir,
+    )
+    sampled = tuple((key, f"${{{{search_space.{key}}}}}") for key in swept)
+    settings = (*spec.trainer_settings, *sampled)
+    return _command(spec, launch_command(spec, job, trial_folder(spec.log_url), settings))
 
 
 def shm_size(vm_size: str) -> str:

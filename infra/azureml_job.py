@@ -12,6 +12,7 @@ how-to-identity-based-service-authentication.md (identity: managed, the compute'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +20,16 @@ from typing import Any
 import pulumi
 from pulumi_azure_native import machinelearningservices as ml
 
-from infra.azureml_command import AzuremlJobSpec, environment_variables, job_command, shm_size
+from infra.azureml_command import (
+    AzuremlJobSpec,
+    environment_variables,
+    job_command,
+    shm_size,
+    trial_command,
+)
 from infra.azureml_job_guard import AzuremlJobGuard, job_arm_id
 from infra.naming import Placement
+from infra.settings.sweep import SweepSettings
 from trainer.outputs.tracking import STUDIO
 
 # One job's stack outputs on AzureML (beside each: the attribute of ``AzuremlJob`` it carries).
@@ -50,13 +58,34 @@ class AzuremlJobArgs:
     label: str  # the job's name in the stack's jobs map
     protect_running: bool
     after: Sequence[pulumi.Resource]
+    sweep: SweepSettings | None = None  # a sweep job of trials, rather than one command job
+
+
+def timeout(hours: int) -> str | None:
+    """jobs.<name>.maxWallClockHours as AzureML's timeout (ISO 8601); none for 0."""
+    return f"PT{hours}H" if hours else None
 
 
 def limits(hours: int) -> ml.CommandJobLimitsArgs | None:
-    """jobs.<name>.maxWallClockHours as the job's timeout (ISO 8601); none for 0."""
-    if not hours:
-        return None
-    return ml.CommandJobLimitsArgs(job_limits_type="Command", timeout=f"PT{hours}H")
+    """A command job's limits: its timeout, after which AzureML cancels it."""
+    return (
+        ml.CommandJobLimitsArgs(job_limits_type="Command", timeout=timeout(hours))
+        if hours
+        else None
+    )
+
+
+def _snake(name: str) -> str:
+    """An ARM field's name (camelCase) as azure-native's argument (snake_case)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _resources(spec: pulumi.Output[AzuremlJobSpec]) -> ml.JobResourceConfigurationArgs:
+    """The job's nodes, each container's /dev/shm as Batch's have it."""
+    return ml.JobResourceConfigurationArgs(
+        instance_count=spec.apply(lambda s: s.node_count),
+        shm_size=spec.apply(lambda s: shm_size(s.vm_size)),
+    )
 
 
 def job_state(properties: Any) -> str:
@@ -96,7 +125,7 @@ class AzuremlJob(pulumi.ComponentResource):
             id=self.job_id,
             workspace_name=args.workspace_name,
             resource_group_name=args.placement.resource_group_name,
-            properties=self._command_job(args),
+            properties=self._sweep_job(args, args.sweep) if args.sweep else self._command_job(args),
             # The guard cancels a job before its replacement starts; the record stays.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[guard], retain_on_delete=True),
         )
@@ -111,6 +140,57 @@ class AzuremlJob(pulumi.ComponentResource):
         self.register_outputs({"job_id": self.job_id})
 
     @staticmethod
+    def _sweep_job(args: AzuremlJobArgs, sweep: SweepSettings) -> ml.SweepJobArgs:
+        """Trials of the job's command, each with the values AzureML samples from the space,
+        judged by the objective the trainer logs, stopped early by the policy."""
+        spec = args.spec
+        stop = dict(sweep.stop)
+        policy = {
+            "Bandit": ml.BanditPolicyArgs,
+            "MedianStopping": ml.MedianStoppingPolicyArgs,
+            "TruncationSelection": ml.TruncationSelectionPolicyArgs,
+        }.get(str(stop.get("policyType")))
+        sampling = {
+            "random": ml.RandomSamplingAlgorithmArgs(sampling_algorithm_type="Random"),
+            "grid": ml.GridSamplingAlgorithmArgs(sampling_algorithm_type="Grid"),
+            "bayesian": ml.BayesianSamplingAlgorithmArgs(sampling_algorithm_type="Bayesian"),
+        }[sweep.sampling]
+        return ml.SweepJobArgs(
+            job_type="Sweep",
+            objective=ml.ObjectiveArgs(
+                goal=sweep.goal.capitalize(), primary_metric=sweep.objective
+            ),
+            sampling_algorithm=sampling,
+            search_space=sweep.search_space(),
+            early_termination=policy(**{_snake(k): v for k, v in stop.items()}) if policy else None,
+            limits=ml.SweepJobLimitsArgs(
+                job_limits_type="Sweep",
+                max_total_trials=sweep.trials,
+                max_concurrent_trials=sweep.concurrent_trials,
+                timeout=spec.apply(lambda s: timeout(s.max_wall_clock_hours)),
+            ),
+            trial=ml.TrialComponentArgs(
+                command=spec.apply(lambda s: trial_command(s, sweep.swept)),
+                environment_id=args.environment_id,
+                distribution=ml.PyTorchArgs(
+                    distribution_type="PyTorch", process_count_per_instance=1
+                ),
+                resources=_resources(spec),
+                environment_variables=spec.apply(environment_variables),
+            ),
+            compute_id=args.compute_id,
+            display_name=spec.apply(lambda s: f"{s.stack} {s.name or 'training'} sweep"),
+            experiment_name=spec.apply(lambda s: s.experiment),
+            description=spec.apply(
+                lambda s: f"{sweep.trials} trials of {s.node_count} x {s.vm_size}"
+            ),
+            identity=ml.ManagedIdentityArgs(
+                identity_type="Managed", resource_id=args.node_identity_id
+            ),
+            tags=spec.apply(lambda s: {"stack": s.stack, "run": s.run_name}),
+        )
+
+    @staticmethod
     def _command_job(args: AzuremlJobArgs) -> ml.CommandJobArgs:
         spec = args.spec
         return ml.CommandJobArgs(
@@ -122,10 +202,7 @@ class AzuremlJob(pulumi.ComponentResource):
             experiment_name=spec.apply(lambda s: s.experiment),
             description=spec.apply(lambda s: f"{s.node_count} x {s.vm_size}, run {s.run_name}"),
             distribution=ml.PyTorchArgs(distribution_type="PyTorch", process_count_per_instance=1),
-            resources=ml.JobResourceConfigurationArgs(
-                instance_count=spec.apply(lambda s: s.node_count),
-                shm_size=spec.apply(lambda s: shm_size(s.vm_size)),
-            ),
+            resources=_resources(spec),
             identity=ml.ManagedIdentityArgs(
                 identity_type="Managed", resource_id=args.node_identity_id
             ),

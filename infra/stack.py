@@ -232,6 +232,8 @@ def _azureml_job(
     """One job of the stack as an AzureML command job on the stack's compute; its outputs."""
     shorthand = job.name == SHORTHAND_JOB
     trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
+    if job.sweep is not None:  # the trials' flags give the swept settings their samples
+        trainer = tuple(pair for pair in trainer if pair[0] not in job.sweep.swept)
 
     def spec(image_ref: str, client_id: str, blob_endpoint: str) -> AzuremlJobSpec:
         return AzuremlJobSpec(
@@ -254,6 +256,7 @@ def _azureml_job(
             max_wall_clock_hours=job.max_wall_clock_hours,
             tracking=((EXPERIMENT_VARIABLE, s.tracking.experiment or s.stack),),
             trainer_settings=trainer,
+            sweep=job.sweep.identity() if job.sweep else "",
         )
 
     resource = AzuremlJob(
@@ -272,6 +275,7 @@ def _azureml_job(
             label=job.name,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
             after=[compute],
+            sweep=job.sweep,
         ),
     )
     outputs = {name: getattr(resource, attr) for name, attr in AZUREML_JOB_OUTPUTS.items()}

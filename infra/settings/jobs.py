@@ -19,6 +19,7 @@ from infra.runnable import missing, what_runs
 from infra.settings.checks import ConfigError, in_range
 from infra.settings.cluster import MAX_NODES
 from infra.settings.schema import setting
+from infra.settings.sweep import SweepSettings, read_sweep
 from infra.settings.values import REPO, typed_value
 from infra.trainer_command import DEFAULT_SCRIPT_ENGINE, SCRIPT_ENGINES, script_argv
 from infra.trainer_settings import TrainerSettings, TrainerSettingsError
@@ -36,6 +37,7 @@ JOB_KEYS = (
     "datasetPrefix",
     "priority",
     "maxWallClockHours",
+    "sweep",
 )
 # A job that has not ended a week after its creation (waiting for nodes, or wedged below what
 # the watchdog sees) is stopped by Batch; a job may set its own (0: no limit).
@@ -76,7 +78,8 @@ class JobInputs:
         "requirements.txt, each node gets as its working directory without an image rebuild), "
         "nodes (default the pool size), datasetPrefix, priority (-1000..1000), "
         "maxWallClockHours (Batch stops the job this long after its creation; default 168, "
-        "0 for none; the submitJob shorthand's job gets the default)}; "
+        "0 for none; the submitJob shorthand's job gets the default), sweep (on the AzureML "
+        "backend: a hyperparameter sweep of its trainer settings, docs/azureml.md)}; "
         "set one with pulumi config set --path jobs.<name>.trainerConfig <file>. Adding or "
         "removing a job touches no other. Empty means the one job of submitJob/trainerConfig/"
         "datasetPrefix; giving both forms is an error.",
@@ -100,6 +103,8 @@ class JobSettings:
     code: CodeSnapshot | None = None
     # Hours from the job's creation until Batch stops it (0: none): docs/jobs.md, Limits.
     max_wall_clock_hours: int = DEFAULT_WALL_CLOCK_HOURS
+    # A hyperparameter sweep over its trainer settings (docs/azureml.md, Sweeps); None: one run.
+    sweep: SweepSettings | None = None
 
 
 def _read_trainer_settings(key: str, path: str) -> TrainerSettings:
@@ -161,7 +166,9 @@ def _job(name: Any, entry: Any, node_count: int) -> JobSettings:
     in_range(f"jobs.{name}.maxWallClockHours", hours, 0, MAX_WALL_CLOCK_HOURS)
     trainer, command, engine = _what_runs(name, entry)
     code = _code(name, entry)
-    job = JobSettings(name, trainer, nodes, prefix, priority, command, engine, code, hours)
+    values = trainer.values if trainer is not None else None
+    sweep = read_sweep(name, entry["sweep"], values) if "sweep" in entry else None
+    job = JobSettings(name, trainer, nodes, prefix, priority, command, engine, code, hours, sweep)
     _check_runnable(job)
     return job
 

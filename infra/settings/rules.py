@@ -118,6 +118,13 @@ def check_backend(
     none): each refused in one line rather than dropped. A multi-node job's size has InfiniBand
     already (ClusterSettings.check refuses any other size outside acceptance stacks)."""
     if not azureml.on_azureml:
+        for job in jobs:
+            if job.sweep is not None:
+                raise ConfigError(
+                    f"jobs.{job.name}.sweep with backend=batch: this release runs a sweep as an "
+                    "AzureML sweep job, whose trials AzureML samples and stops early; set backend "
+                    "azureml, or run the trials as jobs of their own"
+                )
         return
     if acceptance_profile:
         raise ConfigError(
