@@ -41,6 +41,7 @@ AZUREML_JOB_OUTPUTS = {
     "metrics_url": "metrics_url",
     "outputs_url": "outputs_url",
     "checkpoint_mirror_url": "checkpoint_mirror_url",
+    "experiment": "experiment",
 }
 
 
@@ -106,6 +107,7 @@ class AzuremlJob(pulumi.ComponentResource):
     metrics_url: pulumi.Output[str]
     outputs_url: pulumi.Output[str]
     checkpoint_mirror_url: pulumi.Output[str]
+    experiment: pulumi.Output[str]
 
     def __init__(
         self, name: str, args: AzuremlJobArgs, opts: pulumi.ResourceOptions | None = None
@@ -137,6 +139,7 @@ class AzuremlJob(pulumi.ComponentResource):
         self.metrics_url = spec.apply(lambda s: s.metrics_url)
         self.outputs_url = spec.apply(lambda s: s.outputs_url)
         self.checkpoint_mirror_url = spec.apply(lambda s: s.checkpoint_mirror_url)
+        self.experiment = spec.apply(lambda s: s.experiment)
         self.register_outputs({"job_id": self.job_id})
 
     @staticmethod

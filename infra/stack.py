@@ -279,6 +279,13 @@ def _azureml_job(
         ),
     )
     outputs = {name: getattr(resource, attr) for name, attr in AZUREML_JOB_OUTPUTS.items()}
+    if job.sweep is not None:  # what `dt-jobs trials` shows of it
+        sweep = job.sweep
+        outputs["sweep"] = {
+            "objective": sweep.objective,
+            "goal": sweep.goal,
+            "settings": list(sweep.swept),
+        }
     return {**outputs, "node_count": job.nodes}
 
 

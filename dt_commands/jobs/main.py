@@ -1,4 +1,4 @@
-"""``dt-jobs list|status|logs|cancel|keep-out|metrics|tensorboard|fetch|sweep``: the parser,
+"""``dt-jobs list|status|logs|cancel|keep-out|metrics|tensorboard|fetch|trials|sweep``: the parser,
 and one run of a command, every fault a one-line error (exit 2 for the command or the stack, 1
 for Azure)."""
 
@@ -21,6 +21,7 @@ from dt_commands.jobs import (
     status,
     sweep,
     tensorboard,
+    trials,
 )
 from dt_commands.jobs.call import Call
 from dt_commands.jobs.tensorboard import start_tensorboard
@@ -30,7 +31,7 @@ from infra.live_metrics import StorageError
 from trainer.common.cli import OneLineParser, fail
 
 # In the order --help lists them; sweep (its own options) comes last.
-COMMANDS = (list_jobs, status, logs, cancel, keep_out, metrics, tensorboard, fetch)
+COMMANDS = (list_jobs, status, logs, cancel, keep_out, metrics, tensorboard, fetch, trials)
 
 
 def build_parser() -> OneLineParser:

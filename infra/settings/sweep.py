@@ -58,6 +58,11 @@ class SweepSettings:
             for key, kind, args in self.space
         }
 
+    def outputs(self) -> dict[str, Any]:
+        """What the stack outputs of it, for `dt-jobs trials`: the objective, its goal, and the
+        settings each trial is given."""
+        return {"objective": self.objective, "goal": self.goal, "settings": list(self.swept)}
+
     def identity(self) -> str:
         """All of it, as the job's name hashes it (a new sweep is a new job)."""
         return json.dumps([getattr(self, f.name) for f in fields(self)])
