@@ -1,5 +1,5 @@
-"""``dt-jobs fetch --stack NAME [--job NAME] [--to DIR] [--force]``: download a
-finished job's results.
+"""``dt-jobs fetch --stack NAME [--job NAME] [--to DIR] [--force] [--register MODEL]``: download
+a finished job's results (and register its model: dt_commands.jobs.model_registry).
 
 The trainer's rank 0 uploads them to the job's ``outputs_url`` (``trainer.outputs.results``: the
 final weights, config, metrics and evaluation, then ``manifest.json`` last, listing every file with
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dt_commands.jobs.call import Call
+from dt_commands.jobs.model_registry import register, registry_uri
 from dt_commands.stack_outputs import Job, JobsError, OutputsError
 from infra.live_metrics import NotUploaded, StorageError, blob_container, storage_errors
 from trainer.common.blob_folder import BlobFolder
@@ -35,10 +36,22 @@ HELP = "download the finished run's results, verified against their manifest"
 def add_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--to", type=Path, help="local folder (default: results/<job>)")
     sub.add_argument("--force", action="store_true", help="replace a non-empty --to")
+    sub.add_argument(
+        "--register",
+        metavar="MODEL",
+        help="then register the run's model as a new version of MODEL in the stack's AzureML "
+        "workspace, with its lineage (--init-from models:/MODEL/VERSION starts from it)",
+    )
 
 
 def run(call: Call) -> int:
-    return fetch_job(call.job(), call.stack, call.args.to, call.args.force, call.out)
+    job = call.job()
+    name = call.args.register
+    uri = registry_uri(call.outputs, call.stack, name) if name is not None else None
+    code = fetch_job(job, call.stack, call.args.to, call.args.force, call.out)
+    if uri is not None and name is not None:
+        call.out.write(register(uri, call.outputs, job, name) + "\n")
+    return code
 
 
 class ResultsMissing(StorageError):

@@ -19,7 +19,8 @@ from trainer.checkpoints import single_file
 from trainer.common.blob_folder import BlobFolder
 from trainer.common.errors import first_line
 from trainer.common.grant_wait import READER, GrantMissing, GrantWait
-from trainer.settings.checks import init_source
+from trainer.outputs.results import WEIGHTS
+from trainer.settings.checks import init_source, registered_model
 
 # Prefixes wrappers add to every key: DDP's ``module.`` and torch.compile's ``_orig_mod.``.
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
@@ -49,9 +50,13 @@ def apply(model: nn.Module, source: str, strict: bool) -> str:
 # ---------------------------------------------------------------------- where the bytes are
 @contextlib.contextmanager
 def local_copy(source: str) -> Iterator[Path]:
-    """``source`` as a local path: itself, or a Blob's download in a temporary folder that is
-    removed afterwards."""
+    """``source`` as a local path: itself, or a Blob's or a registered model's download in a
+    temporary folder that is removed afterwards."""
     location = init_source(source)
+    if registered_model(source):
+        with tempfile.TemporaryDirectory(prefix="init-from-") as temp:
+            yield registered_download(source, Path(temp))
+        return
     if location is None:
         path = Path(source).expanduser()
         if not path.exists():
@@ -95,6 +100,36 @@ def download(location: BlobFolder, source: str, into: Path) -> Path:
         raise InitError(
             f"init_from={source}: cannot download ({type(err).__name__}: {first_line(err)})", 1
         ) from None
+
+
+def registered_download(source: str, into: Path) -> Path:
+    """A registered model's version from MLflow's registry at MLFLOW_TRACKING_URI (the stack's
+    workspace: AzureML sets it in its jobs, the stack in Batch's): its model.safetensors when
+    it holds one (the trainer's results, as `dt-jobs fetch --register` registers them), else
+    its folder."""
+    import os
+
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        raise InitError(
+            f"init_from={source}: a registered model is read from MLflow's registry, and "
+            "MLFLOW_TRACKING_URI is not set; run on a stack with an AzureML workspace (its jobs "
+            "get it) or set it"
+        )
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    try:
+        folder = Path(download_artifacts(artifact_uri=source, dst_path=str(into)))
+    except MlflowException as err:
+        missing = err.error_code == "RESOURCE_DOES_NOT_EXIST"
+        raise InitError(
+            f"init_from={source}: {first_line(err)}"
+            + ("; check the name and version (the workspace's Models page)" if missing else ""),
+            2 if missing else 1,
+        ) from None
+    weights = folder / WEIGHTS
+    return weights if weights.is_file() else folder
 
 
 def _fetch(container: Any, name: str, into: Path) -> Path:

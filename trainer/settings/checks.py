@@ -16,12 +16,29 @@ from trainer.common.errors import ConfigError
 from trainer.common.values import interval, shown, within
 from trainer.settings.choices import PLUGIN_EXAMPLE, PLUGIN_REF, is_plugin_ref
 
-
 # ---------------------------------------------------------------------- helpers
+# A registered model's version in MLflow's registry: models:/<name>/<version> or @<alias>.
+MODEL_URI = re.compile(r"^models:/[A-Za-z0-9][A-Za-z0-9._-]*(/[0-9]+|@[A-Za-z0-9_-]+)$")
+
+
+def registered_model(text: str) -> bool:
+    """Whether ``init_from`` names a registered model (``models:/...``); ConfigError for a
+    models: URI of another form."""
+    if not text.startswith("models:"):
+        return False
+    if not MODEL_URI.match(text):
+        raise ConfigError(
+            f"init_from={shown(text, 80)}: give a registered model's version as "
+            "models:/<name>/<version> or models:/<name>@<alias>"
+        )
+    return True
+
+
 def init_source(text: str) -> BlobFolder | None:
     """``init_from`` as a Blob location (an https URL: the folder's ``prefix`` ends with the
-    blob's or the folder's name), or None for a local path; ConfigError for anything else."""
-    if "://" not in text:
+    blob's or the folder's name), or None for a local path or a registered model;
+    ConfigError for anything else."""
+    if registered_model(text) or "://" not in text:
         return None
     try:
         location = BlobFolder.parse(text)
