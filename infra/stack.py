@@ -229,36 +229,9 @@ def _azureml_job(
     workspace: AzuremlWorkspace,
     client: pulumi.Output[Any],
 ) -> dict[str, Any]:
-    """One job of the stack as an AzureML command job on the stack's compute; its outputs."""
+    """One job of the stack as an AzureML command (or sweep) job on the stack's compute; its
+    outputs."""
     shorthand = job.name == SHORTHAND_JOB
-    trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
-    if job.sweep is not None:  # the trials' flags give the swept settings their samples
-        trainer = tuple(pair for pair in trainer if pair[0] not in job.sweep.swept)
-
-    def spec(image_ref: str, client_id: str, blob_endpoint: str) -> AzuremlJobSpec:
-        return AzuremlJobSpec(
-            stack=s.stack,
-            endpoint="",
-            account_id="",
-            pool_id="",
-            node_count=job.nodes,
-            vm_size=s.cluster.vm_size,
-            image_ref=image_ref,
-            registry_server="",
-            node_identity_id="",
-            node_identity_client_id=client_id,
-            blob_endpoint=blob_endpoint,
-            trainer_args=trainer_flags(trainer),
-            dataset_prefix=job.dataset_prefix,
-            name="" if shorthand else job.name,
-            command=job.command,
-            engine=job.engine,
-            max_wall_clock_hours=job.max_wall_clock_hours,
-            tracking=((EXPERIMENT_VARIABLE, s.tracking.experiment or s.stack),),
-            trainer_settings=trainer,
-            sweep=job.sweep.identity() if job.sweep else "",
-        )
-
     resource = AzuremlJob(
         f"{stem}-job" if shorthand else f"{stem}-job-{job.name}",
         AzuremlJobArgs(
@@ -270,7 +243,7 @@ def _azureml_job(
             environment_id=compute.environment_id,
             node_identity_id=ids.nodes.id,
             spec=pulumi.Output.all(image.ref, ids.nodes.client_id, store.blob_endpoint).apply(
-                lambda known: spec(*known)
+                lambda known: _azureml_spec(s, job, *known)
             ),
             label=job.name,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
@@ -280,13 +253,40 @@ def _azureml_job(
     )
     outputs = {name: getattr(resource, attr) for name, attr in AZUREML_JOB_OUTPUTS.items()}
     if job.sweep is not None:  # what `dt-jobs trials` shows of it
-        sweep = job.sweep
-        outputs["sweep"] = {
-            "objective": sweep.objective,
-            "goal": sweep.goal,
-            "settings": list(sweep.swept),
-        }
+        outputs["sweep"] = job.sweep.outputs()
     return {**outputs, "node_count": job.nodes}
+
+
+def _azureml_spec(
+    s: StackSettings, job: JobSettings, image_ref: str, client_id: str, blob_endpoint: str
+) -> AzuremlJobSpec:
+    """The job's fields on AzureML, once its image, the nodes' identity and storage are known;
+    a sweep's trials give its swept settings their samples, so the file's own are left out."""
+    trainer = job_settings(job.trainer, job.dataset_prefix) if job.trainer else ()
+    if job.sweep is not None:
+        trainer = tuple(pair for pair in trainer if pair[0] not in job.sweep.swept)
+    return AzuremlJobSpec(
+        stack=s.stack,
+        endpoint="",
+        account_id="",
+        pool_id="",
+        node_count=job.nodes,
+        vm_size=s.cluster.vm_size,
+        image_ref=image_ref,
+        registry_server="",
+        node_identity_id="",
+        node_identity_client_id=client_id,
+        blob_endpoint=blob_endpoint,
+        trainer_args=trainer_flags(trainer),
+        dataset_prefix=job.dataset_prefix,
+        name="" if job.name == SHORTHAND_JOB else job.name,
+        command=job.command,
+        engine=job.engine,
+        max_wall_clock_hours=job.max_wall_clock_hours,
+        tracking=((EXPERIMENT_VARIABLE, s.tracking.experiment or s.stack),),
+        trainer_settings=trainer,
+        sweep=job.sweep.identity() if job.sweep else "",
+    )
 
 
 def _workspace(

@@ -152,6 +152,30 @@ def _azureml_compute_private(args: ResourceValidationArgs, report: ReportViolati
         report("disableLocalAuth must be true: Entra tokens only", None)
 
 
+@_for("azure-native:machinelearningservices:Job")
+def _azureml_job_on_stack_compute(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """AzureML job (backend: azureml): a command or sweep job on a compute cluster (never
+    serverless compute, which sits outside the stack's network), running as a managed identity
+    (not AzureML's token, which reaches the workspace's datastores with the workspace's own
+    rights)."""
+    props = args.props.get("properties") or {}
+    kind = props.get("jobType")
+    if kind not in ("Command", "Sweep"):
+        report(f"jobType={kind!r}: the stack declares command and sweep jobs", None)
+        return
+    if not props.get("computeId"):
+        report("computeId must name the stack's compute cluster (no serverless compute)", None)
+    identity = (props.get("identity") or {}).get("identityType")
+    if identity != "Managed":
+        report(
+            f"identity.identityType={identity!r}: the job runs as the nodes' identity (Managed)",
+            None,
+        )
+    trial = (props.get("trial") or {}) if kind == "Sweep" else props
+    if not trial.get("environmentId"):
+        report("environmentId must name the stack's trainer environment", None)
+
+
 @_for("azure-native:keyvault:Vault")
 def _key_vault_secure(args: ResourceValidationArgs, report: ReportViolation) -> None:
     """Key vault: RBAC authorization, purge protection, network default deny."""
@@ -466,6 +490,7 @@ RESOURCE_RULES: dict[str, Validate] = {
     "budget-starts-on-the-first": _budget_start,
     "azureml-workspace-private": _azureml_workspace_private,
     "azureml-compute-private": _azureml_compute_private,
+    "azureml-job-on-stack-compute": _azureml_job_on_stack_compute,
     "key-vault-secure": _key_vault_secure,
 }
 ALL_POLICIES: list[Policy] = [

@@ -72,6 +72,13 @@ def check_jobs(
                 f"jobs.{job.name}.nodes={job.nodes}: the pool has {pool_nodes} nodes "
                 "(nodeCount); use at most that many"
             )
+        sweep = job.sweep
+        if sweep is not None and sweep.concurrent_trials * job.nodes > pool_nodes:
+            raise ConfigError(
+                f"jobs.{job.name}.sweep.concurrentTrials={sweep.concurrent_trials}: each trial "
+                f"takes {job.nodes} node(s) and the compute cluster has {pool_nodes} (nodeCount), "
+                f"so at most {pool_nodes // job.nodes} run at once; lower it or raise nodeCount"
+            )
         # `pulumi up` uploads the code into the data account, whose firewall admits only
         # these addresses and the VNet (infra/code_upload.py).
         if job.code is not None and not network.storage_allowed_ips:

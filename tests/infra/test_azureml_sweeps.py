@@ -32,7 +32,9 @@ SWEEP = {
 
 
 def _values(backend: str = "azureml", **sweep) -> dict:
-    values = azureml(jobs={"tune": {"trainerConfig": DEMO, "sweep": {**SWEEP, **sweep}}})
+    values = azureml(
+        jobs={"tune": {"trainerConfig": DEMO, "nodes": 1, "sweep": {**SWEEP, **sweep}}}
+    )
     del values["gpu-cluster:submitJob"]
     values["gpu-cluster:backend"] = backend
     return values
@@ -131,6 +133,16 @@ def _refusal(values: dict) -> str:
 def test_a_bad_sweep_is_one_line_naming_the_setting(sweep, starts):
     line = _refusal(_values(**sweep))
     assert line.startswith(f"jobs.tune.sweep.{starts}"), line
+
+
+def test_more_concurrent_trials_than_the_cluster_holds_is_refused_in_one_line():
+    values = _values()
+    values["gpu-cluster:jobs"]["tune"]["nodes"] = 2
+    line = _refusal(values)  # 2 trials x 2 nodes on the dev stack's 2 nodes
+    assert line == (
+        "jobs.tune.sweep.concurrentTrials=2: each trial takes 2 node(s) and the compute cluster "
+        "has 2 (nodeCount), so at most 1 run at once; lower it or raise nodeCount"
+    )
 
 
 def test_a_sweep_on_batch_or_of_a_command_job_is_refused_in_one_line():

@@ -105,6 +105,15 @@ COMPUTE = {
     }
 }
 AML = ["properties", "properties"]
+AML_JOB = {
+    "properties": {
+        "jobType": "Command",
+        "command": "exec python -m trainer.launch --platform azureml -- python -m trainer",
+        "computeId": "/subscriptions/s/resourceGroups/g/providers/x/workspaces/w/computes/c",
+        "environmentId": "/subscriptions/s/resourceGroups/g/providers/x/environments/trainer/1",
+        "identity": {"identityType": "Managed", "resourceId": "/subscriptions/s/x/nodes"},
+    }
+}
 VAULT = {
     "properties": {
         "enableRbacAuthorization": True,
@@ -425,6 +434,24 @@ CASES += [
             ),
         ]
     ),
+    *(
+        (
+            "azureml-job-on-stack-compute",
+            "azure-native:machinelearningservices:Job",
+            AML_JOB,
+            bad,
+            why,
+        )
+        for bad, why in [
+            (changed(AML_JOB, ["properties", "computeId"], None), "no serverless compute"),
+            (
+                changed(AML_JOB, ["properties", "identity"], {"identityType": "AMLToken"}),
+                "identity.identityType='AMLToken'",
+            ),
+            (changed(AML_JOB, ["properties", "environmentId"], ""), "trainer environment"),
+            (changed(AML_JOB, ["properties", "jobType"], "Pipeline"), "jobType='Pipeline'"),
+        ]
+    ),
     (
         "key-vault-secure",
         "azure-native:keyvault:Vault",
@@ -512,7 +539,7 @@ def test_every_resource_policy_has_a_case():
 EXTRA = {
     "": {},
     "an AzureML workspace": {"gpu-cluster:azuremlWorkspace": True},
-    "the AzureML backend": {"gpu-cluster:backend": "azureml", "gpu-cluster:submitJob": False},
+    "the AzureML backend": {"gpu-cluster:backend": "azureml"},
 }
 
 
