@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,13 +92,13 @@ def aml(tmp_path, azurite_entra):
     server.server_close()
 
 
-def _submit(jobs: FakeAzuremlJobs, spec: AzuremlJobSpec) -> str:
+def _submit(jobs: FakeAzuremlJobs, spec: AzuremlJobSpec, body: dict | None = None) -> str:
     status, _, answer = jobs.handle(
         "PUT",
         f"{WORKSPACE}/jobs/{spec.job_id}",
         {},
         {"Authorization": "Bearer deployer"},
-        _body(spec),
+        body or _body(spec),
     )
     assert status == 201, answer
     return spec.job_id
@@ -124,3 +125,46 @@ def test_the_rendered_job_trains_on_two_nodes_and_its_replacement_resumes_from_b
     again = _submit(aml, replaced)
     assert aml.wait(again) == "Completed", aml.output(again)
     assert "resuming from the mirror's step-" in aml.output(again), aml.output(again)
+
+
+def test_a_rendered_sweeps_trials_train_with_their_samples_in_folders_of_their_own(
+    aml, azurite_entra
+):
+    """The sweep's trial command as infra.azureml_command renders it: the fake puts each
+    trial's samples in, as AzureML does, and gives it its own MLFLOW_RUN_ID."""
+    import yaml
+
+    from infra.azureml_command import trial_command
+    from infra.settings.sweep import read_sweep
+
+    raw = {
+        "space": {"lr": {"choice": [0.05, 0.1]}, "batch_size": {"choice": [4, 8]}},
+        "objective": "loss",
+        "trials": 2,
+        "concurrentTrials": 2,
+    }
+    sweep = read_sweep("tune", raw, dict(TINY))
+    own = tuple(pair for pair in TINY if pair[0] not in sweep.swept)
+    spec = replace(
+        _spec(azurite_entra.blob_endpoint, "1"),
+        node_count=1,
+        trainer_settings=own,
+        trainer_args=trainer_flags(own),
+        sweep=sweep.identity(),
+    )
+    body = _body(spec)
+    body["properties"] = {
+        "jobType": "Sweep",
+        "trial": {**body["properties"], "command": trial_command(spec, sweep.swept)},
+        "searchSpace": sweep.search_space(),
+        "limits": {"maxTotalTrials": 2, "maxConcurrentTrials": 2},
+    }
+    name = _submit(aml, spec, body)
+    assert aml.wait(name) == "Completed", aml.output(name)
+    results = azurite_entra.container("outputs")
+    for trial, values in aml.trials[name]:
+        folder = f"{name}/trials/{trial}/"
+        config = results.download_blob(f"{folder}config.yaml").readall()
+        trained = yaml.safe_load(config)
+        assert (trained["lr"], trained["batch_size"]) == (values["lr"], values["batch_size"])
+    assert len({trial for trial, _ in aml.trials[name]}) == 2

@@ -14,12 +14,20 @@ What it holds to, each read 2026-11-29:
   Azure/azure-sdk-for-python #42156);
 - POST .../cancel is accepted (202; REST example Job/cancel.json): CancelRequested, the
   processes stopped, then Canceled;
-- a caller without a role on the workspace gets 403 AuthorizationFailed, as ARM answers any."""
+- a caller without a role on the workspace gets 403 AuthorizationFailed, as ARM answers any;
+- a sweep job (jobType Sweep) runs maxTotalTrials trials of its trial command, at most
+  maxConcurrentTrials at once, each with a sample of its searchSpace put in for
+  ${{search_space.<name>}} (reference-yaml-job-sweep.md; the REST forms of azure-ai-ml's
+  search_space.py) and its own MLFLOW_RUN_ID, as a child job named <sweep>_<n>. It evaluates no
+  early-termination policy (that needs the trials' metrics in MLflow): every trial runs to its
+  end."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -66,6 +74,8 @@ class FakeAzuremlJobs:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.history: dict[str, list[str]] = {}  # each job's states, in order
         self.processes: dict[str, list[subprocess.Popen]] = {}
+        # Each sweep's trials: (child job's name, its sampled values), in the order they ran.
+        self.trials: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self._lock = threading.Lock()
         self._cancel: dict[str, threading.Event] = {}
 
@@ -113,8 +123,10 @@ class FakeAzuremlJobs:
                     return _error(400, "UserError", IMMUTABLE_MESSAGE)
                 self.jobs[name]["properties"] = {**old, **properties}
                 return 200, {}, self._view(name)
-            if properties.get("jobType") != "Command" or not properties.get("command"):
-                return _error(400, "UserError", "a command job needs jobType Command and command")
+            kind = properties.get("jobType")
+            command = (properties.get("trial") or {}) if kind == "Sweep" else properties
+            if kind not in ("Command", "Sweep") or not command.get("command"):
+                return _error(400, "UserError", "a job needs jobType Command or Sweep, a command")
             self.jobs[name] = {
                 "id": f"{workspace}/jobs/{name}",
                 "name": name,
@@ -124,7 +136,8 @@ class FakeAzuremlJobs:
             self.history[name] = ["NotStarted"]
             self._cancel[name] = threading.Event()
             created = self._view(name)  # as created, before the job moves on
-        threading.Thread(target=self._run, args=(name,), daemon=True).start()
+        run = self._run_sweep if properties.get("jobType") == "Sweep" else self._run
+        threading.Thread(target=run, args=(name,), daemon=True).start()
         return 201, {}, created
 
     def _cancel_job(self, name: str) -> tuple[int, dict, Any]:
@@ -169,7 +182,43 @@ class FakeAzuremlJobs:
         self._state(name, "Finalizing")
         self._end(name, "Failed" if failed else "Completed")
 
-    def _start(self, name: str, properties: Mapping[str, Any]) -> list[subprocess.Popen]:
+    def _run_sweep(self, name: str) -> None:
+        """The sweep's trials, ``maxConcurrentTrials`` at a time; Completed once they ended
+        (Failed when none of them completed)."""
+        properties = self.jobs[name]["properties"]
+        limits = properties.get("limits") or {}
+        total = int(limits.get("maxTotalTrials") or 1)
+        at_once = int(limits.get("maxConcurrentTrials") or 1)
+        for state in ("Queued", "Preparing", "Running"):
+            if not self._state(name, state):
+                return self._end(name, "Canceled")
+        rng = random.Random(name)
+        self.trials[name] = []
+        codes: list[int | None] = []
+        for first in range(0, total, at_once):
+            batch = []
+            for index in range(first, min(total, first + at_once)):
+                values = {k: _sample(v, rng) for k, v in properties["searchSpace"].items()}
+                trial = dict(properties["trial"])
+                for key, value in values.items():
+                    trial["command"] = trial["command"].replace(
+                        f"${{{{search_space.{key}}}}}", str(value)
+                    )
+                child = f"{name}_{index}"
+                self.trials[name].append((child, values))
+                batch += self._start(child, trial, {"MLFLOW_RUN_ID": child})
+            while any(p.poll() is None for p in batch) and not self._cancel[name].is_set():
+                time.sleep(0.1)
+            self._stop(batch)
+            codes += [p.returncode for p in batch]
+            if self._cancel[name].is_set():
+                return self._end(name, "Canceled")
+        self._state(name, "Finalizing")
+        self._end(name, "Completed" if any(code == 0 for code in codes) else "Failed")
+
+    def _start(
+        self, name: str, properties: Mapping[str, Any], more: Mapping[str, str] | None = None
+    ) -> list[subprocess.Popen]:
         distribution = properties.get("distribution") or {}
         per_node = int(distribution.get("processCountPerInstance") or 1)
         nodes = int((properties.get("resources") or {}).get("instanceCount") or 1)
@@ -187,7 +236,7 @@ class FakeAzuremlJobs:
                     "RANK": str(node * per_node + local),
                     "LOCAL_RANK": str(local),
                 }
-                env = {**os.environ, **self.env, **variables}
+                env = {**os.environ, **self.env, **variables, **(more or {})}
                 env.update(properties.get("environmentVariables") or {})
                 with open(where / f"std_log_process_{local}.txt", "w") as log:
                     processes.append(
@@ -232,7 +281,26 @@ class FakeAzuremlJobs:
         return self.history[name][-1]
 
     def output(self, name: str) -> str:
-        """Every process's output, node by node."""
+        """Every process's output, node by node (a sweep's: its trials', trial by trial)."""
+        folders = [name, *(child for child, _ in self.trials.get(name, []))]
         return "\n".join(
-            path.read_text() for path in sorted((self.folder / name).glob("node*/std_log_*.txt"))
+            path.read_text()
+            for folder in folders
+            for path in sorted((self.folder / folder).glob("node*/std_log_*.txt"))
         )
+
+
+def _sample(distribution: list[Any], rng: random.Random) -> Any:
+    """One value of a search space's distribution in its REST form ([kind, [numbers]], a
+    choice's values as one list)."""
+    kind, args = distribution
+    if kind == "choice":
+        return rng.choice(args[0])
+    low, high = args[0], args[1]
+    if kind == "uniform":
+        return rng.uniform(low, high)
+    if kind == "loguniform":
+        return math.exp(rng.uniform(low, high))
+    if kind == "quniform":
+        return round(rng.uniform(low, high) / args[2]) * args[2]
+    raise ValueError(f"the fake samples no {kind} distribution")
