@@ -26,6 +26,9 @@ from infra.trainer_command import JobSet, commands, script_commands, stage_data_
 RUN_DIR = "run"
 # Where a node stages the job's dataset, in the same working folder.
 DATASETS_DIR = "datasets"
+# A job's code snapshot on the node (trainer.launch.code_folder): kept in the working folder's
+# cache, linked as its code folder (the launcher's --code-dir).
+CODE_LINK, CODE_CACHE = "code", "code-cache"
 # The variable a job's processes find its MLflow experiment by (trainer.outputs.tracking).
 EXPERIMENT_VARIABLE = "MLFLOW_EXPERIMENT_NAME"
 # A sweep's trial's own MLflow run, which AzureML gives each trial's processes (the trainer joins
@@ -78,6 +81,7 @@ def launch_command(spec: AzuremlJobSpec, job: JobSet, token_url: str, settings: 
         workers, given = commands(settings, job)
     launch = ["python", "-m", "trainer.launch", "--platform", "azureml"]
     launch += ["--token-url", token_url, "--vm-size", spec.vm_size, *given]
+    launch += ["--code-dir", CODE_LINK] if spec.code_sha256 else []
     return [*launch, "--", *workers]
 
 
@@ -89,9 +93,14 @@ def _word(part: str) -> str:
 
 
 def _command(spec: AzuremlJobSpec, launch: list[str]) -> str:
-    """The dataset staged first when the job has one (its failure is the node's, with its own
-    line), then the launcher exec'd, so that it receives AzureML's SIGTERM of a cancel itself."""
+    """The job's code made ready and its dataset staged first when it has them (a failure is
+    the node's, with its own line), then the launcher exec'd, so that it receives AzureML's
+    SIGTERM of a cancel itself."""
     steps = []
+    if spec.code_sha256:
+        code = ["python", "-m", "trainer.launch.code_folder", "--account-url", spec.blob_endpoint]
+        code += ["--sha256", spec.code_sha256, "--link", CODE_LINK, "--cache-root", CODE_CACHE]
+        steps.append(shlex.join(code))
     if spec.dataset_prefix:
         dest = f"{DATASETS_DIR}/{spec.dataset_prefix}"
         steps.append(shlex.join(stage_data_command(spec.blob_endpoint, spec.dataset_prefix, dest)))

@@ -97,7 +97,9 @@ def declare(s: StackSettings) -> dict[str, Any]:
         **_workspace_outputs(workspace),
     }
     if workspace is not None and s.azureml.on_azureml:
-        aml = _azureml_backend(stem, at, s, net, ids, image, store, workspace, client)
+        aml = _azureml_backend(
+            stem, at, s, net, ids, image, store, workspace, client, deployer_type
+        )
         return {**aml, **outputs}
     nfs = _nfs(stem, at, s, net)
     cluster = _cluster(stem, at, s, net, ids, store, pull, nfs, client, deployer_type)
@@ -125,14 +127,14 @@ def _azureml_backend(
     store: Storage,
     workspace: AzuremlWorkspace,
     client: pulumi.Output[Any],
+    deployer_type: str,
 ) -> dict[str, Any]:
     """The AzureML backend's compute, its monitoring and the stack's jobs there; its outputs."""
     compute = _azureml_compute(stem, at, s, net, ids, image, workspace, client)
     _monitoring(stem, at, s, store, workspace=workspace)
-    jobs = {
-        job.name: _azureml_job(stem, at, s, job, compute, image, ids, store, workspace, client)
-        for job in s.jobs
-    }
+    uploads = _code_uploads(stem, s, store, client, deployer_type)
+    on = AzuremlOn(compute, image, ids, store, workspace, client, uploads)
+    jobs = {job.name: _azureml_job(stem, at, s, job, on) for job in s.jobs}
     return {**_job_outputs(image, jobs), **_azureml_outputs(compute, image)}
 
 
@@ -217,17 +219,21 @@ def _azureml_outputs(compute: AzuremlCompute, image: TrainerImage | ReusedImage)
     }
 
 
+@dataclass(frozen=True)
+class AzuremlOn:
+    """What the stack's AzureML jobs run on and with."""
+
+    compute: AzuremlCompute
+    image: TrainerImage | ReusedImage
+    ids: Identities
+    store: Storage
+    workspace: AzuremlWorkspace
+    client: pulumi.Output[Any]
+    uploads: dict[str, CodeUpload]
+
+
 def _azureml_job(
-    stem: str,
-    at: Placement,
-    s: StackSettings,
-    job: JobSettings,
-    compute: AzuremlCompute,
-    image: TrainerImage | ReusedImage,
-    ids: Identities,
-    store: Storage,
-    workspace: AzuremlWorkspace,
-    client: pulumi.Output[Any],
+    stem: str, at: Placement, s: StackSettings, job: JobSettings, on: AzuremlOn
 ) -> dict[str, Any]:
     """One job of the stack as an AzureML command (or sweep) job on the stack's compute; its
     outputs."""
@@ -236,18 +242,19 @@ def _azureml_job(
         f"{stem}-job" if shorthand else f"{stem}-job-{job.name}",
         AzuremlJobArgs(
             placement=at,
-            workspace_name=workspace.workspace_name,
-            workspace_id=workspace.workspace_id,
-            tenant_id=client.tenant_id,
-            compute_id=compute.compute_id,
-            environment_id=compute.environment_id,
-            node_identity_id=ids.nodes.id,
-            spec=pulumi.Output.all(image.ref, ids.nodes.client_id, store.blob_endpoint).apply(
-                lambda known: _azureml_spec(s, job, *known)
-            ),
+            workspace_name=on.workspace.workspace_name,
+            workspace_id=on.workspace.workspace_id,
+            tenant_id=on.client.tenant_id,
+            compute_id=on.compute.compute_id,
+            environment_id=on.compute.environment_id,
+            node_identity_id=on.ids.nodes.id,
+            spec=pulumi.Output.all(
+                on.image.ref, on.ids.nodes.client_id, on.store.blob_endpoint
+            ).apply(lambda known: _azureml_spec(s, job, *known)),
             label=job.name,
             protect_running=s.protect_running_jobs and job.name not in s.replace_jobs,
-            after=[compute],
+            # The nodes fetch the job's code as soon as it starts.
+            after=[on.compute, *([on.uploads[job.code.sha256]] if job.code else [])],
             sweep=job.sweep,
         ),
     )
@@ -282,6 +289,7 @@ def _azureml_spec(
         name="" if job.name == SHORTHAND_JOB else job.name,
         command=job.command,
         engine=job.engine,
+        code_sha256=job.code.sha256 if job.code else "",
         max_wall_clock_hours=job.max_wall_clock_hours,
         tracking=((EXPERIMENT_VARIABLE, s.tracking.experiment or s.stack),),
         trainer_settings=trainer,

@@ -119,8 +119,7 @@ def check_backend(
     azureml: AzuremlSettings, acceptance_profile: str, jobs: Sequence[JobSettings]
 ) -> None:
     """What the AzureML backend runs: the stack's jobs as native command jobs on its compute
-    (infra.azureml_job). The acceptance check drives a Batch pool's nodes; a job's code snapshot
-    is made ready by Batch's job preparation task, which AzureML has not; an AzureML compute
+    (infra.azureml_job). The acceptance check drives a Batch pool's nodes; an AzureML compute
     cluster queues its jobs without a priority (JobResourceConfiguration and QueueSettings carry
     none): each refused in one line rather than dropped. A multi-node job's size has InfiniBand
     already (ClusterSettings.check refuses any other size outside acceptance stacks)."""
@@ -139,13 +138,6 @@ def check_backend(
             "runs its job on a Batch pool; set backend batch for an acceptance stack"
         )
     for job in jobs:
-        if job.code is not None:
-            raise ConfigError(
-                f"jobs.{job.name}.code={job.code.folder!r} with backend=azureml: a job's code "
-                "snapshot is made ready on Batch's nodes by its preparation task, which this "
-                "release does not run on AzureML; put the code in the image (docs/jobs.md) or "
-                "set backend batch"
-            )
         if job.priority:
             raise ConfigError(
                 f"jobs.{job.name}.priority={job.priority} with backend=azureml: an AzureML "

@@ -168,3 +168,37 @@ def test_a_rendered_sweeps_trials_train_with_their_samples_in_folders_of_their_o
         trained = yaml.safe_load(config)
         assert (trained["lr"], trained["batch_size"]) == (values["lr"], values["batch_size"])
     assert len({trial for trial, _ in aml.trials[name]}) == 2
+
+
+def test_a_rendered_job_with_code_fetches_its_snapshot_on_each_node_and_runs_in_it(
+    aml, azurite_entra, monkeypatch
+):
+    """A job's own command with its code (examples/torchrun_ddp): each node fetches and verifies
+    the snapshot from the code container with the nodes' identity (trainer.launch.code_folder,
+    for real), and the launcher runs the script in it under torchrun's variables."""
+    from azure.core.exceptions import ResourceExistsError
+
+    from infra.code_snapshot import snapshot
+
+    snap = snapshot("examples/torchrun_ddp", REPO)
+    code = azurite_entra.container("code")
+    with contextlib.suppress(ResourceExistsError):
+        code.create_container()
+    code.upload_blob(snap.blob_name, snap.data, overwrite=True)
+    spec = replace(
+        _spec(azurite_entra.blob_endpoint, "1"),
+        trainer_args=(),
+        trainer_settings=(),
+        command=("python", "train.py", "--steps", "4"),
+        engine="torch",
+        code_sha256=snap.sha256,
+    )
+    aml.env["PIP_NO_INDEX"] = "1"  # the snapshot has no requirements: nothing to fetch
+    name = _submit(aml, spec)
+    assert aml.wait(name) == "Completed", aml.output(name)
+    for node in ("node0", "node1"):  # each node its own verified snapshot
+        assert (aml.folder / name / node / "code" / "src" / "train.py").is_file()
+    # Rank 0 checkpoints into DT_RUN_DIR, its node's own run folder (absolute: the script runs
+    # in the code folder).
+    checkpoints = aml.folder / name / "node0" / "run" / "checkpoints"
+    assert list(checkpoints.glob("step-*.pt")), aml.output(name)

@@ -170,13 +170,31 @@ def _refusal(values: dict) -> str:
     return line
 
 
-def test_a_code_snapshot_or_a_priority_on_azureml_is_refused_in_one_line():
-    code = "examples/torchrun_ddp"
-    line = _refusal(_jobs(a={"command": "python train.py", "code": code}))
-    assert line.startswith(f"jobs.a.code='{code}' with backend=azureml: ")
-    assert "set backend batch" in line
+def test_a_priority_on_azureml_is_refused_in_one_line():
     line = _refusal(_jobs(a={"trainerConfig": DEMO, "priority": 5}))
     assert line.startswith("jobs.a.priority=5 with backend=azureml: ") and "remove it" in line
+
+
+def test_a_job_with_code_waits_for_its_upload_and_fetches_it_before_its_launcher():
+    code = "examples/torchrun_ddp"
+    values = _jobs(ddp={"command": "python train.py --steps 4", "code": code})
+    values["gpu-cluster:storageAllowedIps"] = ["203.0.113.7"]  # the deployer uploads it
+    plan = evaluate("dev", values)
+    guard = [r for r in plan.registered.values() if r.typ == GUARD]
+    upload = [r.name for r in plan.resources if r.name.startswith("platform-dev-code-")]
+    assert len(upload) == 1 and len(guard) == 1
+    assert upload[0] in {urn.rsplit("::", 1)[-1] for urn in guard[0].dependencies}
+    command = one(plan, JOB).inputs["properties"]["command"]
+    fetch, launch = command.split(" && ")
+    sha = plan.settings.jobs[0].code.sha256
+    assert shlex.split(fetch) == [
+        "python", "-m", "trainer.launch.code_folder",
+        "--account-url", plan.outputs["jobs"]["ddp"]["job_log_url"].split("/logs/")[0] + "/",
+        "--sha256", sha, "--link", "code", "--cache-root", "code-cache",
+    ]  # fmt: skip
+    words = shlex.split(launch)
+    assert words[words.index("--code-dir") + 1] == "code"
+    assert words[words.index("--") + 1 :] == ["python", "train.py", "--steps", "4"]
 
 
 def _run_in_bash(tmp_path, command: str, stage_exit: int) -> tuple[int, list[list[str]]]:

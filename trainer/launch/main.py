@@ -176,6 +176,10 @@ def _meet(plan: _Plan, token: str | None, log: RunLog, env: dict[str, str]) -> t
 def main(argv: list[str] | None = None) -> int:
     STOP.install()  # `python -m trainer.launch` did already, before its imports
     args = build_parser().parse_args(argv)
+    # Folders named relative to the launch's working folder (an AzureML job's) as absolute
+    # ones: the workers run in the code folder, and find the run folder from there.
+    args.run_dir = args.run_dir.absolute() if args.run_dir is not None else None
+    args.code_dir = args.code_dir.absolute() if args.code_dir is not None else None
     env = dict(os.environ)
     if args.report:
         try:
