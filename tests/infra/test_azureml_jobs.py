@@ -18,10 +18,7 @@ from dt_commands.mocks import mock_resource_id
 from dt_commands.plan import evaluate
 from infra.azureml_command import RUN_DIR, AzuremlJobSpec
 from infra.azureml_job import AZUREML_JOB_OUTPUTS
-from infra.settings.checks import ConfigError
-from infra.settings.stack import StackSettings
-from infra.settings.values import load_schema
-from tests.infra.test_azureml_compute import COMPUTE, ENVIRONMENT_VERSION, azureml
+from tests.infra.test_azureml_compute import COMPUTE, ENVIRONMENT_VERSION, _refusal, azureml
 from tests.support.stacks import one
 
 JOB = "azure-native:machinelearningservices:Job"
@@ -160,14 +157,6 @@ def test_any_change_is_a_new_job_the_wall_clock_limit_too_but_the_same_run():
         # The same training settings resume the same run from the Blob mirror.
         assert changed.checkpoint_mirror_url == base.checkpoint_mirror_url, change
     assert _spec(trainer_settings=(("model", "tiny"),)).job_id == base.job_id
-
-
-def _refusal(values: dict) -> str:
-    with pytest.raises(ConfigError) as caught:
-        StackSettings.from_mapping("dev", values, load_schema())
-    line = str(caught.value)
-    assert "\n" not in line
-    return line
 
 
 def test_a_priority_on_azureml_is_refused_in_one_line():

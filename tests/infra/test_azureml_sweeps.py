@@ -14,10 +14,7 @@ import pytest
 
 from dt_commands.plan import evaluate
 from infra.azureml_command import trial_command
-from infra.settings.checks import ConfigError
-from infra.settings.stack import StackSettings
-from infra.settings.values import load_schema
-from tests.infra.test_azureml_compute import azureml
+from tests.infra.test_azureml_compute import _refusal, azureml
 from tests.infra.test_azureml_jobs import JOB, _spec
 from tests.support.stacks import one
 
@@ -102,14 +99,6 @@ def test_a_trial_command_runs_in_bash_as_azureml_gives_it(tmp_path):
     assert flag("--lr", workers) == "0.0123" and flag("--batch-size", workers) == "64"
     assert flag("--metrics-upload-url", workers) == f"{spec.log_url}trials/trial_7/live/"
     assert flag("--outputs-url", workers) == f"{spec.outputs_url}trials/trial_7/"
-
-
-def _refusal(values: dict) -> str:
-    with pytest.raises(ConfigError) as caught:
-        StackSettings.from_mapping("dev", values, load_schema())
-    line = str(caught.value)
-    assert "\n" not in line
-    return line
 
 
 @pytest.mark.parametrize(
