@@ -1,11 +1,12 @@
 """``dt-jobs`` on a stack of the AzureML backend: ``list``, ``status`` and ``cancel`` ask ARM for
 the jobs' live state (Jobs - Get, Jobs - Cancel: infra.azureml_job_guard), with the operator's
-own credential; ``metrics``, ``tensorboard`` and ``fetch`` read Blob as on Batch (their commands
-run as they are); ``logs`` and ``keep-out`` are Batch's and say in one line where to look
-instead."""
+own credential; ``logs`` reads the node logs the launchers copy to the job's Blob folder;
+``metrics``, ``tensorboard`` and ``fetch`` read Blob as on Batch (their commands run as they
+are); ``keep-out`` is Batch's and says in one line where to look instead."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,11 @@ from dt_commands.jobs.call import Call
 from dt_commands.jobs.table import table
 from dt_commands.stack_outputs import Job, JobsError, require, stack_jobs
 from infra.azureml_job_guard import ENDED, JobGuardError, job_arm_id, job_state, request_cancel
+from infra.live_metrics import blob_container, storage_errors
+from trainer.common.blob_folder import BlobFolder
+from trainer.launch.log_upload import FOLDER as NODE_LOGS
 
+POLL_SECONDS = 10.0  # between reads of the node logs while `logs` follows a job
 # What each job's live state says beside the outputs (labels as `dt-jobs status` on Batch).
 WHERE = (
     ("studio", "job_studio_url"),
@@ -89,6 +94,45 @@ def cancel(call: Call) -> int:
     return 0
 
 
+def logs(call: Call) -> int:
+    """Every node's launch log, as the launchers copy it to the job's log folder
+    (trainer.launch.log_upload); followed until the job ends unless --no-follow."""
+    job = call.job()
+    if call.args.stderr:
+        raise JobsError("--stderr: an AzureML job's node log holds both streams; drop --stderr")
+    url = str(require(job.outputs, "job_log_url", call.stack))
+    folder = BlobFolder.parse(url)
+    container = blob_container(folder)
+    prefix = folder.blob(NODE_LOGS)
+    sent: dict[str, int] = {}
+    shown = ""
+    while True:
+        ended = call.args.no_follow or _state(call, job) in (*ENDED, "not found")
+        with storage_errors(f"{url}{NODE_LOGS}"):
+            for blob in sorted(container.list_blobs(name_starts_with=prefix), key=_name):
+                if blob.size <= sent.get(blob.name, 0):
+                    continue
+                offset = sent.get(blob.name, 0)
+                data = container.download_blob(blob.name, offset=offset).readall()
+                sent[blob.name] = offset + len(data)
+                if blob.name != shown:
+                    node = blob.name[len(prefix) :].removesuffix(".log")
+                    call.out.write(f"===== node {node} =====\n")
+                    shown = blob.name
+                call.out.write(data.decode("utf-8", errors="replace"))
+        call.out.flush()
+        if ended:
+            break
+        time.sleep(POLL_SECONDS)
+    if not sent:
+        call.out.write(f"job {job.job_id}: no node has copied its log to {url}{NODE_LOGS} yet\n")
+    return 0
+
+
+def _name(blob: Any) -> str:
+    return str(blob.name)
+
+
 def _batch_only(what: str, instead: str) -> Callable[[Call], int]:
     def refuse(call: Call) -> int:
         job = call.job()
@@ -108,11 +152,7 @@ COMMANDS: dict[str, Callable[[Call], int]] = {
     "list": list_jobs,
     "status": status,
     "cancel": cancel,
-    "logs": _batch_only(
-        "dt-jobs logs reads a Batch task's logs, which a job does not have",
-        "its logs are on its studio page ({studio}, Outputs + logs) or stream with "
-        "`az ml job stream --name {job_id}`",
-    ),
+    "logs": logs,
     "keep-out": _batch_only(
         "dt-jobs keep-out keeps a Batch pool's node out, which a job does not have",
         "AzureML replaces a compute cluster's failed node itself; see the job's studio page "

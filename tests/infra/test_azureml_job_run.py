@@ -7,6 +7,7 @@ its checkpoints to Blob; its replacement (a new image: a new job, the same run) 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from dataclasses import replace
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dt_commands.jobs.main import main as dt_jobs
 from infra.azureml_command import AzuremlJobSpec, environment_variables, job_command
 from infra.trainer_command import trainer_flags
 from tests.infra.fake_arm import start_arm
@@ -105,7 +107,7 @@ def _submit(jobs: FakeAzuremlJobs, spec: AzuremlJobSpec, body: dict | None = Non
 
 
 def test_the_rendered_job_trains_on_two_nodes_and_its_replacement_resumes_from_blob(
-    aml, azurite_entra
+    aml, azurite_entra, entra_env, tmp_path, capsys
 ):
     first = _spec(azurite_entra.blob_endpoint, "1")
     name = _submit(aml, first)
@@ -119,6 +121,16 @@ def test_the_rendered_job_trains_on_two_nodes_and_its_replacement_resumes_from_b
     assert outputs, said
     # Each node trained in a run folder of its own working folder: none is shared.
     assert (aml.folder / name / "node0" / "run").is_dir()
+    # Each launcher copied its log to the job's folder, where dt-jobs logs reads them.
+    outputs = {"azureml_compute_name": "c", "jobs": {"default": {"job_id": name}}}
+    outputs["jobs"]["default"]["job_log_url"] = first.log_url
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    capsys.readouterr()
+    files = ["--stack", "amlrun", "--outputs-file", str(tmp_path / "outputs.json")]
+    assert dt_jobs(["logs", *files, "--no-follow"]) == 0
+    logs = capsys.readouterr().out
+    assert logs.count("===== node ") == 2 and "===== node node-1 =====" in logs, logs
+    assert logs.count("every worker finished") == 2, logs
 
     replaced = _spec(azurite_entra.blob_endpoint, "2")  # a new image: a new job, the same run
     assert replaced.job_id != name and replaced.run_name == first.run_name

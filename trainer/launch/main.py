@@ -21,6 +21,7 @@ from trainer.common.cli import fail
 from trainer.launch import eviction
 from trainer.launch.azureml_env import read_azureml_environment
 from trainer.launch.batch_env import LaunchError, Node, read_batch_environment, torch_master_port
+from trainer.launch.log_upload import LogUpload
 from trainer.launch.node_sizes import fabric_for, worker_environment, workers_per_node
 from trainer.launch.options import SCRIPT_UPLOAD_MINUTES, build_parser, code_dir_fault
 from trainer.launch.preflight import MODES as PREFLIGHT_MODES
@@ -212,7 +213,21 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"output_dir={args.run_dir}: cannot record the run ({err.strerror or err})", 1)
     task_dir = Path(env["AZ_BATCH_TASK_DIR"]) if env.get("AZ_BATCH_TASK_DIR") else None
     ending = _Ending(plan.node, store, plan.records, attempt, log, stop_server, task_dir)
-    return _run(args, plan, env, store, ending)
+    upload = _log_upload(plan, attempt, log)
+    try:
+        return _run(args, plan, env, store, ending)
+    finally:
+        if upload is not None:
+            upload.close()
+
+
+def _log_upload(plan: _Plan, attempt: str, log: RunLog) -> LogUpload | None:
+    """On AzureML, this node's log copied to the job's Blob folder while it runs (the nodes
+    share no folder, and `dt-jobs logs` reads them there)."""
+    if plan.blob_token is None or plan.records is None:
+        return None
+    path = plan.records.log_path(attempt, plan.node.name)
+    return LogUpload(path, plan.blob_token.folder, plan.node.name, log.say).start()
 
 
 def _run(args, plan: _Plan, env: dict[str, str], store: Store, ending: _Ending) -> int:

@@ -1,7 +1,8 @@
 """``dt-jobs`` on a stack of the AzureML backend, against the fake AzureML jobs API behind a fake
 ARM (tests/support/fake_azureml_jobs.py): ``list`` and ``status`` show each job's live state,
 ``cancel`` stops a running job, an operator without a role on the workspace gets one line (exit
-1), and ``logs`` and ``keep-out``, which are Batch's, say where to look instead (exit 2)."""
+1), and ``keep-out``, which is Batch's, says where to look instead (exit 2). ``logs`` reads what
+the launchers copy to Blob: tests/infra/test_azureml_job_run.py runs it after a real job."""
 
 from __future__ import annotations
 
@@ -108,16 +109,11 @@ def test_an_operator_without_a_role_on_the_workspace_gets_one_line_exit_1(aml, c
     assert "this credential needs a role on the workspace" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize(
-    ("command", "said"),
-    [
-        ("logs", "its logs are on its studio page (https://ml.azure.com/runs/dev-train-1?wsid="),
-        ("keep-out", "AzureML replaces a compute cluster's failed node itself"),
-    ],
-)
-def test_batchs_own_commands_say_where_to_look_instead(aml, capsys, tmp_path, command, said):
-    argv = [command, "--job", "train"] + (["tvm-1"] if command == "keep-out" else [])
-    code, out, err = _run(capsys, tmp_path, *argv)
+def test_keep_out_which_is_batchs_says_where_to_look_instead(aml, capsys, tmp_path):
+    code, out, err = _run(capsys, tmp_path, "keep-out", "--job", "train", "tvm-1")
     assert code == 2 and out == ""
-    assert err.startswith("error: stack=dev: dt-jobs ") and said in err, err
+    assert err.startswith("error: stack=dev: dt-jobs keep-out ")
+    assert "AzureML replaces a compute cluster's failed node itself" in err
     assert err.count("\n") == 1
+    code, out, err = _run(capsys, tmp_path, "logs", "--job", "train", "--stderr")
+    assert (code, out) == (2, "") and err.startswith("error: --stderr: an AzureML job's node")
