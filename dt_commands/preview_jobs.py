@@ -18,6 +18,23 @@ from infra.job_spec import run_folder, run_name
 from trainer.common.cli import OneLineParser, fail
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+# A job of the AzureML backend (infra.azureml_job): a native command or sweep job whose name
+# any change renews, so a change is a replacement with the engine's reason "id".
+AZUREML_JOB_TYPE = "azure-native:machinelearningservices:Job"
+# Why an AzureML job is replaced, by the property that differs (a sweep's in its trial).
+AZUREML_REASONS = {
+    "environmentId": "new trainer image (an image input changed)",
+    "command": "trainer settings or the job's command changed",
+    "resources": "node count changed",
+    "limits": "limits changed (an AzureML job never changes: a new job)",
+    "environmentVariables": "tracking or node identity changed",
+    "computeId": "compute cluster replaced",
+    "searchSpace": "sweep changed",
+    "objective": "sweep changed",
+    "samplingAlgorithm": "sweep changed",
+    "earlyTermination": "sweep changed",
+    "experimentName": "experiment changed",
+}
 # A replacement shows as up to three steps of one URN (delete-before-replace: delete-replaced,
 # replace, create-replacement); a step of any of them makes the job "replaced".
 REPLACE_OPS = ("replace", "create-replacement", "delete-replaced")
@@ -62,6 +79,73 @@ def _is_job(state: Any) -> bool:
         and isinstance(state.get("inputs"), dict)
         and "trainer_args" in state["inputs"]
     )
+
+
+def _is_azureml_job(state: Any) -> bool:
+    return (
+        isinstance(state, dict)
+        and state.get("type") == AZUREML_JOB_TYPE
+        and isinstance(state.get("inputs"), dict)
+        and isinstance(state["inputs"].get("properties"), dict)
+    )
+
+
+def _azureml(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the job's properties, its trial's or its own: where its command is)."""
+    props = state["inputs"]["properties"]
+    trial = props.get("trial") if isinstance(props.get("trial"), dict) else props
+    return props, trial
+
+
+def _azureml_reasons(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    """Why the job is replaced: the properties that differ, its command compared without its
+    own name (its Blob folders carry it, and any change renews it)."""
+
+    def seen(state: dict[str, Any]) -> dict[str, Any]:
+        props, trial = _azureml(state)
+        values = {**props, **trial}
+        if isinstance(values.get("command"), str):
+            values["command"] = values["command"].replace(str(state["inputs"].get("id")), "")
+        return values
+
+    before, after = seen(old), seen(new)
+    keys = [key for key in AZUREML_REASONS if before.get(key) != after.get(key)]
+    return tuple(dict.fromkeys(AZUREML_REASONS[k] for k in keys)) or ("the job changed",)
+
+
+def _azureml_run(state: dict[str, Any]) -> str:
+    tags = _azureml(state)[0].get("tags") or {}
+    stack, run = tags.get("stack"), tags.get("run")
+    return f"checkpoints/{stack}/{run}/" if isinstance(run, str) and stack else ""
+
+
+def _azureml_training(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    """Where the AzureML job's run lives: its checkpoints mirrored to Blob (a sweep's trials
+    each train afresh)."""
+    if _azureml(new)[0].get("jobType") == "Sweep":
+        return "a sweep: each trial trains afresh"
+    folder = _azureml_run(new)
+    if not folder:
+        return "run known after the update"
+    before = _azureml_run(old) if old is not None else ""
+    if old is None or before == folder:
+        return f"resumes from the newest checkpoint in Blob {folder} (if there is one)"
+    return f"starts a fresh run in Blob {folder} (the old run's checkpoints stay in {before})"
+
+
+def _azureml_runs(state: dict[str, Any]) -> str:
+    """What the job's workers run: its command after the launcher's ``--``."""
+    command = _azureml(state)[1].get("command")
+    try:
+        words = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:
+        return ""
+    return shlex.join(words[words.index("--") + 1 :]) if "--" in words else ""
+
+
+def _azureml_name(state: dict[str, Any], urn: str) -> str:
+    name = (_azureml(state)[0].get("tags") or {}).get("job")
+    return name if isinstance(name, str) and name else urn.rsplit("::", 1)[-1]
 
 
 def _run_folder(inputs: dict[str, Any]) -> str | None:
@@ -126,10 +210,17 @@ def job_changes(digest: Any) -> list[JobChange]:
     if not isinstance(digest, dict) or not isinstance(digest.get("steps", []), list):
         raise PreviewError("not a `pulumi preview --json` digest (no list of steps)")
     by_urn: dict[str, dict[str, Any]] = {}
+    aml_by_urn: dict[str, dict[str, Any]] = {}
     for step in digest.get("steps", []):
         if not isinstance(step, dict) or not isinstance(step.get("urn"), str):
             raise PreviewError("a step without a urn: not a `pulumi preview --json` digest")
         old, new = step.get("oldState"), step.get("newState")
+        if _is_azureml_job(old) or _is_azureml_job(new):
+            aml = aml_by_urn.setdefault(step["urn"], {"ops": []})
+            aml["ops"].append(step.get("op"))
+            aml.setdefault("old", old if _is_azureml_job(old) else None)
+            aml["new"] = new if _is_azureml_job(new) else aml.get("new")
+            continue
         if not (_is_job(old) or _is_job(new)):
             continue
         entry = by_urn.setdefault(step["urn"], {"ops": [], "reasons": []})
@@ -157,7 +248,26 @@ def job_changes(digest: Any) -> list[JobChange]:
             changes.append(
                 JobChange(_job_name(old, urn), "deleted", (), f"checkpoints stay in {folder}")
             )
-    return changes + _kept_running(digest)
+    return changes + _azureml_changes(aml_by_urn) + _kept_running(digest)
+
+
+def _azureml_changes(by_urn: dict[str, dict[str, Any]]) -> list[JobChange]:
+    changes = []
+    for urn, entry in by_urn.items():
+        ops, old, new = entry["ops"], entry.get("old"), entry.get("new")
+        if any(op in REPLACE_OPS for op in ops) and old is not None and new is not None:
+            name, reasons = _azureml_name(new, urn), _azureml_reasons(old, new)
+            training, runs = _azureml_training(old, new), _azureml_runs(new)
+            changes.append(JobChange(name, "replaced", reasons, training, runs))
+        elif "create" in ops and new is not None:
+            training, runs = _azureml_training(None, new), _azureml_runs(new)
+            changes.append(JobChange(_azureml_name(new, urn), "created", (), training, runs))
+        elif "delete" in ops and old is not None:
+            kept = (
+                f"its record stays in the workspace; checkpoints stay in Blob {_azureml_run(old)}"
+            )
+            changes.append(JobChange(_azureml_name(old, urn), "deleted", (), kept))
+    return changes
 
 
 def _diagnostics(digest: dict[str, Any], severity: str) -> list[dict[str, Any]]:

@@ -76,6 +76,11 @@ def limits(hours: int) -> ml.CommandJobLimitsArgs | None:
     )
 
 
+def _tags(spec: AzuremlJobSpec, label: str) -> dict[str, str]:
+    """What the job is, for the studio and the preview's jobs summary (tags change in place)."""
+    return {"stack": spec.stack, "job": label, "run": spec.run_name}
+
+
 def _snake(name: str) -> str:
     """An ARM field's name (camelCase) as azure-native's argument (snake_case)."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
@@ -190,7 +195,7 @@ class AzuremlJob(pulumi.ComponentResource):
             identity=ml.ManagedIdentityArgs(
                 identity_type="Managed", resource_id=args.node_identity_id
             ),
-            tags=spec.apply(lambda s: {"stack": s.stack, "run": s.run_name}),
+            tags=spec.apply(lambda s: _tags(s, args.label)),
         )
 
     @staticmethod
@@ -211,5 +216,5 @@ class AzuremlJob(pulumi.ComponentResource):
             ),
             environment_variables=spec.apply(environment_variables),
             limits=spec.apply(lambda s: limits(s.max_wall_clock_hours)),
-            tags=spec.apply(lambda s: {"stack": s.stack, "run": s.run_name}),
+            tags=spec.apply(lambda s: _tags(s, args.label)),
         )

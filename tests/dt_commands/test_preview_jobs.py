@@ -201,3 +201,56 @@ def test_a_failed_preview_still_gets_its_comment_with_the_errors(tmp_path, capsy
     assert preview_jobs.main(["--stack", "dev", str(path)]) == 0
     out = capsys.readouterr().out
     assert "**The preview failed**" in out and f"- {refusal}\n" in out
+
+
+AML_JOB = "azure-native:machinelearningservices:Job"
+AML_URN = "urn:pulumi:dev::gpu-cluster::gpucluster:infra:AzuremlJob$" + AML_JOB + "::"
+
+
+def _aml_jobs(jobs: dict) -> dict[str, dict]:
+    values = {**stack_values("dev"), "gpu-cluster:backend": "azureml"}
+    values["gpu-cluster:jobs"] = json.dumps(jobs)
+    return {r.name: r.inputs for r in of_type(evaluate("dev", values), AML_JOB)}
+
+
+def _aml_digest(before: dict[str, dict], after: dict[str, dict]) -> dict:
+    """An AzureML job's steps as the engine shows them: its name (``id``, a path parameter) is
+    renewed by any change, which azure-native replaces (create before delete)."""
+    steps = []
+    for name in sorted(before.keys() | after.keys()):
+        urn = AML_URN + name
+        old = {"type": AML_JOB, "inputs": before[name]} if name in before else None
+        new = {"type": AML_JOB, "inputs": after[name]} if name in after else None
+        if old is None:
+            steps.append({"op": "create", "urn": urn, "newState": new})
+        elif new is None:
+            steps.append({"op": "delete", "urn": urn, "oldState": old})
+        elif old["inputs"]["id"] != new["inputs"]["id"]:
+            both = {"urn": urn, "oldState": old, "newState": new}
+            steps += [
+                {"op": "create-replacement", **both},
+                {"op": "replace", **both, "replaceReasons": ["id"]},
+                {"op": "delete-replaced", "urn": urn, "oldState": old},
+            ]
+    return {"steps": steps, "changeSummary": {}}
+
+
+def test_azureml_jobs_are_summarised_with_why_they_are_replaced_and_where_they_resume():
+    small = {"trainerConfig": "trainer/presets/demo.yaml", "nodes": 1}
+    before = _aml_jobs({"small": small, "gone": small})
+    after = _aml_jobs({"small": {**small, "nodes": 2}, "new": small})
+    changes = preview_jobs.job_changes(_aml_digest(before, after))
+    by_name = {c.name: c for c in changes}
+    assert set(by_name) == {"small", "gone", "new"}
+    replaced = by_name["small"]
+    assert replaced.change == "replaced" and replaced.reasons == ("node count changed",)
+    props = after["platform-dev-job-small-aml"]["properties"]
+    run = f"checkpoints/dev/{props['tags']['run']}/"
+    # Two nodes instead of one is the same training settings: the same run, resumed.
+    assert (
+        replaced.training == f"resumes from the newest checkpoint in Blob {run} (if there is one)"
+    )
+    assert replaced.runs.startswith("python -m trainer --model resnet18 ")
+    assert by_name["new"].change == "created"
+    assert by_name["gone"].change == "deleted"
+    assert by_name["gone"].training.startswith("its record stays in the workspace")
