@@ -40,11 +40,20 @@ def job_arm_id(workspace_id: str, job_name: str) -> str:
 
 
 def _send(method: str, path: str) -> Any:
+    """ARM's answer; JobGuardError when it cannot be reached (a network, a credential)."""
     from infra.azure_sdk import HttpRequest
+    from trainer.common.azure_sdk import AzureError
 
     url = f"{registry.ARM_ENDPOINT.rstrip('/')}{path}"
     request = HttpRequest(method, url, params={"api-version": JOBS_API_VERSION})
-    return registry.arm_client().send_request(request)
+    try:
+        return registry.arm_client().send_request(request)
+    except AzureError as err:
+        raise JobGuardError(
+            f"could not reach ARM for AzureML job {_name(path.removesuffix('/cancel'))} "
+            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check "
+            "the network and `az login`, then try again"
+        ) from None
 
 
 def _refused(answer: Any, doing: str, job: str) -> JobGuardError:

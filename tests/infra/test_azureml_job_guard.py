@@ -122,3 +122,23 @@ def test_a_deployer_without_a_role_on_the_workspace_gets_one_line(aml):
 def _cancel(jobs: FakeAzuremlJobs, name: str) -> None:
     jobs.handle("POST", f"{WORKSPACE}/jobs/{name}/cancel", {}, _auth(), None)
     assert jobs.wait(name) == "Canceled"
+
+
+def test_an_arm_out_of_reach_is_one_line_not_a_traceback(monkeypatch):
+    from azure.core.credentials import AccessToken
+
+    from infra import credentials
+    from tests.support.ports import free_port
+
+    class Token:
+        def get_token(self, *scopes, **kwargs):
+            return AccessToken("t", 4102444800)
+
+    monkeypatch.setattr(credentials, "credential", Token)
+    monkeypatch.setattr(registry_module, "ARM_ENDPOINT", f"https://127.0.0.1:{free_port()}")
+    job = job_arm_id(WORKSPACE, "dev-train-1")
+    with pytest.raises(JobGuardError) as refused:
+        AzuremlJobGuardProvider().delete(job, _props(job))
+    line = str(refused.value)
+    assert line.startswith("could not reach ARM for AzureML job dev-train-1 (")
+    assert line.endswith("check the network and `az login`, then try again") and "\n" not in line
