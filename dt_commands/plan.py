@@ -208,6 +208,38 @@ def job_lines(plan: Plan, deployed: dict[str, str | None] | None = None) -> list
     return [*lines, ""]
 
 
+def azureml_job_lines(plan: Plan) -> list[str]:
+    """Each AzureML job (backend: azureml): its nodes, its name, where its run's checkpoints are
+    in Blob (the same training settings resume them), what it runs, and a sweep's budget."""
+    from dt_commands.preview_jobs import AZUREML_JOB_TYPE, azureml_name, azureml_run, azureml_runs
+
+    jobs = [r for r in plan.resources if r.typ == AZUREML_JOB_TYPE]
+    if not jobs:
+        return []
+    lines = ["AzureML jobs (a replaced job resumes from its checkpoints in Blob while its training "
+             "settings stay):"]  # fmt: skip
+    for job in jobs:
+        state = {"inputs": job.inputs}
+        props = job.inputs["properties"]
+        nodes = (props.get("trial") or props).get("resources", {}).get("instanceCount")
+        name = azureml_name(state, job.name)
+        sweep = props.get("jobType") == "Sweep"
+        where = "each trial trains afresh" if sweep else f"run in Blob {azureml_run(state)}"
+        lines.append(f"  {name}: {nodes:g} node(s), job {job.inputs.get('id')}, {where}")
+        lines.append(f"    runs: {azureml_runs(state)}")
+        if sweep:
+            limits = props.get("limits") or {}
+            objective = props.get("objective") or {}
+            lines.append(
+                f"    sweep: {limits.get('maxTotalTrials', 0):g} trials, "
+                f"{limits.get('maxConcurrentTrials', 0):g} at once, "
+                f"{str(objective.get('goal', '')).lower()} {objective.get('primaryMetric')}"
+            )
+        timeout = (props.get("limits") or {}).get("timeout")
+        lines.append(f"    limit: {'AzureML cancels it after ' + timeout if timeout else 'none'}")
+    return [*lines, ""]
+
+
 def tracking_text(tracking: Any) -> str:
     """Where a job's rank 0 tracks its run (the tracking section's variables, infra.batch)."""
     given = dict(tracking)
@@ -390,6 +422,7 @@ def render(plan: Plan, busy_hours: int, deployed: dict[str, str | None] | None =
         *api_lines(plan),
         "",
         *job_lines(plan, deployed),
+        *azureml_job_lines(plan),
         "Outputs:",
     ]
     lines += [f"  {key}: {json.dumps(value)}" for key, value in sorted(plan.outputs.items())]

@@ -113,7 +113,7 @@ def _azureml_reasons(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...
     return tuple(dict.fromkeys(AZUREML_REASONS[k] for k in keys)) or ("the job changed",)
 
 
-def _azureml_run(state: dict[str, Any]) -> str:
+def azureml_run(state: dict[str, Any]) -> str:
     tags = _azureml(state)[0].get("tags") or {}
     stack, run = tags.get("stack"), tags.get("run")
     return f"checkpoints/{stack}/{run}/" if isinstance(run, str) and stack else ""
@@ -124,16 +124,16 @@ def _azureml_training(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     each train afresh)."""
     if _azureml(new)[0].get("jobType") == "Sweep":
         return "a sweep: each trial trains afresh"
-    folder = _azureml_run(new)
+    folder = azureml_run(new)
     if not folder:
         return "run known after the update"
-    before = _azureml_run(old) if old is not None else ""
+    before = azureml_run(old) if old is not None else ""
     if old is None or before == folder:
         return f"resumes from the newest checkpoint in Blob {folder} (if there is one)"
     return f"starts a fresh run in Blob {folder} (the old run's checkpoints stay in {before})"
 
 
-def _azureml_runs(state: dict[str, Any]) -> str:
+def azureml_runs(state: dict[str, Any]) -> str:
     """What the job's workers run: its command after the launcher's ``--``."""
     command = _azureml(state)[1].get("command")
     try:
@@ -143,7 +143,7 @@ def _azureml_runs(state: dict[str, Any]) -> str:
     return shlex.join(words[words.index("--") + 1 :]) if "--" in words else ""
 
 
-def _azureml_name(state: dict[str, Any], urn: str) -> str:
+def azureml_name(state: dict[str, Any], urn: str) -> str:
     name = (_azureml(state)[0].get("tags") or {}).get("job")
     return name if isinstance(name, str) and name else urn.rsplit("::", 1)[-1]
 
@@ -256,17 +256,15 @@ def _azureml_changes(by_urn: dict[str, dict[str, Any]]) -> list[JobChange]:
     for urn, entry in by_urn.items():
         ops, old, new = entry["ops"], entry.get("old"), entry.get("new")
         if any(op in REPLACE_OPS for op in ops) and old is not None and new is not None:
-            name, reasons = _azureml_name(new, urn), _azureml_reasons(old, new)
-            training, runs = _azureml_training(old, new), _azureml_runs(new)
+            name, reasons = azureml_name(new, urn), _azureml_reasons(old, new)
+            training, runs = _azureml_training(old, new), azureml_runs(new)
             changes.append(JobChange(name, "replaced", reasons, training, runs))
         elif "create" in ops and new is not None:
-            training, runs = _azureml_training(None, new), _azureml_runs(new)
-            changes.append(JobChange(_azureml_name(new, urn), "created", (), training, runs))
+            training, runs = _azureml_training(None, new), azureml_runs(new)
+            changes.append(JobChange(azureml_name(new, urn), "created", (), training, runs))
         elif "delete" in ops and old is not None:
-            kept = (
-                f"its record stays in the workspace; checkpoints stay in Blob {_azureml_run(old)}"
-            )
-            changes.append(JobChange(_azureml_name(old, urn), "deleted", (), kept))
+            kept = f"its record stays in the workspace; checkpoints stay in Blob {azureml_run(old)}"
+            changes.append(JobChange(azureml_name(old, urn), "deleted", (), kept))
     return changes
 
 

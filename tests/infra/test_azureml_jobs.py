@@ -118,6 +118,17 @@ def test_the_jobs_outputs_name_its_studio_page_and_blob_folders(job_plan):
     assert job_plan.outputs["job_studio_url"] == job["job_studio_url"]
 
 
+def test_the_plan_shows_each_job_where_its_run_resumes_and_what_it_runs(job_plan):
+    from dt_commands.plan import render
+
+    text = render(job_plan, 0)
+    job = job_plan.outputs["jobs"]["default"]
+    run = job["checkpoint_mirror_url"].split(".net/")[1]
+    assert f"  default: 2 node(s), job {job['job_id']}, run in Blob {run}" in text
+    assert "    runs: python -m trainer --model resnet50 " in text
+    assert "    limit: AzureML cancels it after PT168H" in text
+
+
 def test_replace_jobs_lets_the_guard_replace_a_running_job():
     plan = evaluate("dev", azureml(submitJob=True, replaceJobs=["default"]))
     assert one(plan, GUARD).inputs["protect_running"] is False

@@ -68,6 +68,15 @@ def test_a_sweep_is_a_native_sweep_job_of_the_documented_shape(sweep_plan):
     assert props["computeId"].endswith("platform-dev-amlc")
 
 
+def test_the_plan_names_the_sweeps_budget_and_objective(sweep_plan):
+    from dt_commands.plan import render
+
+    text = render(sweep_plan, 0)
+    job = sweep_plan.outputs["jobs"]["tune"]["job_id"]
+    assert f"  tune: 1 node(s), job {job}, each trial trains afresh" in text
+    assert "    sweep: 8 trials, 2 at once, minimize val_loss" in text
+
+
 def test_the_trial_command_takes_the_sampled_values_and_works_in_folders_of_its_own(sweep_plan):
     command = one(sweep_plan, JOB).inputs["properties"]["trial"]["command"]
     # Each swept setting once, as AzureML's placeholder; the file's own value left out.
