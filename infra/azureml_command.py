@@ -1,10 +1,10 @@
 """What a stack job runs on the AzureML backend (``AzuremlJobSpec``): the command of its native
 command job, which AzureML starts once per node (a PyTorch distribution of one process per
-instance) and which runs the node launcher over the trainer, as Batch's task does; the variables
-the job sets; its studio link. The nodes share no file system: each trains in a run folder of
-its working folder, its checkpoints are mirrored to Blob and restored from there on a resume
-(trainer.checkpoints.mirror), and a staged dataset is copied to each node first. Pure: no
-Pulumi, no Azure SDK.
+instance) and which runs the node launcher over the trainer, as Batch's task does; a sweep's
+trial command; the variables the job sets. The nodes share no file system: each trains in a
+run folder of its working folder, its checkpoints are mirrored to Blob and restored from there
+on a resume (trainer.checkpoints.mirror), and a staged dataset is copied to each node first.
+Pure: no Pulumi, no Azure SDK.
 
 Read 2026-11-29 (MicrosoftDocs/azure-ai-docs, articles/machine-learning/):
 how-to-train-distributed-gpu.md (a PyTorch distribution's variables, one process per instance),

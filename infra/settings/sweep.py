@@ -11,8 +11,10 @@ search_space.py (each distribution's REST form)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -101,8 +103,20 @@ def read_sweep(name: str, raw: Any, trainer_values: Mapping[str, Any] | None) ->
 
 
 def _count(key: str, value: Any, low: int, high: int) -> int:
+    """A whole number in ``low..high`` (`pulumi config set --path` stores it as text)."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{key}={value!r}: give a whole number in {low}..{high}")
+    return value
+
+
+def _number(value: Any) -> Any:
+    """``value`` as a number when it is one, or text of one (`pulumi config set --path` stores
+    text); else as it is, for the check that names it."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value) if re.fullmatch(r"-?\d+", value.strip()) else float(value)
     return value
 
 
@@ -141,6 +155,7 @@ def _distribution(where: str, raw: Any) -> tuple[str, tuple[Any, ...]]:
             "{choice: [128, 256]} or {uniform: [0.01, 0.2]}"
         )
     ((kind, args),) = raw.items()
+    args = [_number(a) for a in args] if isinstance(args, list) else args
     size = DISTRIBUTIONS[kind]
     numbers = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args or [0])
     if not isinstance(args, list) or not args or (size is not None and len(args) != size):
@@ -199,11 +214,12 @@ def _stop(key: str, raw: Any, sampling: str) -> tuple[tuple[str, Any], ...]:
     )
     if policy == "bandit":
         given = [k for k in ("slackFactor", "slackAmount") if k in raw]
-        if len(given) != 1 or not isinstance(raw[given[0]], int | float) or raw[given[0]] <= 0:
+        slack = _number(raw[given[0]]) if len(given) == 1 else None
+        if not isinstance(slack, int | float) or isinstance(slack, bool) or slack <= 0:
             raise ConfigError(
                 f"{key}.stop: the bandit policy takes one of slackFactor or slackAmount, above 0"
             )
-        pairs.append((given[0], float(raw[given[0]])))
+        pairs.append((given[0], float(slack)))
     if policy == "truncation":
         percent = _count(f"{key}.stop.truncationPercentage", raw.get("truncationPercentage"), 1, 99)
         pairs.append(("truncationPercentage", percent))

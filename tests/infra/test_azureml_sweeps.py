@@ -149,3 +149,19 @@ def test_a_sweep_on_batch_or_of_a_command_job_is_refused_in_one_line():
     values = _values()
     values["gpu-cluster:jobs"]["tune"] = {"command": "python -m trainer", "sweep": SWEEP}
     assert _refusal(values).startswith("jobs.tune.sweep: a sweep varies the trainer's settings")
+
+
+def test_numbers_given_as_text_by_pulumi_config_set_path_are_read_as_numbers():
+    """`pulumi config set --path jobs.tune.sweep.trials 8` stores "8": the same sweep."""
+    text = {
+        "space": {"lr": {"uniform": ["0.01", "0.2"]}, "batch_size": {"choice": ["32", "64"]}},
+        "trials": "8",
+        "concurrentTrials": "2",
+        "stop": {"policy": "bandit", "slackFactor": "0.1", "delayEvaluation": "2"},
+    }
+    plan = evaluate("dev", _values(**text))
+    props = one(plan, JOB).inputs["properties"]
+    assert props["searchSpace"]["lr"] == ["uniform", [0.01, 0.2]]
+    assert (
+        props["limits"]["maxTotalTrials"] == 8 and props["earlyTermination"]["slackFactor"] == 0.1
+    )
