@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections import Counter
 from typing import Any
 
 from dt_commands.jobs.azureml_jobs import AzureRefused, on_azureml
@@ -47,9 +48,7 @@ def run(call: Call) -> int:
         for run_id, state, value, given in rows
     ]
     call.out.write(table(shown, right={2}))
-    counts: dict[str, int] = {}
-    for _, state, _, _ in rows:
-        counts[state] = counts.get(state, 0) + 1
+    counts = Counter(state for _, state, _, _ in rows)
     summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     state = "cancelled" if cancelled else _state(sweep_status, cancelled)
     call.out.write(f"{len(rows)} trial(s) of sweep {job.job_id} ({state}): {summary}\n")
