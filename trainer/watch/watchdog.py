@@ -44,6 +44,10 @@ FLIGHT_RECORDER_ENTRIES = "2000"
 # looked (on a busy node, by a poll or more). A rank that meets that failure when it has made no
 # progress for this share of its limit is as stuck as the peer, and fires too.
 NEAR_DUE = 0.8
+# Past this share of its limit without progress, the watchdog thread keeps the stacks as they
+# are (the training thread still blocked where it waits): a rank that fires later on a peer's
+# failure writes those, since by then its collective has failed and its own stack moved on.
+SNAPSHOT_SHARE = 0.5
 TORCH_ENGINES = ("ddp", "fsdp")
 
 
@@ -129,6 +133,9 @@ class StepWatchdog:
         self.step = 0
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        # The stacks the watchdog thread kept in this stretch without progress, with its idle
+        # time then (SNAPSHOT_SHARE); None since the last beat.
+        self._kept_stacks: tuple[str, float] | None = None
 
     def start(self) -> StepWatchdog:
         self._thread = threading.Thread(target=self._watch, name="step-watchdog", daemon=True)
@@ -144,20 +151,33 @@ class StepWatchdog:
                     self._steps.append(now - self._last)  # only step after step: a median step
                 self._last_step, self.step = now, step
             self._last = now
+            self._kept_stacks = None
 
     def limit(self) -> float:
         with self._lock:
             return limit_seconds(self.minutes, list(self._steps))
 
-    def check(self, share: float = 1.0) -> bool:
-        """Fire when nothing beat for ``share`` of the limit; True when it fired."""
+    def check(self, share: float = 1.0, kept: bool = False) -> bool:
+        """Fire when nothing beat for ``share`` of the limit; True when it fired. ``kept``: with
+        the stacks the watchdog thread kept in this stretch, when it kept some."""
         with self._lock:
             idle = self._clock() - self._last
+            stacks = self._kept_stacks if kept else None
         limit = self.limit()
         if idle < share * limit or self._closed.is_set():
             return False
-        self._fire(idle, limit)
+        self._fire(idle, limit, stacks)
         return True
+
+    def keep_stacks(self) -> None:
+        """Past ``SNAPSHOT_SHARE`` of the limit without progress, keep the stacks once."""
+        with self._lock:
+            idle, kept = self._clock() - self._last, self._kept_stacks
+        if kept is None and idle >= SNAPSHOT_SHARE * self.limit():
+            stacks = format_stacks()
+            with self._lock:
+                if self._clock() - self._last >= idle:  # no beat meanwhile
+                    self._kept_stacks = (stacks, idle)
 
     def close(self) -> None:
         self._closed.set()
@@ -168,11 +188,12 @@ class StepWatchdog:
         while not self._closed.wait(min(5.0, max(0.2, self.limit() / 20))):
             if self.check():
                 return
+            self.keep_stacks()
 
     def peer_failed(self) -> None:
         """Another worker stopped and broke this rank's collective: this rank fires as well when
         it was nearly due (``NEAR_DUE``), else it keeps its record of the collectives."""
-        if not self.check(NEAR_DUE):
+        if not self.check(NEAR_DUE, kept=True):
             self.keep_engine_view()
 
     def keep_engine_view(self) -> str | None:
@@ -193,14 +214,24 @@ class StepWatchdog:
     def _stem(self) -> str:
         return f"rank-{self.rank}-{self.host}"  # a host name may hold dots: no with_suffix
 
-    def _fire(self, idle: float, limit: float) -> None:
-        """The stacks, the engine's view and one line; then the worker exits."""
+    def _fire(self, idle: float, limit: float, kept: tuple[str, float] | None = None) -> None:
+        """The stacks (``kept``: as the watchdog thread kept them, idle that long), the
+        engine's view and one line; then the worker exits."""
         self.folder.mkdir(parents=True, exist_ok=True)
         stacks = self.folder / f"{self._stem}.stacks.txt"
+        seen = format_stacks() if kept is None else kept[0]
+        when = (
+            ""
+            if kept is None
+            else (
+                f"; the stacks as the watchdog saw them {kept[1]:.1f} s in, before a peer's "
+                "failure broke the collective this rank waited in"
+            )
+        )
         with open(stacks, "w", encoding="utf-8") as out:
             out.write(
                 f"rank {self.rank} on {self.host}: no step completed for {idle:.1f} s "
-                f"(limit {limit:.1f} s) after step {self.step}\n\n{format_stacks()}\n"
+                f"(limit {limit:.1f} s) after step {self.step}{when}\n\n{seen}\n"
                 "faulthandler (every thread, also those Python shows no frame for):\n"
             )
             out.flush()

@@ -227,3 +227,50 @@ def test_a_rank_that_stops_because_another_worker_did_keeps_its_engine_view(
         run.train(cfg, LocalDist())
     dumps = list((tmp_path / "run" / "watchdog").glob("rank-0-*.collectives.json"))
     assert [d.read_text() for d in dumps] == ([FR_DUMP] if kept else [])
+
+
+def test_a_rank_fired_by_a_peers_failure_writes_the_stacks_kept_while_it_was_blocked(
+    tmp_path, capsys
+):
+    """The two-worker test once found the stuck rank's dump without its blocked frame: a peer's
+    watchdog fired first, its exit broke the collective, and the stuck rank's main thread moved
+    on before it dumped. The watchdog thread keeps the stacks past half the limit."""
+    dog, clock, exits = make(tmp_path, minutes=1.0)
+    dog.beat(2)
+    entered, release = threading.Event(), threading.Event()
+    stuck = threading.Thread(
+        target=blocked_in_a_collective, args=(entered, release), name="trainer-main"
+    )
+    stuck.start()
+    try:
+        entered.wait()
+        clock.now += 20
+        dog.keep_stacks()  # under half the limit: nothing kept yet
+        clock.now += 20
+        dog.keep_stacks()  # 40 s of 60: kept, while the thread waits in the collective
+    finally:
+        release.set()  # the peer's failure breaks it
+        stuck.join()
+    clock.now += NEAR_DUE * 60 - 40
+    dog.peer_failed()
+    assert exits == [WATCHDOG_EXIT]
+    stacks = (tmp_path / "watchdog" / "rank-3-node-7.internal.stacks.txt").read_text()
+    first = stacks.splitlines()[0]
+    assert first.endswith(
+        "; the stacks as the watchdog saw them 40.0 s in, before a peer's failure broke the "
+        "collective this rank waited in"
+    )
+    block = stacks.split("faulthandler (every thread")[0].split("thread trainer-main")[1]
+    assert "in blocked_in_a_collective" in block.split("\nthread ")[0]
+    capsys.readouterr()
+
+
+def test_a_beat_forgets_the_kept_stacks(tmp_path):
+    dog, clock, exits = make(tmp_path, minutes=1.0)
+    clock.now += 40
+    dog.keep_stacks()
+    dog.beat(3)  # the rank moved on: the stacks kept are not where it is stuck now
+    clock.now += NEAR_DUE * 60
+    dog.peer_failed()
+    stacks = (tmp_path / "watchdog" / "rank-3-node-7.internal.stacks.txt").read_text()
+    assert "as the watchdog saw them" not in stacks.splitlines()[0] and exits == [WATCHDOG_EXIT]
