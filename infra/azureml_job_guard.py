@@ -21,6 +21,7 @@ from pulumi.dynamic import CreateResult, DiffResult, UpdateResult
 
 from infra import registry
 from infra.dynamic import OneLineError, Provider
+from trainer.common.errors import first_line
 
 # The version azure-native sends machinelearningservices:Job at (tests hold them equal).
 JOBS_API_VERSION = "2025-12-01"
@@ -51,8 +52,8 @@ def _send(method: str, path: str) -> Any:
     except AzureError as err:
         raise JobGuardError(
             f"could not reach ARM for AzureML job {_name(path.removesuffix('/cancel'))} "
-            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check "
-            "the network and `az login`, then try again"
+            f"({type(err).__name__}: {first_line(err)}); check the network and `az login`, "
+            "then try again"
         ) from None
 
 
@@ -66,7 +67,7 @@ def _refused(answer: Any, doing: str, job: str) -> JobGuardError:
         "this credential needs a role on the workspace that reads and cancels its jobs (Owner, "
         "Contributor, or AzureML Data Scientist as the team's has), then try again"
         if answer.status_code in (401, 403)
-        else "run pulumi up again; if it persists, see the job in the studio"
+        else "try again; if it persists, see the job in the studio"
     )
     status = answer.status_code
     return JobGuardError(f"could not {doing} AzureML job {job} ({status}: {said}); {fix}")
