@@ -63,7 +63,8 @@ def main(
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from trainer.common.azure_sdk import AzureError
 
-    run = {command.NAME: command.run for command in COMMANDS}[args.command]
+    runs: dict[str, Callable[[Call], int]] = {command.NAME: command.run for command in COMMANDS}
+    run = runs[args.command]
     call = None
     try:
         outputs = read_outputs(args.stack, args.outputs_file)
