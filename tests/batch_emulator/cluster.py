@@ -296,6 +296,7 @@ class Cluster:
             stdin=subprocess.DEVNULL,
             stdout=open(self.base / "logs" / f"{name}.agent", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: Proc.kill kills it whole
         )
         os.close(write_fd)
         proc = Proc(popen, read_fd, name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -108,9 +109,12 @@ class Proc:
         return f"sent to PID 1 ({pid})"
 
     def kill(self) -> None:
-        """The container is removed: its PID 1 dies and the kernel kills the rest."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.kill()
+        """The container is removed: its PID 1 dies and the kernel kills the rest. Killed by
+        its process group (unshare and the agent it forked, the namespace's PID 1): unshare's
+        --kill-child alone misses an agent killed before it set its parent-death signal, which
+        then outlived its cluster."""
+        # The group outlives its leader while the agent lives: killed even when unshare ended.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait()
         self.done.wait(5)
