@@ -44,7 +44,8 @@ def registry_uri(outputs: dict[str, Any], stack: str, name: str) -> str:
     return uri
 
 
-def _client(uri: str) -> Any:
+def mlflow_client(uri: str) -> Any:
+    """MLflow's client of ``uri`` with the trainer's client defaults, the plugin's loggers quiet."""
     for key, value in CLIENT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     if uri.startswith(AZUREML_SCHEME):
@@ -61,7 +62,7 @@ def register(uri: str, outputs: dict[str, Any], job: Job, name: str) -> str:
     """Register the job's run's newest results as a version of ``name``; the line to print."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(uri)
+    client = mlflow_client(uri)
     try:
         run = _run(client, outputs, job)
         folder = _results_folder(client, run.info.run_id, job)

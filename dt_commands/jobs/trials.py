@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections import Counter
 from typing import Any
 
 from dt_commands.jobs.azureml_jobs import AzureRefused, on_azureml
 from dt_commands.jobs.call import Call
+from dt_commands.jobs.model_registry import mlflow_client
 from dt_commands.jobs.table import table
 from dt_commands.stack_outputs import JobsError, require
-from trainer.outputs.tracking import AZUREML_SCHEME, CLIENT_DEFAULTS, QUIET_LOGGERS
 
 NAME = "trials"
 HELP = "a sweep's trials on AzureML: state, objective, the values each was given"
@@ -58,17 +57,9 @@ def run(call: Call) -> int:
 def _runs(uri: str, job_id: str) -> tuple[str, list[Any]]:
     """The sweep's run's MLflow status and its trials' runs; AzureRefused (exit 1) when the
     workspace's MLflow cannot be read."""
-    for key, value in CLIENT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    if uri.startswith(AZUREML_SCHEME):
-        import logging
-
-        for noisy in QUIET_LOGGERS:
-            logging.getLogger(noisy).setLevel(logging.ERROR)
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     try:
         parent = client.get_run(job_id)
         runs = client.search_runs(
